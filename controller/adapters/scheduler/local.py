@@ -1,0 +1,219 @@
+"""The embedded default scheduler: each job is a detached process on this host.
+
+It mirrors what the SLURM backend offers so the core cannot tell them apart: deterministic names,
+a queue (live jobs) and accounting (every job's end state, kept on disk), cancel, time limits and
+time left. Jobs outlive the `evalctl` process that started them: the runner is a session leader
+(`start_new_session`), and everything the next pass needs lives in the state dir, never in memory.
+
+State dir layout: `jobs/<id>/job.json` (request, written before the process starts),
+`jobs/<id>/pid` (runner pid and its /proc start time, against pid reuse), `jobs/<id>/end.json`
+(written by the runner when the job ends), `jobs/<id>/cancelled` (marker written before a cancel).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from controller.core.ports import ObservationError, SubmitRequest
+from controller.core.types import RUN_TAG_PREFIX, Frozen, JobState, ObservedJob
+
+
+class LocalJob(Frozen):
+    """job.json: what was asked for. The environment is NOT stored: it may hold secrets."""
+
+    job_id: str
+    name: str
+    comment: str
+    script: str
+    args: tuple[str, ...]
+    output: str
+    time_limit_s: int
+    submitted_at: datetime
+
+
+class JobEnd(Frozen):
+    """end.json, written by the runner."""
+
+    state: JobState
+    exit_code: int | None
+    started_at: datetime
+    ended_at: datetime
+
+
+class LocalScheduler:
+    def __init__(self, state_dir: str | Path):
+        self.state_dir = Path(state_dir)
+        self.jobs_dir = self.state_dir / "jobs"
+
+    # ------------------------------------------------------------------ observe
+
+    def observe(self) -> tuple[ObservedJob, ...]:
+        """Every job of ours, live or ended (queue and accounting are the same files here)."""
+        try:
+            entries = sorted(self.jobs_dir.iterdir(), key=lambda p: int(p.name)) if self.jobs_dir.exists() else []
+            return tuple(job for job in map(self._read, entries) if job is not None)
+        except OSError as exc:
+            raise ObservationError(f"local scheduler state {self.jobs_dir} unreadable: {exc}") from exc
+
+    def find(self, name: str) -> ObservedJob | None:
+        matches = [job for job in self.observe() if job.name == name]
+        return matches[-1] if matches else None
+
+    def _read(self, job_dir: Path) -> ObservedJob | None:
+        try:
+            job = LocalJob.model_validate_json((job_dir / "job.json").read_text())
+        except FileNotFoundError:
+            return None  # a submit in progress: job.json is written atomically, so this is a dir made just now
+        except ValidationError as exc:
+            raise OSError(f"{job_dir}/job.json is corrupt: {exc}") from exc
+        if not job.name.startswith(RUN_TAG_PREFIX):
+            return None
+        end_file = job_dir / "end.json"
+        if end_file.exists():
+            end = JobEnd.model_validate_json(end_file.read_text())
+            return self._observed(job, end.state, end.started_at, end.ended_at, end.exit_code)
+        started = _runner_start(job_dir)
+        if started is not None and _alive(job_dir):
+            left = job.time_limit_s - int((datetime.now(UTC) - started).total_seconds())
+            return self._observed(job, JobState.RUNNING, started, None, None, time_left_s=max(left, 0))
+        if started is None and not (job_dir / "cancelled").exists() and _spawned_recently(job):
+            return self._observed(job, JobState.QUEUED, None, None, None)
+        # The runner is gone without writing end.json: killed hard, or the host rebooted.
+        state = JobState.CANCELLED if (job_dir / "cancelled").exists() else JobState.LOST
+        return self._observed(job, state, started, _mtime(job_dir), None)
+
+    @staticmethod
+    def _observed(job: LocalJob, state: JobState, started: datetime | None, ended: datetime | None,
+                  exit_code: int | None, time_left_s: int | None = None) -> ObservedJob:
+        return ObservedJob(job_id=job.job_id, name=job.name, state=state, submitted_at=job.submitted_at,
+                           started_at=started, ended_at=ended, exit_code=exit_code, time_left_s=time_left_s,
+                           reason=_log_tail(Path(job.output)) if state == JobState.FAILED else "")
+
+    # ------------------------------------------------------------------ mutate
+
+    def submit(self, request: SubmitRequest) -> str:
+        job_id = self._next_id()
+        job_dir = self.jobs_dir / job_id
+        job_dir.mkdir(parents=True)
+        Path(request.logs_dir).mkdir(parents=True, exist_ok=True)
+        job = LocalJob(job_id=job_id, name=request.name, comment=request.comment, script=request.script,
+                       args=request.args, output=str(Path(request.logs_dir) / f"{request.name}_{job_id}.out"),
+                       time_limit_s=parse_time_limit(request.time_limit), submitted_at=datetime.now(UTC))
+        _write_atomic(job_dir / "job.json", job.model_dump_json())
+        env = {**os.environ, **request.env, "EVAL_JOB_ID": job_id, "SLURM_JOB_ID": job_id,
+               "SLURM_JOB_NAME": request.name}
+        with open(job.output, "ab") as out:
+            subprocess.Popen(  # noqa: S603 — argv is ours, no shell
+                [sys.executable, "-m", "controller.adapters.scheduler.local_runner", str(job_dir)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, close_fds=True,
+                start_new_session=True,
+            )
+        return job_id
+
+    def cancel(self, job_id: str) -> None:
+        job_dir = self.jobs_dir / job_id
+        if not job_dir.exists() or (job_dir / "end.json").exists():
+            return
+        (job_dir / "cancelled").touch()
+        pid = _runner_pid(job_dir)
+        if pid is not None and _alive(job_dir):
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def _next_id(self) -> str:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.state_dir / "next_id", "a+") as counter:
+            fcntl.flock(counter, fcntl.LOCK_EX)
+            counter.seek(0)
+            current = int(counter.read().strip() or "0") + 1
+            counter.seek(0)
+            counter.truncate()
+            counter.write(str(current))
+        return str(current)
+
+
+# ---------------------------------------------------------------------- helpers shared with the runner
+
+
+def parse_time_limit(text: str) -> int:
+    """SLURM walltime syntax → seconds: `MM`, `HH:MM:SS`, `D-HH:MM:SS`."""
+    days = 0
+    if "-" in text:
+        day_text, text = text.split("-", 1)
+        days = int(day_text)
+    parts = [int(p) for p in text.split(":")]
+    if len(parts) == 1:
+        seconds = parts[0] * 60
+    else:
+        while len(parts) < 3:
+            parts.insert(0, 0)
+        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
+    return days * 86400 + seconds
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _runner_pid(job_dir: Path) -> int | None:
+    try:
+        return int((job_dir / "pid").read_text().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
+
+
+def _runner_start(job_dir: Path) -> datetime | None:
+    try:
+        return datetime.fromisoformat((job_dir / "pid").read_text().split()[2])
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
+
+
+def _alive(job_dir: Path) -> bool:
+    """The runner still runs: its pid exists AND has the /proc start time it recorded (no pid reuse)."""
+    try:
+        pid_text, start_ticks, _ = (job_dir / "pid").read_text().split()
+        return proc_start_ticks(int(pid_text)) == start_ticks
+    except (FileNotFoundError, ValueError):
+        return False
+
+
+def proc_start_ticks(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":  # a zombie has exited; its parent has not reaped it yet
+        return None
+    return fields[19]
+
+
+def _spawned_recently(job: LocalJob) -> bool:
+    """A runner that has not written its pid file within a minute never started."""
+    return (datetime.now(UTC) - job.submitted_at).total_seconds() < 60
+
+
+def _mtime(path: Path) -> datetime:
+    return datetime.fromtimestamp(path.stat().st_mtime, UTC)
+
+
+def _log_tail(path: Path, lines: int = 5) -> str:
+    try:
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in tail if line.strip())[:500]

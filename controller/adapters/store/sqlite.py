@@ -1,0 +1,316 @@
+"""The embedded store: one SQLite file, OT-Agent-compatible, safe for two processes at once.
+
+WAL mode lets a reader (`evalctl plan`) and a writer (`reconcile`) share the file; every write
+is one `BEGIN IMMEDIATE` transaction, so the intent (submission + Pending row) is durable as a
+unit before anything runs. A read-only store never creates, converts or touches the file.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+from controller.adapters.store import sqlite_sql as sql
+from controller.adapters.store.codec import (
+    as_utc,
+    format_metrics,
+    format_timestamp,
+    parse_config,
+    parse_metrics,
+    parse_timestamp,
+)
+from controller.adapters.store.errors import WriteRefused
+from controller.core.ports import NamedRow, NewRow, ObservationError, ResultUpload, SandboxJobRow, StoreSnapshot
+from controller.core.types import RowStatus, Submission
+
+MEMORY = ":memory:"
+BUSY_TIMEOUT_S = 30.0
+EMPTY = StoreSnapshot(models=(), benchmarks=(), rows=(), submissions=())
+
+# A row only moves forward: a plan made from an older snapshot must not undo a newer write.
+_STATUS_ORDER = {RowStatus.PENDING.value: 0, RowStatus.STARTED.value: 1, RowStatus.FINISHED.value: 2}
+
+
+class SqliteStore:
+    """`Store` on a SQLite file. `queries` counts data statements executed (transaction control excluded)."""
+
+    def __init__(self, path: str | PathLike[str], *, readonly: bool = False) -> None:
+        self.path = str(path)
+        self.readonly = readonly
+        self.queries = 0
+        self._conn: sqlite3.Connection | None = None
+        if not readonly:
+            self._conn = _open_writable(self.path)
+
+    # ----------------------------------------------------------------------- observation
+
+    def observe(self, evalrun: str, model_names: list[str], benchmark_names: list[str]) -> StoreSnapshot:
+        """Four statements in one read transaction, whatever the number of names.
+
+        Missing tables mean "nothing recorded yet": a legacy OT-Agent DB yields rows but no
+        submissions, and a read-only store on a missing file yields an empty snapshot.
+        """
+        conn = self._connection()
+        if conn is None:
+            return EMPTY
+        try:
+            with self._transaction(conn, "DEFERRED"):
+                all_tables = _json(sql.OT_AGENT_TABLES + sql.OWN_TABLES)
+                tables = {name for (name,) in self._run(conn, sql.EXISTING_TABLES, (all_tables,))}
+                if not tables.issuperset(sql.OT_AGENT_TABLES):
+                    return EMPTY
+                models, benchmarks = self._families(conn, model_names, benchmark_names)
+                records = self._run(
+                    conn,
+                    sql.ROWS_IN_FAMILIES,
+                    {"model_ids": _json(m.id for m in models), "benchmark_ids": _json(b.id for b in benchmarks)},
+                ).fetchall()
+                submissions = (
+                    self._run(conn, sql.SUBMISSIONS_OF_EVALRUN, (evalrun,)).fetchall()
+                    if "evalrun_submissions" in tables
+                    else []
+                )
+            return StoreSnapshot(
+                models=models,
+                benchmarks=benchmarks,
+                rows=tuple(_sandbox_job_row(record) for record in records),
+                submissions=tuple(_submission(record) for record in submissions),
+            )
+        except (sqlite3.Error, ValueError) as error:
+            raise ObservationError(f"store {self.path}: {error}") from error
+
+    def read_row(self, row_id: str) -> SandboxJobRow | None:
+        conn = self._connection()
+        if conn is None:
+            return None
+        try:
+            record = self._run(conn, sql.ROW_BY_ID, (row_id,)).fetchone()
+            return None if record is None else _sandbox_job_row(record)
+        except (sqlite3.Error, ValueError) as error:
+            raise ObservationError(f"store {self.path}: {error}") from error
+
+    # ----------------------------------------------------------------------- writes
+
+    def record_intent(self, submission: Submission, row: NewRow | None) -> None:
+        """Submission and Pending row in one transaction; both inserts ignore an existing key."""
+        with self._write() as conn:
+            self._run(conn, sql.INSERT_SUBMISSION, _submission_params(submission))
+            if row is not None:
+                self._insert_row(conn, row, submission.created_at)
+
+    def record_job_id(self, submission_name: str, job_id: str, row_id: str | None) -> None:
+        with self._write() as conn:
+            self._run(conn, sql.SET_SUBMISSION_JOB_ID, (job_id, submission_name))
+            if row_id is not None:
+                self._run(conn, sql.SET_ROW_SLURM_JOB_ID, (job_id, row_id))
+
+    def update_row_status(
+        self,
+        row_id: str,
+        status: RowStatus,
+        *,
+        started_at: datetime | None = None,
+        slurm_job_id: str | None = None,
+        owner: str | None = None,
+    ) -> None:
+        """Move a row forward (never back); `owner` set → refuse another user's row."""
+        with self._write() as conn:
+            current = self._owned_status(conn, row_id, owner)
+            if _STATUS_ORDER.get(current or "", -1) > _STATUS_ORDER[status.value]:
+                return
+            self._run(
+                conn,
+                sql.SET_ROW_STATUS,
+                {
+                    "id": row_id,
+                    "status": status.value,
+                    "started_at": format_timestamp(started_at),
+                    "slurm_job_id": slurm_job_id,
+                },
+            )
+
+    def create_row(self, row: NewRow) -> None:
+        with self._write() as conn:
+            self._insert_row(conn, row, datetime.now(UTC))
+
+    def upload_result(self, row_id: str, result: ResultUpload, *, owner: str | None = None) -> None:
+        """Finished + metrics as a LIST; rewriting the same result is harmless. `owner` as in `update_row_status`."""
+        with self._write() as conn:
+            self._owned_status(conn, row_id, owner)
+            self._run(
+                conn,
+                sql.SET_ROW_RESULT,
+                {
+                    "id": row_id,
+                    "metrics": format_metrics(result.metrics),
+                    "stats": json.dumps(result.stats),
+                    "n_trials": result.n_trials,
+                    "ended_at": format_timestamp(result.ended_at),
+                },
+            )
+
+    # ----------------------------------------------------------------------- leases
+
+    def try_lease(self, name: str, holder: str, ttl_s: float, now: datetime) -> bool:
+        """Take a free or expired lease, or renew our own; read and write under one write lock."""
+        with self._write() as conn:
+            current = self._run(conn, sql.LEASE_BY_NAME, (name,)).fetchone()
+            held_by_other = current is not None and current["holder"] != holder
+            if held_by_other and as_utc(datetime.fromisoformat(current["expires_at"])) > as_utc(now):
+                return False
+            self._run(conn, sql.PUT_LEASE, (name, holder, format_timestamp(now + timedelta(seconds=ttl_s))))
+            return True
+
+    def release_lease(self, name: str, holder: str) -> None:
+        """Only the holder's own lease is dropped; releasing twice is a no-op."""
+        with self._write() as conn:
+            self._run(conn, sql.DELETE_LEASE, (name, holder))
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # ----------------------------------------------------------------------- internals
+
+    def _connection(self) -> sqlite3.Connection | None:
+        """Read-only connections open lazily: a missing file is an empty store until someone creates it."""
+        if self._conn is None and self.readonly and self.path != MEMORY and Path(self.path).exists():
+            self._conn = _connect(Path(self.path).absolute().as_uri() + "?mode=ro", uri=True)
+        return self._conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        if self.readonly or self._conn is None:
+            raise WriteRefused(f"store {self.path} is open read-only")
+        with self._transaction(self._conn, "IMMEDIATE"):
+            yield self._conn
+
+    @staticmethod
+    @contextmanager
+    def _transaction(conn: sqlite3.Connection, mode: str) -> Iterator[None]:
+        conn.execute(f"BEGIN {mode}")
+        try:
+            yield
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def _run(self, conn: sqlite3.Connection, statement: str, params: Any = ()) -> sqlite3.Cursor:
+        self.queries += 1
+        return conn.execute(statement, params)
+
+    def _families(
+        self, conn: sqlite3.Connection, model_names: list[str], benchmark_names: list[str]
+    ) -> tuple[tuple[NamedRow, ...], tuple[NamedRow, ...]]:
+        records = self._run(
+            conn, sql.FAMILIES, {"models": _json(model_names), "benchmarks": _json(benchmark_names)}
+        ).fetchall()
+        named: dict[str, list[NamedRow]] = {"model": [], "benchmark": []}
+        for kind, id_, name, duplicate_of in records:
+            named[kind].append(NamedRow(id=id_, name=name, duplicate_of=duplicate_of))
+        return tuple(named["model"]), tuple(named["benchmark"])
+
+    def _insert_row(self, conn: sqlite3.Connection, row: NewRow, at: datetime) -> None:
+        self._run(
+            conn,
+            sql.INSERT_ROW,
+            {
+                "id": row.id,
+                "created_at": format_timestamp(at),
+                "job_name": row.job_name,
+                "username": row.username,
+                "submitted_at": format_timestamp(row.submitted_at),
+                "started_at": format_timestamp(row.started_at),
+                "n_trials": row.n_trials,
+                "n_rep_eval": row.n_rep_eval,
+                "config": json.dumps(row.config),
+                "model_id": self._model_id(conn, row.model_name, row.username, at),
+                "benchmark_id": self._benchmark_id(conn, row.benchmark_name),
+                "job_status": row.job_status.value,
+                "slurm_job_id": row.slurm_job_id,
+            },
+        )
+
+    def _model_id(self, conn: sqlite3.Connection, name: str, created_by: str, at: datetime) -> str:
+        """Reuse the model row of that name (canonical first); register the model if it is new."""
+        found = self._run(conn, sql.MODEL_ID_BY_NAME, (name,)).fetchone()
+        if found is not None:
+            return found[0]
+        model_id = str(uuid.uuid4())
+        self._run(conn, sql.INSERT_MODEL, (model_id, name, created_by, format_timestamp(at)))
+        return model_id
+
+    def _benchmark_id(self, conn: sqlite3.Connection, name: str) -> str:
+        found = self._run(conn, sql.BENCHMARK_ID_BY_NAME, (name,)).fetchone()
+        if found is not None:
+            return found[0]
+        benchmark_id = str(uuid.uuid4())
+        self._run(conn, sql.INSERT_BENCHMARK, (benchmark_id, name))
+        return benchmark_id
+
+    def _owned_status(self, conn: sqlite3.Connection, row_id: str, owner: str | None) -> str | None:
+        """The row's job_status, after checking it exists and (if `owner` is given) is ours."""
+        found = self._run(conn, sql.ROW_OWNER_AND_STATUS, (row_id,)).fetchone()
+        if found is None:
+            raise LookupError(f"sandbox_jobs row {row_id} does not exist")
+        username, status = found
+        if owner is not None and username != owner:
+            raise WriteRefused(f"sandbox_jobs row {row_id} belongs to {username!r}, not {owner!r}")
+        return status
+
+
+def _connect(target: str, *, uri: bool = False) -> sqlite3.Connection:
+    # isolation_level=None: we issue BEGIN/COMMIT ourselves; timeout is SQLite's busy_timeout.
+    conn = sqlite3.connect(target, uri=uri, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def _open_writable(path: str) -> sqlite3.Connection:
+    """Open (creating the file and its directory), switch to WAL, and add missing tables idempotently."""
+    if path != MEMORY:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    conn = _connect(path)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.executescript(f"BEGIN IMMEDIATE;{sql.SCHEMA}COMMIT;")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _json(values: Any) -> str:
+    return json.dumps(list(values))
+
+
+def _sandbox_job_row(record: sqlite3.Row) -> SandboxJobRow:
+    values = dict(record)
+    try:
+        for column in ("created_at", "submitted_at", "started_at", "ended_at"):
+            values[column] = parse_timestamp(values[column])
+        values["config"] = parse_config(values["config"])
+        values["metrics"] = parse_metrics(values["metrics"])
+        if values["slurm_job_id"] is not None:
+            values["slurm_job_id"] = str(values["slurm_job_id"])
+        return SandboxJobRow(**values)
+    except ValueError as error:
+        raise ValueError(f"sandbox_jobs row {values['id']}: {error}") from error
+
+
+def _submission(record: sqlite3.Row) -> Submission:
+    return Submission(**{**dict(record), "created_at": parse_timestamp(record["created_at"])})
+
+
+def _submission_params(submission: Submission) -> dict[str, Any]:
+    return {**submission.model_dump(), "created_at": format_timestamp(submission.created_at)}

@@ -1,0 +1,171 @@
+"""Every SQL statement of the SQLite store, in one place.
+
+The first three tables mirror the OT-Agent results schema (REFERENCE.md §1) so old tools and
+dashboards can read what we write; the `evalrun_*` tables are the reconciler's own memory.
+Name lists travel as ONE JSON parameter (`json_each`), so a pass costs the same few statements
+whether an EvalRun names ten models or five hundred.
+"""
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS models (
+    id               TEXT PRIMARY KEY,
+    name             TEXT NOT NULL,
+    base_model_id    TEXT REFERENCES models(id),
+    duplicate_of     TEXT REFERENCES models(id),
+    created_by       TEXT,
+    creation_time    TEXT,
+    weights_location TEXT
+);
+CREATE INDEX IF NOT EXISTS models_name ON models(name);
+CREATE INDEX IF NOT EXISTS models_duplicate_of ON models(duplicate_of);
+
+CREATE TABLE IF NOT EXISTS benchmarks (
+    id           TEXT PRIMARY KEY,
+    name         TEXT NOT NULL UNIQUE,
+    duplicate_of TEXT REFERENCES benchmarks(id)
+);
+CREATE INDEX IF NOT EXISTS benchmarks_duplicate_of ON benchmarks(duplicate_of);
+
+CREATE TABLE IF NOT EXISTS sandbox_jobs (
+    id             TEXT PRIMARY KEY,
+    created_at     TEXT,
+    job_name       TEXT,
+    username       TEXT,
+    submitted_at   TEXT,
+    started_at     TEXT,
+    ended_at       TEXT,
+    n_trials       INTEGER,
+    n_rep_eval     INTEGER,
+    config         TEXT,
+    metrics        TEXT,
+    stats          TEXT,
+    model_id       TEXT REFERENCES models(id),
+    benchmark_id   TEXT REFERENCES benchmarks(id),
+    agent_id       TEXT,
+    job_status     TEXT,
+    slurm_job_id   TEXT,
+    hf_traces_link TEXT,
+    is_overlong    BOOLEAN DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS sandbox_jobs_model_benchmark ON sandbox_jobs(model_id, benchmark_id);
+
+CREATE TABLE IF NOT EXISTS evalrun_submissions (
+    name       TEXT PRIMARY KEY,
+    run_tag    TEXT NOT NULL,
+    evalrun    TEXT NOT NULL,
+    cell_key   TEXT NOT NULL,
+    attempt    INTEGER NOT NULL,
+    fire       INTEGER NOT NULL,
+    row_id     TEXT,
+    job_id     TEXT,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS evalrun_submissions_evalrun ON evalrun_submissions(evalrun);
+
+CREATE TABLE IF NOT EXISTS evalrun_leases (
+    name       TEXT PRIMARY KEY,
+    holder     TEXT NOT NULL,
+    expires_at TEXT NOT NULL
+);
+"""
+
+OT_AGENT_TABLES = ("models", "benchmarks", "sandbox_jobs")
+OWN_TABLES = ("evalrun_submissions", "evalrun_leases")
+
+# --------------------------------------------------------------------------- observe
+
+EXISTING_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (SELECT value FROM json_each(?))"
+
+# kind, id, name, duplicate_of — both families in one statement.
+FAMILIES = """
+WITH
+  model_canon AS (
+    SELECT COALESCE(duplicate_of, id) AS id FROM models WHERE name IN (SELECT value FROM json_each(:models))
+  ),
+  bench_canon AS (
+    SELECT COALESCE(duplicate_of, id) AS id FROM benchmarks WHERE name IN (SELECT value FROM json_each(:benchmarks))
+  )
+SELECT 'model', id, name, duplicate_of FROM models
+ WHERE id IN (SELECT id FROM model_canon) OR duplicate_of IN (SELECT id FROM model_canon)
+UNION ALL
+SELECT 'benchmark', id, name, duplicate_of FROM benchmarks
+ WHERE id IN (SELECT id FROM bench_canon) OR duplicate_of IN (SELECT id FROM bench_canon)
+ORDER BY 1, 2
+"""
+
+ROW_COLUMNS = (
+    "id, job_name, username, job_status, created_at, submitted_at, started_at, ended_at,"
+    " slurm_job_id, model_id, benchmark_id, config, metrics"
+)
+
+ROWS_IN_FAMILIES = f"""
+SELECT {ROW_COLUMNS} FROM sandbox_jobs
+ WHERE model_id IN (SELECT value FROM json_each(:model_ids))
+   AND benchmark_id IN (SELECT value FROM json_each(:benchmark_ids))
+ ORDER BY id
+"""
+
+SUBMISSION_COLUMNS = "name, run_tag, evalrun, cell_key, attempt, fire, row_id, job_id, created_at"
+
+SUBMISSIONS_OF_EVALRUN = (
+    f"SELECT {SUBMISSION_COLUMNS} FROM evalrun_submissions WHERE evalrun = ? ORDER BY created_at, name"
+)
+
+ROW_BY_ID = f"SELECT {ROW_COLUMNS} FROM sandbox_jobs WHERE id = ?"
+
+# --------------------------------------------------------------------------- writes
+
+INSERT_SUBMISSION = f"""
+INSERT OR IGNORE INTO evalrun_submissions ({SUBMISSION_COLUMNS})
+VALUES (:name, :run_tag, :evalrun, :cell_key, :attempt, :fire, :row_id, :job_id, :created_at)
+"""
+
+SET_SUBMISSION_JOB_ID = "UPDATE evalrun_submissions SET job_id = ? WHERE name = ?"
+
+# Several rows may share a model name (legacy data); prefer the canonical, then the oldest.
+MODEL_ID_BY_NAME = """
+SELECT id FROM models WHERE name = ?
+ ORDER BY duplicate_of IS NOT NULL, creation_time, id LIMIT 1
+"""
+
+INSERT_MODEL = "INSERT INTO models (id, name, created_by, creation_time) VALUES (?, ?, ?, ?)"
+
+BENCHMARK_ID_BY_NAME = "SELECT id FROM benchmarks WHERE name = ?"
+
+INSERT_BENCHMARK = "INSERT INTO benchmarks (id, name) VALUES (?, ?)"
+
+INSERT_ROW = """
+INSERT OR IGNORE INTO sandbox_jobs (
+    id, created_at, job_name, username, submitted_at, started_at, n_trials, n_rep_eval,
+    config, model_id, benchmark_id, job_status, slurm_job_id, is_overlong
+) VALUES (
+    :id, :created_at, :job_name, :username, :submitted_at, :started_at, :n_trials, :n_rep_eval,
+    :config, :model_id, :benchmark_id, :job_status, :slurm_job_id, 0
+)
+"""
+
+ROW_OWNER_AND_STATUS = "SELECT username, job_status FROM sandbox_jobs WHERE id = ?"
+
+SET_ROW_SLURM_JOB_ID = "UPDATE sandbox_jobs SET slurm_job_id = ? WHERE id = ?"
+
+SET_ROW_STATUS = """
+UPDATE sandbox_jobs
+   SET job_status = :status,
+       started_at = COALESCE(:started_at, started_at),
+       slurm_job_id = COALESCE(:slurm_job_id, slurm_job_id)
+ WHERE id = :id
+"""
+
+SET_ROW_RESULT = """
+UPDATE sandbox_jobs
+   SET job_status = 'Finished', metrics = :metrics, stats = :stats, n_trials = :n_trials, ended_at = :ended_at
+ WHERE id = :id
+"""
+
+# --------------------------------------------------------------------------- leases
+
+LEASE_BY_NAME = "SELECT holder, expires_at FROM evalrun_leases WHERE name = ?"
+
+PUT_LEASE = "INSERT OR REPLACE INTO evalrun_leases (name, holder, expires_at) VALUES (?, ?, ?)"
+
+DELETE_LEASE = "DELETE FROM evalrun_leases WHERE name = ? AND holder = ?"

@@ -1,0 +1,201 @@
+"""act(): execute a Plan step by step through the adapters, and say what happened.
+
+Submissions follow the create-pending protocol of DESIGN.md:
+  1. record the intent (our submission record + a Pending row with the deterministic run tag);
+  2. look for a job with that name in the queue AND accounting; if found, adopt it;
+  3. only then submit, and record the job id.
+A crash between any two steps is repaired by the next pass: the planner sees the intent, and the
+job (if any) by its name. `EVALCTL_KILL_AT=<step>` SIGKILLs this process at a step, which is how
+the tests prove it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import datetime
+
+from controller.core.errors import ErrorClasses
+from controller.core.metrics import run_metrics
+from controller.core.ports import NewRow, RunDirs, Scheduler, Store, SubmitRequest
+from controller.core.types import (
+    Action,
+    ActionKind,
+    Cell,
+    CellPlan,
+    Frozen,
+    Plan,
+    RowStatus,
+    RunDirFacts,
+    Submission,
+    submission_name,
+)
+
+log = logging.getLogger("evalctl.act")
+ROW_NAMESPACE = uuid.UUID("6f1c4b0e-9d59-4d8e-8a53-6f0d1f1f5e42")
+
+
+class Outcome(Frozen):
+    """One executed step, for events and the pass summary."""
+
+    cell: str
+    action: str
+    ok: bool
+    message: str
+
+
+class JobLauncher(Frozen):
+    """What a submission needs beyond the cell: where the script is and what it receives."""
+
+    script: str
+    logs_dir: str
+    time_limit: str
+    username: str
+    env: dict[str, str]
+
+
+class UploadNotVerified(RuntimeError):
+    """The store did not return what was written: never report success we have not seen."""
+
+
+def row_id_for(name: str) -> str:
+    """Deterministic row id: repeating a half-done step writes the same row, never a second one."""
+    return str(uuid.uuid5(ROW_NAMESPACE, name))
+
+
+def kill_point(step: str) -> None:
+    """Fault injection for the protocol tests: die here, as a crash would, if asked to."""
+    if os.environ.get("EVALCTL_KILL_AT") == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Actor:
+    def __init__(
+        self,
+        store: Store,
+        scheduler: Scheduler,
+        run_dirs: RunDirs,
+        launcher: JobLauncher,
+        cell_env: Callable[[Cell, Action], Mapping[str, str]],
+        analyze: Callable[[RunDirFacts], None],
+        errors: ErrorClasses,
+        now: Callable[[], datetime],
+    ):
+        self.store, self.scheduler, self.run_dirs = store, scheduler, run_dirs
+        self.launcher, self.cell_env, self.analyze_dir = launcher, cell_env, analyze
+        self.errors, self.now = errors, now
+
+    def act(self, plan: Plan) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        for cell_plan in plan.cells:
+            outcomes += self._act_cell(cell_plan)
+        return outcomes
+
+    def _act_cell(self, cell_plan: CellPlan) -> list[Outcome]:
+        label = f"{cell_plan.cell.model} × {cell_plan.cell.benchmark}"
+        outcomes = []
+        for update in cell_plan.row_updates:
+            if update.submission_name and update.job_id:
+                self.store.record_job_id(update.submission_name, update.job_id, update.row_id)
+            if update.row_id and update.status:
+                self.store.update_row_status(update.row_id, update.status, started_at=update.started_at)
+        for action in cell_plan.actions:
+            if action.kind in (ActionKind.WAIT, ActionKind.SKIP, ActionKind.HOLD):
+                continue
+            try:
+                message = self._do(cell_plan, action)
+            except Exception as exc:  # one cell's failure must not stop the others
+                log.warning("action failed", extra={"cell": label, "action": action.kind.value, "error": str(exc)})
+                outcomes.append(Outcome(cell=label, action=action.kind.value, ok=False, message=str(exc)))
+                break  # never submit after a cancel that did not happen
+            log.info("action done", extra={"cell": label, "action": action.kind.value, "detail": message})
+            outcomes.append(Outcome(cell=label, action=action.kind.value, ok=True, message=message))
+        return outcomes
+
+    def _do(self, cell_plan: CellPlan, action: Action) -> str:
+        if action.kind == ActionKind.CANCEL:
+            assert action.job_id is not None
+            self.scheduler.cancel(action.job_id)
+            return f"cancelled job {action.job_id}: {action.reason}"
+        if action.kind in (ActionKind.SUBMIT, ActionKind.RESUME):
+            return self._submit(cell_plan.cell, action)
+        facts = cell_plan.run_dir
+        assert facts is not None, "analyze/upload are only planned for a run dir"
+        if action.kind == ActionKind.ANALYZE:
+            self.analyze_dir(facts)
+            return f"post-eval report written for {facts.run_tag}"
+        if action.kind == ActionKind.UPLOAD:
+            return self._upload(cell_plan.cell, action, facts)
+        raise ValueError(f"unknown action {action.kind}")
+
+    def _submit(self, cell: Cell, action: Action) -> str:
+        assert action.run_tag is not None and action.fire is not None
+        name = submission_name(action.run_tag, action.fire)
+        row_id = action.row_id or row_id_for(action.run_tag)
+        now = self.now()
+        submission = Submission(name=name, run_tag=action.run_tag, evalrun=cell.evalrun, cell_key=cell.key,
+                                attempt=action.attempt or 0, fire=action.fire, row_id=row_id, created_at=now)
+        new_row = None if action.row_id else self._pending_row(cell, action.run_tag, row_id, now)
+        self.store.record_intent(submission, new_row)
+        kill_point("after-intent")
+        existing = self.scheduler.find(name)
+        if existing is not None:
+            self.store.record_job_id(name, existing.job_id, row_id)
+            return f"adopted job {existing.job_id} ({name}) found by its name"
+        kill_point("after-find")
+        request = SubmitRequest(
+            name=name, comment=cell.key, script=self.launcher.script,
+            args=(cell.model, cell.dataset, cell.benchmark_name, action.run_tag),
+            env={**self.launcher.env, **self.cell_env(cell, action), "EVAL_DB_JOB_ID": row_id,
+                 "EVAL_RESUME": "1" if action.kind == ActionKind.RESUME else "0",
+                 "EVAL_RESUME_COUNT": str(action.fire - 1)},
+            logs_dir=self.launcher.logs_dir, time_limit=self.launcher.time_limit,
+        )
+        job_id = self.scheduler.submit(request)
+        kill_point("after-submit")
+        self.store.record_job_id(name, job_id, row_id)
+        return f"submitted job {job_id} ({name})"
+
+    def _pending_row(self, cell: Cell, run_tag: str, row_id: str, now: datetime) -> NewRow:
+        return NewRow(id=row_id, job_name=run_tag, username=self.launcher.username, model_name=cell.model,
+                      benchmark_name=cell.benchmark_name, job_status=RowStatus.PENDING, submitted_at=now,
+                      n_rep_eval=cell.n_attempts, config=row_config(cell, run_tag))
+
+    def _upload(self, cell: Cell, action: Action, facts: RunDirFacts) -> str:
+        result = run_metrics(facts, self.errors)
+        accuracy = result.score
+        if accuracy is None:
+            raise UploadNotVerified(f"{facts.run_tag}: no score could be computed (no completed trials)")
+        row_id = action.row_id
+        if row_id is None:  # an orphan dir: give it a row of ours first
+            row_id = row_id_for(facts.run_tag)
+            self.store.create_row(self._pending_row(cell, facts.run_tag, row_id, self.now()).model_copy(
+                update={"job_status": RowStatus.STARTED, "started_at": facts.started_at}))
+        self.store.upload_result(row_id, result.upload(ended_at=facts.finished_at or self.now()))
+        landed = self.store.read_row(row_id)
+        if landed is None or landed.job_status != RowStatus.FINISHED or not _same_metrics(landed.metrics,
+                                                                                           result.metrics):
+            raise UploadNotVerified(f"row {row_id} does not show the uploaded metrics")
+        return f"uploaded accuracy={accuracy:.4f} for {facts.run_tag} (row {row_id}, verified)"
+
+
+def row_config(cell: Cell, run_tag: str) -> dict:
+    """The `config` jsonb the old tools and dashboards read, plus what our matching needs."""
+    config: dict = {"agent": cell.agent, "env": cell.cluster, "timeout_multiplier": cell.timeout_multiplier,
+                    "run_tag": run_tag, "harbor_config": cell.harbor_config, "dataset": cell.dataset,
+                    "fingerprint": cell.fingerprint}
+    overrides = cell.overrides.model_dump(exclude_none=True)
+    if overrides:
+        config["environment"] = overrides
+    return config
+
+
+def _same_metrics(stored: object, written: tuple) -> bool:
+    if not stored:
+        return False
+    got = {m.name: m.value for m in stored}  # type: ignore[attr-defined]
+    return all(got.get(m.name) == m.value for m in written)
+

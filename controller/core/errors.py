@@ -1,0 +1,52 @@
+"""Which trial exceptions are infra (retry-worthy), benign (a valid score of 0) or other.
+
+The class lists are data (REFERENCE.md §3, shipped as a catalog); this module only gives them a
+type and the two rules everyone must apply the same way: classification and the
+dimensionally stable breakdown (every known class present, 0 included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+from pydantic import Field
+
+from controller.core.types import Frozen
+
+
+class ErrorKind(StrEnum):
+    INFRA = "infra"
+    BENIGN = "benign"
+    OTHER = "other"
+
+
+class ErrorClasses(Frozen):
+    """Exception class names by kind; same fields as `catalog/error_classes.yaml`."""
+
+    infra: frozenset[str]
+    benign: frozenset[str]
+    benign_with_reward: frozenset[str] = Field(
+        frozenset(),
+        description="benign only when the trial still got a reward (a graded AgentTimeoutError is a 0; "
+        "an ungraded one is an ordinary error)",
+    )
+
+    @property
+    def known(self) -> tuple[str, ...]:
+        return tuple(sorted(self.infra | self.benign | self.benign_with_reward))
+
+    def classify(self, exception_type: str, has_reward: bool) -> ErrorKind:
+        if exception_type in self.infra:
+            return ErrorKind.INFRA
+        if exception_type in self.benign or (has_reward and exception_type in self.benign_with_reward):
+            return ErrorKind.BENIGN
+        return ErrorKind.OTHER
+
+    def breakdown(self, counts: Mapping[str, int]) -> dict[str, int]:
+        """Every known class (0 when unseen) plus any unknown class seen, sorted by name."""
+        merged = dict.fromkeys(self.known, 0) | dict(counts)
+        return dict(sorted(merged.items()))
+
+    def infra_breakdown(self, counts: Mapping[str, int]) -> dict[str, int]:
+        return {name: counts.get(name, 0) for name in sorted(self.infra)}

@@ -1,0 +1,203 @@
+"""Join the three observed sources to cells: which rows, jobs and run dirs belong to which cell.
+
+Pure and batched: every index is built once per pass, so matching 1,000 cells costs one walk of
+each source. Rules (REFERENCE.md §1, §3):
+- a row belongs to a cell through the model's and the benchmark's families and a matching config;
+- a run dir belongs to a cell by its run tag (ours) or, for dirs the old listener made, by the
+  model/benchmark/agent/multiplier its config.json and meta.env name;
+- a job belongs to a cell through the run tag its name carries.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from controller.core.ports import NamedRow, SandboxJobRow, StoreSnapshot
+from controller.core.types import (
+    RUN_TAG_PREFIX,
+    Cell,
+    Observation,
+    ObservedJob,
+    ObservedRow,
+    RunDirFacts,
+    Submission,
+    run_tag_of,
+)
+
+OVERRIDE_KEYS = ("override_cpus", "override_memory_mb", "override_storage_mb")
+
+
+class Families:
+    """Name → ids (and names) of the whole family: canonical row plus every row that duplicates it."""
+
+    def __init__(self, rows: Iterable[NamedRow]):
+        rows = list(rows)
+        canonical = {row.id: row.duplicate_of or row.id for row in rows}
+        members: dict[str, set[str]] = defaultdict(set)
+        for row in rows:
+            members[canonical[row.id]].add(row.id)
+        name_of = {row.id: row.name for row in rows}
+        self._ids: dict[str, frozenset[str]] = {}
+        self._names: dict[str, frozenset[str]] = {}
+        for row in rows:
+            family = members[canonical[row.id]] | {canonical[row.id]}
+            self._ids[row.name] = self._ids.get(row.name, frozenset()) | family
+        for name, ids in self._ids.items():
+            self._names[name] = frozenset(name_of[i] for i in ids if i in name_of) | {name}
+
+    def ids(self, name: str) -> frozenset[str]:
+        return self._ids.get(name, frozenset())
+
+    def names(self, name: str) -> frozenset[str]:
+        return self._names.get(name, frozenset({name}))
+
+
+def row_config_matches(config: dict | None, cell: Cell) -> bool:
+    """Agent, timeout multiplier and sandbox overrides equal; keys a legacy row lacks match anything."""
+    if not config:
+        return True
+    agent = config.get("agent")
+    if agent is not None and agent != cell.agent:
+        return False
+    multiplier = config.get("timeout_multiplier")
+    if multiplier is not None and _as_float(multiplier) != cell.timeout_multiplier:
+        return False
+    environment = config.get("environment") or {}
+    return all(environment.get(key) == getattr(cell.overrides, key) for key in OVERRIDE_KEYS)
+
+
+def run_dir_matches(facts: RunDirFacts, cell: Cell, model_names: frozenset[str], bench_names: frozenset[str]) -> bool:
+    """A dir the old listener made: same model and benchmark family, and no conflicting config."""
+    if facts.model not in model_names or facts.benchmark_name not in bench_names:
+        return False
+    if facts.agent is not None and facts.agent != cell.agent:
+        return False
+    return facts.timeout_multiplier is None or facts.timeout_multiplier == cell.timeout_multiplier
+
+
+def observe_cells(
+    cells: Sequence[Cell],
+    snapshot: StoreSnapshot | None,
+    jobs: Sequence[ObservedJob] | None,
+    run_dirs: Sequence[RunDirFacts] | None,
+    unknown_reason: str = "",
+) -> list[Observation]:
+    """One Observation per cell, in order. A source that is None stays None (Unknown) in every cell."""
+    model_families = Families(snapshot.models) if snapshot else None
+    bench_families = Families(snapshot.benchmarks) if snapshot else None
+    rows_by_pair = _rows_by_family_pair(snapshot) if snapshot else {}
+    subs_by_cell: dict[tuple[str, str], list[Submission]] = defaultdict(list)
+    for sub in snapshot.submissions if snapshot else ():
+        subs_by_cell[(sub.evalrun, sub.cell_key)].append(sub)
+    jobs_by_tag: dict[str, list[ObservedJob]] = defaultdict(list)
+    for job in jobs or ():
+        jobs_by_tag[run_tag_of(job.name)].append(job)
+    tags_by_stem: dict[str, set[str]] = defaultdict(set)
+    for tag in jobs_by_tag:
+        tags_by_stem[_stem(tag)].add(tag)
+    dirs_by_tag = {d.run_tag: d for d in run_dirs or ()}
+    for tag in dirs_by_tag:
+        tags_by_stem[_stem(tag)].add(tag)
+    legacy_dirs: dict[tuple[str | None, str | None], list[RunDirFacts]] = defaultdict(list)
+    for facts in run_dirs or ():
+        if not facts.run_tag.startswith(RUN_TAG_PREFIX):
+            legacy_dirs[(facts.model, facts.benchmark_name)].append(facts)
+
+    observations = []
+    for cell in cells:
+        subs = tuple(subs_by_cell.get((cell.evalrun, cell.key), ())) if snapshot else None
+        rows = None
+        if snapshot is not None:
+            assert model_families is not None and bench_families is not None
+            rows = _cell_rows(cell, model_families, bench_families, rows_by_pair)
+        cell_dirs = None
+        if run_dirs is not None:
+            own_dirs = [dirs_by_tag[t] for t in tags_by_stem.get(cell.tag_stem, ()) if t in dirs_by_tag]
+            cell_dirs = _cell_dirs(cell, own_dirs, subs or (), dirs_by_tag, legacy_dirs, model_families, bench_families)
+        cell_jobs = None
+        if jobs is not None:
+            tags = {s.run_tag for s in subs or ()} | {d.run_tag for d in cell_dirs or ()}
+            tags |= tags_by_stem.get(cell.tag_stem, set())
+            tags |= {RUN_TAG_PREFIX + t for t in tags if not t.startswith(RUN_TAG_PREFIX)}
+            cell_jobs = tuple(job for tag in sorted(tags) for job in jobs_by_tag.get(tag, ()))
+        observations.append(
+            Observation(
+                rows=rows, submissions=subs, jobs=cell_jobs, run_dirs=cell_dirs, unknown_reason=unknown_reason
+            )
+        )
+    return observations
+
+
+def _rows_by_family_pair(snapshot: StoreSnapshot) -> dict[tuple[str | None, str | None], list[SandboxJobRow]]:
+    pairs: dict[tuple[str | None, str | None], list[SandboxJobRow]] = defaultdict(list)
+    for row in snapshot.rows:
+        pairs[(row.model_id, row.benchmark_id)].append(row)
+    return pairs
+
+
+def _cell_rows(
+    cell: Cell,
+    models: Families,
+    benchmarks: Families,
+    rows_by_pair: dict[tuple[str | None, str | None], list[SandboxJobRow]],
+) -> tuple[ObservedRow, ...]:
+    model_ids = models.ids(cell.model)
+    bench_ids = benchmarks.ids(cell.benchmark_name)
+    matched = [
+        row
+        for model_id in model_ids
+        for bench_id in bench_ids
+        for row in rows_by_pair.get((model_id, bench_id), ())
+        if row_config_matches(row.config, cell)
+    ]
+    return tuple(
+        ObservedRow(
+            id=row.id,
+            job_name=row.job_name,
+            username=row.username,
+            job_status=row.job_status,
+            created_at=row.created_at,
+            submitted_at=row.submitted_at,
+            started_at=row.started_at,
+            ended_at=row.ended_at,
+            slurm_job_id=row.slurm_job_id,
+            metrics=row.metrics,
+        )
+        for row in matched
+    )
+
+
+def _cell_dirs(
+    cell: Cell,
+    own_dirs: Sequence[RunDirFacts],
+    subs: Sequence[Submission],
+    dirs_by_tag: dict[str, RunDirFacts],
+    legacy_dirs: dict[tuple[str | None, str | None], list[RunDirFacts]],
+    models: Families | None,
+    benchmarks: Families | None,
+) -> tuple[RunDirFacts, ...]:
+    found = {d.run_tag: d for d in own_dirs}
+    for sub in subs:
+        if sub.run_tag in dirs_by_tag:
+            found[sub.run_tag] = dirs_by_tag[sub.run_tag]
+    model_names = models.names(cell.model) if models else frozenset({cell.model})
+    bench_names = benchmarks.names(cell.benchmark_name) if benchmarks else frozenset({cell.benchmark_name})
+    for model in model_names:
+        for bench in bench_names:
+            for facts in legacy_dirs.get((model, bench), ()):
+                if run_dir_matches(facts, cell, model_names, bench_names):
+                    found[facts.run_tag] = facts
+    return tuple(found.values())
+
+
+def _stem(tag: str) -> str:
+    """`ev_model__bench__fp__a3` → `ev_model__bench__fp__a`; other tags stay as they are."""
+    return tag.rstrip("0123456789") if tag.startswith(RUN_TAG_PREFIX) else tag
+
+
+def _as_float(value: object) -> float | None:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None

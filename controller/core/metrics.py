@@ -1,0 +1,68 @@
+"""What gets uploaded for one run dir: metrics as a LIST of {name, value} and the stats dict.
+
+Pure. Valid trials are the completed ones minus infra errors (not the model's fault); an errored
+valid trial without a reward scores 0. A value of None means "could not be computed" and the
+caller must treat it as a failed analysis, never as a score.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from controller.core.errors import ErrorClasses
+from controller.core.ports import ResultUpload
+from controller.core.types import Frozen, Metric, RunDirFacts
+
+
+class UploadStats(Frozen):
+    """`sandbox_jobs.stats` as the dashboards read it; every known class present so rows stay comparable."""
+
+    n_trials: int
+    n_infra_errors: int
+    infra_error_breakdown: dict[str, int]
+    n_errors_by_class: dict[str, int]
+
+
+class RunMetrics(Frozen):
+    metrics: tuple[Metric, ...]
+    stats: UploadStats
+
+    @property
+    def score(self) -> float | None:
+        return next(m.value for m in self.metrics if m.name == "accuracy")
+
+    def metrics_payload(self) -> list[dict[str, float | None]]:
+        """The LIST the leaderboard reads (a dict is ignored by it)."""
+        return [m.model_dump() for m in self.metrics]
+
+    def upload(self, ended_at: datetime) -> ResultUpload:
+        return ResultUpload(
+            metrics=self.metrics, stats=self.stats.model_dump(), n_trials=self.stats.n_trials, ended_at=ended_at
+        )
+
+
+def run_metrics(facts: RunDirFacts, errors: ErrorClasses) -> RunMetrics:
+    n_valid = max(facts.n_completed - facts.n_infra_errors, 0)
+    accuracy = facts.reward_sum / n_valid if n_valid else None
+    return RunMetrics(
+        metrics=(
+            Metric(name="accuracy", value=accuracy),
+            Metric(name="accuracy_stderr", value=_stderr(facts.reward_sum, facts.reward_sq_sum, n_valid)),
+            Metric(name="n_valid_trials", value=float(n_valid)),
+        ),
+        stats=UploadStats(
+            n_trials=n_valid,
+            n_infra_errors=facts.n_infra_errors,
+            infra_error_breakdown=errors.infra_breakdown(facts.error_breakdown),
+            n_errors_by_class=errors.breakdown(facts.error_breakdown),
+        ),
+    )
+
+
+def _stderr(total: float, sq_total: float, n: int) -> float | None:
+    """Standard error of the mean with the sample (n-1) variance, from running sums."""
+    if n < 2:
+        return None
+    variance = max(sq_total - total * total / n, 0.0) / (n - 1)
+    return math.sqrt(variance / n)

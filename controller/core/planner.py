@@ -1,0 +1,423 @@
+"""plan(): the whole controller decision, as a pure function of observed data.
+
+No I/O, no clock, no randomness: `now` is an argument and every fact arrives in an Observation.
+Per cell, in order:
+  1. a source could not be read          → Unknown, no action;
+  2. a job of the cell is queued/running → watch it (stale queue, walltime, stuck, zombie);
+  3. otherwise the newest matching row decides (REFERENCE §2), and where that row is ours or
+     missing, the cell's run dir is classified (§4) — a dir on disk is worth more than a fresh start.
+Then the caps: at most `budget` submit/resume actions, and `suspend` turns every action into a hold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from controller.core.dedup import DEDUP_TABLE, RowCase, newest, row_case
+from controller.core.resume import RESUME_TABLE, DirClass, Next, classify
+from controller.core.types import (
+    Action,
+    ActionKind,
+    Cell,
+    CellPlan,
+    Frozen,
+    JobState,
+    Observation,
+    ObservedJob,
+    ObservedRow,
+    Phase,
+    Plan,
+    RowStatus,
+    RowUpdate,
+    RunDirFacts,
+    Submission,
+    run_tag_of,
+    submission_name,
+)
+
+MUTATING = frozenset({ActionKind.SUBMIT, ActionKind.RESUME, ActionKind.CANCEL, ActionKind.ANALYZE, ActionKind.UPLOAD})
+LAUNCHING = frozenset({ActionKind.SUBMIT, ActionKind.RESUME})
+
+
+class Policy(Frozen):
+    """The knobs of one EvalRun on its cluster, in the units the rules use."""
+
+    username: str
+    force_eval: bool = False
+    suspend: bool = False
+    stale_started: timedelta = timedelta(hours=24)
+    stale_pending: timedelta = timedelta(hours=6)
+    max_total_fires: int = 2
+    infra_error_threshold: int = 10
+    near_complete_fraction: float = 0.97
+    stale_near: timedelta = timedelta(minutes=60)
+    stale_general: timedelta = timedelta(minutes=90)
+    pre_walltime: timedelta = timedelta(minutes=15)
+    settle: timedelta = timedelta(minutes=60)
+    zombie_grace: timedelta = timedelta(minutes=10)
+    upload_db: bool = True
+    min_completed_fraction: float = 0.5
+    max_submissions_per_pass: int = 6
+
+
+def plan(
+    evalrun: str,
+    cells: Sequence[Cell],
+    observations: Sequence[Observation],
+    policy: Policy,
+    now: datetime,
+    budget: int | None = None,
+) -> Plan:
+    """Decide every cell; `budget` (default: the policy's per-pass cap) limits submit/resume actions."""
+    remaining = policy.max_submissions_per_pass if budget is None else budget
+    planned = []
+    for cell, obs in zip(cells, observations, strict=True):
+        cell_plan = plan_cell(cell, obs, policy, now)
+        if any(a.kind in LAUNCHING for a in cell_plan.actions):
+            if remaining <= 0:
+                cell_plan = _over_budget(cell_plan, policy)
+            else:
+                remaining -= 1
+        if policy.suspend:
+            cell_plan = _suspended(cell_plan)
+        planned.append(cell_plan)
+    return Plan(evalrun=evalrun, cells=tuple(planned), suspended=policy.suspend)
+
+
+def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime) -> CellPlan:
+    if obs.rows is None or obs.submissions is None or obs.jobs is None or obs.run_dirs is None:
+        return CellPlan(
+            cell=cell,
+            phase=Phase.UNKNOWN,
+            actions=(),
+            reason=f"not observed: {obs.unknown_reason or 'a source could not be read'}",
+            rule="DESIGN: observation failed → Unknown; nothing is submitted or cancelled",
+        )
+    view = _CellView(cell, obs, policy, now)
+    live = [job for job in obs.jobs if job.state.active]
+    if live:
+        return view.in_flight(live)
+    return view.settled()
+
+
+class _CellView:
+    """Derived views of one cell's observation, and the decisions that read them."""
+
+    def __init__(self, cell: Cell, obs: Observation, policy: Policy, now: datetime):
+        assert obs.rows is not None and obs.submissions is not None
+        assert obs.jobs is not None and obs.run_dirs is not None
+        self.cell, self.policy, self.now = cell, policy, now
+        self.subs: list[Submission] = sorted(obs.submissions, key=lambda s: (s.attempt, s.fire, s.created_at))
+        own_row_ids = {s.row_id for s in self.subs if s.row_id}
+        own_tags = {s.run_tag for s in self.subs}
+        self.all_rows = obs.rows
+        self.rows = tuple(r for r in obs.rows if r.id in own_row_ids) if policy.force_eval else obs.rows
+        self.dirs: dict[str, RunDirFacts] = {
+            d.run_tag: d for d in obs.run_dirs if not policy.force_eval or d.run_tag in own_tags
+        }
+        self.jobs = obs.jobs
+        self.adoptions = [
+            RowUpdate(submission_name=s.name, job_id=job.job_id, row_id=s.row_id)
+            for s in self.subs
+            if s.job_id is None and (job := self._newest(self._jobs_named(s.name))) is not None
+        ]
+
+    # ------------------------------------------------------------------ a job is queued or running
+
+    def in_flight(self, live: list[ObservedJob]) -> CellPlan:
+        live = sorted(live, key=lambda j: (_job_order(j.job_id), j.job_id))
+        job, duplicates = live[0], live[1:]
+        actions = [
+            Action(kind=ActionKind.CANCEL, reason=f"duplicate live job for one cell (keeping {job.job_id})",
+                   job_id=dup.job_id)
+            for dup in duplicates
+        ]
+        updates = self._bookkeeping(job)
+        facts = self.dirs.get(self._dir_tag(job))
+
+        if job.state == JobState.QUEUED:
+            queued_since = self._submitted_at(job)
+            if queued_since is not None and self.now - queued_since >= self.policy.stale_pending:
+                attempt = self._next_attempt()
+                actions += [
+                    Action(kind=ActionKind.CANCEL, reason="stale pending: cancel the queued job first",
+                           job_id=job.job_id),
+                    self._submit(attempt, f"stale pending: queued since {queued_since:%Y-%m-%d %H:%M}; new attempt"),
+                ]
+                return self._result(Phase.SUBMITTED, actions, f"stale pending (job {job.job_id})",
+                                    "REFERENCE §2: Pending, older than stalePendingHours → cancel, then start",
+                                    updates, facts)
+            actions.append(Action(kind=ActionKind.WAIT, reason=f"job {job.job_id} queued", job_id=job.job_id))
+            return self._result(Phase.SUBMITTED, actions, f"job pending (job {job.job_id} queued)",
+                                "REFERENCE §2: Pending, younger than stalePendingHours → skip", updates, facts)
+
+        progress = _progress(facts)
+        if job.time_left_s is not None and job.time_left_s <= self.policy.pre_walltime.total_seconds():
+            actions.append(Action(kind=ActionKind.CANCEL, job_id=job.job_id,
+                                  reason=f"{job.time_left_s // 60} min of walltime left; cancel now, resume later"))
+            return self._result(Phase.RUNNING, actions, "pre-walltime cancel", "REFERENCE §5: pre-walltime",
+                                updates, facts)
+        if facts is not None and facts.n_total:
+            last = facts.last_progress_at or job.started_at
+            quiet = self.now - last if last is not None else timedelta(0)
+            if facts.n_completed >= facts.n_total and quiet >= self.policy.zombie_grace:
+                actions.append(Action(kind=ActionKind.CANCEL, job_id=job.job_id,
+                                      reason=f"zombie: every trial has a result ({progress}) but the job still runs"))
+                return self._result(Phase.STALLED, actions, "zombie job", "REFERENCE §5: zombie → cancel, upload",
+                                    updates, facts)
+            near = math.ceil(self.policy.near_complete_fraction * facts.n_total)
+            if facts.n_scored >= near and quiet >= self.policy.stale_near:
+                actions.append(Action(kind=ActionKind.CANCEL, job_id=job.job_id,
+                                      reason=f"stuck near complete: {progress}, no new score for {_minutes(quiet)}"))
+                return self._result(Phase.STALLED, actions, "stuck near complete",
+                                    "REFERENCE §5: stuck near complete → cancel, post-eval", updates, facts)
+            if quiet >= self.policy.stale_general:
+                actions.append(Action(kind=ActionKind.WAIT, job_id=job.job_id,
+                                      reason=f"no new score for {_minutes(quiet)} ({progress})"))
+                return self._result(Phase.STALLED, actions, f"stalled: no progress for {_minutes(quiet)}",
+                                    "REFERENCE §5: stuck general → report Stalled", updates, facts)
+        actions.append(Action(kind=ActionKind.WAIT, job_id=job.job_id, reason=f"job {job.job_id} running"))
+        return self._result(Phase.RUNNING, actions, f"job running ({progress})",
+                            "REFERENCE §4: IN_FLIGHT → wait", updates, facts)
+
+    def _bookkeeping(self, job: ObservedJob) -> list[RowUpdate]:
+        """Move our Pending row to Started once its job runs."""
+        sub = next((s for s in self.subs if s.name == job.name), None)
+        row = self._own_row(sub.row_id) if sub is not None else None
+        if row is not None and row.job_status == RowStatus.PENDING and job.state == JobState.RUNNING:
+            return [RowUpdate(row_id=row.id, status=RowStatus.STARTED, started_at=job.started_at or self.now)]
+        return []
+
+    # ------------------------------------------------------------------ nothing is running
+
+    def settled(self) -> CellPlan:
+        row = newest(self.rows)
+        case = row_case(row, stale_started=self.policy.stale_started,
+                        stale_pending=self.policy.stale_pending, now=self.now)
+        dedup = DEDUP_TABLE[case]
+        rule = f"REFERENCE §2: {case.value} → {'start' if dedup.start else 'skip'} ({dedup.reason})"
+
+        if case == RowCase.NONE:
+            orphan = self._orphan_dir()
+            if orphan is not None:
+                return self._from_dir(orphan, row=None, why="orphan run dir (no row points at it)")
+            return self._result(Phase.PENDING, [self._submit(self._next_attempt(), dedup.reason)], dedup.reason, rule)
+        assert row is not None
+        if case == RowCase.FINISHED:
+            return self._finished(row, rule)
+        if case == RowCase.UNRECOGNISED:
+            hold = Action(kind=ActionKind.HOLD, reason=f"row {row.id}: job_status {row.job_status!r}", row_id=row.id)
+            return self._result(Phase.FAILED, [hold], dedup.reason, rule)
+        if case == RowCase.METRICS_CLEARED:
+            return self._result(Phase.PENDING, [self._submit(self._next_attempt(), dedup.reason)], dedup.reason, rule)
+
+        if row.username == self.policy.username:
+            return self._own_row_without_live_job(row)
+        # Someone else's Started/Pending row: their job is invisible to us, so the thresholds decide.
+        if not dedup.start:
+            since = row.started_at if case == RowCase.STARTED_FRESH else row.submitted_at
+            phase = Phase.RUNNING if case == RowCase.STARTED_FRESH else Phase.SUBMITTED
+            reason = f"{dedup.reason} (row of {row.username or 'unknown user'} since {_when(since)})"
+            return self._result(phase, [Action(kind=ActionKind.SKIP, reason=reason, row_id=row.id)], reason, rule)
+        return self._result(Phase.PENDING, [self._submit(self._next_attempt(), f"{dedup.reason} (row of "
+                                                         f"{row.username or 'unknown user'})")], dedup.reason, rule)
+
+    def _finished(self, row: ObservedRow, rule: str) -> CellPlan:
+        score = _metric(row, "accuracy")
+        facts = self.dirs.get(row.job_name or "")
+        if facts is not None and facts.n_total and facts.n_completed < facts.n_total:
+            cls = self._classify(facts, job=None)
+            if cls in (DirClass.AT_RESUME_LIMIT, DirClass.REJECTED):
+                reason = f"uploaded as is: {RESUME_TABLE[cls].reason} ({_progress(facts)})"
+                return self._result(Phase.FAILED, [Action(kind=ActionKind.HOLD, reason=reason, row_id=row.id)],
+                                    reason, f"REFERENCE §4: {cls} → no resume, upload as is", facts=facts,
+                                    score=score)
+        return self._result(Phase.COMPLETED, [Action(kind=ActionKind.SKIP, reason="job finished", row_id=row.id)],
+                            "job finished", rule, facts=facts, score=score)
+
+    def _own_row_without_live_job(self, row: ObservedRow) -> CellPlan:
+        """Our Pending/Started row and nothing of ours in the queue: the job ended, died or never started."""
+        tag = row.job_name or ""
+        subs = [s for s in self.subs if s.run_tag == tag]
+        unsent = [s for s in subs if s.job_id is None and not self._jobs_named(s.name)]
+        if unsent and subs[-1] is unsent[-1]:
+            sub = unsent[-1]
+            action = Action(kind=ActionKind.SUBMIT if sub.fire == 1 else ActionKind.RESUME, run_tag=sub.run_tag,
+                            attempt=sub.attempt, fire=sub.fire, row_id=row.id,
+                            reason=f"intent {sub.name} recorded but no job has that name: finish the submission")
+            return self._result(Phase.PENDING, [action], "submission interrupted before sbatch",
+                                "DESIGN: create-pending protocol, step 2–3 repair")
+        facts = self.dirs.get(tag) or RunDirFacts(run_tag=tag, path="")
+        return self._from_dir(facts, row=row, why=f"our {row.job_status} row, no job queued or running")
+
+    def _from_dir(self, facts: RunDirFacts, row: ObservedRow | None, why: str) -> CellPlan:
+        job = self._last_job(facts.run_tag)
+        cls = self._classify(facts, job)
+        verdict = RESUME_TABLE[cls]
+        rule = f"REFERENCE §4: {cls} → {verdict.next.value}"
+        fires = self._fires(facts)
+        row_id = row.id if row is not None else None
+        if job is not None and job.state in (JobState.FAILED, JobState.OUT_OF_MEMORY) and cls == DirClass.EARLY_KILL:
+            what = "ran out of memory" if job.state == JobState.OUT_OF_MEMORY else "failed before any trial ran"
+            reason = f"job {job.job_id} {what}" + (f": {job.reason}" if job.reason else "")
+            return self._result(Phase.FAILED, [Action(kind=ActionKind.HOLD, reason=reason, row_id=row_id)], reason,
+                                "issue: FAILED at start / OUT_OF_MEMORY → hold for a human", facts=facts)
+        if verdict.next == Next.WAIT:
+            reason = f"{verdict.reason} ({_progress(facts)})"
+            return self._result(Phase.SETTLING, [Action(kind=ActionKind.WAIT, reason=reason)], reason, rule,
+                                facts=facts)
+        if verdict.next == Next.RESUME:
+            reason = f"{why}; {cls}: {verdict.reason} ({_progress(facts)}) → resume, fire {fires + 1} of " \
+                     f"{self.policy.max_total_fires}"
+            action = Action(kind=ActionKind.RESUME, reason=reason, run_tag=facts.run_tag,
+                            attempt=self._attempt_of(facts.run_tag), fire=fires + 1, row_id=row_id)
+            return self._result(Phase.PENDING, [action], reason, rule, facts=facts)
+        return self._upload(facts, row_id, cls, rule)
+
+    def _upload(self, facts: RunDirFacts, row_id: str | None, cls: DirClass, rule: str) -> CellPlan:
+        verdict = RESUME_TABLE[cls]
+        total = facts.n_total or facts.n_completed
+        fraction = facts.n_completed / total if total else 0.0
+        if fraction < self.policy.min_completed_fraction or facts.n_completed == 0:
+            reason = f"{verdict.reason}; only {_progress(facts)} completed, below minCompletedFraction " \
+                     f"{self.policy.min_completed_fraction:g}: not uploading"
+            return self._result(Phase.FAILED, [Action(kind=ActionKind.HOLD, reason=reason, row_id=row_id)], reason,
+                                rule, facts=facts)
+        analyze = Action(kind=ActionKind.ANALYZE, run_tag=facts.run_tag, row_id=row_id,
+                         reason=f"post-eval report for {facts.run_tag}")
+        if not self.policy.upload_db:
+            return self._result(Phase.EVALUATED, [analyze], "trials done; upload.db is off", rule, facts=facts)
+        upload = Action(kind=ActionKind.UPLOAD, run_tag=facts.run_tag, row_id=row_id,
+                        attempt=self._attempt_of(facts.run_tag),
+                        reason=f"{verdict.reason} ({_progress(facts)}): upload metrics")
+        return self._result(Phase.EVALUATED, [analyze, upload], f"{verdict.reason}: analyze and upload", rule,
+                            facts=facts)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _classify(self, facts: RunDirFacts, job: ObservedJob | None) -> DirClass:
+        return classify(
+            facts,
+            job_active=job is not None and job.state.active,
+            job_ended_at=job.ended_at if job is not None else None,
+            fires=self._fires(facts),
+            max_total_fires=self.policy.max_total_fires,
+            infra_error_threshold=self.policy.infra_error_threshold,
+            settle=self.policy.settle,
+            now=self.now,
+        )
+
+    def _fires(self, facts: RunDirFacts) -> int:
+        """Jobs that ran on the dir: what its meta.env says, or what we launched, whichever is more."""
+        launched = sum(1 for s in self.subs if s.run_tag == facts.run_tag)
+        return max(facts.fires, launched)
+
+    def _last_job(self, run_tag: str) -> ObservedJob | None:
+        return self._newest([j for j in self.jobs if self._dir_tag(j) == run_tag])
+
+    @staticmethod
+    def _newest(jobs: list[ObservedJob]) -> ObservedJob | None:
+        return max(jobs, key=lambda j: (_job_order(j.job_id), j.job_id), default=None)
+
+    def _jobs_named(self, name: str) -> list[ObservedJob]:
+        return [j for j in self.jobs if j.name == name]
+
+    def _dir_tag(self, job: ObservedJob) -> str:
+        tag = run_tag_of(job.name)
+        if tag not in self.dirs and tag.startswith("ev_") and tag.removeprefix("ev_") in self.dirs:
+            return tag.removeprefix("ev_")
+        return tag
+
+    def _orphan_dir(self) -> RunDirFacts | None:
+        """The newest run dir of the cell that no row (of anyone) points at."""
+        pointed = {r.job_name for r in self.all_rows if r.job_name}
+        orphans = [d for tag, d in self.dirs.items() if tag not in pointed]
+        return max(orphans, key=lambda d: (d.started_at or d.last_progress_at or datetime.min.replace(
+            tzinfo=self.now.tzinfo), d.run_tag), default=None)
+
+    def _own_row(self, row_id: str | None) -> ObservedRow | None:
+        return next((r for r in self.all_rows if r.id == row_id), None) if row_id else None
+
+    def _submitted_at(self, job: ObservedJob) -> datetime | None:
+        sub = next((s for s in self.subs if s.name == job.name), None)
+        return sub.created_at if sub is not None else job.submitted_at
+
+    def _next_attempt(self) -> int:
+        seen = [s.attempt for s in self.subs]
+        seen += [a for a in (self.cell.attempt_of(t) for t in self.dirs) if a is not None]
+        seen += [a for a in (self.cell.attempt_of(r.job_name or "") for r in self.all_rows) if a is not None]
+        return max(seen, default=0) + 1
+
+    def _attempt_of(self, run_tag: str) -> int:
+        return self.cell.attempt_of(run_tag) or next((s.attempt for s in self.subs if s.run_tag == run_tag), 0)
+
+    def _submit(self, attempt: int, reason: str) -> Action:
+        return Action(kind=ActionKind.SUBMIT, reason=reason, run_tag=self.cell.run_tag(attempt), attempt=attempt,
+                      fire=1)
+
+    def _result(
+        self,
+        phase: Phase,
+        actions: list[Action],
+        reason: str,
+        rule: str,
+        updates: list[RowUpdate] | None = None,
+        facts: RunDirFacts | None = None,
+        score: float | None = None,
+    ) -> CellPlan:
+        if score is None and facts is not None and facts.n_completed:
+            score = facts.reward_sum / facts.n_completed
+        return CellPlan(cell=self.cell, phase=phase, actions=tuple(actions), reason=reason, rule=rule,
+                        row_updates=(*self.adoptions, *(updates or ())), run_dir=facts, score=score)
+
+
+# ---------------------------------------------------------------------- caps
+
+
+def _over_budget(cell_plan: CellPlan, policy: Policy) -> CellPlan:
+    """Keep the cell's phase; replace its launch (and the cancel that would precede it) by a wait."""
+    wait = Action(kind=ActionKind.WAIT,
+                  reason=f"submission cap reached ({policy.max_submissions_per_pass} per pass); next pass")
+    kept = [a for a in cell_plan.actions if a.kind not in LAUNCHING and not _paired_cancel(a, cell_plan)]
+    return cell_plan.model_copy(update={"actions": (*kept, wait)})
+
+
+def _paired_cancel(action: Action, cell_plan: CellPlan) -> bool:
+    return action.kind == ActionKind.CANCEL and action.reason.startswith("stale pending")
+
+
+def _suspended(cell_plan: CellPlan) -> CellPlan:
+    held = tuple(
+        Action(kind=ActionKind.HOLD, reason=f"suspended; would {a.render()}", run_tag=a.run_tag, job_id=a.job_id,
+               row_id=a.row_id) if a.kind in MUTATING else a
+        for a in cell_plan.actions
+    )
+    return cell_plan.model_copy(update={"actions": held, "row_updates": ()})
+
+
+# ---------------------------------------------------------------------- formatting
+
+
+def _progress(facts: RunDirFacts | None) -> str:
+    if facts is None:
+        return "no run dir yet"
+    total = facts.n_total if facts.n_total is not None else "?"
+    return f"{facts.n_scored} scored, {facts.n_completed}/{total} completed, {facts.n_infra_errors} infra errors"
+
+
+def _metric(row: ObservedRow, name: str) -> float | None:
+    return next((m.value for m in row.metrics or () if m.name == name), None)
+
+
+def _minutes(delta: timedelta) -> str:
+    return f"{delta.total_seconds() / 60:.0f} min"
+
+
+def _when(moment: datetime | None) -> str:
+    return f"{moment:%Y-%m-%d %H:%M}" if moment is not None else "an unknown time"
+
+
+def _job_order(job_id: str) -> int:
+    return int(job_id) if job_id.isdigit() else -1

@@ -1,0 +1,117 @@
+"""One reconcile pass: observe → plan → act → summarize, as a short flat sequence of named steps.
+
+Each source is read once per pass (the scheduler and run dirs once per cluster, the store once per
+EvalRun). A source that fails to read makes its cells Unknown; the planner then does nothing for
+them. Acting needs the EvalRun's lease: a second reconciler that runs at the same time only plans.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+
+from controller.core.actor import Actor, Outcome
+from controller.core.match import observe_cells
+from controller.core.planner import LAUNCHING, Policy, plan
+from controller.core.ports import ObservationError, RunDirs, Scheduler, Store, StoreSnapshot
+from controller.core.types import Cell, Frozen, ObservedJob, Plan, RunDirFacts
+
+log = logging.getLogger("evalctl.reconcile")
+LEASE_TTL = timedelta(minutes=10)
+
+
+class RunTarget(Frozen):
+    """An EvalRun ready to reconcile: its resolved cells, its policy, and the cluster it runs on."""
+
+    evalrun: str
+    cluster: str
+    cells: tuple[Cell, ...]
+    policy: Policy
+
+
+class PassResult(Frozen):
+    evalrun: str
+    plan: Plan
+    outcomes: tuple[Outcome, ...] = ()
+    acted: bool = False
+    note: str = ""
+
+
+class ClusterPorts:
+    """The adapters of one cluster, plus how to build an Actor for a run on it."""
+
+    def __init__(self, scheduler: Scheduler, run_dirs: RunDirs, actor_for: Callable[[RunTarget], Actor]):
+        self.scheduler, self.run_dirs, self.actor_for = scheduler, run_dirs, actor_for
+
+
+def lease_holder() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def reconcile_pass(
+    targets: Sequence[RunTarget],
+    store: Store,
+    clusters: dict[str, ClusterPorts],
+    now: datetime,
+    *,
+    act: bool,
+) -> list[PassResult]:
+    jobs: dict[str, tuple[ObservedJob, ...] | ObservationError] = {}
+    dirs: dict[str, tuple[RunDirFacts, ...] | ObservationError] = {}
+    budgets = {name: None for name in clusters}  # per-cluster submission budget shared by its EvalRuns
+    results = []
+    for target in targets:
+        ports = clusters[target.cluster]
+        if target.cluster not in jobs:
+            jobs[target.cluster] = _read(ports.scheduler.observe)
+            dirs[target.cluster] = _read(ports.run_dirs.observe)
+        snapshot = _read(lambda t=target: store.observe(t.evalrun, _models(t), _benchmarks(t)))
+        observations = _observe(target, snapshot, jobs[target.cluster], dirs[target.cluster])
+        budget = budgets[target.cluster]
+        the_plan = plan(target.evalrun, target.cells, observations, target.policy, now, budget=budget)
+        launched = sum(1 for c in the_plan.cells for a in c.actions if a.kind in LAUNCHING)
+        budgets[target.cluster] = (target.policy.max_submissions_per_pass if budget is None else budget) - launched
+        if not act or the_plan.suspended:
+            results.append(PassResult(evalrun=target.evalrun, plan=the_plan, note="suspended" if act else "plan"))
+            continue
+        lease, holder = f"evalrun/{target.evalrun}", lease_holder()
+        if not store.try_lease(lease, holder, LEASE_TTL.total_seconds(), now):
+            results.append(PassResult(evalrun=target.evalrun, plan=the_plan,
+                                      note="another reconciler holds the lease; planned only"))
+            continue
+        try:
+            outcomes = ports.actor_for(target).act(the_plan)
+        finally:
+            store.release_lease(lease, holder)
+        results.append(PassResult(evalrun=target.evalrun, plan=the_plan, outcomes=tuple(outcomes), acted=True))
+    return results
+
+
+def _read(observe: Callable[[], object]) -> object:
+    try:
+        return observe()
+    except ObservationError as exc:
+        log.warning("observation failed", extra={"error": str(exc)})
+        return exc
+
+
+def _observe(target: RunTarget, snapshot: object, jobs: object, dirs: object) -> list:
+    failures = [str(x) for x in (snapshot, jobs, dirs) if isinstance(x, ObservationError)]
+    return observe_cells(
+        target.cells,
+        snapshot if isinstance(snapshot, StoreSnapshot) else None,
+        None if isinstance(jobs, ObservationError) else jobs,  # type: ignore[arg-type]
+        None if isinstance(dirs, ObservationError) else dirs,  # type: ignore[arg-type]
+        unknown_reason="; ".join(failures),
+    )
+
+
+def _models(target: RunTarget) -> list[str]:
+    return sorted({c.model for c in target.cells})
+
+
+def _benchmarks(target: RunTarget) -> list[str]:
+    return sorted({c.benchmark_name for c in target.cells})

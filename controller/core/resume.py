@@ -1,0 +1,103 @@
+"""REFERENCE.md §4: resume classification of a run dir, evaluated in the documented order.
+
+One deliberate addition: "trials still landing after the job ended" is tested right after
+IN_FLIGHT, not last. A killed job's sandboxes keep writing for up to an hour, and a dir that is
+still changing must not be resumed, uploaded or given up on until it is quiet (the seeds wait
+~60 min before inspecting such a dir).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import NamedTuple
+
+from controller.core.types import RunDirFacts
+
+
+class DirClass(StrEnum):
+    IN_FLIGHT = "IN_FLIGHT"
+    SETTLING = "SETTLING"
+    REJECTED = "REJECTED"
+    AT_RESUME_LIMIT = "AT_RESUME_LIMIT"
+    EARLY_KILL = "EARLY_KILL"
+    INCOMPLETE = "INCOMPLETE"
+    PARTIAL = "PARTIAL"
+    PARTIAL_OK = "PARTIAL_OK"
+    DONE_WITH_ERRORS = "DONE_WITH_ERRORS"
+    DONE = "DONE"
+
+
+class Next(StrEnum):
+    WAIT = "wait"
+    RESUME = "resume"
+    UPLOAD = "upload"
+    UPLOAD_AS_IS = "upload as is"
+
+
+class Verdict(NamedTuple):
+    next: Next
+    reason: str
+
+
+RESUME_TABLE: dict[DirClass, Verdict] = {
+    DirClass.IN_FLIGHT: Verdict(Next.WAIT, "its job is queued or running"),
+    DirClass.SETTLING: Verdict(Next.WAIT, "trials still landing; waiting for the dir to settle"),
+    DirClass.REJECTED: Verdict(Next.UPLOAD_AS_IS, ".no-resume marker present"),
+    DirClass.AT_RESUME_LIMIT: Verdict(Next.UPLOAD_AS_IS, "at resume limit"),
+    DirClass.EARLY_KILL: Verdict(Next.RESUME, "killed before any trial ran"),
+    DirClass.INCOMPLETE: Verdict(Next.RESUME, "incomplete and not finished"),
+    DirClass.PARTIAL: Verdict(Next.RESUME, "finished partial with too many infra errors"),
+    DirClass.PARTIAL_OK: Verdict(Next.UPLOAD, "finished partial, infra errors within threshold"),
+    DirClass.DONE_WITH_ERRORS: Verdict(Next.RESUME, "done but too many infra errors"),
+    DirClass.DONE: Verdict(Next.UPLOAD, "done"),
+}
+
+
+def classify(
+    facts: RunDirFacts,
+    *,
+    job_active: bool,
+    job_ended_at: datetime | None,
+    fires: int,
+    max_total_fires: int,
+    infra_error_threshold: int,
+    settle: timedelta,
+    now: datetime,
+) -> DirClass:
+    """Which line of the §4 table the dir falls on; `fires` counts the jobs that ran on the dir."""
+    if job_active:
+        return DirClass.IN_FLIGHT
+    if _still_landing(facts, job_ended_at, settle, now):
+        return DirClass.SETTLING
+    if facts.no_resume:
+        return DirClass.REJECTED
+    if fires >= max_total_fires and not _complete(facts):
+        return DirClass.AT_RESUME_LIMIT
+    if not facts.has_result and facts.n_trial_dirs == 0:
+        return DirClass.EARLY_KILL
+    total = facts.n_total
+    too_many_infra = facts.n_infra_errors > infra_error_threshold
+    if total is None or facts.n_completed < total:
+        if facts.finished_at is None:
+            return DirClass.INCOMPLETE
+        return DirClass.PARTIAL if too_many_infra else DirClass.PARTIAL_OK
+    if facts.n_completed == total:
+        if too_many_infra:
+            return DirClass.AT_RESUME_LIMIT if fires >= max_total_fires else DirClass.DONE_WITH_ERRORS
+        return DirClass.DONE
+    return DirClass.SETTLING  # completed > total: sandboxes of a killed job still writing
+
+
+def _complete(facts: RunDirFacts) -> bool:
+    """Complete enough that the resume limit is irrelevant (DONE or PARTIAL_OK decide by themselves)."""
+    return facts.n_total is not None and facts.n_completed >= facts.n_total
+
+
+def _still_landing(facts: RunDirFacts, job_ended_at: datetime | None, settle: timedelta, now: datetime) -> bool:
+    if facts.last_progress_at is None or now - facts.last_progress_at >= settle:
+        return False
+    if job_ended_at is not None:
+        return facts.last_progress_at > job_ended_at
+    # No job we can see: a recently written, unfinished dir may belong to a job we cannot observe.
+    return facts.finished_at is None

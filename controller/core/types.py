@@ -1,0 +1,283 @@
+"""Values that cross module boundaries: desired cells, observed facts, and the plan.
+
+Everything here is a frozen pydantic model so the planner can stay a pure function of data:
+adapters produce these, the planner consumes them, the actor executes what the plan says.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --------------------------------------------------------------------------- desired state
+
+
+class EnvironmentOverrides(Frozen):
+    """Sandbox size overrides; part of a row's `config.environment` and of the fingerprint."""
+
+    override_cpus: int | None = None
+    override_memory_mb: int | None = None
+    override_storage_mb: int | None = None
+
+
+class Cell(Frozen):
+    """One (model, benchmark) of an EvalRun with every parameter resolved."""
+
+    evalrun: str
+    cluster: str
+    model: str
+    benchmark: str = Field(description="what the user wrote: a preset name or a dataset")
+    dataset: str = Field(description="dataset repo or path, e.g. DCAgent2/terminal_bench_2")
+    benchmark_name: str = Field(description="`benchmarks.name`: the dataset after its last '/'")
+    agent: str
+    n_concurrent: int
+    n_attempts: int = 1
+    expected_trials: int | None = None
+    harbor_config: str
+    timeout_multiplier: float
+    overrides: EnvironmentOverrides = EnvironmentOverrides()
+    agent_kwargs: tuple[str, ...] = ()
+    conda_env: str | None = None
+    tensor_parallel_size: int | None = None
+    data_parallel_size: int | None = None
+    max_model_len: int | None = None
+    max_output_tokens: int | None = None
+    needs_pinggy: bool = False
+    fingerprint: str = Field(description="hash of what changes results (agent, config, multiplier, overrides, kwargs)")
+
+    @property
+    def key(self) -> str:
+        """Identity of the cell across passes and processes (DESIGN.md: model, dataset, fingerprint)."""
+        return f"{self.model}|{self.dataset}|{self.fingerprint}"
+
+    @property
+    def tag_stem(self) -> str:
+        return f"{RUN_TAG_PREFIX}{_slug(self.model)}__{_slug(self.benchmark_name)}__{self.fingerprint[:8]}__a"
+
+    def run_tag(self, attempt: int) -> str:
+        """Deterministic Harbor run tag = SLURM job name = `sandbox_jobs.job_name` of a fresh attempt."""
+        return f"{self.tag_stem}{attempt}"
+
+    def attempt_of(self, run_tag: str) -> int | None:
+        """The attempt number if `run_tag` is one of this cell's own tags, else None."""
+        rest = run_tag.removeprefix(self.tag_stem)
+        return int(rest) if rest != run_tag and rest.isdigit() else None
+
+
+RUN_TAG_PREFIX = "ev_"
+
+
+def submission_name(run_tag: str, fire: int) -> str:
+    """Scheduler job name of the `fire`-th job on a run dir: the run tag itself, then `-r<n>` for resumes.
+
+    Resumes of run dirs the old listener made get our prefix too, so queue filters still find them.
+    """
+    if fire <= 1:
+        return run_tag
+    name = f"{run_tag}-r{fire - 1}"
+    return name if name.startswith(RUN_TAG_PREFIX) else RUN_TAG_PREFIX + name
+
+
+def run_tag_of(job_name: str) -> str:
+    """Inverse of `submission_name` up to the legacy prefix: the run tag a job works on."""
+    base = re.sub(r"-r\d+$", "", job_name)
+    return base
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text.replace("/", "__")).strip("_")
+
+
+# --------------------------------------------------------------------------- observed state
+
+
+class RowStatus(StrEnum):
+    PENDING = "Pending"
+    STARTED = "Started"
+    FINISHED = "Finished"
+
+
+class Metric(Frozen):
+    name: str
+    value: float | None
+
+
+class ObservedRow(Frozen):
+    """A `sandbox_jobs` row that belongs to a cell (family + config match already decided)."""
+
+    id: str
+    job_name: str | None = None
+    username: str | None = None
+    job_status: str | None = None
+    created_at: datetime | None = None
+    submitted_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    slurm_job_id: str | None = None
+    metrics: tuple[Metric, ...] | None = None
+
+    @property
+    def has_metrics(self) -> bool:
+        return bool(self.metrics)
+
+
+class JobState(StrEnum):
+    """The scheduler's view of one job, normalised across local and SLURM backends."""
+
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    TIMEOUT = "Timeout"
+    CANCELLED = "Cancelled"
+    NODE_FAIL = "NodeFail"
+    PREEMPTED = "Preempted"
+    OUT_OF_MEMORY = "OutOfMemory"
+    LOST = "Lost"  # the scheduler lost track of it (e.g. the local runner died without an exit code)
+
+    @property
+    def active(self) -> bool:
+        return self in (JobState.QUEUED, JobState.RUNNING)
+
+
+class ObservedJob(Frozen):
+    job_id: str
+    name: str
+    state: JobState
+    submitted_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    time_left_s: int | None = None
+    exit_code: int | None = None
+    reason: str = ""
+
+
+class RunDirFacts(Frozen):
+    """What one Harbor job directory says, reduced to the numbers the rules need."""
+
+    run_tag: str
+    path: str
+    model: str | None = Field(None, description="from config.json agents[0].model_name or meta.env MODEL")
+    dataset: str | None = None
+    benchmark_name: str | None = None
+    agent: str | None = None
+    timeout_multiplier: float | None = None
+    has_config: bool = False
+    has_result: bool = False
+    n_total: int | None = Field(None, description="expected trials; None when nothing says")
+    n_trial_dirs: int = 0
+    n_completed: int = Field(0, description="trials with a result.json")
+    n_scored: int = Field(0, description="trials with a reward")
+    n_infra_errors: int = 0
+    n_benign_errors: int = 0
+    n_other_errors: int = 0
+    error_breakdown: dict[str, int] = Field(default_factory=dict)
+    reward_sum: float = 0.0
+    reward_sq_sum: float = 0.0
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    last_progress_at: datetime | None = Field(None, description="newest trial result written")
+    fires: int = Field(0, description="jobs that ran on this dir, from meta.env RESUME_COUNT (+1)")
+    no_resume: bool = False
+
+
+class Submission(Frozen):
+    """The reconciler's own record of one job it launched or is about to launch (the intent)."""
+
+    name: str
+    run_tag: str
+    evalrun: str
+    cell_key: str
+    attempt: int
+    fire: int
+    row_id: str | None = None
+    job_id: str | None = None
+    created_at: datetime
+
+
+class Observation(Frozen):
+    """Everything observed about one cell in one pass. `None` means the source could not be read."""
+
+    rows: tuple[ObservedRow, ...] | None
+    submissions: tuple[Submission, ...] | None
+    jobs: tuple[ObservedJob, ...] | None
+    run_dirs: tuple[RunDirFacts, ...] | None
+    unknown_reason: str = ""
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    SUBMITTED = "Submitted"
+    RUNNING = "Running"
+    STALLED = "Stalled"
+    SETTLING = "Settling"
+    EVALUATED = "Evaluated"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+class ActionKind(StrEnum):
+    SUBMIT = "submit"
+    RESUME = "resume"
+    CANCEL = "cancel"
+    ANALYZE = "analyze"
+    UPLOAD = "upload"
+    WAIT = "wait"
+    SKIP = "skip"
+    HOLD = "hold"
+
+
+class Action(Frozen):
+    kind: ActionKind
+    reason: str
+    run_tag: str | None = None
+    attempt: int | None = None
+    fire: int | None = None
+    job_id: str | None = None
+    row_id: str | None = None
+
+    def render(self) -> str:
+        return f"{self.kind.value}: {self.reason}"
+
+
+class RowUpdate(Frozen):
+    """Bookkeeping that brings our records in line with what was observed (not an action on the world).
+
+    Either moves our row along Pending → Started, or records the id of a job found by its name
+    (the repair of a crash between `sbatch` and step 3 of the submission protocol), or both.
+    """
+
+    row_id: str | None = None
+    status: RowStatus | None = None
+    started_at: datetime | None = None
+    submission_name: str | None = None
+    job_id: str | None = None
+
+
+class CellPlan(Frozen):
+    cell: Cell
+    phase: Phase
+    actions: tuple[Action, ...]
+    reason: str
+    rule: str = Field(description="the REFERENCE.md row that decided, for `evalctl explain`")
+    row_updates: tuple[RowUpdate, ...] = ()
+    run_dir: RunDirFacts | None = None
+    score: float | None = None
+
+
+class Plan(Frozen):
+    evalrun: str
+    cells: tuple[CellPlan, ...]
+    suspended: bool = False

@@ -1,0 +1,121 @@
+"""How plans and passes look to a person (rich) and to a program (JSON)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from controller.core.reconcile import PassResult
+from controller.core.types import CellPlan, Phase, Plan
+
+PHASE_STYLE = {
+    Phase.COMPLETED: "green", Phase.EVALUATED: "cyan", Phase.RUNNING: "blue", Phase.SUBMITTED: "blue",
+    Phase.PENDING: "white", Phase.SETTLING: "yellow", Phase.STALLED: "yellow", Phase.FAILED: "red",
+    Phase.UNKNOWN: "magenta",
+}
+
+
+def plan_json(plans: Sequence[Plan]) -> str:
+    return json.dumps({"evalruns": [
+        {"name": p.evalrun, "suspended": p.suspended, "cells": [_cell_json(c) for c in p.cells]} for p in plans
+    ]}, indent=2)
+
+
+def _cell_json(cell: CellPlan) -> dict:
+    return {
+        "model": cell.cell.model,
+        "benchmark": cell.cell.benchmark,
+        "dataset": cell.cell.dataset,
+        "phase": cell.phase.value,
+        "actions": [{"kind": a.kind.value, "reason": a.reason} for a in cell.actions],
+        "reason": cell.reason,
+        "score": cell.score,
+    }
+
+
+def plan_table(plan: Plan, console: Console) -> None:
+    table = Table(title=f"EvalRun {plan.evalrun}" + (" (suspended)" if plan.suspended else ""), expand=False)
+    for column in ("model", "benchmark", "phase", "actions", "reason"):
+        table.add_column(column, overflow="fold")
+    for cell in plan.cells:
+        table.add_row(cell.cell.model, cell.cell.benchmark, _phase(cell.phase),
+                      "\n".join(a.render() for a in cell.actions) or "—", cell.reason)
+    console.print(table)
+
+
+def status_grid(plan: Plan, console: Console) -> None:
+    """Models × benchmarks, each cell its phase and score."""
+    benchmarks = list(dict.fromkeys(c.cell.benchmark for c in plan.cells))
+    models = list(dict.fromkeys(c.cell.model for c in plan.cells))
+    by_key = {(c.cell.model, c.cell.benchmark): c for c in plan.cells}
+    counts = Counter(c.phase for c in plan.cells)
+    summary = ", ".join(f"{n} {phase.value}" for phase, n in counts.most_common())
+    table = Table(title=f"EvalRun {plan.evalrun}: {summary}")
+    table.add_column("model")
+    for bench in benchmarks:
+        table.add_column(bench, justify="center")
+    for model in models:
+        cells = [by_key.get((model, bench)) for bench in benchmarks]
+        table.add_row(model, *(_grid_cell(c) for c in cells))
+    console.print(table)
+
+
+def status_json(plans: Sequence[Plan]) -> str:
+    return json.dumps({"evalruns": [
+        {"name": p.evalrun, "counts": dict(Counter(c.phase.value for c in p.cells)),
+         "cells": [_cell_json(c) for c in p.cells]} for p in plans
+    ]}, indent=2)
+
+
+def pass_summary(results: Sequence[PassResult], console: Console) -> None:
+    for result in results:
+        done = sum(1 for o in result.outcomes if o.ok)
+        failed = [o for o in result.outcomes if not o.ok]
+        line = f"{result.evalrun}: {done} action(s) done"
+        if failed:
+            line += f", {len(failed)} failed"
+        if result.note:
+            line += f" ({result.note})"
+        console.print(line)
+        if not result.outcomes:
+            decisions = Counter(a.render() for c in result.plan.cells for a in c.actions)
+            for decision, n in decisions.most_common():
+                console.print(f"  {n} × {decision}", highlight=False)
+        for outcome in result.outcomes:
+            mark = "[green]✓[/]" if outcome.ok else "[red]✗[/]"
+            console.print(f"  {mark} {outcome.cell}: {outcome.action}: {outcome.message}", highlight=False)
+
+
+def explain(cell: CellPlan, console: Console) -> None:
+    c = cell.cell
+    console.print(f"[bold]{c.model} × {c.benchmark}[/] (EvalRun {c.evalrun})", highlight=False)
+    console.print(f"  dataset {c.dataset}, agent {c.agent}, harbor config {c.harbor_config}, "
+                  f"timeout ×{c.timeout_multiplier:g}, n_concurrent {c.n_concurrent}", highlight=False)
+    console.print(f"  cell key {c.key}", highlight=False)
+    console.print(f"  phase:  {_phase(cell.phase)}")
+    console.print(f"  rule:   {cell.rule}", highlight=False)
+    console.print(f"  reason: {cell.reason}", highlight=False)
+    for action in cell.actions:
+        console.print(f"  action: {action.render()}", highlight=False)
+    for update in cell.row_updates:
+        console.print(f"  record: {update.model_dump(exclude_none=True)}", highlight=False)
+    if cell.run_dir is not None:
+        d = cell.run_dir
+        console.print(f"  run dir {d.path or d.run_tag}: {d.n_completed}/{d.n_total if d.n_total is not None else '?'} "
+                      f"completed, {d.n_scored} scored, {d.n_infra_errors} infra errors, fires {d.fires}, "
+                      f"finished_at {d.finished_at}", highlight=False)
+
+
+def _grid_cell(cell: CellPlan | None) -> str:
+    if cell is None:
+        return ""
+    score = f" {cell.score:.3f}" if cell.score is not None else ""
+    return f"{_phase(cell.phase)}{score}"
+
+
+def _phase(phase: Phase) -> str:
+    return f"[{PHASE_STYLE[phase]}]{phase.value}[/]"

@@ -1,0 +1,240 @@
+"""The shipped catalogs (presets, error classes, size policy, model registry, harnesses) as typed data.
+
+Catalog facts change more often than code, so they live in `catalog/*.yaml`. A site can replace
+any of those files by putting its own under `$EVALCTL_CATALOG_DIR` (file by file; absent files
+fall back to the shipped ones). A broken catalog file is reported like a broken spec.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from controller.spec.diagnose import validate
+from controller.spec.errors import SpecError, SpecErrors
+from controller.spec.models import entry_error
+from controller.spec.yamldoc import read_documents
+
+SHIPPED_DIR = Path(__file__).parent / "catalog"
+CATALOG_DIR_ENV = "EVALCTL_CATALOG_DIR"
+
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class CatalogModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- presets.yaml
+
+
+class Preset(CatalogModel):
+    dataset: str
+    n_concurrent: PositiveInt
+    tasks: PositiveInt | None = None
+    note: str = ""
+
+
+class Presets(CatalogModel):
+    presets: dict[str, Preset]
+    aliases: dict[str, list[str]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _aliases_name_presets(self) -> Presets:
+        for alias, names in self.aliases.items():
+            if alias in self.presets:
+                raise entry_error(("aliases", alias, "[key]"), "alias_shadows", "alias {alias} is also a preset", alias=alias)
+            for index, name in enumerate(names):
+                if name not in self.presets:
+                    raise entry_error(("aliases", alias, index), "unknown_preset", "unknown preset {name}", name=name)
+        return self
+
+    @property
+    def known(self) -> list[str]:
+        return [*self.presets, *self.aliases]
+
+    def expand(self, name: str) -> list[str]:
+        """Preset names `name` stands for: itself, or an alias's members. Unknown names expand to nothing."""
+        if name in self.aliases:
+            return list(self.aliases[name])
+        return [name] if name in self.presets else []
+
+    def by_dataset(self, dataset: str) -> Preset | None:
+        return next((p for p in self.presets.values() if p.dataset == dataset.rstrip("/")), None)
+
+
+# --------------------------------------------------------------------------- error_classes.yaml
+
+ErrorClass = Literal["infra", "benign", "other"]
+
+
+class ErrorClasses(CatalogModel):
+    infra: frozenset[str]
+    benign: frozenset[str]
+    benign_with_reward: frozenset[str] = frozenset()
+
+    def classify(self, exception_type: str, has_reward: bool) -> ErrorClass:
+        if exception_type in self.infra:
+            return "infra"
+        if exception_type in self.benign or (has_reward and exception_type in self.benign_with_reward):
+            return "benign"
+        return "other"
+
+
+# --------------------------------------------------------------------------- size_policy.yaml
+
+
+class SizeRule(CatalogModel):
+    harbor_config: str
+    timeout_multiplier: PositiveFloat
+
+
+class SizeBand(SizeRule):
+    min_b: float = 0
+    max_b: float
+
+
+class SizeChoice(CatalogModel):
+    """The rule the size policy picked for a model, and a note when it fell back to the default."""
+
+    rule: SizeRule
+    note: str | None = None
+
+
+class SizePolicy(CatalogModel):
+    size_token: str
+    bands: list[SizeBand]
+    default: SizeRule
+
+    @field_validator("size_token")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            if re.compile(value).groups < 1:
+                raise ValueError("size_token needs a group that captures the number of billions")
+        except re.error as exc:
+            raise ValueError(f"size_token is not a valid regular expression: {exc}") from None
+        return value
+
+    def size_b(self, model: str) -> float | None:
+        """Largest size token in the model name, in billions (`Qwen3-30B-A3B` → 30)."""
+        sizes = [float(m.group(1)) for m in re.finditer(self.size_token, model, re.I)]
+        return max(sizes, default=None)
+
+    def choose(self, model: str) -> SizeChoice:
+        size = self.size_b(model)
+        if size is None:
+            return SizeChoice(rule=self.default, note="no size token in model name")
+        band = next((b for b in self.bands if b.min_b <= size <= b.max_b), None)
+        if band is None:
+            return SizeChoice(rule=self.default, note=f"size {size:g}B is outside the size bands")
+        return SizeChoice(rule=SizeRule(harbor_config=band.harbor_config, timeout_multiplier=band.timeout_multiplier))
+
+
+# --------------------------------------------------------------------------- model_registry.yaml
+
+
+class ServeSettings(CatalogModel):
+    conda_env: str | None = None
+    tensor_parallel_size: PositiveInt | None = None
+    data_parallel_size: PositiveInt | None = None
+    max_model_len: PositiveInt | None = None
+    max_output_tokens: PositiveInt | None = None
+    timeout_multiplier: PositiveFloat | None = None
+    agent_kwargs: tuple[str, ...] | None = None
+    harbor_config: str | None = None
+
+
+class ModelEntry(ServeSettings):
+    variants: dict[str, ServeSettings] = Field(default_factory=dict)
+
+    def for_profile(self, profile: str | None) -> ServeSettings:
+        """The entry with the hardware profile's variant applied over it (only fields the variant sets)."""
+        settings = self.model_dump(exclude={"variants"}, exclude_unset=True)
+        variant = self.variants.get(profile) if profile else None
+        if variant is not None:
+            settings |= variant.model_dump(exclude_unset=True)
+        return ServeSettings(**settings)
+
+
+class ModelRegistry(CatalogModel):
+    models: dict[str, ModelEntry] = Field(default_factory=dict)
+
+    def settings(self, model: str, profile: str | None) -> ServeSettings | None:
+        entry = self.models.get(model)
+        return entry.for_profile(profile) if entry else None
+
+
+# --------------------------------------------------------------------------- harnesses.yaml
+
+
+class Harnesses(CatalogModel):
+    installed_agent_markers: list[str]
+
+    def needs_pinggy(self, agent: str, harbor_config: str) -> bool:
+        """Installed-agent harnesses call the served model back over a tunnel; terminus-2 does not."""
+        names = [_normal(agent), _normal(Path(harbor_config).name)]
+        return any(
+            re.search(rf"(?<![a-z0-9]){re.escape(_normal(marker))}(?![a-z0-9])", name)
+            for marker in self.installed_agent_markers
+            for name in names
+        )
+
+
+def _normal(text: str) -> str:
+    return text.lower().replace("_", "-")
+
+
+# --------------------------------------------------------------------------- the whole catalog
+
+
+class Catalog(CatalogModel):
+    presets: Presets
+    error_classes: ErrorClasses
+    size_policy: SizePolicy
+    models: ModelRegistry
+    harnesses: Harnesses
+
+
+FILES: dict[str, tuple[str, type[CatalogModel]]] = {
+    "presets.yaml": ("presets", Presets),
+    "error_classes.yaml": ("error_classes", ErrorClasses),
+    "size_policy.yaml": ("size_policy", SizePolicy),
+    "model_registry.yaml": ("models", ModelRegistry),
+    "harnesses.yaml": ("harnesses", Harnesses),
+}
+
+
+def load_catalog() -> Catalog:
+    """The catalog, with `$EVALCTL_CATALOG_DIR` files replacing shipped ones; cached per directory."""
+    return _load(os.environ.get(CATALOG_DIR_ENV) or None)
+
+
+@functools.cache
+def _load(override_dir: str | None) -> Catalog:
+    parts: dict[str, CatalogModel] = {}
+    errors: list[SpecError] = []
+    for filename, (field, model) in FILES.items():
+        path = Path(override_dir, filename) if override_dir else None
+        path = path if path and path.is_file() else SHIPPED_DIR / filename
+        documents, read_errors = read_documents(path, str(path))
+        errors += read_errors
+        if read_errors:
+            continue
+        if len(documents) != 1:
+            errors.append(SpecError(str(path), 1, 1, "a catalog file holds exactly one YAML document"))
+            continue
+        result = validate(model, documents[0], by_alias=False)
+        if isinstance(result, list):
+            errors += sorted(result)
+        else:
+            parts[field] = result
+    if errors:
+        raise SpecErrors(errors)
+    return Catalog(**parts)

@@ -1,0 +1,229 @@
+"""Load EvalCluster / EvalRun resources from files and directories, reporting every problem at once.
+
+Each problem is a `SpecError` (`FILE:LINE:COL: message` with a hint); all of them, across all
+files, are raised together as `SpecErrors`, so `evalctl validate` is one round trip for the user.
+Checks that need more than one document (cluster references, duplicate names) or the catalog
+(preset names) run after every file has been read.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from controller.spec.catalog import Catalog, load_catalog
+from controller.spec.diagnose import validate
+from controller.spec.errors import SpecError, SpecErrors, format_errors
+from controller.spec.models import EvalCluster, EvalRun
+from controller.spec.yamldoc import Document, iter_files, read_documents
+
+__all__ = ["LoadedCluster", "LoadedRun", "SpecError", "SpecErrors", "SpecSet", "format_errors", "load_specs", "parse_resource"]
+
+KINDS: dict[str, type[EvalCluster] | type[EvalRun]] = {"EvalCluster": EvalCluster, "EvalRun": EvalRun}
+
+
+class Loaded(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    file: Path
+    directory: Path
+
+    def path(self, value: str) -> str:
+        """`value` resolved against this resource's spec file directory when relative (URLs untouched)."""
+        if "://" in value or Path(value).is_absolute():
+            return value
+        return str(self.directory / value)
+
+
+class LoadedCluster(Loaded):
+    cluster: EvalCluster
+
+    @property
+    def job_script(self) -> str:
+        return self.path(self.cluster.spec.job_script)
+
+
+class LoadedRun(Loaded):
+    run: EvalRun
+
+
+class SpecSet(BaseModel):
+    """Everything `-f` named, validated and cross-checked: every run's cluster is in `clusters`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    clusters: dict[str, LoadedCluster]
+    evalruns: list[LoadedRun]
+
+    def cluster_of(self, run: LoadedRun) -> LoadedCluster:
+        return self.clusters[run.run.spec.cluster]
+
+
+def load_specs(paths: Sequence[Path], catalog: Catalog | None = None) -> SpecSet:
+    """Read `paths` (files, or directories searched for *.yaml / *.yml); raise `SpecErrors` listing all problems."""
+    catalog = catalog or load_catalog()
+    errors: list[SpecError] = []
+    parsed: list[tuple[EvalCluster | EvalRun, Document, Path]] = []
+    declared: set[str] | None = set()  # cluster names, valid or not; None once a document could not be read
+    files = _files(paths, errors)
+    for file in files:
+        documents, read_errors = read_documents(file, str(file))
+        errors += read_errors
+        if read_errors:
+            declared = None
+        for document in documents:
+            resource = _parse(document, errors)
+            if resource is not None:
+                parsed.append((resource, document, file))
+            if declared is not None and _declared_cluster(document):
+                declared.add(_declared_cluster(document))
+    errors += _cross_check(parsed, catalog, declared)
+    if errors:
+        order = {str(file): index for index, file in enumerate(files)}
+        raise SpecErrors(sorted(errors, key=lambda e: (order.get(e.file, -1), e.line, e.col)))
+    return _spec_set(parsed)
+
+
+def parse_resource(data: Mapping, file: str = "<resource>") -> EvalCluster | EvalRun:
+    """Validate one already-loaded resource (e.g. a custom resource the operator received); raise `SpecErrors`."""
+    errors: list[SpecError] = []
+    resource = _parse(Document(file, data, 1, 1), errors)
+    if resource is None:
+        raise SpecErrors(errors)
+    return resource
+
+
+def _files(paths: Sequence[Path], errors: list[SpecError]) -> list[Path]:
+    files: dict[Path, Path] = {}
+    for path in paths:
+        if not path.exists():
+            errors.append(SpecError(str(path), 1, 1, "no such file or directory; check the -f path"))
+            continue
+        found = list(iter_files(path))
+        if not found:
+            errors.append(SpecError(str(path), 1, 1, "directory holds no *.yaml or *.yml files"))
+        for file in found:
+            files.setdefault(file.resolve(), file)
+    return list(files.values())
+
+
+def _parse(document: Document, errors: list[SpecError]) -> EvalCluster | EvalRun | None:
+    data = document.data
+    if data is None:
+        return None
+    if not isinstance(data, Mapping):
+        found = "a list" if isinstance(data, list) else "a string" if isinstance(data, str) else "a scalar"
+        message = f"a resource must be a mapping with apiVersion, kind, metadata and spec, not {found}"
+        errors.append(document.error((), message))
+        return None
+    kind = data.get("kind")
+    if kind is None:
+        errors.append(document.error((), "missing required field `kind`; add `kind: EvalRun` or `kind: EvalCluster`"))
+        return None
+    if kind not in KINDS:
+        message = f"unknown kind {kind}{_suggest(str(kind), KINDS)}; known kinds: {', '.join(KINDS)}"
+        errors.append(document.error(("kind",), message))
+        return None
+    result = validate(KINDS[kind], _without_status(document), by_alias=True)
+    if isinstance(result, list):
+        errors += result
+        return None
+    return result
+
+
+def _without_status(document: Document) -> Document:
+    """Kubernetes objects carry `status`; the spec never does, so it is not validated."""
+    if "status" not in document.data:
+        return document
+    data = document.data.copy()
+    del data["status"]
+    return Document(document.file, data, document.line, document.col)
+
+
+def _declared_cluster(document: Document) -> str | None:
+    """The name an EvalCluster document declares, even if it is invalid (its errors are reported already)."""
+    data = document.data
+    if isinstance(data, Mapping) and data.get("kind") == "EvalCluster" and isinstance(data.get("metadata"), Mapping):
+        name = data["metadata"].get("name")
+        return name if isinstance(name, str) else None
+    return None
+
+
+def _cross_check(
+    parsed: list[tuple[EvalCluster | EvalRun, Document, Path]], catalog: Catalog, declared: set[str] | None
+) -> list[SpecError]:
+    """Duplicate names, cluster references (skipped when some document was unreadable) and preset names."""
+    errors: list[SpecError] = []
+    first: dict[tuple[str, str | None, str], Document] = {}
+    for resource, document, _ in parsed:
+        key = (resource.kind, resource.metadata.namespace, resource.metadata.name)
+        if key in first:
+            earlier = first[key].error(("metadata", "name"), "")
+            message = (
+                f"{resource.kind} {resource.metadata.name} is defined twice (first at {earlier.file}:{earlier.line}:"
+                f"{earlier.col}); rename one or delete the copy"
+            )
+            errors.append(document.error(("metadata", "name"), message))
+        first.setdefault(key, document)
+    for resource, document, _ in parsed:
+        if isinstance(resource, EvalRun):
+            errors += _check_run(resource, document, declared, catalog)
+    return errors
+
+
+def _check_run(run: EvalRun, document: Document, declared: set[str] | None, catalog: Catalog) -> list[SpecError]:
+    errors: list[SpecError] = []
+    clusters = sorted(declared or ())
+    if declared is not None and run.spec.cluster not in declared:
+        known = f"; loaded clusters: {', '.join(clusters)}" if clusters else "; no EvalCluster was loaded"
+        message = (
+            f"cluster {run.spec.cluster} is not defined by any loaded file{_suggest(run.spec.cluster, clusters)}{known}; "
+            "pass the file that defines the EvalCluster with -f"
+        )
+        errors.append(document.error(("spec", "cluster"), message))
+    seen: dict[str, str] = {}
+    for index, name in enumerate(run.spec.presets or []):
+        expanded = catalog.presets.expand(name)
+        if not expanded:
+            errors.append(
+                document.error(
+                    ("spec", "presets", index),
+                    f"unknown preset {name}{_suggest(name, catalog.presets.known)}; known presets: {_describe(catalog)}",
+                )
+            )
+        for preset in expanded:
+            if preset in seen:
+                errors.append(
+                    document.error(
+                        ("spec", "presets", index),
+                        f"preset {name} repeats {preset}, already included by {seen[preset]}; list each benchmark once",
+                    )
+                )
+                break
+            seen[preset] = name
+    return errors
+
+
+def _describe(catalog: Catalog) -> str:
+    aliases = [f"{alias} (= {'+'.join(names)})" for alias, names in catalog.presets.aliases.items()]
+    return ", ".join([*catalog.presets.presets, *aliases])
+
+
+def _suggest(name: str, known: Sequence[str] | Mapping[str, object]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _spec_set(parsed: list[tuple[EvalCluster | EvalRun, Document, Path]]) -> SpecSet:
+    clusters: dict[str, LoadedCluster] = {}
+    runs: list[LoadedRun] = []
+    for resource, _, file in parsed:
+        directory = file.resolve().parent
+        if isinstance(resource, EvalCluster):
+            clusters[resource.metadata.name] = LoadedCluster(cluster=resource, file=file, directory=directory)
+        else:
+            runs.append(LoadedRun(run=resource, file=file, directory=directory))
+    return SpecSet(clusters=clusters, evalruns=runs)

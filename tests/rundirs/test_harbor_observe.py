@@ -1,0 +1,222 @@
+"""HarborRunDirs over real files: hand-built legacy shapes, local paths, file:// and memory:// URLs."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from controller.adapters.rundirs.harbor import HarborRunDirs
+from controller.adapters.rundirs.harbor_format import model_from_harbor, parse_meta_env, parse_time
+from controller.adapters.rundirs.tree import LocalTree
+from controller.core.ports import ObservationError
+from controller.core.types import RunDirFacts
+from tests.fixtures.harbor_dirs import (
+    REFERENCE_ERRORS,
+    write_config,
+    write_job_result,
+    write_meta_env,
+    write_synthetic_run_dir,
+    write_trial,
+)
+
+
+def observe(jobs_dir: Path | str) -> dict[str, RunDirFacts]:
+    return {f.run_tag: f for f in HarborRunDirs(str(jobs_dir), REFERENCE_ERRORS).observe()}
+
+
+def build_legacy(run_dir: Path) -> None:
+    """Old-Harbor dir: legacy stats spelling, one trial of each outcome, an unfinished and a corrupt trial."""
+    write_config(run_dir, model="hosted_vllm/laion/Qwen3-8B", dataset="/scratch/datasets/terminal_bench_2")
+    write_job_result(run_dir, n_total=8, legacy_stats=True, n_completed=5, n_errored=3)
+    write_trial(run_dir, "pass__aaaaaaa", reward=1.0)
+    write_trial(run_dir, "fail__bbbbbbb", reward=0.0)
+    write_trial(run_dir, "slow__ccccccc", reward=0.0, exception="AgentTimeoutError")
+    write_trial(run_dir, "noreward__ddddddd", exception="RewardFileNotFoundError")
+    write_trial(run_dir, "sandbox__eeeeeee", exception="DaytonaError")
+    write_trial(run_dir, "running__fffffff", result=False)
+    (write_trial(run_dir, "torn__ggggggg", result=False) / "result.json").write_text('{"task_name": "torn", "verif')
+
+
+def test_legacy_dir_exact_counts(tmp_path: Path) -> None:
+    build_legacy(tmp_path / "legacy")
+    facts = observe(tmp_path)["legacy"]
+    assert (facts.n_trial_dirs, facts.n_completed, facts.n_scored) == (7, 5, 3)
+    assert (facts.n_infra_errors, facts.n_benign_errors, facts.n_other_errors) == (1, 1, 1)
+    assert (facts.reward_sum, facts.reward_sq_sum) == (1.0, 1.0)
+    assert facts.model == "laion/Qwen3-8B"
+    assert facts.dataset == "/scratch/datasets/terminal_bench_2"
+    assert facts.benchmark_name == "terminal_bench_2"
+    assert (facts.agent, facts.timeout_multiplier) == ("terminus-2", 2.0)
+    assert (facts.has_config, facts.has_result, facts.n_total, facts.fires, facts.no_resume) == (True, True, 8, 1, False)
+    assert facts.finished_at is not None and facts.finished_at.tzinfo is not None
+    assert facts.path == str(tmp_path / "legacy")
+
+
+def test_error_breakdown_lists_every_known_class(tmp_path: Path) -> None:
+    build_legacy(tmp_path / "legacy")
+    breakdown = observe(tmp_path)["legacy"].error_breakdown
+    assert set(breakdown) == set(REFERENCE_ERRORS.known) | {"RewardFileNotFoundError"}
+    assert {k: v for k, v in breakdown.items() if v} == {
+        "AgentTimeoutError": 1, "DaytonaError": 1, "RewardFileNotFoundError": 1}
+
+
+def test_agent_timeout_without_reward_is_other(tmp_path: Path) -> None:
+    write_trial(tmp_path / "r" , "t__aaaaaaa", exception="AgentTimeoutError")
+    write_trial(tmp_path / "r", "t__bbbbbbb", exception="ContextLengthExceededError")  # benign without reward
+    facts = observe(tmp_path)["r"]
+    assert (facts.n_benign_errors, facts.n_other_errors, facts.n_scored) == (1, 1, 0)
+
+
+def test_infra_trial_reward_stays_out_of_the_sums(tmp_path: Path) -> None:
+    write_trial(tmp_path / "r", "t__aaaaaaa", reward=1.0, exception="VerificationNotCompletedError")
+    write_trial(tmp_path / "r", "t__bbbbbbb", reward=1.0)
+    facts = observe(tmp_path)["r"]
+    assert (facts.n_scored, facts.n_infra_errors, facts.reward_sum) == (2, 1, 1.0)
+
+
+def test_early_kill_meta_env_only(tmp_path: Path) -> None:
+    write_meta_env(tmp_path / "early", MODEL="Qwen/Qwen3-32B", REPO_ID="DCAgent/dev_set_v2",
+                   BENCHMARK_NAME="dev_set_v2", AGENT_NAME="terminus-2", TIMEOUT_MULTIPLIER=16.0, RESUME_COUNT=1)
+    facts = observe(tmp_path)["early"]
+    assert facts.model_dump(include={"model", "dataset", "benchmark_name", "agent", "timeout_multiplier"}) == {
+        "model": "Qwen/Qwen3-32B", "dataset": "DCAgent/dev_set_v2", "benchmark_name": "dev_set_v2",
+        "agent": "terminus-2", "timeout_multiplier": 16.0}
+    assert (facts.has_config, facts.has_result, facts.n_total, facts.n_trial_dirs, facts.fires) == (
+        False, False, None, 0, 2)
+    assert facts.started_at is None and facts.last_progress_at is None
+
+
+def test_meta_env_wins_for_model_and_benchmark(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    write_config(run, model="hosted_vllm/48213", dataset="/scratch/hf/snapshots/3f2a9c")
+    (run / "meta.env").write_text('export MODEL="laion/Qwen3-8B-sft"\n# comment\nREPO_ID=DCAgent2/swebench\n'
+                                  "BENCHMARK_NAME=swebench-verified-random-100-folders\ngarbage line\n")
+    facts = observe(tmp_path)["r"]
+    assert (facts.model, facts.dataset, facts.benchmark_name) == (
+        "laion/Qwen3-8B-sft", "DCAgent2/swebench", "swebench-verified-random-100-folders")
+    assert facts.fires == 1  # config.json but no RESUME_COUNT
+
+
+def test_no_resume_marker_and_corrupt_config(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.json").write_text("{not json")
+    (run / ".no-resume").touch()
+    facts = observe(tmp_path)["r"]
+    assert (facts.has_config, facts.fires, facts.no_resume, facts.model) == (False, 1, True, None)
+
+
+def test_settling_shape_more_completed_than_total(tmp_path: Path) -> None:
+    write_synthetic_run_dir(tmp_path / "r", 5, n_total=3, finished=False)
+    facts = observe(tmp_path)["r"]
+    assert (facts.n_completed, facts.n_total, facts.finished_at) == (5, 3, None)
+
+
+def test_last_progress_is_newest_trial_result_mtime(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    for name, mtime in (("a__aaaaaaa", 1_800_000_000), ("b__bbbbbbb", 1_800_000_500), ("c__ccccccc", 1_700_000_000)):
+        os.utime(write_trial(run, name, reward=1.0) / "result.json", (mtime, mtime))
+    assert observe(tmp_path)["r"].last_progress_at == datetime.fromtimestamp(1_800_000_500, UTC)
+
+
+def test_synthetic_run_counts(tmp_path: Path) -> None:
+    written = write_synthetic_run_dir(tmp_path / "s", 60, infra_every=7, benign_every=5, resume_count=1)
+    facts = observe(tmp_path)["s"]
+    assert (facts.n_completed, facts.n_scored, facts.n_infra_errors, facts.n_benign_errors) == (
+        60, written.n_scored, written.n_infra, written.n_benign)
+    assert facts.reward_sum == written.reward_sum
+    assert facts.fires == 2
+
+
+def test_ignores_files_and_hidden_dirs_in_jobs_dir(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / ".trash").mkdir()
+    write_meta_env(tmp_path / "r", MODEL="m")
+    (tmp_path / "r" / "post_eval_report.txt").write_text("x")
+    assert list(observe(tmp_path)) == ["r"]
+    assert observe(tmp_path)["r"].n_trial_dirs == 0
+
+
+def test_missing_jobs_dir_is_empty(tmp_path: Path) -> None:
+    assert observe(tmp_path / "nope") == {}
+    assert HarborRunDirs("memory://no-such-jobs-dir", REFERENCE_ERRORS).observe() == ()
+
+
+def test_unlistable_jobs_dir_raises(tmp_path: Path) -> None:
+    (tmp_path / "jobs").write_text("a file, not a dir")
+    with pytest.raises(ObservationError):
+        observe(tmp_path / "jobs")
+
+
+def test_run_dir_vanishing_mid_pass_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_meta_env(tmp_path / "r", MODEL="m")
+    monkeypatch.setattr(LocalTree, "run_tags", lambda self: ["gone", "r"])
+    assert list(observe(tmp_path)) == ["r"]
+
+
+def test_memory_url_matches_local(tmp_path: Path) -> None:
+    build_legacy(tmp_path / "legacy")
+    write_meta_env(tmp_path / "early", MODEL="m", RESUME_COUNT=0)
+    (tmp_path / "legacy" / ".no-resume").touch()
+    fs = fsspec.filesystem("memory")
+    fs.put(str(tmp_path) + "/", "/jobs-rd-test/", recursive=True)
+    try:
+        remote = observe("memory://jobs-rd-test")
+    finally:
+        fs.rm("/jobs-rd-test", recursive=True)
+    local = observe(tmp_path)
+    assert remote.keys() == local.keys() == {"legacy", "early"}
+    for tag in local:
+        assert remote[tag].model_dump(exclude={"path", "last_progress_at"}) == local[tag].model_dump(
+            exclude={"path", "last_progress_at"})
+    assert remote["legacy"].path == "memory://jobs-rd-test/legacy"
+    assert remote["legacy"].last_progress_at is not None
+
+
+def test_file_url_uses_local_reader(tmp_path: Path) -> None:
+    build_legacy(tmp_path / "legacy")
+    via_url = observe(f"file://{tmp_path}")["legacy"]
+    assert via_url == observe(tmp_path)["legacy"]
+
+
+@pytest.fixture
+def kolkata(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.usefixtures("kolkata")
+def test_naive_timestamps_are_local_time() -> None:
+    assert parse_time("2026-11-29T13:33:23.227737") == datetime(2026, 11, 29, 8, 3, 23, 227737, tzinfo=UTC)
+    assert parse_time("2026-11-29T13:33:23Z") == datetime(2026, 11, 29, 13, 33, 23, tzinfo=UTC)
+    assert parse_time("yesterday") is None and parse_time(None) is None
+
+
+@pytest.mark.usefixtures("kolkata")
+def test_job_result_times_come_back_utc(tmp_path: Path) -> None:
+    write_job_result(tmp_path / "r", n_total=1)  # started 2026-11-29T12:00:00 naive
+    facts = observe(tmp_path)["r"]
+    assert facts.started_at == datetime(2026, 11, 29, 6, 30, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("name", "model"), [
+    ("hosted_vllm/laion/Qwen3-8B", "laion/Qwen3-8B"),
+    ("openai/Qwen/Qwen3-32B", "Qwen/Qwen3-32B"),
+    ("hosted_vllm/Qwen3-8B", "hosted_vllm/Qwen3-8B"),
+    ("Qwen/Qwen3-32B", "Qwen/Qwen3-32B"),
+    ("gpt-5", "gpt-5"),
+])
+def test_model_prefix_goes_only_when_an_org_remains(name: str, model: str) -> None:
+    assert model_from_harbor(name) == model
+
+
+def test_meta_env_parsing() -> None:
+    assert parse_meta_env(b"A=1\nexport B='two words'\n\n#C=3\nD=x=y\nnoise\n") == {"A": "1", "B": "two words", "D": "x=y"}

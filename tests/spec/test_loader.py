@@ -1,0 +1,133 @@
+"""Loading and validating spec files: the example loads, every broken file reports one precise error."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from controller.spec.loader import SpecError, SpecErrors, format_errors, load_specs, parse_resource
+from controller.spec.models import EvalRunSpec
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "specs" / "examples" / "leonardo.yaml"
+BROKEN = sorted((Path(__file__).parent / "broken").glob("*.yaml"))
+EXPECT = re.compile(r"# expect: (\d+):(\d+): (.+)")
+TRACEBACK_ISH = ("Traceback", 'File "', "Error(", "pydantic", "errors.pydantic.dev", "input_value")
+
+
+def errors_of(*paths: Path) -> list[SpecError]:
+    with pytest.raises(SpecErrors) as caught:
+        load_specs(list(paths))
+    return caught.value.errors
+
+
+def test_example_loads_cleanly() -> None:
+    specs = load_specs([EXAMPLE])
+    cluster = specs.clusters["leonardo"]
+    assert cluster.cluster.spec.scheduler.type == "slurm"
+    assert cluster.job_script == str(EXAMPLE.parent / "eval/leonardo/eval_harbor.sbatch")
+    [run] = specs.evalruns
+    assert run.run.spec.models == ["laion/Qwen3-8B-sft-v3", "Qwen/Qwen3-32B"]
+    assert run.run.spec.presets == ["id"]
+    assert run.file == EXAMPLE and run.directory == EXAMPLE.parent
+    assert specs.cluster_of(run) is cluster
+
+
+def test_directory_walk_finds_yaml_and_yml_below_sorted(tmp_path: Path) -> None:
+    text = EXAMPLE.read_text()
+    cluster_doc, run_doc = text.split("\n---\n")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "run.yml").write_text(run_doc)
+    (tmp_path / "a.yaml").write_text(cluster_doc)
+    (tmp_path / "notes.txt").write_text("not a spec")
+    specs = load_specs([tmp_path])
+    assert list(specs.clusters) == ["leonardo"]
+    assert specs.evalruns[0].file == tmp_path / "b" / "run.yml"
+    assert specs.evalruns[0].directory == tmp_path / "b"
+
+
+def test_same_file_twice_is_read_once(tmp_path: Path) -> None:
+    shutil.copy(EXAMPLE, tmp_path / "leonardo.yaml")
+    specs = load_specs([tmp_path, tmp_path / "leonardo.yaml"])
+    assert len(specs.evalruns) == 1
+
+
+def test_corpus_is_big_enough() -> None:
+    assert len(BROKEN) >= 24
+
+
+@pytest.mark.parametrize("path", BROKEN, ids=[p.stem for p in BROKEN])
+def test_broken_spec_reports_exactly_its_mistake(path: Path) -> None:
+    expected = EXPECT.match(path.read_text().splitlines()[0])
+    assert expected, f"{path.name} needs a first line '# expect: LINE:COL: text'"
+    line, col, text = int(expected[1]), int(expected[2]), expected[3].strip()
+    errors = errors_of(path)
+    assert len(errors) == 1, format_errors(errors)
+    [error] = errors
+    assert (error.file, error.line, error.col) == (str(path), line, col), str(error)
+    assert text in error.message, str(error)
+    assert not any(marker in str(error) for marker in TRACEBACK_ISH), str(error)
+    assert "s3cr3t" not in str(error), "a secret value leaked into the message"
+
+
+def test_errors_from_all_files_are_collected_in_file_order() -> None:
+    first, second = BROKEN[8], BROKEN[3]
+    errors = errors_of(first, second)
+    assert [e.file for e in errors] == [str(first), str(second)]
+
+
+def test_whole_corpus_at_once_never_raises_anything_else() -> None:
+    errors = errors_of(Path(__file__).parent / "broken")
+    assert {e.file for e in errors} >= {str(p) for p in BROKEN}
+    assert "s3cr3t" not in format_errors(errors)
+
+
+def test_missing_path_and_empty_directory(tmp_path: Path) -> None:
+    errors = errors_of(tmp_path / "nope.yaml", tmp_path)
+    assert [str(e) for e in errors] == [
+        f"{tmp_path / 'nope.yaml'}:1:1: no such file or directory; check the -f path",
+        f"{tmp_path}:1:1: directory holds no *.yaml or *.yml files",
+    ]
+
+
+def test_several_errors_in_one_document_are_all_reported(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "apiVersion: evalrun.io/v1alpha1\nkind: EvalCluster\nmetadata: {name: x}\nspec:\n"
+        "  scheduler: {type: slurm}\n  jobsDir: /j\n  logsDir: /l\n  jobScript: s\n"
+        "  maxConcurrentTrials: 0\n  gpuMemoryUtil: 2\n  colour: blue\n"
+    )
+    assert [(e.line, e.col) for e in errors_of(path)] == [(9, 24), (10, 18), (11, 3)]
+
+
+def test_spec_error_format() -> None:
+    errors = [SpecError("a.yaml", 3, 5, "boom"), SpecError("b.yaml", 1, 1, "bang")]
+    assert str(errors[0]) == "a.yaml:3:5: boom"
+    assert format_errors(errors) == "a.yaml:3:5: boom\nb.yaml:1:1: bang"
+    assert str(SpecErrors(errors)) == format_errors(errors)
+
+
+def test_parse_resource_accepts_a_custom_resource_with_status() -> None:
+    resource = {
+        "apiVersion": "evalrun.io/v1alpha1",
+        "kind": "EvalRun",
+        "metadata": {"name": "r", "uid": "1234", "generation": 3},
+        "spec": {"cluster": "c", "models": ["m"], "presets": ["tb2"]},
+        "status": {"conditions": []},
+    }
+    run = parse_resource(resource)
+    assert run.metadata.generation == 3
+
+
+def test_parse_resource_reports_without_positions_when_there_are_none() -> None:
+    with pytest.raises(SpecErrors) as caught:
+        parse_resource({"apiVersion": "evalrun.io/v1alpha1", "kind": "EvalRun", "metadata": {"name": "r"}}, "cr/r")
+    assert str(caught.value) == "cr/r:1:1: missing required field `spec` in the document; add `spec: …`"
+
+
+def test_python_code_may_still_use_snake_case_names() -> None:
+    spec = EvalRunSpec(cluster="c", models=["m"], presets=["tb2"], force_eval=True)
+    assert spec.force_eval

@@ -8,8 +8,6 @@ them. Acting needs the EvalRun's lease: a second reconciler that runs at the sam
 from __future__ import annotations
 
 import logging
-import os
-import socket
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
@@ -47,10 +45,6 @@ class ClusterPorts:
         self.scheduler, self.run_dirs, self.actor_for = scheduler, run_dirs, actor_for
 
 
-def lease_holder() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 def reconcile_pass(
     targets: Sequence[RunTarget],
     store: Store,
@@ -58,7 +52,13 @@ def reconcile_pass(
     now: datetime,
     *,
     act: bool,
+    holder: str = "",
+    holder_is_dead: Callable[[str], bool] = lambda _: False,
 ) -> list[PassResult]:
+    """One pass over every target; acting needs the EvalRun's lease for `holder`.
+
+    A lease whose holder `holder_is_dead` says has died (a killed reconciler on this host) is taken over.
+    """
     jobs: dict[str, tuple[ObservedJob, ...] | ObservationError] = {}
     dirs: dict[str, tuple[RunDirFacts, ...] | ObservationError] = {}
     budgets = {name: None for name in clusters}  # per-cluster submission budget shared by its EvalRuns
@@ -77,8 +77,8 @@ def reconcile_pass(
         if not act or the_plan.suspended:
             results.append(PassResult(evalrun=target.evalrun, plan=the_plan, note="suspended" if act else "plan"))
             continue
-        lease, holder = f"evalrun/{target.evalrun}", lease_holder()
-        if not store.try_lease(lease, holder, LEASE_TTL.total_seconds(), now):
+        lease = f"evalrun/{target.evalrun}"
+        if not _take_lease(store, lease, holder, holder_is_dead, now):
             results.append(PassResult(evalrun=target.evalrun, plan=the_plan,
                                       note="another reconciler holds the lease; planned only"))
             continue
@@ -88,6 +88,17 @@ def reconcile_pass(
             store.release_lease(lease, holder)
         results.append(PassResult(evalrun=target.evalrun, plan=the_plan, outcomes=tuple(outcomes), acted=True))
     return results
+
+
+def _take_lease(store: Store, lease: str, holder: str, holder_is_dead: Callable[[str], bool], now: datetime) -> bool:
+    if store.try_lease(lease, holder, LEASE_TTL.total_seconds(), now):
+        return True
+    other = store.lease_holder(lease, now)
+    if other is None or not holder_is_dead(other):
+        return other is None and store.try_lease(lease, holder, LEASE_TTL.total_seconds(), now)
+    log.warning("taking over the lease of a dead reconciler", extra={"lease": lease, "holder": other})
+    store.release_lease(lease, other)
+    return store.try_lease(lease, holder, LEASE_TTL.total_seconds(), now)
 
 
 def _read(observe: Callable[[], object]) -> object:

@@ -18,6 +18,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from controller.adapters.process import identity_is_dead, process_identity
 from controller.adapters.store import UnsupportedStoreURL, open_store
 from controller.core.ports import Store
 from controller.core.reconcile import PassResult, reconcile_pass
@@ -83,7 +84,7 @@ def _store(url: str | None, *, readonly: bool) -> Store:
 def _pass(specs: SpecSet, store: Store, *, act: bool) -> list[PassResult]:
     catalog = load_catalog()
     return reconcile_pass(targets_for(specs, catalog), store, cluster_ports(specs, store, catalog), utc_now(),
-                          act=act)
+                          act=act, holder=process_identity(), holder_is_dead=identity_is_dead)
 
 
 def _plans(files: list[Path], store_url: str | None) -> list[Plan]:

@@ -17,13 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from controller.spec.diagnose import validate
 from controller.spec.errors import SpecError, SpecErrors
-from controller.spec.models import entry_error
+from controller.spec.models import PositiveInt, entry_error
 from controller.spec.yamldoc import read_documents
 
 SHIPPED_DIR = Path(__file__).parent / "catalog"
 CATALOG_DIR_ENV = "EVALCTL_CATALOG_DIR"
 
-PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 
 
@@ -35,6 +34,8 @@ class CatalogModel(BaseModel):
 
 
 class Preset(CatalogModel):
+    """A named benchmark; `tasks` × the run's nAttempts = expected trials (None: unknown)."""
+
     dataset: str
     n_concurrent: PositiveInt
     tasks: PositiveInt | None = None
@@ -42,6 +43,8 @@ class Preset(CatalogModel):
 
 
 class Presets(CatalogModel):
+    """Presets by name, and aliases that stand for several of them (`id` = the ID evals)."""
+
     presets: dict[str, Preset]
     aliases: dict[str, list[str]] = Field(default_factory=dict)
 
@@ -49,7 +52,9 @@ class Presets(CatalogModel):
     def _aliases_name_presets(self) -> Presets:
         for alias, names in self.aliases.items():
             if alias in self.presets:
-                raise entry_error(("aliases", alias, "[key]"), "alias_shadows", "alias {alias} is also a preset", alias=alias)
+                raise entry_error(
+                    ("aliases", alias, "[key]"), "alias_shadows", "alias {alias} is also a preset", alias=alias
+                )
             for index, name in enumerate(names):
                 if name not in self.presets:
                     raise entry_error(("aliases", alias, index), "unknown_preset", "unknown preset {name}", name=name)
@@ -75,6 +80,8 @@ ErrorClass = Literal["infra", "benign", "other"]
 
 
 class ErrorClasses(CatalogModel):
+    """Trial exception classes: infra errors are retried by a resume, benign ones are a valid score of 0."""
+
     infra: frozenset[str]
     benign: frozenset[str]
     benign_with_reward: frozenset[str] = frozenset()
@@ -108,6 +115,8 @@ class SizeChoice(CatalogModel):
 
 
 class SizePolicy(CatalogModel):
+    """Harbor config and timeout multiplier by model size, the last resort after the run and the registry."""
+
     size_token: str
     bands: list[SizeBand]
     default: SizeRule
@@ -141,6 +150,8 @@ class SizePolicy(CatalogModel):
 
 
 class ServeSettings(CatalogModel):
+    """How one model is served and evaluated; every field optional, unset means "not the registry's call"."""
+
     conda_env: str | None = None
     tensor_parallel_size: PositiveInt | None = None
     data_parallel_size: PositiveInt | None = None
@@ -152,6 +163,8 @@ class ServeSettings(CatalogModel):
 
 
 class ModelEntry(ServeSettings):
+    """A registry entry with per-hardware-profile deltas (e.g. fewer GPUs per replica on gh200)."""
+
     variants: dict[str, ServeSettings] = Field(default_factory=dict)
 
     def for_profile(self, profile: str | None) -> ServeSettings:
@@ -175,6 +188,8 @@ class ModelRegistry(CatalogModel):
 
 
 class Harnesses(CatalogModel):
+    """Markers of installed-agent harnesses, the ones that need a pinggy tunnel."""
+
     installed_agent_markers: list[str]
 
     def needs_pinggy(self, agent: str, harbor_config: str) -> bool:

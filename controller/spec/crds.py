@@ -64,7 +64,7 @@ def crd(
         "description": resource.__doc__ or kind,
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string", "description": f"{API_VERSION}"},
+            "apiVersion": {"type": "string", "description": API_VERSION},
             "kind": {"type": "string", "description": kind},
             "metadata": {"type": "object"},
             "spec": structural(spec.model_json_schema(by_alias=True, mode="validation")),
@@ -148,10 +148,10 @@ def _key_rank(key: str) -> int:
 
 
 def _with_default(prop: Schema) -> Schema:
-    """Objects and lists the models default with a factory get an empty default, so nested defaults apply."""
-    if "default" not in prop and not prop.get("nullable"):
-        if prop.get("type") == "object" and "properties" in prop and "required" not in prop:
-            return {**prop, "default": {}}
+    """An optional sub-object without required fields defaults to `{}`, so the API server fills in its defaults."""
+    optional_object = prop.get("type") == "object" and "properties" in prop and "required" not in prop
+    if optional_object and "default" not in prop and not prop.get("nullable"):
+        return {**prop, "default": {}}
     return prop
 
 

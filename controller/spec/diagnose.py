@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 import types
+from collections.abc import Mapping
 from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
@@ -17,18 +18,28 @@ from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
 from controller.spec.errors import SpecError
+from controller.spec.models import SECRET_LOOKING_ENV
 from controller.spec.yamldoc import KEY, Document, Loc
 
 M = TypeVar("M", bound=BaseModel)
-SECRET_KEY = re.compile(r"^(token|value|password|passwd|secret|api[-_]?key|private[-_]?key|credentials?)$", re.I)
+PYTHON_TYPE = re.compile(r"a valid dictionary or instance of \w+")  # users write YAML, not Python classes
 
 
-def validate(model: type[M], document: Document, *, by_alias: bool) -> M | list[SpecError]:
-    """The validated model, or one error per problem. `by_alias` rejects snake_case keys in camelCase resources."""
+def validate(
+    model: type[M], document: Document, *, by_alias: bool, ignore: tuple[str, ...] = ()
+) -> M | list[SpecError]:
+    """The validated model, or one error per problem.
+
+    `by_alias` rejects snake_case keys in camelCase resources; `ignore` drops top-level keys that
+    are not ours to validate (a custom resource's `status`).
+    """
+    data = document.data
+    if ignore and isinstance(data, Mapping):
+        data = {key: value for key, value in data.items() if key not in ignore}
     try:
         if by_alias:
-            return model.model_validate(document.data, by_alias=True, by_name=False)
-        return model.model_validate(document.data)
+            return model.model_validate(data, by_alias=True, by_name=False)
+        return model.model_validate(data)
     except ValidationError as exc:
         return [_spec_error(model, document, error) for error in exc.errors(include_url=False, include_input=False)]
 
@@ -40,7 +51,7 @@ def _spec_error(model: type[BaseModel], document: Document, error: ErrorDetails)
         return document.error((*loc, KEY), _unknown_field(model, loc))
     if kind == "missing":
         return document.error(loc[:-1], _missing_field(model, loc))
-    message = error["msg"].removeprefix("Value error, ")
+    message = PYTHON_TYPE.sub("a mapping", error["msg"].removeprefix("Value error, "))
     field = _field_at(model, loc)
     explained = kind in ("value_error", "literal_error", "enum") or "at" in error.get("ctx", {})
     hint = f" ({field.description})" if field and field.description and not explained else ""
@@ -52,7 +63,7 @@ def _unknown_field(model: type[BaseModel], loc: Loc) -> str:
     owner = _model_at(model, loc[:-1])
     where = dotted(loc[:-1]) or "the document"
     valid = [_alias(n, f) for n, f in owner.model_fields.items()] if owner else []
-    if owner and ("secret_ref" in owner.model_fields or SECRET_KEY.match(name)):
+    if SECRET_LOOKING_ENV.search(name) or (owner and "secret_ref" in owner.model_fields and name.lower() == "value"):
         return (
             f"`{name}` in {where} looks like a secret written inline; secrets never go in a spec: "
             f"store it in a Kubernetes Secret (or env var EVALCTL_SECRET_<NAME>_<KEY> for the CLI) and "

@@ -20,7 +20,16 @@ from controller.spec.errors import SpecError, SpecErrors, format_errors
 from controller.spec.models import EvalCluster, EvalRun
 from controller.spec.yamldoc import Document, iter_files, read_documents
 
-__all__ = ["LoadedCluster", "LoadedRun", "SpecError", "SpecErrors", "SpecSet", "format_errors", "load_specs", "parse_resource"]
+__all__ = [
+    "LoadedCluster",
+    "LoadedRun",
+    "SpecError",
+    "SpecErrors",
+    "SpecSet",
+    "format_errors",
+    "load_specs",
+    "parse_resource",
+]
 
 KINDS: dict[str, type[EvalCluster] | type[EvalRun]] = {"EvalCluster": EvalCluster, "EvalRun": EvalRun}
 
@@ -123,24 +132,15 @@ def _parse(document: Document, errors: list[SpecError]) -> EvalCluster | EvalRun
     if kind is None:
         errors.append(document.error((), "missing required field `kind`; add `kind: EvalRun` or `kind: EvalCluster`"))
         return None
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         message = f"unknown kind {kind}{_suggest(str(kind), KINDS)}; known kinds: {', '.join(KINDS)}"
         errors.append(document.error(("kind",), message))
         return None
-    result = validate(KINDS[kind], _without_status(document), by_alias=True)
+    result = validate(KINDS[kind], document, by_alias=True, ignore=("status",))
     if isinstance(result, list):
         errors += result
         return None
     return result
-
-
-def _without_status(document: Document) -> Document:
-    """Kubernetes objects carry `status`; the spec never does, so it is not validated."""
-    if "status" not in document.data:
-        return document
-    data = document.data.copy()
-    del data["status"]
-    return Document(document.file, data, document.line, document.col)
 
 
 def _declared_cluster(document: Document) -> str | None:
@@ -179,8 +179,9 @@ def _check_run(run: EvalRun, document: Document, declared: set[str] | None, cata
     clusters = sorted(declared or ())
     if declared is not None and run.spec.cluster not in declared:
         known = f"; loaded clusters: {', '.join(clusters)}" if clusters else "; no EvalCluster was loaded"
+        suggestion = _suggest(run.spec.cluster, clusters)
         message = (
-            f"cluster {run.spec.cluster} is not defined by any loaded file{_suggest(run.spec.cluster, clusters)}{known}; "
+            f"cluster {run.spec.cluster} is not defined by any loaded file{suggestion}{known}; "
             "pass the file that defines the EvalCluster with -f"
         )
         errors.append(document.error(("spec", "cluster"), message))
@@ -188,12 +189,9 @@ def _check_run(run: EvalRun, document: Document, declared: set[str] | None, cata
     for index, name in enumerate(run.spec.presets or []):
         expanded = catalog.presets.expand(name)
         if not expanded:
-            errors.append(
-                document.error(
-                    ("spec", "presets", index),
-                    f"unknown preset {name}{_suggest(name, catalog.presets.known)}; known presets: {_describe(catalog)}",
-                )
-            )
+            suggestion = _suggest(name, catalog.presets.known)
+            message = f"unknown preset {name}{suggestion}; known presets: {_describe(catalog)}"
+            errors.append(document.error(("spec", "presets", index), message))
         for preset in expanded:
             if preset in seen:
                 errors.append(

@@ -123,7 +123,7 @@ class EvalClusterSpec(SpecModel):
     @classmethod
     def _walltime(cls, value: str) -> str:
         if not WALLTIME.fullmatch(value):
-            raise ValueError(f"timeLimit {value!r} must look like HH:MM:SS, D-HH:MM:SS or minutes, e.g. \"24:00:00\"")
+            raise ValueError(f'timeLimit {value!r} must look like HH:MM:SS, D-HH:MM:SS or minutes, e.g. "24:00:00"')
         return value
 
     @field_validator("env")
@@ -216,7 +216,9 @@ class PinggySpec(SpecModel):
     def _unique_pairs(cls, value: list[PinggyPair]) -> list[PinggyPair]:
         index = _first_duplicate([pair.name for pair in value])
         if index is not None:
-            raise entry_error((index, "name"), "duplicate", "pinggy pair {name} is listed twice", name=value[index].name)
+            raise entry_error(
+                (index, "name"), "duplicate", "pinggy pair {name} is listed twice", name=value[index].name
+            )
         return value
 
 
@@ -253,7 +255,9 @@ class EvalRunSpec(SpecModel):
         if self.presets is not None and self.datasets is not None:
             raise entry_error(("datasets", "[key]"), "presets_and_datasets", "set presets OR datasets, not both")
         if not self.presets and not self.datasets:
-            raise entry_error((), "no_benchmarks", "set presets (e.g. [tb2, v2]) or datasets (e.g. [DCAgent2/terminal_bench_2])")
+            raise entry_error(
+                (), "no_benchmarks", "set presets (e.g. [tb2, v2]) or datasets (e.g. [DCAgent2/terminal_bench_2])"
+            )
         return self
 
     @field_validator("models", "datasets")

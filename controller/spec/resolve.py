@@ -34,11 +34,8 @@ class Benchmark(BaseModel):
 
 def resolve(run: EvalRun, cluster: EvalCluster, catalog: Catalog) -> tuple[Cell, ...]:
     """The run's cells, models outer, benchmarks inner, both in spec order."""
-    return tuple(
-        _cell(run, cluster, catalog, model, benchmark)
-        for model in run.spec.models
-        for benchmark in benchmarks(run, cluster, catalog)
-    )
+    found = benchmarks(run, cluster, catalog)
+    return tuple(_cell(run, cluster, catalog, model, benchmark) for model in run.spec.models for benchmark in found)
 
 
 def resolution_notes(run: EvalRun, cluster: EvalCluster, catalog: Catalog) -> tuple[str, ...]:
@@ -46,12 +43,14 @@ def resolution_notes(run: EvalRun, cluster: EvalCluster, catalog: Catalog) -> tu
     notes = []
     for model in run.spec.models:
         settings = _settings(catalog, model, cluster)
-        explicit_config = run.spec.harbor_config or settings.harbor_config
-        explicit_multiplier = run.spec.timeout_multiplier or settings.timeout_multiplier
+        config_set = run.spec.harbor_config or settings.harbor_config
+        multiplier_set = run.spec.timeout_multiplier or settings.timeout_multiplier
         choice = catalog.size_policy.choose(model)
-        if choice.note and not (explicit_config and explicit_multiplier):
+        if choice.note and not (config_set and multiplier_set):
             rule = choice.rule
-            notes.append(f"{model}: {choice.note}: using base default {rule.harbor_config} ×{rule.timeout_multiplier:g}")
+            notes.append(
+                f"{model}: {choice.note}: using base default {rule.harbor_config} ×{rule.timeout_multiplier:g}"
+            )
     return tuple(notes)
 
 

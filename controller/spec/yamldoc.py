@@ -39,7 +39,10 @@ class Document:
 
 
 def read_documents(path: Path, label: str) -> tuple[list[Document], list[SpecError]]:
-    """All documents of `path` (reported as `label`); a syntax error ends the file, a duplicate key only its document."""
+    """All documents of `path` (reported as `label`).
+
+    A syntax error ends the file (the parser cannot resync); a duplicate key loses only its document.
+    """
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -85,7 +88,8 @@ def locate(document: Document, loc: Loc) -> tuple[int, int]:
         if part == KEY:
             continue
         if isinstance(node, CommentedMap) and part in node:
-            line, col = node.lc.key(part) if want_key else node.lc.value(part)
+            # an empty value has no position of its own: point at its key
+            line, col = node.lc.key(part) if want_key or node[part] is None else node.lc.value(part)
             line, col = line + 1, col + 1
         elif isinstance(node, CommentedSeq) and isinstance(part, int) and 0 <= part < len(node):
             line, col = node.lc.item(part)

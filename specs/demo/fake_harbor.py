@@ -202,7 +202,7 @@ class FakeJob:
             (trial_dir / "verifier" / "reward.txt").write_text(f"{reward:g}\n")
         exception_info = None
         if exception:
-            traceback = f"Traceback (most recent call last):\n  File \"harbor/trial/trial.py\", line 1\n{exception[0]}: {exception[1]}\n"
+            traceback = f"Traceback (most recent call last):\n  ...\n{exception[0]}: {exception[1]}\n"
             (trial_dir / "exception.txt").write_text(traceback)
             exception_info = {
                 "exception_type": exception[0], "exception_message": exception[1],
@@ -298,11 +298,13 @@ def main(argv: list[str]) -> int:
     if resume:
         old = json.loads((job.run_dir / "config.json").read_text())  # never rewritten on resume
         job.n_attempts = old.get("n_attempts", job.n_attempts)
-        previous = json.loads((job.run_dir / "result.json").read_text()) if (job.run_dir / "result.json").exists() else {}
+        result_path = job.run_dir / "result.json"
+        previous = json.loads(result_path.read_text()) if result_path.exists() else {}
         job.job_id = previous.get("id", job.job_id)
         job.started_at = previous.get("started_at", job.started_at)
         old_meta = (job.run_dir / "meta.env").read_text() if (job.run_dir / "meta.env").exists() else ""
-        old_count = next((int(l.split("=", 1)[1]) for l in old_meta.splitlines() if l.startswith("RESUME_COUNT=")), 0)
+        old_count = next((int(v) for k, _, v in (ln.partition("=") for ln in old_meta.splitlines())
+                          if k == "RESUME_COUNT"), 0)
         job.write_meta_env(env_int("EVAL_RESUME_COUNT", old_count + 1))
         job.prune_for_resume()
     else:

@@ -10,8 +10,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.core.types import RunDirFacts
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS
@@ -58,6 +56,10 @@ def trial_dirs(run: Path) -> set[str]:
 
 def finished_trials(run: Path) -> set[str]:
     return {name for name in trial_dirs(run) if (run / name / "result.json").is_file()}
+
+
+def exception_type(trial: Path) -> str | None:
+    return (json.loads((trial / "result.json").read_text())["exception_info"] or {}).get("exception_type")
 
 
 def job_result(run: Path) -> dict:
@@ -112,9 +114,7 @@ def test_resume_reruns_only_infra_and_unfinished_trials(tmp_path: Path) -> None:
     assert run_fake(tmp_path, FAKE_HARBOR_INFRA_ERRORS=11).returncode == 0
     run = tmp_path / "run"
     assert observe(tmp_path)["run"].n_infra_errors == 11
-    infra = {n for n in finished_trials(run)
-             if json.loads((run / n / "result.json").read_text())["exception_info"] is not None
-             and json.loads((run / n / "result.json").read_text())["exception_info"]["exception_type"] == "DaytonaError"}
+    infra = {n for n in finished_trials(run) if exception_type(run / n) == "DaytonaError"}
     interrupted = sorted(finished_trials(run) - infra)[0]
     (run / interrupted / "result.json").unlink()  # as if the job was killed mid-trial
     kept = trial_dirs(run) - infra - {interrupted}

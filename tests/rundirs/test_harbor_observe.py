@@ -52,7 +52,8 @@ def test_legacy_dir_exact_counts(tmp_path: Path) -> None:
     assert facts.dataset == "/scratch/datasets/terminal_bench_2"
     assert facts.benchmark_name == "terminal_bench_2"
     assert (facts.agent, facts.timeout_multiplier) == ("terminus-2", 2.0)
-    assert (facts.has_config, facts.has_result, facts.n_total, facts.fires, facts.no_resume) == (True, True, 8, 1, False)
+    assert (facts.has_config, facts.has_result, facts.n_total, facts.fires) == (True, True, 8, 1)
+    assert not facts.no_resume
     assert facts.finished_at is not None and facts.finished_at.tzinfo is not None
     assert facts.path == str(tmp_path / "legacy")
 
@@ -219,4 +220,5 @@ def test_model_prefix_goes_only_when_an_org_remains(name: str, model: str) -> No
 
 
 def test_meta_env_parsing() -> None:
-    assert parse_meta_env(b"A=1\nexport B='two words'\n\n#C=3\nD=x=y\nnoise\n") == {"A": "1", "B": "two words", "D": "x=y"}
+    parsed = parse_meta_env(b"A=1\nexport B='two words'\n\n#C=3\nD=x=y\nnoise\n")
+    assert parsed == {"A": "1", "B": "two words", "D": "x=y"}

@@ -34,7 +34,8 @@ def test_errored_trials_count_as_zero_and_infra_is_excluded(tmp_path: Path) -> N
     assert values["n_valid_trials"] == 4
     assert values["accuracy_stderr"] == pytest.approx(statistics.stdev([1, 1, 0, 0]) / math.sqrt(4))
     assert result.stats.n_trials == 4 and result.stats.n_infra_errors == 1
-    assert result.stats.infra_error_breakdown == {name: int(name == "DaytonaError") for name in sorted(REFERENCE_ERRORS.infra)}
+    infra = sorted(REFERENCE_ERRORS.infra)
+    assert result.stats.infra_error_breakdown == {name: int(name == "DaytonaError") for name in infra}
     assert result.stats.n_errors_by_class["RewardFileNotFoundError"] == 1
     assert set(result.stats.n_errors_by_class) == set(REFERENCE_ERRORS.known) | {"RewardFileNotFoundError"}
 

@@ -41,18 +41,24 @@ def test_broken_catalog_file_is_reported_with_position(tmp_path: Path, monkeypat
     with pytest.raises(SpecErrors) as caught:
         load_catalog()
     shown = [str(e) for e in caught.value.errors]
-    assert shown[0].startswith(f"{tmp_path / 'presets.yaml'}:2:37: presets.tb2.n_concurrent: Input should be a valid integer")
+    assert shown[0].startswith(
+        f"{tmp_path / 'presets.yaml'}:2:37: presets.tb2.n_concurrent: Input should be a valid integer"
+    )
     assert shown[1].startswith(f"{tmp_path / 'size_policy.yaml'}:1:1: missing required field `default`")
     assert shown[2].startswith(f"{tmp_path / 'size_policy.yaml'}:1:13: size_token: size_token is not a valid regular")
     assert len(shown) == 3
 
 
 def test_alias_must_name_known_presets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "presets.yaml").write_text("presets:\n  tb2: {dataset: x/y, n_concurrent: 1}\naliases:\n  id: [tb2, nope]\n")
+    (tmp_path / "presets.yaml").write_text(
+        "presets:\n  tb2: {dataset: x/y, n_concurrent: 1}\naliases:\n  id: [tb2, nope]\n"
+    )
     monkeypatch.setenv(CATALOG_DIR_ENV, str(tmp_path))
     with pytest.raises(SpecErrors) as caught:
         load_catalog()
-    assert [str(e) for e in caught.value.errors] == [f"{tmp_path / 'presets.yaml'}:4:13: aliases.id[1]: unknown preset nope"]
+    assert [str(e) for e in caught.value.errors] == [
+        f"{tmp_path / 'presets.yaml'}:4:13: aliases.id[1]: unknown preset nope"
+    ]
 
 
 def test_shipped_files_are_all_there() -> None:

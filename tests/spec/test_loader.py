@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
+from ruamel.yaml import YAML
 
 from controller.spec.loader import SpecError, SpecErrors, format_errors, load_specs, parse_resource
 from controller.spec.models import EvalRunSpec
@@ -131,3 +134,53 @@ def test_parse_resource_reports_without_positions_when_there_are_none() -> None:
 def test_python_code_may_still_use_snake_case_names() -> None:
     spec = EvalRunSpec(cluster="c", models=["m"], presets=["tb2"], force_eval=True)
     assert spec.force_eval
+
+
+def test_status_is_ignored_and_positions_survive(tmp_path: Path) -> None:
+    path = tmp_path / "cr.yaml"
+    text = EXAMPLE.read_text().replace("  maxConcurrentTrials: 48\n", "  maxConcurrentTrials: -3\n")
+    path.write_text(text.replace("\n---\n", "\nstatus: {phase: x}\n---\n") + "status: {x: 1}\n")
+    [error] = errors_of(path)
+    assert (error.line, error.col, error.message.split(":")[0]) == (21, 24, "spec.maxConcurrentTrials")
+
+
+def test_typo_next_to_a_secret_ref_is_not_called_a_secret(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    pair = "\n  pinggy: {pairs: [{name: p, urll: https://x, secretRef: {name: s}}]}\n"
+    path.write_text(EXAMPLE.read_text().rstrip("\n") + pair)
+    [error] = errors_of(path)
+    assert error.message == "unknown field `urll` in spec.pinggy.pairs[0]; did you mean `url`?"
+
+
+SECRET_PLACES = {"env", "secretEnv", "secretRef", "pinggy"}
+ODD_VALUES = [None, [], {}, "x", 0, -1, 1.5, True, [{"a": 1}], "s3cr3t-value"]
+
+
+def leaves(node: Any, path: tuple = ()) -> list[tuple]:
+    if isinstance(node, dict):
+        return [path] + [p for k, v in node.items() for p in leaves(v, (*path, k))]
+    if isinstance(node, list):
+        return [path] + [p for i, v in enumerate(node) for p in leaves(v, (*path, i))]
+    return [path]
+
+
+def test_any_value_anywhere_gives_spec_errors_never_a_crash(tmp_path: Path) -> None:
+    """Every field of the example replaced by every odd value: SpecErrors with sane positions, or a valid spec."""
+    documents = list(YAML(typ="safe").load_all(EXAMPLE.read_text()))
+    path = tmp_path / "mutant.yaml"
+    for index, document in enumerate(documents):
+        for where in leaves(document)[1:]:
+            for value in ODD_VALUES:
+                mutant = copy.deepcopy(documents)
+                node = mutant[index]
+                for part in where[:-1]:
+                    node = node[part]
+                node[where[-1]] = value
+                with path.open("w") as out:
+                    YAML(typ="safe").dump_all(mutant, out)
+                try:
+                    load_specs([path])
+                except SpecErrors as exc:
+                    assert all(e.file == str(path) and e.line >= 1 and e.col >= 1 for e in exc.errors)
+                    if SECRET_PLACES & set(where):
+                        assert "s3cr3t" not in str(exc)

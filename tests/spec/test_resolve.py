@@ -90,7 +90,9 @@ def test_financeagent_never_above_16() -> None:
 
 def test_explicit_datasets_use_the_cluster_ceiling_and_keep_their_spelling() -> None:
     cells = resolve(
-        run(presets=None, datasets=["DCAgent2/terminal_bench_2/", "/data/local_set"]), cluster(maxConcurrentTrials=40), CATALOG
+        run(presets=None, datasets=["DCAgent2/terminal_bench_2/", "/data/local_set"]),
+        cluster(maxConcurrentTrials=40),
+        CATALOG,
     )
     assert [(c.benchmark, c.dataset, c.benchmark_name, c.n_concurrent) for c in cells] == [
         ("DCAgent2/terminal_bench_2/", "DCAgent2/terminal_bench_2/", "terminal_bench_2", 40),
@@ -146,8 +148,16 @@ def test_explicit_beats_registry_beats_size_rule() -> None:
     registry = one(run(), catalog=catalog)
     explicit = one(run(harborConfig="explicit.yaml", timeoutMultiplier=8.0, agentKwargs=["cli=1"]), catalog=catalog)
     assert (size.harbor_config, size.timeout_multiplier, size.agent_kwargs) == ("dcagent_eval_defaults.yaml", 2.0, ())
-    assert (registry.harbor_config, registry.timeout_multiplier, registry.agent_kwargs) == ("registry.yaml", 4.0, ("reg=1",))
-    assert (explicit.harbor_config, explicit.timeout_multiplier, explicit.agent_kwargs) == ("explicit.yaml", 8.0, ("cli=1",))
+    assert (registry.harbor_config, registry.timeout_multiplier, registry.agent_kwargs) == (
+        "registry.yaml",
+        4.0,
+        ("reg=1",),
+    )
+    assert (explicit.harbor_config, explicit.timeout_multiplier, explicit.agent_kwargs) == (
+        "explicit.yaml",
+        8.0,
+        ("cli=1",),
+    )
 
 
 def test_layers_apply_per_parameter() -> None:

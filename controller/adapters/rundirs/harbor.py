@@ -74,10 +74,7 @@ def run_dir_facts(
     config = job_config_facts(config_doc or {})
     dataset = meta.get("REPO_ID") or config.dataset
     resume_count = parse_int(meta.get("RESUME_COUNT"))
-    if resume_count is not None:
-        fires = resume_count + 1
-    else:
-        fires = 1 if "config.json" in files else 0
+    fires = resume_count + 1 if resume_count is not None else int("config.json" in files)
     tally = _tally(trials, errors)
     return RunDirFacts(
         run_tag=run_tag,

@@ -98,7 +98,8 @@ def render(summary: PostEvalSummary, facts: RunDirFacts, errors: ErrorClasses) -
         f"post-eval report: {facts.run_tag}",
         f"model: {facts.model or '?'}  benchmark: {facts.benchmark_name or '?'}  agent: {facts.agent or '?'}",
         f"mean score: {score}{stderr} over {summary.n_valid} valid trials",
-        f"scored: {summary.n_scored} / {total} total (completed {summary.n_completed}, trial dirs {facts.n_trial_dirs})",
+        f"scored: {summary.n_scored} / {total} total "
+        f"(completed {summary.n_completed}, trial dirs {facts.n_trial_dirs})",
         f"errors: infra {facts.n_infra_errors}  benign {facts.n_benign_errors}  other {facts.n_other_errors}",
     ]
     width = max(map(len, summary.error_histogram), default=0)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from controller.adapters.process import proc_start_ticks
 from controller.core.ports import ObservationError, SubmitRequest
 from controller.core.types import RUN_TAG_PREFIX, Frozen, JobState, ObservedJob
 
@@ -189,17 +190,6 @@ def _alive(job_dir: Path) -> bool:
         return proc_start_ticks(int(pid_text)) == start_ticks
     except (FileNotFoundError, ValueError):
         return False
-
-
-def proc_start_ticks(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":  # a zombie has exited; its parent has not reaped it yet
-        return None
-    return fields[19]
 
 
 def _spawned_recently(job: LocalJob) -> bool:

@@ -168,6 +168,14 @@ class SqliteStore:
             self._run(conn, sql.PUT_LEASE, (name, holder, format_timestamp(now + timedelta(seconds=ttl_s))))
             return True
 
+    def lease_holder(self, name: str, now: datetime) -> str | None:
+        """Who holds an unexpired lease `name`, if anyone."""
+        with self._write() as conn:
+            current = self._run(conn, sql.LEASE_BY_NAME, (name,)).fetchone()
+        if current is None or as_utc(datetime.fromisoformat(current["expires_at"])) <= as_utc(now):
+            return None
+        return str(current["holder"])
+
     def release_lease(self, name: str, holder: str) -> None:
         """Only the holder's own lease is dropped; releasing twice is a no-op."""
         with self._write() as conn:

@@ -1,0 +1,79 @@
+"""Small builders for planner tests: a cell, an observation, facts — with the defaults of a plain case."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from controller.core.planner import Policy
+from controller.core.types import (
+    Cell,
+    JobState,
+    Metric,
+    Observation,
+    ObservedJob,
+    ObservedRow,
+    RunDirFacts,
+    Submission,
+)
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+ME = "alice"
+POLICY = Policy(username=ME)
+
+
+def ago(**delta: float) -> datetime:
+    return NOW - timedelta(**delta)
+
+
+def cell(model: str = "laion/Qwen3-8B-sft", benchmark_name: str = "terminal_bench_2", **changes: object) -> Cell:
+    values = dict(evalrun="run1", cluster="c1", model=model, benchmark="tb2",
+                  dataset=f"DCAgent2/{benchmark_name}", benchmark_name=benchmark_name, agent="terminus-2",
+                  n_concurrent=8, harbor_config="dcagent_eval_defaults.yaml", timeout_multiplier=2.0,
+                  fingerprint="0123456789abcdef")
+    values.update(changes)
+    return Cell(**values)  # type: ignore[arg-type]
+
+
+def row(status: str | None, *, user: str = ME, metrics: tuple[Metric, ...] | None = None, job_name: str | None = None,
+        created: datetime | None = None, submitted: datetime | None = None, started: datetime | None = None,
+        row_id: str = "row-1", slurm_job_id: str | None = None) -> ObservedRow:
+    return ObservedRow(id=row_id, job_name=job_name, username=user, job_status=status,
+                       created_at=created or ago(hours=1), submitted_at=submitted, started_at=started,
+                       metrics=metrics, slurm_job_id=slurm_job_id)
+
+
+SCORED = (Metric(name="accuracy", value=0.5), Metric(name="accuracy_stderr", value=0.05))
+
+
+def sub(c: Cell, attempt: int = 1, fire: int = 1, *, job_id: str | None = "100", row_id: str | None = "row-1",
+        created: datetime | None = None) -> Submission:
+    from controller.core.types import submission_name
+
+    tag = c.run_tag(attempt)
+    return Submission(name=submission_name(tag, fire), run_tag=tag, evalrun=c.evalrun, cell_key=c.key,
+                      attempt=attempt, fire=fire, row_id=row_id, job_id=job_id, created_at=created or ago(hours=1))
+
+
+def job(name: str, state: JobState, *, job_id: str = "100", started: datetime | None = None,
+        ended: datetime | None = None, time_left_s: int | None = None, reason: str = "") -> ObservedJob:
+    return ObservedJob(job_id=job_id, name=name, state=state, submitted_at=ago(hours=2), started_at=started,
+                       ended_at=ended, time_left_s=time_left_s, reason=reason)
+
+
+def facts(tag: str, *, total: int | None = 10, completed: int = 10, scored: int | None = None, infra: int = 0,
+          finished: bool = True, fires: int = 1, trial_dirs: int | None = None, has_result: bool = True,
+          last_progress: datetime | None = None, no_resume: bool = False, model: str | None = None,
+          benchmark_name: str | None = None, agent: str | None = None) -> RunDirFacts:
+    return RunDirFacts(
+        run_tag=tag, path=f"/jobs/{tag}", has_config=True, has_result=has_result, n_total=total,
+        n_trial_dirs=completed if trial_dirs is None else trial_dirs, n_completed=completed,
+        n_scored=completed - infra if scored is None else scored, n_infra_errors=infra,
+        reward_sum=completed * 0.5, reward_sq_sum=completed * 0.5, started_at=ago(hours=3),
+        finished_at=ago(hours=2) if finished else None, last_progress_at=last_progress or ago(hours=2),
+        fires=fires, no_resume=no_resume, model=model, benchmark_name=benchmark_name, agent=agent,
+    )
+
+
+def obs(*, rows: tuple[ObservedRow, ...] = (), subs: tuple[Submission, ...] = (), jobs: tuple[ObservedJob, ...] = (),
+        dirs: tuple[RunDirFacts, ...] = ()) -> Observation:
+    return Observation(rows=rows, submissions=subs, jobs=jobs, run_dirs=dirs)

@@ -1,0 +1,83 @@
+"""REFERENCE.md §2, one test row per table row: the newest matching row decides."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.core.planner import plan_cell
+from controller.core.types import Phase
+from tests.core.builders import NOW, POLICY, SCORED, ago, cell, obs, row
+
+C = cell()
+BOB = "bob"
+
+# (name, row, expected phase, expected action kinds, reason fragment). Rows of another user: their job
+# is invisible to us, so the §2 thresholds alone decide.
+DEDUP_ROWS = [
+    ("no row", None, Phase.PENDING, ["submit"], "no existing job"),
+    ("finished with metrics", row("Finished", user=BOB, metrics=SCORED), Phase.COMPLETED, ["skip"], "job finished"),
+    ("finished, metrics null", row("Finished", user=BOB, metrics=None), Phase.PENDING, ["submit"],
+     "finished but metrics cleared"),
+    ("finished, metrics []", row("Finished", user=BOB, metrics=()), Phase.PENDING, ["submit"],
+     "finished but metrics cleared"),
+    ("started young", row("Started", user=BOB, started=ago(hours=23)), Phase.RUNNING, ["skip"], "job in progress"),
+    ("started old", row("Started", user=BOB, started=ago(hours=25)), Phase.PENDING, ["submit"], "stale started"),
+    ("started, started_at null", row("Started", user=BOB, started=None), Phase.PENDING, ["submit"], "stale started"),
+    ("pending young", row("Pending", user=BOB, submitted=ago(hours=5)), Phase.SUBMITTED, ["skip"], "job pending"),
+    ("pending old", row("Pending", user=BOB, submitted=ago(hours=7)), Phase.PENDING, ["submit"], "stale pending"),
+    ("pending, submitted_at null", row("Pending", user=BOB, submitted=None), Phase.PENDING, ["submit"],
+     "stale pending"),
+    # The old listener measured Pending staleness from started_at (always null): not us.
+    ("pending young, started_at null", row("Pending", user=BOB, submitted=ago(minutes=5), started=None),
+     Phase.SUBMITTED, ["skip"], "job pending"),
+    ("unreadable status", row("Failed", user=BOB), Phase.FAILED, ["hold"], "job_status 'Failed'"),
+]
+
+
+@pytest.mark.parametrize(("name", "the_row", "phase", "kinds", "reason"), DEDUP_ROWS, ids=[r[0] for r in DEDUP_ROWS])
+def test_dedup_table_row(name, the_row, phase, kinds, reason):
+    decided = plan_cell(C, obs(rows=(the_row,) if the_row else ()), POLICY, NOW)
+    assert decided.phase == phase
+    assert [a.kind.value for a in decided.actions] == kinds
+    assert reason in decided.reason or any(reason in a.reason for a in decided.actions)
+    assert decided.rule.startswith("REFERENCE §2") or decided.phase == Phase.FAILED
+
+
+def test_newest_matching_row_decides():
+    old_finished = row("Finished", user=BOB, metrics=SCORED, created=ago(days=3), row_id="old")
+    newer_cleared = row("Finished", user=BOB, metrics=None, created=ago(days=1), row_id="new")
+    decided = plan_cell(C, obs(rows=(old_finished, newer_cleared)), POLICY, NOW)
+    assert [a.kind.value for a in decided.actions] == ["submit"]
+    assert "metrics cleared" in decided.reason
+
+
+def test_stale_started_never_overrides_a_finished_row():
+    finished = row("Finished", user=BOB, metrics=SCORED, started=ago(days=30))
+    policy = POLICY.model_copy(update={"stale_started": ago(hours=0) - ago(minutes=1)})
+    decided = plan_cell(C, obs(rows=(finished,)), policy, NOW)
+    assert decided.phase == Phase.COMPLETED and [a.kind.value for a in decided.actions] == ["skip"]
+
+
+def test_force_eval_adds_a_new_row_next_to_the_old_one():
+    finished = row("Finished", user=BOB, metrics=SCORED, job_name="theirs")
+    decided = plan_cell(C, obs(rows=(finished,)), POLICY.model_copy(update={"force_eval": True}), NOW)
+    [submit] = decided.actions
+    assert submit.kind.value == "submit"
+    assert submit.row_id is None, "a new row is created; the old one is never edited"
+    assert submit.run_tag == C.run_tag(1)
+
+
+def test_force_eval_does_not_loop_once_its_own_row_finished():
+    from tests.core.builders import sub
+
+    mine = row("Finished", metrics=SCORED, job_name=C.run_tag(1), row_id="mine", created=ago(minutes=5))
+    theirs = row("Finished", user=BOB, metrics=SCORED, row_id="theirs", created=ago(days=2))
+    decided = plan_cell(C, obs(rows=(theirs, mine), subs=(sub(C, row_id="mine"),)),
+                        POLICY.model_copy(update={"force_eval": True}), NOW)
+    assert decided.phase == Phase.COMPLETED
+
+
+def test_another_users_stale_pending_row_is_not_cancelled_by_us():
+    decided = plan_cell(C, obs(rows=(row("Pending", user=BOB, submitted=ago(hours=8), slurm_job_id="77"),)),
+                        POLICY, NOW)
+    assert [a.kind.value for a in decided.actions] == ["submit"], "their job is not ours to cancel"

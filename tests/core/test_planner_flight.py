@@ -1,0 +1,174 @@
+"""Jobs in the queue (REFERENCE §5 monitoring), the submission-protocol repairs, the caps and Unknown."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.core.planner import plan, plan_cell
+from controller.core.types import JobState, Observation, Phase, RowStatus
+from tests.core.builders import NOW, POLICY, ago, cell, facts, job, obs, row, sub
+
+C = cell()
+TAG = C.run_tag(1)
+
+
+def kinds(decided) -> list[str]:
+    return [a.kind.value for a in decided.actions]
+
+
+def test_queued_young_waits():
+    decided = plan_cell(C, obs(rows=(row("Pending", job_name=TAG, submitted=ago(hours=1)),), subs=(sub(C),),
+                               jobs=(job(TAG, JobState.QUEUED),)), POLICY, NOW)
+    assert decided.phase == Phase.SUBMITTED and kinds(decided) == ["wait"]
+
+
+def test_stale_pending_cancels_then_submits_a_new_attempt_with_a_new_name():
+    decided = plan_cell(C, obs(rows=(row("Pending", job_name=TAG, submitted=ago(hours=7)),),
+                               subs=(sub(C, created=ago(hours=7)),), jobs=(job(TAG, JobState.QUEUED),)), POLICY, NOW)
+    assert kinds(decided) == ["cancel", "submit"]
+    assert decided.actions[0].job_id == "100"
+    assert decided.actions[1].run_tag == C.run_tag(2), "a NEW attempt: fresh row, fresh submitted_at"
+
+
+def test_running_job_moves_our_pending_row_to_started():
+    decided = plan_cell(C, obs(rows=(row("Pending", job_name=TAG, submitted=ago(minutes=3)),), subs=(sub(C),),
+                               jobs=(job(TAG, JobState.RUNNING, started=ago(minutes=1)),)), POLICY, NOW)
+    [update] = decided.row_updates
+    assert (update.row_id, update.status, update.started_at) == ("row-1", RowStatus.STARTED, ago(minutes=1))
+
+
+def test_pre_walltime_cancel():
+    decided = plan_cell(C, obs(rows=(row("Started", job_name=TAG),), subs=(sub(C),),
+                               jobs=(job(TAG, JobState.RUNNING, time_left_s=14 * 60),)), POLICY, NOW)
+    assert kinds(decided) == ["cancel"] and "walltime" in decided.actions[0].reason
+
+
+def test_walltime_left_above_the_margin_keeps_running():
+    decided = plan_cell(C, obs(rows=(row("Started", job_name=TAG),), subs=(sub(C),),
+                               jobs=(job(TAG, JobState.RUNNING, time_left_s=16 * 60),)), POLICY, NOW)
+    assert kinds(decided) == ["wait"]
+
+
+def test_zombie_is_cancelled():
+    dir_ = facts(TAG, completed=10, finished=False, last_progress=ago(minutes=11))
+    decided = plan_cell(C, obs(subs=(sub(C),), rows=(row("Started", job_name=TAG),),
+                               jobs=(job(TAG, JobState.RUNNING, started=ago(hours=2)),), dirs=(dir_,)), POLICY, NOW)
+    assert kinds(decided) == ["cancel"] and "zombie" in decided.actions[0].reason
+
+
+def test_stuck_near_complete_is_cancelled():
+    dir_ = facts(TAG, total=300, completed=292, scored=292, finished=False, last_progress=ago(minutes=61))
+    decided = plan_cell(C, obs(subs=(sub(C),), rows=(row("Started", job_name=TAG),),
+                               jobs=(job(TAG, JobState.RUNNING, started=ago(hours=5)),), dirs=(dir_,)), POLICY, NOW)
+    assert kinds(decided) == ["cancel"] and "near complete" in decided.actions[0].reason
+
+
+def test_stuck_far_from_complete_is_only_reported():
+    dir_ = facts(TAG, total=300, completed=100, finished=False, last_progress=ago(minutes=91))
+    decided = plan_cell(C, obs(subs=(sub(C),), rows=(row("Started", job_name=TAG),),
+                               jobs=(job(TAG, JobState.RUNNING, started=ago(hours=5)),), dirs=(dir_,)), POLICY, NOW)
+    assert decided.phase == Phase.STALLED and kinds(decided) == ["wait"]
+
+
+def test_duplicate_live_jobs_keep_the_oldest():
+    jobs = (job(TAG, JobState.RUNNING, job_id="101"), job(TAG, JobState.QUEUED, job_id="102"))
+    decided = plan_cell(C, obs(rows=(row("Started", job_name=TAG),), subs=(sub(C),), jobs=jobs), POLICY, NOW)
+    assert [(a.kind.value, a.job_id) for a in decided.actions if a.kind.value == "cancel"] == [("cancel", "102")]
+
+
+# ---------------------------------------------------------------------- the create-pending protocol
+
+
+def test_intent_without_job_finishes_the_same_submission():
+    """Crash after step 1: the next pass submits under the SAME name (the actor checks the queue first)."""
+    decided = plan_cell(C, obs(rows=(row("Pending", job_name=TAG, submitted=ago(minutes=1)),),
+                               subs=(sub(C, job_id=None),)), POLICY, NOW)
+    [action] = decided.actions
+    assert (action.kind.value, action.run_tag, action.fire, action.row_id) == ("submit", TAG, 1, "row-1")
+
+
+def test_job_found_by_name_is_adopted_and_recorded():
+    """Crash after sbatch, before step 3: the job is found by its name and its id recorded."""
+    decided = plan_cell(C, obs(rows=(row("Pending", job_name=TAG, submitted=ago(minutes=1)),),
+                               subs=(sub(C, job_id=None),), jobs=(job(TAG, JobState.QUEUED, job_id="555"),)),
+                        POLICY, NOW)
+    assert kinds(decided) == ["wait"]
+    assert [(u.submission_name, u.job_id) for u in decided.row_updates] == [(TAG, "555")]
+
+
+def test_our_row_whose_job_vanished_is_dead_now():
+    """Neither queue nor accounting knows our job: act now, not after staleStartedHours."""
+    decided = plan_cell(C, obs(rows=(row("Started", job_name=TAG, started=ago(minutes=30)),), subs=(sub(C),)),
+                        POLICY, NOW)
+    assert kinds(decided) == ["resume"]
+
+
+# ---------------------------------------------------------------------- caps and Unknown
+
+
+def test_submission_budget_caps_launches_per_pass():
+    cells = [cell(model=f"org/m{i}") for i in range(10)]
+    the_plan = plan("run1", cells, [obs() for _ in cells], POLICY.model_copy(update={"max_submissions_per_pass": 3}),
+                    NOW)
+    launched = [c for c in the_plan.cells if "submit" in kinds(c)]
+    assert len(launched) == 3
+    assert all(kinds(c) == ["wait"] and "cap" in c.actions[0].reason for c in the_plan.cells if c not in launched)
+
+
+def test_suspend_turns_every_mutation_into_a_hold():
+    the_plan = plan("run1", [C], [obs()], POLICY.model_copy(update={"suspend": True}), NOW)
+    [decided] = the_plan.cells
+    assert kinds(decided) == ["hold"] and "would submit" in decided.actions[0].reason
+
+
+def test_each_unreadable_source_makes_the_cell_unknown():
+    for missing in ("rows", "submissions", "jobs", "run_dirs"):
+        values = dict(rows=(), submissions=(), jobs=(), run_dirs=())
+        values[missing] = None
+        decided = plan_cell(C, Observation(**values, unknown_reason="queue unreachable"), POLICY, NOW)
+        assert decided.phase == Phase.UNKNOWN and decided.actions == (), missing
+
+
+# ---------------------------------------------------------------------- properties
+
+statuses = st.sampled_from([None, "Pending", "Started", "Finished", "Failed"])
+job_states = st.sampled_from(list(JobState))
+
+
+@st.composite
+def observations(draw) -> Observation:
+    rows = tuple(
+        row(draw(statuses), user=draw(st.sampled_from(["alice", "bob"])), row_id=f"r{i}",
+            job_name=draw(st.sampled_from([TAG, C.run_tag(2), "legacy"])),
+            created=ago(hours=draw(st.integers(0, 100))), submitted=ago(hours=draw(st.integers(0, 30))),
+            started=draw(st.none() | st.just(ago(hours=draw(st.integers(0, 30))))))
+        for i in range(draw(st.integers(0, 3)))
+    )
+    subs = tuple(sub(C, attempt=a, fire=f, job_id=draw(st.none() | st.just(str(100 + a * 10 + f))), row_id="r0")
+                 for a in range(1, draw(st.integers(1, 2)) + 1) for f in range(1, draw(st.integers(0, 2)) + 1))
+    jobs = tuple(job(s.name, draw(job_states), job_id=str(200 + i)) for i, s in enumerate(subs) if draw(st.booleans()))
+    dirs = tuple(facts(t, completed=draw(st.integers(0, 12)), finished=draw(st.booleans()),
+                       infra=draw(st.integers(0, 12)), fires=draw(st.integers(0, 3)))
+                 for t in {s.run_tag for s in subs} if draw(st.booleans()))
+    unknown = draw(st.sampled_from([None, "rows", "jobs", "run_dirs", "submissions"]))
+    values = dict(rows=rows, submissions=subs, jobs=jobs, run_dirs=dirs)
+    if unknown:
+        values[unknown] = None
+    return Observation(**values)
+
+
+@settings(max_examples=400, deadline=None)
+@given(observations(), st.integers(0, 48))
+def test_never_two_launches_and_never_an_action_on_unknown(observation, hours_later):
+    decided = plan_cell(C, observation, POLICY, NOW + timedelta(hours=hours_later))
+    launches = [a for a in decided.actions if a.kind.value in ("submit", "resume")]
+    assert len(launches) <= 1
+    if decided.phase == Phase.UNKNOWN:
+        assert decided.actions == () and decided.row_updates == ()
+    live = [j for j in observation.jobs or () if j.state.active]
+    if live:
+        assert not launches or any(a.kind.value == "cancel" and a.job_id == live[0].job_id for a in decided.actions), \
+            "a launch while a job of the cell is live must be preceded by cancelling it"

@@ -42,12 +42,20 @@ class RunMetrics(Frozen):
         )
 
 
+def valid_trials(facts: RunDirFacts) -> int:
+    return max(facts.n_completed - facts.n_infra_errors, 0)
+
+
+def accuracy(facts: RunDirFacts) -> float | None:
+    n_valid = valid_trials(facts)
+    return facts.reward_sum / n_valid if n_valid else None
+
+
 def run_metrics(facts: RunDirFacts, errors: ErrorClasses) -> RunMetrics:
-    n_valid = max(facts.n_completed - facts.n_infra_errors, 0)
-    accuracy = facts.reward_sum / n_valid if n_valid else None
+    n_valid = valid_trials(facts)
     return RunMetrics(
         metrics=(
-            Metric(name="accuracy", value=accuracy),
+            Metric(name="accuracy", value=accuracy(facts)),
             Metric(name="accuracy_stderr", value=_stderr(facts.reward_sum, facts.reward_sq_sum, n_valid)),
             Metric(name="n_valid_trials", value=float(n_valid)),
         ),

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from controller.core.dedup import DEDUP_TABLE, RowCase, newest, row_case
+from controller.core.metrics import accuracy
 from controller.core.resume import RESUME_TABLE, DirClass, Next, classify
 from controller.core.types import (
     Action,
@@ -367,8 +368,8 @@ class _CellView:
         facts: RunDirFacts | None = None,
         score: float | None = None,
     ) -> CellPlan:
-        if score is None and facts is not None and facts.n_completed:
-            score = facts.reward_sum / facts.n_completed
+        if score is None and facts is not None:
+            score = accuracy(facts)
         return CellPlan(cell=self.cell, phase=phase, actions=tuple(actions), reason=reason, rule=rule,
                         row_updates=(*self.adoptions, *(updates or ())), run_dir=facts, score=score)
 

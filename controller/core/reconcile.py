@@ -14,7 +14,13 @@ from datetime import datetime, timedelta
 from controller.core.actor import Actor, Outcome
 from controller.core.match import observe_cells
 from controller.core.planner import LAUNCHING, Policy, plan
-from controller.core.ports import ObservationError, RunDirs, Scheduler, Store, StoreSnapshot
+from controller.core.ports import (
+    ObservationError,
+    RunDirs,
+    Scheduler,
+    Store,
+    StoreSnapshot,
+)
 from controller.core.types import Cell, Frozen, ObservedJob, Plan, RunDirFacts
 
 log = logging.getLogger("evalctl.reconcile")

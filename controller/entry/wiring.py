@@ -15,7 +15,6 @@ from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.report import write_post_eval_report
 from controller.adapters.scheduler.local import LocalScheduler
 from controller.core.actor import Actor, JobLauncher
-from controller.core.errors import ErrorClasses
 from controller.core.job_env import job_environment
 from controller.core.planner import Policy
 from controller.core.ports import Store
@@ -70,13 +69,8 @@ def targets_for(specs: SpecSet, catalog: Catalog) -> list[RunTarget]:
     return targets
 
 
-def error_classes(catalog: Catalog) -> ErrorClasses:
-    listed = catalog.error_classes
-    return ErrorClasses.model_validate(listed.model_dump())
-
-
 def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog) -> dict[str, ClusterPorts]:
-    errors = error_classes(catalog)
+    errors = catalog.error_classes
     runs_by_name = {r.run.metadata.name: r for r in specs.evalruns}
     ports = {}
     for name, cluster in specs.clusters.items():

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from controller.core.errors import ErrorClasses
 from controller.spec.diagnose import validate
 from controller.spec.errors import SpecError, SpecErrors
 from controller.spec.models import PositiveInt, entry_error
@@ -75,24 +76,6 @@ class Presets(CatalogModel):
 
 
 # --------------------------------------------------------------------------- error_classes.yaml
-
-ErrorClass = Literal["infra", "benign", "other"]
-
-
-class ErrorClasses(CatalogModel):
-    """Trial exception classes: infra errors are retried by a resume, benign ones are a valid score of 0."""
-
-    infra: frozenset[str]
-    benign: frozenset[str]
-    benign_with_reward: frozenset[str] = frozenset()
-
-    def classify(self, exception_type: str, has_reward: bool) -> ErrorClass:
-        if exception_type in self.infra:
-            return "infra"
-        if exception_type in self.benign or (has_reward and exception_type in self.benign_with_reward):
-            return "benign"
-        return "other"
-
 
 # --------------------------------------------------------------------------- size_policy.yaml
 

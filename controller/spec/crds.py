@@ -17,7 +17,13 @@ from ruamel.yaml import YAML
 from ruamel.yaml.nodes import ScalarNode
 from ruamel.yaml.representer import SafeRepresenter
 
-from controller.spec.models import API_VERSION, EvalCluster, EvalClusterSpec, EvalRun, EvalRunSpec
+from controller.spec.models import (
+    API_VERSION,
+    EvalCluster,
+    EvalClusterSpec,
+    EvalRun,
+    EvalRunSpec,
+)
 
 GROUP, VERSION = API_VERSION.split("/")
 Schema = dict[str, Any]

@@ -27,7 +27,14 @@ from controller.adapters.store.codec import (
     parse_timestamp,
 )
 from controller.adapters.store.errors import WriteRefused
-from controller.core.ports import NamedRow, NewRow, ObservationError, ResultUpload, SandboxJobRow, StoreSnapshot
+from controller.core.ports import (
+    NamedRow,
+    NewRow,
+    ObservationError,
+    ResultUpload,
+    SandboxJobRow,
+    StoreSnapshot,
+)
 from controller.core.types import RowStatus, Submission
 
 MEMORY = ":memory:"

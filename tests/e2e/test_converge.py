@@ -1,0 +1,50 @@
+"""The main job end to end on the embedded defaults: local scheduler, SQLite store, Harbor-shaped run dirs."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+
+def rows(cluster) -> list[tuple]:
+    with sqlite3.connect(cluster.root / "store.db") as conn:
+        return conn.execute("SELECT job_name, job_status, metrics, stats FROM sandbox_jobs ORDER BY job_name").fetchall()
+
+
+def test_loop_converges_then_a_pass_takes_no_action(cluster):
+    cluster.write(models=["org/a-8B", "org/b-32B"], datasets=["DCAgent/tiny_a", "DCAgent/tiny_b"],
+                  env={"FAKE_HARBOR_TASKS": "6", "FAKE_HARBOR_TRIAL_SECONDS": "0.01"})
+    result = cluster.evalctl("reconcile", "--loop", "--interval", "0.5", "--until-done")
+    assert "converged after" in result.stdout
+    status = json.loads(cluster.evalctl("status", "-o", "json").stdout)["evalruns"][0]
+    assert status["counts"] == {"Completed": 4}
+    assert all(c["score"] is not None for c in status["cells"])
+    stored = rows(cluster)
+    assert [r[1] for r in stored] == ["Finished"] * 4
+    for _, _, metrics, stats in stored:
+        names = [m["name"] for m in json.loads(metrics)]
+        assert names[:2] == ["accuracy", "accuracy_stderr"], "metrics are a LIST of {name, value}"
+        assert "infra_error_breakdown" in json.loads(stats)
+    reports = list(Path(cluster.root / "jobs").glob("*/post_eval_report.txt"))
+    assert len(reports) == 4
+    again = cluster.evalctl("reconcile", "--once")
+    assert "0 action(s) done" in again.stdout and "4 × skip: job finished" in again.stdout
+    assert rows(cluster) == stored
+
+
+def test_too_many_infra_errors_are_resumed_once_then_completed(cluster):
+    cluster.write(models=["org/a-8B"], datasets=["DCAgent/tiny_a"],
+                  env={"FAKE_HARBOR_TASKS": "14", "FAKE_HARBOR_INFRA_ERRORS": "11", "FAKE_HARBOR_TRIAL_SECONDS": "0.01"})
+    result = cluster.evalctl("reconcile", "--loop", "--interval", "0.5", "--until-done")
+    assert "resume: submitted job 2" in result.stdout, result.stdout
+    [(name, status, metrics, stats)] = rows(cluster)
+    assert status == "Finished" and json.loads(stats)["n_infra_errors"] == 0
+    assert len(cluster.scheduler.observe()) == 2, "the original job and exactly one resume"
+
+
+def test_explain_names_the_rule(cluster):
+    cluster.write(models=["org/a-8B"], datasets=["DCAgent/tiny_a"])
+    out = cluster.evalctl("explain", "org/a-8B", "DCAgent/tiny_a").stdout
+    assert "rule:   REFERENCE §2: none → start (no existing job)" in out
+    assert "action: submit: no existing job" in out

@@ -9,8 +9,8 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/slurm-lib.sh"
 lock
-t0=$(date +%s.%N)
-elapsed() { printf '%.2f' "$(echo "$(date +%s.%N) - $t0" | bc)"; }
+t0=$(date +%s%N)
+elapsed() { local ms=$(( ($(date +%s%N) - t0) / 1000000 )); printf '%d.%02d' $((ms / 1000)) $((ms % 1000 / 10)); }
 
 if alive mariadbd && alive slurmdbd && alive slurmctld && alive slurmd && ctld_up && node_ready && munge -n </dev/null >/dev/null 2>&1; then
   echo "slurm-up: already up (SLURM_CONF=$SLURM_CONF)"; exit 0

@@ -1,0 +1,24 @@
+# The two commands of the README, and a few helpers. Every target installs what it needs itself.
+.PHONY: demo test bench crds clean-demo
+
+# Set up, then converge the local demo (3 models × 2 benchmarks) and print the grid.
+demo:
+	./scripts/bootstrap.sh
+	.venv/bin/evalctl reconcile --loop --interval 1 --until-done -f specs/demo.yaml
+
+# Set up, then run the whole test suite.
+test:
+	./scripts/bootstrap.sh
+	.venv/bin/pytest
+
+# Plan-pass timings over a synthetic fleet (1,000 cells, 100,000 trial dirs); prints figures.
+bench:
+	./scripts/bootstrap.sh
+	.venv/bin/python bench/plan_pass.py
+
+# Regenerate the committed CRDs from the pydantic models.
+crds:
+	.venv/bin/evalctl crds > crds/evalrun.io_crds.yaml
+
+clean-demo:
+	rm -rf .evalctl/demo .evalctl/store.db .evalctl/store.db-wal .evalctl/store.db-shm

@@ -1,0 +1,142 @@
+"""Bench: one `plan` pass over a synthetic fleet of ≥1,000 cells and ≥100,000 Harbor trial dirs.
+
+Usage: python bench/plan_pass.py [--root DIR] [--models 25] [--datasets 40] [--trials 100]
+Builds the fleet once (reused while its parameters match), then times a cold pass (page cache
+dropped when we are root; otherwise said so) and a warm pass, each in a fresh process, and prints
+the store queries per pass. Prints figures; asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def build(root: Path, models: int, datasets: int, trials: int) -> None:
+    from datetime import UTC, datetime
+
+    from controller.adapters.store.sqlite import SqliteStore
+    from controller.core.actor import row_config, row_id_for
+    from controller.core.ports import NewRow, ResultUpload
+    from controller.core.types import Metric, RowStatus, Submission
+    from controller.entry.wiring import targets_for
+    from controller.spec.catalog import load_catalog
+    from controller.spec.loader import load_specs
+    from tests.fixtures.harbor_dirs import write_synthetic_run_dir
+
+    stamp = root / "fleet.json"
+    wanted = {"models": models, "datasets": datasets, "trials": trials}
+    if stamp.exists() and json.loads(stamp.read_text()) == wanted:
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    spec = root / "fleet.yaml"
+    spec.write_text(f"""apiVersion: evalrun.io/v1alpha1
+kind: EvalCluster
+metadata: {{name: bench}}
+spec: {{scheduler: {{type: local}}, jobsDir: {root}/jobs, logsDir: {root}/logs, jobScript: /bin/true, username: bench,
+        maxSubmissionsPerPass: 6}}
+---
+apiVersion: evalrun.io/v1alpha1
+kind: EvalRun
+metadata: {{name: fleet}}
+spec:
+  cluster: bench
+  models: {[f"org/model-{i:03d}-8B" for i in range(models)]}
+  datasets: {[f"DCAgent/bench_set_{j:03d}" for j in range(datasets)]}
+""")
+    [target] = targets_for(load_specs([spec], load_catalog()), load_catalog())
+    store = SqliteStore(root / "store.db")
+    now = datetime.now(UTC)
+    started = time.perf_counter()
+    for index, cell in enumerate(target.cells):
+        tag = cell.run_tag(1)
+        write_synthetic_run_dir(root / "jobs" / tag, trials, infra_every=17, benign_every=9, model=cell.model,
+                                dataset=cell.dataset)
+        row_id = row_id_for(tag)
+        store.record_intent(
+            Submission(name=tag, run_tag=tag, evalrun="fleet", cell_key=cell.key, attempt=1, fire=1, row_id=row_id,
+                       job_id=str(index + 1), created_at=now),
+            NewRow(id=row_id, job_name=tag, username="bench", model_name=cell.model,
+                   benchmark_name=cell.benchmark_name, job_status=RowStatus.STARTED, submitted_at=now,
+                   config=row_config(cell, tag)))
+        if index % 5 < 3:  # 60% already uploaded: the planner skips them, the other 40% want an upload
+            store.upload_result(row_id, ResultUpload(metrics=(Metric(name="accuracy", value=0.5),), stats={},
+                                                     n_trials=trials, ended_at=now))
+        if index % 100 == 99:
+            print(f"  built {index + 1}/{len(target.cells)} cells", file=sys.stderr)
+    store.close()
+    print(f"built {len(target.cells)} cells, {len(target.cells) * trials} trial dirs in "
+          f"{time.perf_counter() - started:.1f} s", file=sys.stderr)
+    stamp.write_text(json.dumps(wanted))
+
+
+def measure(root: Path) -> dict:
+    """One plan pass in this process: observe every source once, plan every cell."""
+    from controller.adapters.store.sqlite import SqliteStore
+    from controller.core.reconcile import reconcile_pass
+    from controller.entry.wiring import cluster_ports, targets_for, utc_now
+    from controller.spec.catalog import load_catalog
+    from controller.spec.loader import load_specs
+
+    catalog = load_catalog()
+    specs = load_specs([root / "fleet.yaml"], catalog)
+    store = SqliteStore(root / "store.db", readonly=True)
+    started = time.perf_counter()
+    [result] = reconcile_pass(targets_for(specs, catalog), store, cluster_ports(specs, store, catalog), utc_now(),
+                              act=False)
+    elapsed = time.perf_counter() - started
+    phases: dict[str, int] = {}
+    for cell in result.plan.cells:
+        phases[cell.phase.value] = phases.get(cell.phase.value, 0) + 1
+    return {"seconds": round(elapsed, 2), "store_queries": store.queries, "cells": len(result.plan.cells),
+            "phases": phases}
+
+
+def drop_page_cache() -> bool:
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=Path("/tmp/evalrun-bench"))
+    parser.add_argument("--models", type=int, default=25)
+    parser.add_argument("--datasets", type=int, default=40)
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        print(json.dumps(measure(args.root)))
+        return
+    build(args.root, args.models, args.datasets, args.trials)
+
+    def run() -> dict:
+        out = subprocess.run([sys.executable, __file__, "--measure", "--root", str(args.root)], check=True,
+                             capture_output=True, text=True).stdout
+        return json.loads(out)
+
+    cold_is_cold = drop_page_cache()
+    cold = run()
+    warm = run()
+    trial_dirs = cold["cells"] * args.trials
+    print(f"fleet: {cold['cells']} cells, {trial_dirs} trial dirs ({args.root})")
+    print(f"cold plan pass: {cold['seconds']:.2f} s" + ("" if cold_is_cold else " (page cache NOT dropped: not root)"))
+    print(f"warm plan pass: {warm['seconds']:.2f} s")
+    print(f"store queries per pass: {warm['store_queries']}")
+    print(f"phases: {warm['phases']}")
+
+
+if __name__ == "__main__":
+    main()

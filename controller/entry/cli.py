@@ -34,7 +34,6 @@ DEFAULT_STORE = "sqlite:///.evalctl/store.db"
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Keep LLM agent evaluations on HPC clusters converged on a declared EvalRun spec.")
 out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 
 
 class Output(StrEnum):
@@ -59,16 +58,21 @@ def _exits() -> Iterator[None]:
         yield
     except SpecErrors as exc:
         for error in exc.errors:
-            err.print(str(error), markup=False)
+            _error(str(error))
         raise typer.Exit(2) from None
     except (UsageError, UnsupportedStoreURL) as exc:
-        err.print(f"evalctl: {exc}", markup=False)
+        _error(f"evalctl: {exc}")
         raise typer.Exit(2) from None
     except (MissingSecret, NotImplementedError, OSError, RuntimeError) as exc:
         if os.environ.get("EVALCTL_DEBUG") == "1":
             raise
-        err.print(f"evalctl: {exc}", markup=False)
+        _error(f"evalctl: {exc}")
         raise typer.Exit(1) from None
+
+
+def _error(line: str) -> None:
+    """Errors go out unwrapped, one per line, so editors and CI can jump to FILE:LINE:COL."""
+    print(line, file=sys.stderr)
 
 
 def _load(files: list[Path]) -> SpecSet:

@@ -19,7 +19,6 @@ from controller.core.types import (
     Cell,
     Observation,
     ObservedJob,
-    ObservedRow,
     RunDirFacts,
     Submission,
     run_tag_of,
@@ -141,7 +140,7 @@ def _cell_rows(
     models: Families,
     benchmarks: Families,
     rows_by_pair: dict[tuple[str | None, str | None], list[SandboxJobRow]],
-) -> tuple[ObservedRow, ...]:
+) -> tuple[SandboxJobRow, ...]:
     model_ids = models.ids(cell.model)
     bench_ids = benchmarks.ids(cell.benchmark_name)
     matched = [
@@ -151,21 +150,7 @@ def _cell_rows(
         for row in rows_by_pair.get((model_id, bench_id), ())
         if row_config_matches(row.config, cell)
     ]
-    return tuple(
-        ObservedRow(
-            id=row.id,
-            job_name=row.job_name,
-            username=row.username,
-            job_status=row.job_status,
-            created_at=row.created_at,
-            submitted_at=row.submitted_at,
-            started_at=row.started_at,
-            ended_at=row.ended_at,
-            slurm_job_id=row.slurm_job_id,
-            metrics=row.metrics,
-        )
-        for row in matched
-    )
+    return tuple(matched)
 
 
 def _cell_dirs(

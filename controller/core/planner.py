@@ -35,7 +35,6 @@ from controller.core.types import (
     RunDirFacts,
     Submission,
     run_tag_of,
-    submission_name,
 )
 
 MUTATING = frozenset({ActionKind.SUBMIT, ActionKind.RESUME, ActionKind.CANCEL, ActionKind.ANALYZE, ActionKind.UPLOAD})

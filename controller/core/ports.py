@@ -16,6 +16,7 @@ from controller.core.types import (
     Frozen,
     Metric,
     ObservedJob,
+    ObservedRow,
     RowStatus,
     RunDirFacts,
     Submission,
@@ -37,22 +38,12 @@ class NamedRow(Frozen):
     duplicate_of: str | None = None
 
 
-class SandboxJobRow(Frozen):
-    """A `sandbox_jobs` row as stored (OT-Agent schema), before it is matched to a cell."""
+class SandboxJobRow(ObservedRow):
+    """A `sandbox_jobs` row as stored (OT-Agent schema): what a cell sees, plus what matching needs."""
 
-    id: str
-    job_name: str | None = None
-    username: str | None = None
-    job_status: str | None = None
-    created_at: datetime | None = None
-    submitted_at: datetime | None = None
-    started_at: datetime | None = None
-    ended_at: datetime | None = None
-    slurm_job_id: str | None = None
     model_id: str | None = None
     benchmark_id: str | None = None
     config: dict | None = None
-    metrics: tuple[Metric, ...] | None = None
 
 
 class StoreSnapshot(Frozen):

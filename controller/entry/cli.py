@@ -5,11 +5,10 @@ Exit codes: 0 ok, 1 runtime failure, 2 invalid input (FILE:LINE:COL: message, no
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path

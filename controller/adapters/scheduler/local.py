@@ -13,7 +13,6 @@ State dir layout: `jobs/<id>/job.json` (request, written before the process star
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import signal
 import subprocess

@@ -20,13 +20,14 @@ from datetime import datetime
 
 from controller.core.errors import ErrorClasses
 from controller.core.metrics import run_metrics
-from controller.core.ports import NewRow, RunDirs, Scheduler, Store, SubmitRequest
+from controller.core.ports import NewRow, Scheduler, Store, SubmitRequest
 from controller.core.types import (
     Action,
     ActionKind,
     Cell,
     CellPlan,
     Frozen,
+    Metric,
     Plan,
     RowStatus,
     RunDirFacts,
@@ -77,14 +78,13 @@ class Actor:
         self,
         store: Store,
         scheduler: Scheduler,
-        run_dirs: RunDirs,
         launcher: JobLauncher,
         cell_env: Callable[[Cell, Action], Mapping[str, str]],
         analyze: Callable[[RunDirFacts], None],
         errors: ErrorClasses,
         now: Callable[[], datetime],
     ):
-        self.store, self.scheduler, self.run_dirs = store, scheduler, run_dirs
+        self.store, self.scheduler = store, scheduler
         self.launcher, self.cell_env, self.analyze_dir = launcher, cell_env, analyze
         self.errors, self.now = errors, now
 
@@ -193,9 +193,7 @@ def row_config(cell: Cell, run_tag: str) -> dict:
     return config
 
 
-def _same_metrics(stored: object, written: tuple) -> bool:
-    if not stored:
-        return False
-    got = {m.name: m.value for m in stored}  # type: ignore[attr-defined]
-    return all(got.get(m.name) == m.value for m in written)
+def _same_metrics(stored: tuple[Metric, ...] | None, written: tuple[Metric, ...]) -> bool:
+    got = {m.name: m.value for m in stored or ()}
+    return bool(got) and all(got.get(m.name) == m.value for m in written)
 

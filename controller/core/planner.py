@@ -37,6 +37,7 @@ from controller.core.types import (
     run_tag_of,
 )
 
+STALE_PENDING_CANCEL = "stale pending: cancel the queued job first"
 MUTATING = frozenset({ActionKind.SUBMIT, ActionKind.RESUME, ActionKind.CANCEL, ActionKind.ANALYZE, ActionKind.UPLOAD})
 LAUNCHING = frozenset({ActionKind.SUBMIT, ActionKind.RESUME})
 
@@ -142,7 +143,7 @@ class _CellView:
             if queued_since is not None and self.now - queued_since >= self.policy.stale_pending:
                 attempt = self._next_attempt()
                 actions += [
-                    Action(kind=ActionKind.CANCEL, reason="stale pending: cancel the queued job first",
+                    Action(kind=ActionKind.CANCEL, reason=STALE_PENDING_CANCEL,
                            job_id=job.job_id),
                     self._submit(attempt, f"stale pending: queued since {queued_since:%Y-%m-%d %H:%M}; new attempt"),
                 ]
@@ -240,13 +241,11 @@ class _CellView:
     def _own_row_without_live_job(self, row: ObservedRow) -> CellPlan:
         """Our Pending/Started row and nothing of ours in the queue: the job ended, died or never started."""
         tag = row.job_name or ""
-        subs = [s for s in self.subs if s.run_tag == tag]
-        unsent = [s for s in subs if s.job_id is None and not self._jobs_named(s.name)]
-        if unsent and subs[-1] is unsent[-1]:
-            sub = unsent[-1]
-            action = Action(kind=ActionKind.SUBMIT if sub.fire == 1 else ActionKind.RESUME, run_tag=sub.run_tag,
-                            attempt=sub.attempt, fire=sub.fire, row_id=row.id,
-                            reason=f"intent {sub.name} recorded but no job has that name: finish the submission")
+        last = next((s for s in reversed(self.subs) if s.run_tag == tag), None)
+        if last is not None and last.job_id is None and not self._jobs_named(last.name):
+            action = Action(kind=ActionKind.SUBMIT if last.fire == 1 else ActionKind.RESUME, run_tag=last.run_tag,
+                            attempt=last.attempt, fire=last.fire, row_id=row.id,
+                            reason=f"intent {last.name} recorded but no job has that name: finish the submission")
             return self._result(Phase.PENDING, [action], "submission interrupted before sbatch",
                                 "DESIGN: create-pending protocol, step 2–3 repair")
         facts = self.dirs.get(tag) or RunDirFacts(run_tag=tag, path="")
@@ -380,12 +379,8 @@ def _over_budget(cell_plan: CellPlan, policy: Policy) -> CellPlan:
     """Keep the cell's phase; replace its launch (and the cancel that would precede it) by a wait."""
     wait = Action(kind=ActionKind.WAIT,
                   reason=f"submission cap reached ({policy.max_submissions_per_pass} per pass); next pass")
-    kept = [a for a in cell_plan.actions if a.kind not in LAUNCHING and not _paired_cancel(a, cell_plan)]
+    kept = [a for a in cell_plan.actions if a.kind not in LAUNCHING and a.reason != STALE_PENDING_CANCEL]
     return cell_plan.model_copy(update={"actions": (*kept, wait)})
-
-
-def _paired_cancel(action: Action, cell_plan: CellPlan) -> bool:
-    return action.kind == ActionKind.CANCEL and action.reason.startswith("stale pending")
 
 
 def _suspended(cell_plan: CellPlan) -> CellPlan:

@@ -90,8 +90,7 @@ def _pass(specs: SpecSet, store: Store, *, act: bool) -> list[PassResult]:
                           act=act, holder=process_identity(), holder_is_dead=identity_is_dead)
 
 
-def _plans(files: list[Path], store_url: str | None) -> list[Plan]:
-    specs = _load(files)
+def _plans(specs: SpecSet, store_url: str | None) -> list[Plan]:
     store = _store(store_url, readonly=True)
     try:
         return [r.plan for r in _pass(specs, store, act=False)]
@@ -115,7 +114,7 @@ def plan(files: Files = [], store: StoreURL = None, output: Annotated[Output, ty
     """Show what one pass would do. No side effects."""
     configure_logging(verbose)
     with _exits():
-        plans = _plans(files, store)
+        plans = _plans(_load(files), store)
         if output == Output.json:
             print(render.plan_json(plans))
         else:
@@ -142,7 +141,7 @@ def reconcile(
             raise UsageError("--once and --loop exclude each other")
         specs = _load(files)
         if dry_run:
-            for p in _plans(files, store):
+            for p in _plans(specs, store):
                 render.plan_table(p, out)
             return
         the_store = _store(store, readonly=False)
@@ -176,7 +175,7 @@ def status(
     configure_logging(verbose)
     with _exits():
         while True:
-            plans = _plans(files, store)
+            plans = _plans(_load(files), store)
             if output == Output.json:
                 print(render.status_json(plans))
             else:
@@ -200,7 +199,7 @@ def explain(
     """Why the planner decides what it does for one cell."""
     configure_logging(verbose)
     with _exits():
-        matches = [c for p in _plans(files, store) for c in p.cells if c.cell.model == model
+        matches = [c for p in _plans(_load(files), store) for c in p.cells if c.cell.model == model
                    and benchmark in (c.cell.benchmark, c.cell.dataset, c.cell.benchmark_name)]
         if not matches:
             raise UsageError(f"no cell {model} × {benchmark} in these specs")

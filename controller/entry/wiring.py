@@ -83,7 +83,7 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog) -> dict[str, C
         run_dirs = HarborRunDirs(jobs_dir, errors)
 
         def actor_for(target: RunTarget, cluster: LoadedCluster = cluster, scheduler: LocalScheduler = scheduler,
-                      run_dirs: HarborRunDirs = run_dirs, jobs_dir: str = jobs_dir, logs_dir: str = logs_dir) -> Actor:
+                      jobs_dir: str = jobs_dir, logs_dir: str = logs_dir) -> Actor:
             run = runs_by_name[target.evalrun]
             cspec = cluster.cluster.spec
             launcher = JobLauncher(script=cluster.job_script, logs_dir=logs_dir, time_limit=cspec.time_limit,
@@ -98,7 +98,7 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog) -> dict[str, C
             def analyze(facts: RunDirFacts) -> None:
                 write_post_eval_report(facts.path, facts, errors)
 
-            return Actor(store, scheduler, run_dirs, launcher, cell_env, analyze, errors, utc_now)
+            return Actor(store, scheduler, launcher, cell_env, analyze, errors, utc_now)
 
         ports[name] = ClusterPorts(scheduler=scheduler, run_dirs=run_dirs, actor_for=actor_for)
     return ports

@@ -172,3 +172,11 @@ def test_never_two_launches_and_never_an_action_on_unknown(observation, hours_la
     if live:
         assert not launches or any(a.kind.value == "cancel" and a.job_id == live[0].job_id for a in decided.actions), \
             "a launch while a job of the cell is live must be preceded by cancelling it"
+
+
+def test_over_budget_stale_pending_keeps_its_job_instead_of_cancelling_it():
+    """The cancel of a stale-pending job only makes sense with the resubmission it precedes."""
+    stale = obs(rows=(row("Pending", job_name=TAG, submitted=ago(hours=7)),), subs=(sub(C, created=ago(hours=7)),),
+                jobs=(job(TAG, JobState.QUEUED),))
+    [decided] = plan("run1", [C], [stale], POLICY, NOW, budget=0).cells
+    assert kinds(decided) == ["wait"] and "cap" in decided.actions[0].reason

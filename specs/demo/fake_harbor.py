@@ -8,7 +8,7 @@ in Harbor 0.25's layout (naive ISO timestamps) so the reconciler can be tested e
 GPUs, vLLM or Daytona.
 
 Tasks: the subdirectories of <dataset> when it is a directory, else FAKE_HARBOR_TASKS (default 8)
-tasks task-000...; each run n_attempts times. Rewards are a deterministic hash of (model, task,
+tasks task-000...; each run n_attempts times. Rewards are a deterministic hash of (model, benchmark, task,
 attempt). By default ~1 in 8 trials hit AgentTimeoutError (graded, reward 0.0) and ~1 in 12 a
 DaytonaError (no reward), capped below the default infra threshold of 10.
 
@@ -193,7 +193,7 @@ class FakeJob:
         })
         agent_done = now()
         exception = None
-        reward: float | None = 1.0 if unit("reward", self.model, task, attempt) < self.pass_rate() else 0.0
+        reward: float | None = 1.0 if unit("reward", self.model, self.benchmark_name, task, attempt) < self.pass_rate() else 0.0
         if infra:
             exception, reward = ("DaytonaError", "Failed to create sandbox: 503 Service Unavailable"), None
         elif unit("benign", self.model, task, attempt) < BENIGN_RATE:
@@ -236,7 +236,7 @@ class FakeJob:
         return result
 
     def pass_rate(self) -> float:
-        return 0.25 + 0.5 * unit("skill", self.model)  # different models, different (stable) scores
+        return 0.25 + 0.5 * unit("skill", self.model, self.benchmark_name)  # stable per model and benchmark
 
     # ------------------------------------------------------------------ resume
 

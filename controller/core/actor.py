@@ -32,6 +32,7 @@ from controller.core.types import (
     RowStatus,
     RunDirFacts,
     Submission,
+    TunnelLease,
     submission_name,
 )
 
@@ -102,6 +103,9 @@ class Actor:
                 self.store.record_job_id(update.submission_name, update.job_id, update.row_id)
             if update.row_id and update.status:
                 self.store.update_row_status(update.row_id, update.status, started_at=update.started_at)
+        for lease in cell_plan.tunnel_releases:
+            self.store.release_tunnel(lease.pair, lease.holder)
+            log.info("pinggy pair released", extra={"cell": label, "pair": lease.pair, "job": lease.holder})
         for action in cell_plan.actions:
             if action.kind in (ActionKind.WAIT, ActionKind.SKIP, ActionKind.HOLD):
                 continue
@@ -141,6 +145,9 @@ class Actor:
         new_row = None if action.row_id else self._pending_row(cell, action.run_tag, row_id, now)
         self.store.record_intent(submission, new_row)
         kill_point("after-intent")
+        if action.tunnel is not None and not self.store.take_tunnel(
+                TunnelLease(pair=action.tunnel, holder=name, evalrun=cell.evalrun, leased_at=now)):
+            raise RuntimeError(f"pinggy pair {action.tunnel} was just leased to another job; next pass")
         existing = self.scheduler.find(name)
         if existing is not None:
             self.store.record_job_id(name, existing.job_id, row_id)

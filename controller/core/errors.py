@@ -31,6 +31,10 @@ class ErrorClasses(Frozen):
         description="benign only when the trial still got a reward (a graded AgentTimeoutError is a 0; "
         "an ungraded one is an ordinary error)",
     )
+    interrupted: frozenset[str] = Field(
+        frozenset(),
+        description="a cancel cut the trial off: `harbor jobs resume` re-runs it, so it is not completed",
+    )
 
     @property
     def known(self) -> tuple[str, ...]:

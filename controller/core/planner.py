@@ -34,10 +34,13 @@ from controller.core.types import (
     RowUpdate,
     RunDirFacts,
     Submission,
+    TunnelLease,
     run_tag_of,
+    submission_name,
 )
 
 STALE_PENDING_CANCEL = "stale pending: cancel the queued job first"
+OVER_BUDGET = "submission budget used up (maxSubmissionsPerPass / submissionsPerMinute); next pass"
 MUTATING = frozenset({ActionKind.SUBMIT, ActionKind.RESUME, ActionKind.CANCEL, ActionKind.ANALYZE, ActionKind.UPLOAD})
 LAUNCHING = frozenset({ActionKind.SUBMIT, ActionKind.RESUME})
 
@@ -61,6 +64,7 @@ class Policy(Frozen):
     upload_db: bool = True
     min_completed_fraction: float = 0.5
     max_submissions_per_pass: int = 6
+    tunnel_pairs: tuple[str, ...] = ()
 
 
 def plan(
@@ -70,24 +74,37 @@ def plan(
     policy: Policy,
     now: datetime,
     budget: int | None = None,
+    tunnel_leases: Sequence[TunnelLease] = (),
 ) -> Plan:
-    """Decide every cell; `budget` (default: the policy's per-pass cap) limits submit/resume actions."""
+    """Decide every cell, then share out what is scarce: launches (`budget`, default the policy's
+    per-pass cap) and pinggy pairs (`policy.tunnel_pairs` minus those leased to live jobs)."""
+    decided = [plan_cell(cell, obs, policy, now, tunnel_leases) for cell, obs in zip(cells, observations, strict=True)]
+    released = {(lease.pair, lease.holder) for cell_plan in decided for lease in cell_plan.tunnel_releases}
+    holders = {lease.pair: lease.holder for lease in tunnel_leases if (lease.pair, lease.holder) not in released}
     remaining = policy.max_submissions_per_pass if budget is None else budget
     planned = []
-    for cell, obs in zip(cells, observations, strict=True):
-        cell_plan = plan_cell(cell, obs, policy, now)
-        if any(a.kind in LAUNCHING for a in cell_plan.actions):
-            if remaining <= 0:
-                cell_plan = _over_budget(cell_plan, policy)
+    for cell_plan in decided:
+        launch = next((a for a in cell_plan.actions if a.kind in LAUNCHING), None)
+        if launch is not None:
+            pair = _pair_for(launch, policy, holders) if cell_plan.cell.needs_pinggy else None
+            if cell_plan.cell.needs_pinggy and pair is None:
+                cell_plan = _without_launch(cell_plan, _no_pair(policy, holders))
+            elif remaining <= 0:
+                cell_plan = _without_launch(cell_plan, Action(kind=ActionKind.WAIT, reason=OVER_BUDGET))
             else:
                 remaining -= 1
+                if pair is not None:
+                    holders[pair] = _holder(launch)
+                    cell_plan = _with_tunnel(cell_plan, pair)
         if policy.suspend:
             cell_plan = _suspended(cell_plan)
         planned.append(cell_plan)
     return Plan(evalrun=evalrun, cells=tuple(planned), suspended=policy.suspend)
 
 
-def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime) -> CellPlan:
+def plan_cell(
+    cell: Cell, obs: Observation, policy: Policy, now: datetime, tunnel_leases: Sequence[TunnelLease] = ()
+) -> CellPlan:
     if obs.rows is None or obs.submissions is None or obs.jobs is None or obs.run_dirs is None:
         return CellPlan(
             cell=cell,
@@ -98,9 +115,9 @@ def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime) -> Ce
         )
     view = _CellView(cell, obs, policy, now)
     live = [job for job in obs.jobs if job.state.active]
-    if live:
-        return view.in_flight(live)
-    return view.settled()
+    decided = view.in_flight(live) if live else view.settled()
+    ended = view.ended_tunnels(tunnel_leases)
+    return decided.model_copy(update={"tunnel_releases": ended}) if ended else decided
 
 
 class _CellView:
@@ -294,6 +311,21 @@ class _CellView:
         return self._result(Phase.EVALUATED, [analyze, upload], f"{verdict.reason}: analyze and upload", rule,
                             facts=facts)
 
+    def ended_tunnels(self, leases: Sequence[TunnelLease]) -> tuple[TunnelLease, ...]:
+        """Our leases whose job has ended (it was launched and nothing by its name is live any more).
+
+        A lease whose submission never reached sbatch is kept: the repair of that submission reuses it.
+        """
+        subs = {s.name: s for s in self.subs}
+        ended = []
+        for lease in leases:
+            sub = subs.get(lease.holder)
+            jobs = self._jobs_named(lease.holder)
+            launched = sub is not None and (sub.job_id is not None or bool(jobs))
+            if launched and not any(job.state.active for job in jobs):
+                ended.append(lease)
+        return tuple(ended)
+
     # ------------------------------------------------------------------ helpers
 
     def _classify(self, facts: RunDirFacts, job: ObservedJob | None) -> DirClass:
@@ -375,12 +407,36 @@ class _CellView:
 # ---------------------------------------------------------------------- caps
 
 
-def _over_budget(cell_plan: CellPlan, policy: Policy) -> CellPlan:
-    """Keep the cell's phase; replace its launch (and the cancel that would precede it) by a wait."""
-    wait = Action(kind=ActionKind.WAIT,
-                  reason=f"submission cap reached ({policy.max_submissions_per_pass} per pass); next pass")
+def _without_launch(cell_plan: CellPlan, instead: Action) -> CellPlan:
+    """Keep the cell's phase; replace its launch (and the cancel that would precede it) by `instead`."""
     kept = [a for a in cell_plan.actions if a.kind not in LAUNCHING and a.reason != STALE_PENDING_CANCEL]
-    return cell_plan.model_copy(update={"actions": (*kept, wait)})
+    return cell_plan.model_copy(update={"actions": (*kept, instead)})
+
+
+def _holder(launch: Action) -> str:
+    assert launch.run_tag is not None and launch.fire is not None
+    return submission_name(launch.run_tag, launch.fire)
+
+
+def _pair_for(launch: Action, policy: Policy, holders: dict[str, str]) -> str | None:
+    """The pair this submission already holds (a repaired submission), else the first free one."""
+    holder = _holder(launch)
+    own = next((pair for pair, held_by in holders.items() if held_by == holder), None)
+    return own or next((pair for pair in policy.tunnel_pairs if pair not in holders), None)
+
+
+def _no_pair(policy: Policy, holders: dict[str, str]) -> Action:
+    if not policy.tunnel_pairs:
+        return Action(kind=ActionKind.HOLD, reason="installed-agent harness needs a pinggy pair; "
+                                                   "add spec.pinggy.pairs to the EvalRun")
+    busy = sum(1 for pair in policy.tunnel_pairs if pair in holders)
+    return Action(kind=ActionKind.WAIT, reason=f"waiting for a free pinggy pair ({busy} of "
+                                               f"{len(policy.tunnel_pairs)} in use by running jobs)")
+
+
+def _with_tunnel(cell_plan: CellPlan, pair: str) -> CellPlan:
+    actions = tuple(a.model_copy(update={"tunnel": pair}) if a.kind in LAUNCHING else a for a in cell_plan.actions)
+    return cell_plan.model_copy(update={"actions": actions})
 
 
 def _suspended(cell_plan: CellPlan) -> CellPlan:
@@ -389,7 +445,7 @@ def _suspended(cell_plan: CellPlan) -> CellPlan:
                row_id=a.row_id) if a.kind in MUTATING else a
         for a in cell_plan.actions
     )
-    return cell_plan.model_copy(update={"actions": held, "row_updates": ()})
+    return cell_plan.model_copy(update={"actions": held, "row_updates": (), "tunnel_releases": ()})
 
 
 # ---------------------------------------------------------------------- formatting

@@ -20,6 +20,7 @@ from controller.core.types import (
     RowStatus,
     RunDirFacts,
     Submission,
+    TunnelLease,
 )
 
 
@@ -53,6 +54,7 @@ class StoreSnapshot(Frozen):
     benchmarks: tuple[NamedRow, ...]
     rows: tuple[SandboxJobRow, ...]
     submissions: tuple[Submission, ...]
+    tunnel_leases: tuple[TunnelLease, ...] = Field((), description="every pinggy lease, of every EvalRun")
 
 
 class NewRow(Frozen):
@@ -122,6 +124,14 @@ class Store(Protocol):
         ...
 
     def release_lease(self, name: str, holder: str) -> None: ...
+
+    def take_tunnel(self, lease: TunnelLease) -> bool:
+        """Lease a pinggy pair to `lease.holder`; True if it is now theirs (already theirs included)."""
+        ...
+
+    def release_tunnel(self, pair: str, holder: str) -> None:
+        """Give a pair back; only the holder's lease is dropped, twice is a no-op."""
+        ...
 
     def close(self) -> None: ...
 

@@ -25,6 +25,7 @@ from controller.core.types import Cell, Frozen, ObservedJob, Plan, RunDirFacts
 
 log = logging.getLogger("evalctl.reconcile")
 LEASE_TTL = timedelta(minutes=10)
+RATE_WINDOW = timedelta(minutes=1)
 
 
 class RunTarget(Frozen):
@@ -45,10 +46,12 @@ class PassResult(Frozen):
 
 
 class ClusterPorts:
-    """The adapters of one cluster, plus how to build an Actor for a run on it."""
+    """The adapters of one cluster, how to build an Actor for a run on it, and its submission rate."""
 
-    def __init__(self, scheduler: Scheduler, run_dirs: RunDirs, actor_for: Callable[[RunTarget], Actor]):
+    def __init__(self, scheduler: Scheduler, run_dirs: RunDirs, actor_for: Callable[[RunTarget], Actor],
+                 submissions_per_minute: int):
         self.scheduler, self.run_dirs, self.actor_for = scheduler, run_dirs, actor_for
+        self.submissions_per_minute = submissions_per_minute
 
 
 def reconcile_pass(
@@ -67,19 +70,21 @@ def reconcile_pass(
     """
     jobs: dict[str, tuple[ObservedJob, ...] | ObservationError] = {}
     dirs: dict[str, tuple[RunDirFacts, ...] | ObservationError] = {}
-    budgets = {name: None for name in clusters}  # per-cluster submission budget shared by its EvalRuns
+    budgets: dict[str, int] = {}  # per-cluster submission budget, shared by the EvalRuns on it
     results = []
     for target in targets:
         ports = clusters[target.cluster]
         if target.cluster not in jobs:
             jobs[target.cluster] = _read(ports.scheduler.observe)
             dirs[target.cluster] = _read(ports.run_dirs.observe)
+            budgets[target.cluster] = rate_budget(jobs[target.cluster], ports.submissions_per_minute, now)
         snapshot = _read(lambda t=target: store.observe(t.evalrun, _models(t), _benchmarks(t)))
         observations = _observe(target, snapshot, jobs[target.cluster], dirs[target.cluster])
-        budget = budgets[target.cluster]
-        the_plan = plan(target.evalrun, target.cells, observations, target.policy, now, budget=budget)
-        launched = sum(1 for c in the_plan.cells for a in c.actions if a.kind in LAUNCHING)
-        budgets[target.cluster] = (target.policy.max_submissions_per_pass if budget is None else budget) - launched
+        budget = min(budgets[target.cluster], target.policy.max_submissions_per_pass)
+        leases = snapshot.tunnel_leases if isinstance(snapshot, StoreSnapshot) else ()
+        the_plan = plan(target.evalrun, target.cells, observations, target.policy, now, budget=budget,
+                        tunnel_leases=leases)
+        budgets[target.cluster] -= sum(1 for c in the_plan.cells for a in c.actions if a.kind in LAUNCHING)
         if not act or the_plan.suspended:
             results.append(PassResult(evalrun=target.evalrun, plan=the_plan, note="suspended" if act else "plan"))
             continue
@@ -94,6 +99,17 @@ def reconcile_pass(
             store.release_lease(lease, holder)
         results.append(PassResult(evalrun=target.evalrun, plan=the_plan, outcomes=tuple(outcomes), acted=True))
     return results
+
+
+def rate_budget(jobs: object, per_minute: int, now: datetime) -> int:
+    """Submissions the cluster's rate still allows: its cap minus our jobs submitted in the last minute.
+
+    The queue itself remembers what was submitted, so the rate holds across passes and processes.
+    """
+    if isinstance(jobs, ObservationError):
+        return 0  # its cells are Unknown: nothing is launched anyway
+    recent = sum(1 for job in jobs if job.submitted_at is not None and now - job.submitted_at < RATE_WINDOW)
+    return max(per_minute - recent, 0)
 
 
 def _take_lease(store: Store, lease: str, holder: str, holder_is_dead: Callable[[str], bool], now: datetime) -> bool:

@@ -72,6 +72,22 @@ class Cell(Frozen):
         return int(rest) if rest != run_tag and rest.isdigit() else None
 
 
+def walltime_seconds(text: str) -> int:
+    """SLURM walltime syntax → seconds: `MM`, `HH:MM:SS`, `D-HH:MM:SS`."""
+    days = 0
+    if "-" in text:
+        day_text, text = text.split("-", 1)
+        days = int(day_text)
+    parts = [int(p) for p in text.split(":")]
+    if len(parts) == 1:
+        seconds = parts[0] * 60
+    else:
+        while len(parts) < 3:
+            parts.insert(0, 0)
+        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
+    return days * 86400 + seconds
+
+
 RUN_TAG_PREFIX = "ev_"
 
 
@@ -203,6 +219,15 @@ class Submission(Frozen):
     created_at: datetime
 
 
+class TunnelLease(Frozen):
+    """A pinggy pair handed to one submission (its job), recorded in the store so no two jobs share it."""
+
+    pair: str
+    holder: str = Field(description="submission name of the job that uses the pair")
+    evalrun: str
+    leased_at: datetime
+
+
 class Observation(Frozen):
     """Everything observed about one cell in one pass. `None` means the source could not be read."""
 
@@ -247,6 +272,7 @@ class Action(Frozen):
     fire: int | None = None
     job_id: str | None = None
     row_id: str | None = None
+    tunnel: str | None = Field(None, description="pinggy pair the launched job uses (installed-agent cells)")
 
     def render(self) -> str:
         return f"{self.kind.value}: {self.reason}"
@@ -273,6 +299,7 @@ class CellPlan(Frozen):
     reason: str
     rule: str = Field(description="the REFERENCE.md row that decided, for `evalctl explain`")
     row_updates: tuple[RowUpdate, ...] = ()
+    tunnel_releases: tuple[TunnelLease, ...] = Field((), description="leases whose job has ended")
     run_dir: RunDirFacts | None = None
     score: float | None = None
 

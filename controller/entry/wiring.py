@@ -5,19 +5,25 @@ The only place that knows which backend implements which port.
 
 from __future__ import annotations
 
+import functools
 import getpass
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
+from urllib.parse import urlsplit
+
+from fsspec import AbstractFileSystem
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.report import write_post_eval_report
+from controller.adapters.scheduler.commands import LocalCommands
 from controller.adapters.scheduler.local import LocalScheduler
+from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
 from controller.core.actor import Actor, JobLauncher
 from controller.core.job_env import job_environment
 from controller.core.planner import Policy
-from controller.core.ports import Store
+from controller.core.ports import Scheduler, Store
 from controller.core.reconcile import ClusterPorts, RunTarget
 from controller.core.types import Action, Cell, RunDirFacts
 from controller.spec.catalog import Catalog
@@ -56,6 +62,7 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster) -> Policy:
         upload_db=spec.upload.db,
         min_completed_fraction=spec.upload.min_completed_fraction,
         max_submissions_per_pass=cspec.max_submissions_per_pass,
+        tunnel_pairs=tuple(pair.name for pair in spec.pinggy.pairs),
     )
 
 
@@ -77,12 +84,10 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog) -> dict[str, C
         cspec = cluster.cluster.spec
         jobs_dir = cluster.path(cspec.jobs_dir)
         logs_dir = cluster.path(cspec.logs_dir)
-        if cspec.scheduler.type != "local":
-            raise NotImplementedError("scheduler type 'slurm' is not available in this release")
-        scheduler = LocalScheduler(os.path.join(logs_dir, ".local-scheduler"))
-        run_dirs = HarborRunDirs(jobs_dir, errors)
+        scheduler = scheduler_for(cluster, logs_dir)
+        run_dirs = HarborRunDirs(jobs_dir, errors, fs=run_dirs_fs(cluster, jobs_dir))
 
-        def actor_for(target: RunTarget, cluster: LoadedCluster = cluster, scheduler: LocalScheduler = scheduler,
+        def actor_for(target: RunTarget, cluster: LoadedCluster = cluster, scheduler: Scheduler = scheduler,
                       jobs_dir: str = jobs_dir, logs_dir: str = logs_dir) -> Actor:
             run = runs_by_name[target.evalrun]
             cspec = cluster.cluster.spec
@@ -91,17 +96,61 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog) -> dict[str, C
                                    env={**cspec.env, **resolve_secret_env(cluster)})
 
             def cell_env(cell: Cell, action: Action) -> Mapping[str, str]:
-                return job_environment(cell, jobs_dir=jobs_dir, username=username_of(cluster),
-                                       gpu_memory_util=cspec.gpu_memory_util,
-                                       infra_error_threshold=run.run.spec.resume.infra_error_threshold)
+                env = job_environment(cell, jobs_dir=jobs_dir, username=username_of(cluster),
+                                      gpu_memory_util=cspec.gpu_memory_util,
+                                      infra_error_threshold=run.run.spec.resume.infra_error_threshold)
+                return env | (pinggy_env(run, action.tunnel) if action.tunnel else {})
 
             def analyze(facts: RunDirFacts) -> None:
-                write_post_eval_report(facts.path, facts, errors)
+                remote = run_dirs_fs(cluster, jobs_dir)
+                write_post_eval_report(facts.path, facts, errors, fs=remote() if remote else None)
 
             return Actor(store, scheduler, launcher, cell_env, analyze, errors, utc_now)
 
-        ports[name] = ClusterPorts(scheduler=scheduler, run_dirs=run_dirs, actor_for=actor_for)
+        ports[name] = ClusterPorts(scheduler=scheduler, run_dirs=run_dirs, actor_for=actor_for,
+                                   submissions_per_minute=cspec.scheduler.submissions_per_minute)
     return ports
+
+
+def scheduler_for(cluster: LoadedCluster, logs_dir: str) -> Scheduler:
+    cspec = cluster.cluster.spec
+    if cspec.scheduler.type == "local":
+        return LocalScheduler(os.path.join(logs_dir, ".local-scheduler"))
+    options = SlurmOptions(partition=cspec.partition, account=cspec.account, reservation=cspec.reservation,
+                           qos=cspec.qos, gpus_per_job=cspec.gpus_per_job)
+    if cspec.scheduler.ssh:  # commands run on the login node, as its login user (asked there: `id -un`)
+        # imported here: paramiko costs ~0.5 s of CLI start-up, paid only for clusters reached over ssh
+        from controller.adapters.remote.ssh import SshCommands
+
+        commands = SshCommands(cspec.scheduler.ssh, config_file=ssh_config_of(cluster))
+        return SlurmScheduler(commands, options, logs_dir=logs_dir, user=None)
+    return SlurmScheduler(LocalCommands(), options, logs_dir=logs_dir, user=getpass.getuser())
+
+
+def ssh_config_of(cluster: LoadedCluster) -> str | None:
+    """The cluster's sshConfig, relative to its spec file; None: ssh's default (~/.ssh/config)."""
+    config = cluster.cluster.spec.scheduler.ssh_config
+    return cluster.path(os.path.expanduser(config)) if config else None
+
+
+def run_dirs_fs(cluster: LoadedCluster, jobs_dir: str) -> Callable[[], AbstractFileSystem] | None:
+    """How a cluster reached over ssh reads its run dirs: a plain jobsDir path is on the login node, so sftp
+    there (host key checked), connected lazily (an unreachable host makes a pass unknown, not the CLI fail).
+    None: read them as the path or URL says (this host, or the URL's filesystem)."""
+    ssh = cluster.cluster.spec.scheduler.ssh
+    if jobs_dir.startswith("sftp://"):  # fsspec's own sftp accepts any host key: use the checked one
+        ssh = urlsplit(jobs_dir).netloc
+    elif not ssh or "://" in jobs_dir:
+        return None
+    from controller.adapters.remote.ssh import sftp_filesystem
+
+    return functools.partial(sftp_filesystem, ssh, config_file=ssh_config_of(cluster))
+
+
+def pinggy_env(run: LoadedRun, pair_name: str) -> dict[str, str]:
+    """EVAL_PINGGY_URL / EVAL_PINGGY_TOKEN of the leased pair; the token is read only now, at submit."""
+    pair = next(p for p in run.run.spec.pinggy.pairs if p.name == pair_name)
+    return {"EVAL_PINGGY_URL": pair.url or "", "EVAL_PINGGY_TOKEN": secret_value(pair.secret_ref, f"pinggy pair {pair.name}")}
 
 
 def secret_variable(ref: SecretRef) -> str:
@@ -109,12 +158,13 @@ def secret_variable(ref: SecretRef) -> str:
     return "EVALCTL_SECRET_" + re.sub(r"[^A-Za-z0-9]", "_", f"{ref.name}_{ref.key}").upper()
 
 
+def secret_value(ref: SecretRef, what: str) -> str:
+    variable = secret_variable(ref)
+    if variable not in os.environ:
+        raise MissingSecret(f"{what}: set {variable} (secret {ref.name!r}, key {ref.key!r})")
+    return os.environ[variable]
+
+
 def resolve_secret_env(cluster: LoadedCluster) -> dict[str, str]:
-    values = {}
-    for item in cluster.cluster.spec.secret_env:
-        variable = secret_variable(item.secret_ref)
-        if variable not in os.environ:
-            raise MissingSecret(f"secretEnv {item.name}: set {variable} (secret {item.secret_ref.name!r}, "
-                                f"key {item.secret_ref.key!r})")
-        values[item.name] = os.environ[variable]
-    return values
+    return {item.name: secret_value(item.secret_ref, f"secretEnv {item.name}")
+            for item in cluster.cluster.spec.secret_env}

@@ -116,7 +116,7 @@ class SizePolicy(CatalogModel):
 
     def size_b(self, model: str) -> float | None:
         """Largest size token in the model name, in billions (`Qwen3-30B-A3B` → 30)."""
-        sizes = [float(m.group(1)) for m in re.finditer(self.size_token, model, re.I)]
+        sizes = [float(m.group(1)) for m in re.finditer(self.size_token, model, re.IGNORECASE)]
         return max(sizes, default=None)
 
     def choose(self, model: str) -> SizeChoice:

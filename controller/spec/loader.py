@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from controller.core.types import walltime_seconds
 from controller.spec.catalog import Catalog, load_catalog
 from controller.spec.diagnose import validate
 from controller.spec.errors import SpecError, SpecErrors, format_errors
@@ -31,7 +32,7 @@ __all__ = [
     "parse_resource",
 ]
 
-KINDS: dict[str, type[EvalCluster] | type[EvalRun]] = {"EvalCluster": EvalCluster, "EvalRun": EvalRun}
+KINDS: dict[str, type[EvalCluster | EvalRun]] = {"EvalCluster": EvalCluster, "EvalRun": EvalRun}
 
 
 class Loaded(BaseModel):
@@ -168,10 +169,25 @@ def _cross_check(
             )
             errors.append(document.error(("metadata", "name"), message))
         first.setdefault(key, document)
+    clusters = {r.metadata.name: r for r, _, _ in parsed if isinstance(r, EvalCluster)}
     for resource, document, _ in parsed:
         if isinstance(resource, EvalRun):
             errors += _check_run(resource, document, declared, catalog)
+            if resource.spec.cluster in clusters:
+                errors += _check_walltime(resource, document, clusters[resource.spec.cluster])
     return errors
+
+
+def _check_walltime(run: EvalRun, document: Document, cluster: EvalCluster) -> list[SpecError]:
+    """A pre-walltime margin as long as the walltime would cancel every job the moment it starts."""
+    margin = run.spec.monitor.pre_walltime_minutes
+    limit_minutes = walltime_seconds(cluster.spec.time_limit) / 60
+    if margin < limit_minutes:
+        return []
+    message = (f"monitor.preWalltimeMinutes ({margin:g}) is not shorter than cluster {cluster.metadata.name}'s "
+               f"timeLimit ({cluster.spec.time_limit} = {limit_minutes:g} min): every job would be cancelled as it "
+               f"starts; lower preWalltimeMinutes (e.g. {max(limit_minutes // 4, 0):g}) or raise timeLimit")
+    return [document.error(("spec", "monitor", "preWalltimeMinutes"), message)]
 
 
 def _check_run(run: EvalRun, document: Document, declared: set[str] | None, catalog: Catalog) -> list[SpecError]:

@@ -24,7 +24,7 @@ NonNegativeFloat = Annotated[float, Field(ge=0)]
 PositiveInt = Annotated[int, Field(gt=0)]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-SECRET_LOOKING_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_KEY|CREDENTIAL)", re.I)
+SECRET_LOOKING_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_KEY|CREDENTIAL)", re.IGNORECASE)
 WALLTIME = re.compile(r"(\d+-)?\d{1,3}:[0-5]\d:[0-5]\d|\d+")
 
 
@@ -89,12 +89,15 @@ class SchedulerSpec(SpecModel):
 
     type: Literal["local", "slurm"] = Field(description="local: detached subprocesses on this host; slurm: sbatch.")
     ssh: str | None = Field(None, description="Run scheduler commands on this login host over ssh (slurm only).")
+    ssh_config: str | None = Field(None, description="ssh_config file for the ssh host alias (default: ~/.ssh/config)")
     submissions_per_minute: PositiveInt = Field(6, description="Per-cluster submission rate cap.")
 
     @model_validator(mode="after")
     def _ssh_needs_slurm(self) -> SchedulerSpec:
         if self.ssh and self.type != "slurm":
             raise entry_error(("ssh", "[key]"), "ssh_needs_slurm", "ssh is only supported with type: slurm")
+        if self.ssh_config and not self.ssh:
+            raise entry_error(("sshConfig", "[key]"), "ssh_config_needs_ssh", "sshConfig is only valid with ssh")
         return self
 
 

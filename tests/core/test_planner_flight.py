@@ -115,7 +115,7 @@ def test_submission_budget_caps_launches_per_pass():
                     NOW)
     launched = [c for c in the_plan.cells if "submit" in kinds(c)]
     assert len(launched) == 3
-    assert all(kinds(c) == ["wait"] and "cap" in c.actions[0].reason for c in the_plan.cells if c not in launched)
+    assert all(kinds(c) == ["wait"] and "budget used up" in c.actions[0].reason for c in the_plan.cells if c not in launched)
 
 
 def test_suspend_turns_every_mutation_into_a_hold():
@@ -179,4 +179,4 @@ def test_over_budget_stale_pending_keeps_its_job_instead_of_cancelling_it():
     stale = obs(rows=(row("Pending", job_name=TAG, submitted=ago(hours=7)),), subs=(sub(C, created=ago(hours=7)),),
                 jobs=(job(TAG, JobState.QUEUED),))
     [decided] = plan("run1", [C], [stale], POLICY, NOW, budget=0).cells
-    assert kinds(decided) == ["wait"] and "cap" in decided.actions[0].reason
+    assert kinds(decided) == ["wait"] and "budget used up" in decided.actions[0].reason

@@ -8,7 +8,8 @@ from pathlib import Path
 from controller.adapters.store.sqlite import SqliteStore
 from tests.fixtures.legacy_db import Families, LegacyDB
 
-ALL_TABLES = {"models", "benchmarks", "sandbox_jobs", "evalrun_submissions", "evalrun_leases"}
+ALL_TABLES = {"models", "benchmarks", "sandbox_jobs", "evalrun_submissions", "evalrun_leases",
+              "evalrun_tunnel_leases"}
 
 
 def schema(path: Path) -> list[tuple]:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
+
+from fsspec import AbstractFileSystem
 
 from controller.adapters.rundirs.harbor_format import (
     dataset_basename,
@@ -31,16 +33,35 @@ log = logging.getLogger(__name__)
 
 
 class HarborRunDirs:
-    """Every run dir under `jobs_dir` (a local path or an fsspec URL), reduced to `RunDirFacts`."""
+    """Every run dir under `jobs_dir` (a local path or an fsspec URL), reduced to `RunDirFacts`.
 
-    def __init__(self, jobs_dir: str, errors: ErrorClasses) -> None:
+    `fs` reads a plain `jobs_dir` through that fsspec filesystem instead of the local disk (run dirs on a login
+    node, over sftp). It may also be a zero-argument factory, called at every `observe()`: a connection that
+    cannot be made (host down, host key refused) then makes that pass's observation unknown instead of failing
+    at construction, and a cached-but-dead connection is replaced.
+    """
+
+    def __init__(self, jobs_dir: str, errors: ErrorClasses,
+                 fs: AbstractFileSystem | Callable[[], AbstractFileSystem] | None = None) -> None:
         self.jobs_dir = jobs_dir
         self.errors = errors
-        self._tree: JobsTree = open_tree(jobs_dir)
+        self._fs_factory: Callable[[], AbstractFileSystem] | None = None
+        self._tree: JobsTree | None = None
+        if fs is None or isinstance(fs, AbstractFileSystem):
+            self._tree = open_tree(jobs_dir, fs)
+        else:
+            self._fs_factory = fs
 
     def observe(self) -> tuple[RunDirFacts, ...]:
+        tree = self._tree
+        if tree is None:
+            assert self._fs_factory is not None
+            try:  # never FileNotFoundError → "nothing ran": a missing key file must not read as an empty dir
+                tree = open_tree(self.jobs_dir, self._fs_factory())
+            except Exception as exc:
+                raise ObservationError(f"cannot reach jobs dir {self.jobs_dir}: {exc}") from exc
         try:
-            run_tags = self._tree.run_tags()
+            run_tags = tree.run_tags()
         except FileNotFoundError:
             return ()  # a fresh cluster: nothing has run yet
         except Exception as exc:
@@ -48,16 +69,18 @@ class HarborRunDirs:
         observed: list[RunDirFacts] = []
         for run_tag in run_tags:
             try:
-                observed.append(self._observe_run(run_tag))
+                observed.append(self._observe_run(tree, run_tag))
+            except (TimeoutError, ConnectionError) as exc:  # the transport, not the dir: the whole read is unknown
+                raise ObservationError(f"cannot read run dir {tree.location(run_tag)}: {exc}") from exc
             except OSError as exc:  # vanished or unreadable run dir: leave it out, keep the pass going
-                log.warning("skipping run dir %s: %s", self._tree.location(run_tag), exc)
+                log.warning("skipping run dir %s: %s", tree.location(run_tag), exc)
             except Exception as exc:  # a remote backend failing mid-scan: the whole read is unknown
-                raise ObservationError(f"cannot read run dir {self._tree.location(run_tag)}: {exc}") from exc
+                raise ObservationError(f"cannot read run dir {tree.location(run_tag)}: {exc}") from exc
         return tuple(observed)
 
-    def _observe_run(self, run_tag: str) -> RunDirFacts:
-        scan = self._tree.scan(run_tag)
-        return run_dir_facts(run_tag, self._tree.location(run_tag), scan.files, scan.trials, self.errors)
+    def _observe_run(self, tree: JobsTree, run_tag: str) -> RunDirFacts:
+        scan = tree.scan(run_tag)
+        return run_dir_facts(run_tag, tree.location(run_tag), scan.files, scan.trials, self.errors)
 
 
 def run_dir_facts(
@@ -109,10 +132,12 @@ def _tally(trials: Iterable[TrialRead], errors: ErrorClasses) -> dict:
         doc = load_json(trial.result)
         if doc is None:
             continue
-        n_completed += 1
         if trial.mtime is not None and (newest is None or trial.mtime > newest):
             newest = trial.mtime
         reward, exception_type = trial_outcome(doc)
+        if exception_type in errors.interrupted:
+            continue  # not completed: a resume runs it again
+        n_completed += 1
         kind = None
         if exception_type is not None:
             kind = errors.classify(exception_type, reward is not None)

@@ -1,15 +1,22 @@
 """Post-eval report: always written, even after a kill, so every run has the same histogram and step stats.
 
-`post_eval_report.txt` goes inside the run dir; the returned `PostEvalSummary` is what the caller
-logs to MLflow and later verifies there (mean score, ≥1 error bucket, ≥1 step stat).
+`post_eval_report.txt` goes inside the run dir (local, or through an fsspec filesystem such as sftp to the
+login node); the returned `PostEvalSummary` is what the caller logs to MLflow and later verifies there
+(mean score, ≥1 error bucket, ≥1 step stat).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import posixpath
 import statistics
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import overload
+
+import fsspec
+from fsspec import AbstractFileSystem
+from fsspec.implementations.local import LocalFileSystem
 
 from controller.adapters.rundirs.tree import is_trial_dir_name
 from controller.core.errors import ErrorClasses, ErrorKind
@@ -18,6 +25,8 @@ from controller.core.types import Frozen, RunDirFacts
 
 REPORT_NAME = "post_eval_report.txt"
 TRAJECTORY = os.path.join("agent", "trajectory.json")
+TRAJECTORY_POSIX = "agent/trajectory.json"
+_CAT_BATCH = 256
 
 
 class StepStats(Frozen):
@@ -39,14 +48,53 @@ class PostEvalSummary(Frozen):
     steps: StepStats | None
 
 
+@overload
 def write_post_eval_report(
-    run_dir_path: str | os.PathLike[str], facts: RunDirFacts, errors: ErrorClasses
-) -> tuple[Path, PostEvalSummary]:
-    """Write `post_eval_report.txt` in the (local) run dir; safe to repeat (the file is replaced)."""
-    run_dir = Path(run_dir_path)
+    run_dir_path: str | os.PathLike[str], facts: RunDirFacts, errors: ErrorClasses, fs: None = None
+) -> tuple[Path, PostEvalSummary]: ...
+
+
+@overload
+def write_post_eval_report(
+    run_dir_path: str | os.PathLike[str], facts: RunDirFacts, errors: ErrorClasses, fs: AbstractFileSystem
+) -> tuple[PurePosixPath, PostEvalSummary]: ...
+
+
+def write_post_eval_report(
+    run_dir_path: str | os.PathLike[str], facts: RunDirFacts, errors: ErrorClasses,
+    fs: AbstractFileSystem | None = None,
+) -> tuple[Path | PurePosixPath, PostEvalSummary]:
+    """Write `post_eval_report.txt` in the run dir; safe to repeat (the file is replaced).
+
+    The run dir is local unless `fs` is given (e.g. sftp to the login node: the path is then on that host) or
+    the path is an fsspec URL. Local: returns the report's `Path`; through a filesystem: its `PurePosixPath`
+    there (the URL's path part for a URL).
+    """
+    if fs is None and "://" in os.fspath(run_dir_path):
+        fs, root = fsspec.core.url_to_fs(os.fspath(run_dir_path))
+        if isinstance(fs, LocalFileSystem):
+            fs, run_dir_path = None, root
+    if fs is None:
+        run_dir = Path(run_dir_path)
+        summary = _summary(facts, errors, step_stats(run_dir))
+        path = run_dir / REPORT_NAME
+        tmp = path.with_name(f".{REPORT_NAME}.tmp")
+        tmp.write_text(render(summary, facts, errors))
+        tmp.replace(path)
+        return path, summary
+    remote = fs._strip_protocol(os.fspath(run_dir_path)).rstrip("/")
+    summary = _summary(facts, errors, step_stats(remote, fs))
+    target = f"{remote}/{REPORT_NAME}"
+    tmp_name = f"{remote}/.{REPORT_NAME}.tmp"
+    fs.pipe_file(tmp_name, render(summary, facts, errors).encode())
+    fs.mv(tmp_name, target)  # sftp: posix-rename, atomic over an older report
+    return PurePosixPath(target), summary
+
+
+def _summary(facts: RunDirFacts, errors: ErrorClasses, steps: StepStats | None) -> PostEvalSummary:
     computed = run_metrics(facts, errors)
     values = {m.name: m.value for m in computed.metrics}
-    summary = PostEvalSummary(
+    return PostEvalSummary(
         run_tag=facts.run_tag,
         mean_score=values["accuracy"],
         score_stderr=values["accuracy_stderr"],
@@ -55,24 +103,19 @@ def write_post_eval_report(
         n_completed=facts.n_completed,
         n_total=facts.n_total,
         error_histogram=errors.breakdown(facts.error_breakdown),
-        steps=step_stats(run_dir),
+        steps=steps,
     )
-    path = run_dir / REPORT_NAME
-    tmp = path.with_name(f".{REPORT_NAME}.tmp")
-    tmp.write_text(render(summary, facts, errors))
-    tmp.replace(path)
-    return path, summary
 
 
-def step_stats(run_dir: Path) -> StepStats | None:
-    """Steps per trial from `agent/trajectory.json` (ATIF `steps`, or a bare list); bad files are skipped."""
-    counts: list[int] = []
-    with os.scandir(run_dir) as entries:
-        trial_dirs = [e.path for e in entries if is_trial_dir_name(e.name) and e.is_dir()]
-    for trial_dir in trial_dirs:
-        n_steps = _n_steps(os.path.join(trial_dir, TRAJECTORY))
-        if n_steps is not None:
-            counts.append(n_steps)
+def step_stats(run_dir: str | os.PathLike[str], fs: AbstractFileSystem | None = None) -> StepStats | None:
+    """Steps per trial from `agent/trajectory.json` (ATIF `steps`, or a bare list); bad files are skipped.
+
+    Local run dirs (no `fs`) are read with scandir/open; through `fs` with one listing and batched `cat`s.
+    """
+    if fs is None:
+        counts = _local_step_counts(os.fspath(run_dir))
+    else:
+        counts = _fs_step_counts(fs, fs._strip_protocol(os.fspath(run_dir)).rstrip("/"))
     if not counts:
         return None
     return StepStats(
@@ -80,11 +123,47 @@ def step_stats(run_dir: Path) -> StepStats | None:
     )
 
 
+def _local_step_counts(run_dir: str) -> list[int]:
+    counts: list[int] = []
+    with os.scandir(run_dir) as entries:
+        trial_dirs = [e.path for e in entries if is_trial_dir_name(e.name) and e.is_dir()]
+    for trial_dir in trial_dirs:
+        n_steps = _n_steps(os.path.join(trial_dir, TRAJECTORY))
+        if n_steps is not None:
+            counts.append(n_steps)
+    return counts
+
+
+def _fs_step_counts(fs: AbstractFileSystem, run_dir: str) -> list[int]:
+    entries = fs.ls(run_dir, detail=True)  # a missing run dir raises, as scandir does locally
+    trial_dirs = sorted(
+        name for e in entries
+        if e.get("type") == "directory" and is_trial_dir_name(name := posixpath.basename(e["name"].rstrip("/")))
+    )
+    counts: list[int] = []
+    for start in range(0, len(trial_dirs), _CAT_BATCH):
+        paths = [f"{run_dir}/{name}/{TRAJECTORY_POSIX}" for name in trial_dirs[start : start + _CAT_BATCH]]
+        got = fs.cat(paths, on_error="return")  # per-file errors (a trial with no trajectory) come back as values
+        for data in got.values():
+            n_steps = _steps_in(data) if isinstance(data, bytes) else None
+            if n_steps is not None:
+                counts.append(n_steps)
+    return counts
+
+
 def _n_steps(path: str) -> int | None:
     try:
         with open(path, "rb") as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
+            data = f.read()
+    except OSError:
+        return None
+    return _steps_in(data)
+
+
+def _steps_in(data: bytes) -> int | None:
+    try:
+        doc = json.loads(data)
+    except ValueError:
         return None
     steps = doc.get("steps") if isinstance(doc, dict) else doc
     return len(steps) if isinstance(steps, list) else None

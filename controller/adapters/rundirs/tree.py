@@ -1,4 +1,5 @@
-"""Reading a jobs dir: `os.scandir` for local paths, fsspec for URLs (sftp://, memory://, ...).
+"""Reading a jobs dir: `os.scandir` for local paths, fsspec for URLs (sftp://, memory://, ...) and for paths
+on another host (a filesystem given to `open_tree`, e.g. sftp to the login node).
 
 Only what the observer needs, shaped so a 100k-trial scan costs one directory listing per run dir
 plus one open/fstat/read per trial result on local disks, and batched `cat` calls elsewhere.
@@ -44,7 +45,10 @@ class JobsTree(Protocol):
         ...
 
 
-def open_tree(jobs_dir: str) -> JobsTree:
+def open_tree(jobs_dir: str, fs: fsspec.AbstractFileSystem | None = None) -> JobsTree:
+    """The tree at `jobs_dir`; with `fs` (e.g. sftp to a login node), a plain path is read through that filesystem."""
+    if fs is not None:
+        return FsspecTree(fs, fs._strip_protocol(jobs_dir), jobs_dir)
     if "://" not in jobs_dir:
         return LocalTree(jobs_dir)
     fs, root = fsspec.core.url_to_fs(jobs_dir)
@@ -117,8 +121,12 @@ class FsspecTree:
         self.url = url.rstrip("/")
 
     def run_tags(self) -> list[str]:
-        if not self.fs.exists(self.root):
-            raise FileNotFoundError(self.url)
+        # not fs.exists(): it answers False for ANY error (connection lost, timeout, permission), and a jobs
+        # dir read as missing means "nothing ran here"; info() raises FileNotFoundError only when it is missing
+        try:
+            self.fs.info(self.root)
+        except FileNotFoundError:
+            raise FileNotFoundError(self.url) from None
         entries = self.fs.ls(self.root, detail=True)
         names = (posixpath.basename(e["name"].rstrip("/")) for e in entries if e.get("type") == "directory")
         return sorted(n for n in names if not n.startswith("."))
@@ -128,7 +136,7 @@ class FsspecTree:
 
     def scan(self, run_tag: str) -> RunScan:
         run = f"{self.root}/{run_tag}"
-        if not self.fs.isdir(run):
+        if self.fs.info(run).get("type") != "directory":  # not fs.isdir(): it swallows transport errors too
             raise NotADirectoryError(self.location(run_tag))
         found = self.fs.find(run, maxdepth=2, withdirs=True, detail=True)  # one walk: files, trials, results
         present: list[str] = []

@@ -24,7 +24,13 @@ from pydantic import ValidationError
 
 from controller.adapters.process import proc_start_ticks
 from controller.core.ports import ObservationError, SubmitRequest
-from controller.core.types import RUN_TAG_PREFIX, Frozen, JobState, ObservedJob
+from controller.core.types import (
+    RUN_TAG_PREFIX,
+    Frozen,
+    JobState,
+    ObservedJob,
+    walltime_seconds,
+)
 
 
 class LocalJob(Frozen):
@@ -107,12 +113,12 @@ class LocalScheduler:
         Path(request.logs_dir).mkdir(parents=True, exist_ok=True)
         job = LocalJob(job_id=job_id, name=request.name, comment=request.comment, script=request.script,
                        args=request.args, output=str(Path(request.logs_dir) / f"{request.name}_{job_id}.out"),
-                       time_limit_s=parse_time_limit(request.time_limit), submitted_at=datetime.now(UTC))
+                       time_limit_s=walltime_seconds(request.time_limit), submitted_at=datetime.now(UTC))
         _write_atomic(job_dir / "job.json", job.model_dump_json())
         env = {**os.environ, **request.env, "EVAL_JOB_ID": job_id, "SLURM_JOB_ID": job_id,
                "SLURM_JOB_NAME": request.name}
         with open(job.output, "ab") as out:
-            subprocess.Popen(  # noqa: S603 — argv is ours, no shell
+            subprocess.Popen(
                 [sys.executable, "-m", "controller.adapters.scheduler.local_runner", str(job_dir)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, close_fds=True,
                 start_new_session=True,
@@ -144,22 +150,6 @@ class LocalScheduler:
 
 
 # ---------------------------------------------------------------------- helpers shared with the runner
-
-
-def parse_time_limit(text: str) -> int:
-    """SLURM walltime syntax → seconds: `MM`, `HH:MM:SS`, `D-HH:MM:SS`."""
-    days = 0
-    if "-" in text:
-        day_text, text = text.split("-", 1)
-        days = int(day_text)
-    parts = [int(p) for p in text.split(":")]
-    if len(parts) == 1:
-        seconds = parts[0] * 60
-    else:
-        while len(parts) < 3:
-            parts.insert(0, 0)
-        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
-    return days * 86400 + seconds
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -33,7 +33,7 @@ def main(job_dir: Path) -> int:
     signal.signal(signal.SIGTERM, on_term)
     script = job.script if os.access(job.script, os.X_OK) else None
     argv = [script, *job.args] if script else ["bash", job.script, *job.args]
-    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL)  # noqa: S603 — the cluster's own job script
+    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
     state, code = JobState.COMPLETED, None
     try:
         code = child.wait(timeout=job.time_limit_s)

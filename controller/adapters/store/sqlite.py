@@ -35,7 +35,7 @@ from controller.core.ports import (
     SandboxJobRow,
     StoreSnapshot,
 )
-from controller.core.types import RowStatus, Submission
+from controller.core.types import RowStatus, Submission, TunnelLease
 
 MEMORY = ":memory:"
 BUSY_TIMEOUT_S = 30.0
@@ -59,7 +59,7 @@ class SqliteStore:
     # ----------------------------------------------------------------------- observation
 
     def observe(self, evalrun: str, model_names: list[str], benchmark_names: list[str]) -> StoreSnapshot:
-        """Four statements in one read transaction, whatever the number of names.
+        """Five statements in one read transaction, whatever the number of names.
 
         Missing tables mean "nothing recorded yet": a legacy OT-Agent DB yields rows but no
         submissions, and a read-only store on a missing file yields an empty snapshot.
@@ -84,11 +84,15 @@ class SqliteStore:
                     if "evalrun_submissions" in tables
                     else []
                 )
+                tunnels = (
+                    self._run(conn, sql.TUNNEL_LEASES).fetchall() if "evalrun_tunnel_leases" in tables else []
+                )
             return StoreSnapshot(
                 models=models,
                 benchmarks=benchmarks,
                 rows=tuple(_sandbox_job_row(record) for record in records),
                 submissions=tuple(_submission(record) for record in submissions),
+                tunnel_leases=tuple(_tunnel_lease(record) for record in tunnels),
             )
         except (sqlite3.Error, ValueError) as error:
             raise ObservationError(f"store {self.path}: {error}") from error
@@ -187,6 +191,20 @@ class SqliteStore:
         """Only the holder's own lease is dropped; releasing twice is a no-op."""
         with self._write() as conn:
             self._run(conn, sql.DELETE_LEASE, (name, holder))
+
+    # ----------------------------------------------------------------------- pinggy tunnel leases
+
+    def take_tunnel(self, lease: TunnelLease) -> bool:
+        """Insert-if-free and read back under one write lock: two reconcilers never both get a pair."""
+        with self._write() as conn:
+            self._run(conn, sql.TAKE_TUNNEL, (lease.pair, lease.holder, lease.evalrun,
+                                              format_timestamp(lease.leased_at)))
+            (holder,) = self._run(conn, sql.TUNNEL_HOLDER, (lease.pair,)).fetchone()
+        return bool(holder == lease.holder)
+
+    def release_tunnel(self, pair: str, holder: str) -> None:
+        with self._write() as conn:
+            self._run(conn, sql.DELETE_TUNNEL, (pair, holder))
 
     def close(self) -> None:
         if self._conn is not None:
@@ -325,6 +343,10 @@ def _sandbox_job_row(record: sqlite3.Row) -> SandboxJobRow:
 
 def _submission(record: sqlite3.Row) -> Submission:
     return Submission(**{**dict(record), "created_at": parse_timestamp(record["created_at"])})
+
+
+def _tunnel_lease(record: sqlite3.Row) -> TunnelLease:
+    return TunnelLease(**{**dict(record), "leased_at": parse_timestamp(record["leased_at"])})
 
 
 def _submission_params(submission: Submission) -> dict[str, Any]:

@@ -67,10 +67,17 @@ CREATE TABLE IF NOT EXISTS evalrun_leases (
     holder     TEXT NOT NULL,
     expires_at TEXT NOT NULL
 );
+
+CREATE TABLE IF NOT EXISTS evalrun_tunnel_leases (
+    pair      TEXT PRIMARY KEY,
+    holder    TEXT NOT NULL,
+    evalrun   TEXT NOT NULL,
+    leased_at TEXT NOT NULL
+);
 """
 
 OT_AGENT_TABLES = ("models", "benchmarks", "sandbox_jobs")
-OWN_TABLES = ("evalrun_submissions", "evalrun_leases")
+OWN_TABLES = ("evalrun_submissions", "evalrun_leases", "evalrun_tunnel_leases")
 
 # --------------------------------------------------------------------------- observe
 
@@ -169,3 +176,16 @@ LEASE_BY_NAME = "SELECT holder, expires_at FROM evalrun_leases WHERE name = ?"
 PUT_LEASE = "INSERT OR REPLACE INTO evalrun_leases (name, holder, expires_at) VALUES (?, ?, ?)"
 
 DELETE_LEASE = "DELETE FROM evalrun_leases WHERE name = ? AND holder = ?"
+
+# --------------------------------------------------------------------------- pinggy tunnel leases
+
+TUNNEL_LEASES = "SELECT pair, holder, evalrun, leased_at FROM evalrun_tunnel_leases ORDER BY pair"
+
+TAKE_TUNNEL = """
+INSERT INTO evalrun_tunnel_leases (pair, holder, evalrun, leased_at) VALUES (?, ?, ?, ?)
+    ON CONFLICT (pair) DO NOTHING
+"""
+
+TUNNEL_HOLDER = "SELECT holder FROM evalrun_tunnel_leases WHERE pair = ?"
+
+DELETE_TUNNEL = "DELETE FROM evalrun_tunnel_leases WHERE pair = ? AND holder = ?"

@@ -1,0 +1,279 @@
+"""Reach a cluster's login node over ssh: run scheduler commands there, read run dirs through sftp.
+
+Commands go through the system OpenSSH client, so the user's ~/.ssh/config (aliases, ProxyJump, keys, agent)
+applies exactly as on their shell. Host keys are always checked: a login node whose key is unknown or changed
+is refused, never trusted on first use. Environment values may be secrets, so they travel only on the ssh
+channel's stdin, as a script the remote `sh -s` runs; no argv (local or remote) and no file ever holds them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Self
+
+import paramiko
+from fsspec.implementations.sftp import SFTPFileSystem
+
+from controller.adapters.scheduler.commands import CommandFailed, CommandResult
+
+_HOST = re.compile(r"(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]\s]+\]|[A-Za-z0-9_.%][^:@\s\[\]]*)(?::(?P<port>\d{1,5}))?")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_host(text: str) -> tuple[str | None, str, int | None]:
+    """`host`, `user@host`, `user@host:port` or `user@[v6addr]:port` → (user, host, port).
+
+    The host may not start with '-': it ends up in ssh's argv, where it must not read as an option.
+    """
+    match = _HOST.fullmatch(text.strip())
+    if not match:
+        raise ValueError(f"not an ssh host: {text!r} (expected host, user@host or user@host:port)")
+    port = int(match["port"]) if match["port"] else None
+    return match["user"], match["host"].strip("[]"), port
+
+
+def remote_script(argv: Sequence[str], env: Mapping[str, str] | None) -> str:
+    """The stdin of the remote `sh -s`: exports, then exec argv (so its exit code is the command's)."""
+    if not argv:
+        raise ValueError("empty argv")
+    lines = []
+    for name, value in (env or {}).items():
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"invalid environment variable name: {name!r}")
+        if "\0" in value:
+            raise ValueError(f"environment variable {name} holds a NUL byte")  # never the value: a secret
+        lines.append(f"export {name}={shlex.quote(value)}")
+    lines.append(f"exec {shlex.join(argv)}")
+    return "\n".join(lines) + "\n"
+
+
+class SshCommands:
+    """Run commands on a login node with the system `ssh`, one multiplexed connection for many commands.
+
+    The master connection (ControlMaster) persists `control_persist` s after the last command, so a
+    reconciler pass opens one TCP connection however many squeue/sacct/sbatch calls it makes; `close()`
+    ends it early. Its socket lives in a private (0700) dir, named after this runner's host string and options
+    too, so runners with different aliases, known_hosts or keys never share a master.
+    """
+
+    def __init__(self, host: str, *, config_file: str | None = None, known_hosts: str | None = None,
+                 identity_file: str | None = None, options: Sequence[str] = (), connect_timeout: int = 10,
+                 control_persist: int = 300, control_dir: str | None = None):
+        user, self.hostname, self.port = parse_host(host)
+        self.host = host
+        self.control_persist = control_persist
+        # ssh keeps the FIRST value of an option: ours come first, so `options` and ssh_config cannot relax them.
+        argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                "-o", f"ConnectTimeout={int(connect_timeout)}"]
+        if config_file:
+            argv += ["-F", config_file]
+        if known_hosts:
+            argv += ["-o", f"UserKnownHostsFile={known_hosts}"]
+        if identity_file:
+            argv += ["-o", "IdentitiesOnly=yes", "-i", identity_file]
+        if user:
+            argv += ["-l", user]
+        if self.port:
+            argv += ["-p", str(self.port)]
+        argv += list(options)
+        # %C (a hash of local host, remote host, port, user) keeps the path short enough for AF_UNIX, but alone
+        # it would let two aliases of one host:port:user (say, with different ProxyJumps) share a master.
+        digest = hashlib.sha256("\0".join([host, *argv]).encode()).hexdigest()[:8]
+        self.control_dir = _private_dir(Path(control_dir) if control_dir else _default_control_dir())
+        self.control_path = f"{self.control_dir}/{digest}-%C"
+        self._ssh = [*argv, "-o", f"ControlPath={self.control_path}"]
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> CommandResult:
+        script = remote_script(argv, env)
+        deadline = time.monotonic() + timeout
+        self._ensure_master(timeout)
+        try:
+            # ControlMaster=no: a command never becomes the persisting master itself (see _ensure_master)
+            proc = subprocess.run(
+                [*self._ssh, "-o", "ControlMaster=no", "--", self.hostname, "sh -s"], input=script,
+                capture_output=True, text=True, encoding="utf-8", errors="replace",
+                timeout=max(deadline - time.monotonic(), 0.1), check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise CommandFailed(f"{argv[0]} on {self.host} did not answer within {timeout:g} s") from exc
+        except OSError as exc:
+            raise CommandFailed(f"ssh: {exc.strerror or exc}") from exc
+        # 255 is ssh's own failure (connection, auth, host key); a remote command exiting 255 looks the same
+        if proc.returncode == 255:
+            raise CommandFailed(self._ssh_error(proc.stderr, f"{argv[0]} on {self.host}"))
+        return CommandResult(returncode=proc.returncode, stdout=proc.stdout, stderr=proc.stderr)
+
+    def close(self) -> None:
+        """End the master connection now rather than after ControlPersist (no-op when there is none)."""
+        subprocess.run(
+            [*self._ssh, "-O", "exit", "--", self.hostname], stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=False,
+        )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _ensure_master(self, timeout: float) -> None:
+        """Start the persisting master unless one answers.
+
+        Started apart from any command, with stderr in an anonymous file: the backgrounded master keeps the
+        stderr it was started with open for ControlPersist seconds, so on a pipe the caller would wait that long.
+        """
+        check = [*self._ssh, "-O", "check", "--", self.hostname]
+        try:
+            if subprocess.run(check, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=timeout, check=False).returncode == 0:
+                return
+            with tempfile.TemporaryFile() as err:
+                proc = subprocess.run(
+                    [*self._ssh, "-o", "ControlMaster=auto", "-o", f"ControlPersist={self.control_persist}",
+                     "--", self.hostname, "true"],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, timeout=timeout, check=False,
+                )
+                err.seek(0)
+                message = err.read().decode("utf-8", "replace")
+        except subprocess.TimeoutExpired:
+            raise CommandFailed(f"ssh to {self.host} did not answer within {timeout:g} s") from None
+        except OSError as exc:
+            raise CommandFailed(f"ssh: {exc.strerror or exc}") from exc
+        if proc.returncode != 0:
+            raise CommandFailed(self._ssh_error(message, f"ssh to {self.host}"))
+
+    def _ssh_error(self, stderr: str, what: str) -> str:
+        lines = [line.strip() for line in stderr.replace("\r", "").splitlines() if line.strip()]
+        text = f"{what} failed: {' / '.join(lines[-6:]) or 'ssh exited with 255'}"
+        if any("host key" in line.lower() or "host identification" in line.lower() for line in lines):
+            host, port, known = self._resolved()
+            name = host if port == "22" else f"'[{host}]:{port}'"
+            text += (f" — the login node's host key is unknown or changed: check its fingerprint, then add it to "
+                     f"known_hosts, e.g. `ssh-keyscan -p {port} {host} >> {known}` (if it changed, first "
+                     f"`ssh-keygen -R {name} -f {known}`)")
+        return text
+
+    def _resolved(self) -> tuple[str, str, str]:
+        """(HostName, Port, first UserKnownHostsFile) as ssh resolves them: ssh-keyscan reads no ssh_config."""
+        found = {"hostname": self.hostname, "port": str(self.port or 22), "userknownhostsfile": "~/.ssh/known_hosts"}
+        try:
+            out = subprocess.run([*self._ssh, "-G", "--", self.hostname], capture_output=True, text=True,
+                                 stdin=subprocess.DEVNULL, timeout=10, check=False).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        for line in out.splitlines():
+            key, _, value = line.partition(" ")
+            if key in found and value:
+                found[key] = value.split()[0]
+        return found["hostname"], found["port"], found["userknownhostsfile"]
+
+
+def _default_control_dir() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and Path(runtime).is_dir():
+        return Path(runtime) / "evalrun-ssh"
+    return Path(tempfile.gettempdir()) / f"evalrun-ssh-{os.getuid()}"
+
+
+def _private_dir(path: Path) -> Path:
+    """Create `path` 0700, or accept it only if it already is ours and private (in /tmp anyone could make it)."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = path.lstat()
+    except OSError as exc:
+        raise CommandFailed(f"ssh control dir {path}: {exc.strerror or exc}") from exc
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise CommandFailed(f"ssh control dir {path} is not a private directory of ours (want mode 0700)")
+    return path
+
+
+# ---------------------------------------------------------------------- sftp
+
+
+class CheckedSFTPFileSystem(SFTPFileSystem):
+    """fsspec's SFTPFileSystem with host key checking ON.
+
+    The upstream class trusts any host key on first sight (paramiko AutoAddPolicy, no known_hosts loaded).
+    Here the key must be in the known_hosts files, like `ssh -o StrictHostKeyChecking=yes`; otherwise
+    connecting raises paramiko.SSHException (BadHostKeyException for a changed key).
+    """
+
+    def __init__(self, host: str, *, known_hosts: Sequence[str] = (), global_known_hosts: Sequence[str] = (),
+                 proxy_command: str | None = None, **ssh_kwargs: Any):
+        if self._cached:  # fsspec handed back a cached instance: already set up
+            return
+        # set before super().__init__, which connects
+        self.known_hosts = tuple(known_hosts)
+        self.global_known_hosts = tuple(global_known_hosts)
+        self.proxy_command = proxy_command
+        super().__init__(host, **ssh_kwargs)
+
+    def _connect(self) -> None:
+        client = paramiko.SSHClient()
+        # load_system_host_keys: read-only sets, never written back
+        for path in (*self.global_known_hosts, *self.known_hosts):
+            if os.path.isfile(path):
+                client.load_system_host_keys(path)
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        sock = paramiko.ProxyCommand(self.proxy_command) if self.proxy_command else None
+        client.connect(self.host, sock=sock, **self.ssh_kwargs)
+        self.client = client
+        self.ftp = client.open_sftp()
+        timeout = self.ssh_kwargs.get("timeout")
+        if timeout:  # a hung server must fail reads, not block the reconciler forever
+            self.ftp.get_channel().settimeout(timeout)
+
+    def connected(self) -> bool:
+        transport = self.client.get_transport()
+        return transport is not None and transport.is_active()
+
+
+def sftp_filesystem(host: str, *, config_file: str | None = None, known_hosts: str | None = None,
+                    identity_file: str | None = None, timeout: float = 30) -> CheckedSFTPFileSystem:
+    """An fsspec filesystem over sftp to `host` (as for SshCommands: alias, `user@host:port`), host keys checked.
+
+    paramiko does not read ssh_config itself: the alias is resolved here (HostName, Port, User, IdentityFile,
+    UserKnownHostsFile, GlobalKnownHostsFile, ProxyCommand, ProxyJump) from `config_file`, else ~/.ssh/config.
+    Instances are cached by fsspec per (arguments, thread); one whose connection died is reconnected here.
+    """
+    user, alias, port = parse_host(host)
+    config_path = Path(config_file or "~/.ssh/config").expanduser()
+    cfg = paramiko.SSHConfig.from_path(str(config_path)).lookup(alias) if config_path.is_file() else {}
+    hostname = cfg.get("hostname", alias)
+    port = port or int(cfg.get("port", 22))
+    kwargs: dict[str, Any] = {"port": port, "timeout": timeout, "banner_timeout": timeout, "auth_timeout": timeout}
+    if user or cfg.get("user"):
+        kwargs["username"] = user or cfg["user"]
+    keys = [identity_file] if identity_file else [os.path.expanduser(k) for k in cfg.get("identityfile", [])]
+    if keys:
+        kwargs["key_filename"] = keys
+        kwargs["look_for_keys"] = False
+    user_files = [known_hosts] if known_hosts else _split_paths(cfg.get("userknownhostsfile"),
+                                                                "~/.ssh/known_hosts ~/.ssh/known_hosts2")
+    global_files = _split_paths(cfg.get("globalknownhostsfile"), "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2")
+    proxy = cfg.get("proxycommand")
+    if not proxy and cfg.get("proxyjump", "none").lower() != "none":
+        # OpenSSH makes the hops (checking their keys); paramiko talks to the target through its stdio
+        *via, last = cfg["proxyjump"].split(",")
+        target = f"[{hostname}]:{port}" if ":" in hostname else f"{hostname}:{port}"
+        proxy = shlex.join(["ssh", *(["-F", str(config_path)] if config_file else []), "-o", "BatchMode=yes",
+                            "-o", "StrictHostKeyChecking=yes", *(["-J", ",".join(via)] if via else []),
+                            "-W", target, f"ssh://{last}"])
+    fs = CheckedSFTPFileSystem(hostname, known_hosts=user_files, global_known_hosts=global_files,
+                               proxy_command=proxy if proxy and proxy.lower() != "none" else None, **kwargs)
+    if not fs.connected():
+        fs._connect()
+    return fs
+
+
+def _split_paths(value: str | None, default: str) -> list[str]:
+    return [os.path.expanduser(p) for p in (value or default).split()]

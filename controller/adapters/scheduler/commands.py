@@ -1,0 +1,50 @@
+"""Where scheduler commands run: on this host, or on a login node over ssh (adapters/remote/ssh.py).
+
+The SLURM backend only builds argv lists; a `CommandRunner` executes them. Environment values
+(secrets among them) are handed over out of band — the process environment here, stdin over ssh —
+so they never appear in any argv, log line or file.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from controller.core.types import Frozen
+
+
+class CommandResult(Frozen):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class CommandFailed(RuntimeError):
+    """A command could not be run at all (not found, timed out, connection lost)."""
+
+
+class CommandRunner(Protocol):
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> CommandResult:
+        """Run argv with `env` added to the environment; raise CommandFailed when it could not finish."""
+        ...
+
+
+class LocalCommands:
+    """Run commands on this host (the reconciler runs on the login node itself)."""
+
+    def __init__(self, base_env: Mapping[str, str] | None = None):
+        self.base_env = dict(base_env or {})
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> CommandResult:
+        try:
+            proc = subprocess.run(
+                list(argv), env={**os.environ, **self.base_env, **(env or {})}, capture_output=True, text=True,
+                timeout=timeout, stdin=subprocess.DEVNULL, check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise CommandFailed(f"{argv[0]} did not answer within {timeout:g} s") from exc
+        except OSError as exc:
+            raise CommandFailed(f"{argv[0]}: {exc.strerror or exc}") from exc
+        return CommandResult(returncode=proc.returncode, stdout=proc.stdout, stderr=proc.stderr)

@@ -1,0 +1,275 @@
+"""The SLURM backend: sbatch / squeue / sacct / scancel, run here or on a login node over ssh.
+
+Observation is ONE `squeue` (the live queue, with time left) and ONE `sacct` (where jobs that left
+the queue are found) per pass, both with explicit formats and `|`-separated fields, filtered to our
+user server-side and to our job-name prefix here. A command that fails or times out raises
+`ObservationError`: the core makes the cluster's cells Unknown, it never reads that as "no jobs".
+
+Times are printed in UTC (`TZ=UTC` in the commands' environment) so a login node in another time
+zone cannot shift submit or start times. Secrets reach `sbatch` in its environment (`--export=ALL`),
+never on the command line.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+
+from controller.adapters.scheduler.commands import (
+    CommandFailed,
+    CommandResult,
+    CommandRunner,
+)
+from controller.core.ports import ObservationError, SubmitRequest
+from controller.core.types import RUN_TAG_PREFIX, Frozen, JobState, ObservedJob
+
+log = logging.getLogger("evalctl.slurm")
+
+UTC_ENV = {"TZ": "UTC", "SLURM_TIME_FORMAT": "standard"}
+# squeue: %i id, %j name, %T state, %V submit, %S start, %e end, %L time left, %r reason (free text, last).
+# `--states=all` also lists jobs that ended within MinJobAge: accounting can lag behind the queue, and a job
+# must never drop out of sight between leaving the queue and appearing in sacct.
+SQUEUE_FORMAT = "%i|%j|%T|%V|%S|%e|%L|%r"
+SACCT_FIELDS = "JobID,JobName,State,ExitCode,Submit,Start,End,Reason"
+ACCOUNTING_WINDOW = "now-14days"
+FAILED_LOG_LINES = 5
+
+# Every state SLURM 22.05–24.x prints (squeue long names, sacct base names), onto the core's states.
+SLURM_STATES: Mapping[str, JobState] = {
+    "PENDING": JobState.QUEUED,
+    "CONFIGURING": JobState.QUEUED,
+    "REQUEUED": JobState.QUEUED,
+    "REQUEUE_HOLD": JobState.QUEUED,
+    "REQUEUE_FED": JobState.QUEUED,
+    "RESV_DEL_HOLD": JobState.QUEUED,
+    "SPECIAL_EXIT": JobState.QUEUED,  # held by the controller after an exit the admins marked special
+    "RUNNING": JobState.RUNNING,
+    "COMPLETING": JobState.RUNNING,  # still cleaning up; its sandboxes may still write
+    "STAGE_OUT": JobState.RUNNING,
+    "SIGNALING": JobState.RUNNING,
+    "RESIZING": JobState.RUNNING,
+    "SUSPENDED": JobState.RUNNING,  # paused, not gone: never resubmit under it
+    "STOPPED": JobState.RUNNING,
+    "COMPLETED": JobState.COMPLETED,
+    "FAILED": JobState.FAILED,
+    "TIMEOUT": JobState.TIMEOUT,
+    "DEADLINE": JobState.TIMEOUT,
+    "CANCELLED": JobState.CANCELLED,
+    "REVOKED": JobState.CANCELLED,  # a federation sibling started elsewhere
+    "NODE_FAIL": JobState.NODE_FAIL,
+    "BOOT_FAIL": JobState.NODE_FAIL,
+    "PREEMPTED": JobState.PREEMPTED,
+    "OUT_OF_MEMORY": JobState.OUT_OF_MEMORY,
+}
+# scancel's answers for a job that is already over: cancelling it again is a no-op, not an error
+ALREADY_OVER = re.compile(r"Invalid job id specified|already completing or completed|Job has already finished",
+                          re.IGNORECASE)
+
+
+class SlurmOptions(Frozen):
+    """The EvalCluster's sbatch options."""
+
+    partition: str | None = None
+    account: str | None = None
+    reservation: str | None = None
+    qos: str | None = None
+    gpus_per_job: int = 0
+    command_timeout_s: float = 30.0
+
+
+class SlurmScheduler:
+    def __init__(self, commands: CommandRunner, options: SlurmOptions, logs_dir: str, user: str | None = None):
+        self.commands, self.options, self.logs_dir = commands, options, logs_dir
+        self._user = user
+        self._logs_dir_made = False
+
+    # ------------------------------------------------------------------ observe
+
+    def observe(self) -> tuple[ObservedJob, ...]:
+        queue = self._squeue(["--user", self.user])
+        accounting = self._sacct(["--user", self.user, "--starttime", ACCOUNTING_WINDOW])
+        return self._with_log_tails(merge(queue, accounting))
+
+    def find(self, name: str) -> ObservedJob | None:
+        """Both sources, by exact name: a pending job is only in squeue, an ended one only in sacct."""
+        queue = self._squeue(["--user", self.user, "--name", name])
+        accounting = self._sacct(["--user", self.user, "--name", name, "--starttime", ACCOUNTING_WINDOW])
+        jobs = [job for job in merge(queue, accounting) if job.name == name]
+        return max(jobs, key=lambda j: int(j.job_id), default=None)
+
+    @property
+    def user(self) -> str:
+        """The SLURM login user (asked once: over ssh it is the remote account, not ours)."""
+        if self._user is None:
+            self._user = self._read(["id", "-un"], "id").stdout.strip()
+        return self._user
+
+    def _squeue(self, filters: list[str]) -> list[ObservedJob]:
+        out = self._read(["squeue", "--noheader", "--array", "--states=all", f"--format={SQUEUE_FORMAT}", *filters],
+                         "squeue")
+        return [job for line in out.stdout.splitlines() if (job := parse_squeue_line(line)) is not None]
+
+    def _sacct(self, filters: list[str]) -> list[ObservedJob]:
+        out = self._read(["sacct", "--noheader", "--parsable2", "--allocations", f"--format={SACCT_FIELDS}",
+                          *filters], "sacct")
+        return [job for line in out.stdout.splitlines() if (job := parse_sacct_line(line)) is not None]
+
+    def _read(self, argv: list[str], what: str) -> CommandResult:
+        try:
+            result = self.commands.run(argv, env=UTC_ENV, timeout=self.options.command_timeout_s)
+        except CommandFailed as exc:
+            raise ObservationError(f"{what}: {exc}") from exc
+        if result.returncode != 0:
+            raise ObservationError(f"{what} exited {result.returncode}: {_first_line(result.stderr)}")
+        return result
+
+    def _with_log_tails(self, jobs: list[ObservedJob]) -> tuple[ObservedJob, ...]:
+        """A job that failed says why in its output file: put the tail in the reason (one `tail` for all)."""
+        paths = {self.output_path(job.name, job.job_id): job.job_id for job in jobs
+                 if job.state in (JobState.FAILED, JobState.OUT_OF_MEMORY)}
+        if not paths:
+            return tuple(jobs)
+        try:
+            result = self.commands.run(["tail", "-v", "-n", str(FAILED_LOG_LINES), *paths], env=UTC_ENV,
+                                       timeout=self.options.command_timeout_s)
+        except CommandFailed:
+            return tuple(jobs)  # the reason is a courtesy; the state is what the rules use
+        tails = {paths[path]: text for path, text in split_tail_output(result.stdout).items() if path in paths}
+        return tuple(job.model_copy(update={"reason": tails[job.job_id]}) if job.job_id in tails else job
+                     for job in jobs)
+
+    # ------------------------------------------------------------------ mutate
+
+    def output_path(self, name: str, job_id: str) -> str:
+        """sbatch's `--output=<logs>/%x_%j.out`, expanded."""
+        return f"{self.logs_dir}/{name}_{job_id}.out"
+
+    def submit(self, request: SubmitRequest) -> str:
+        if not self._logs_dir_made:  # sbatch does not create --output's directory; the job would just fail
+            self._run_checked(["mkdir", "-p", self.logs_dir], "mkdir")
+            self._logs_dir_made = True
+        argv = ["sbatch", "--parsable", f"--job-name={request.name}", f"--comment={request.comment}",
+                f"--time={request.time_limit}", f"--output={self.logs_dir}/%x_%j.out", "--export=ALL",
+                *self._placement(), request.script, *request.args]
+        try:
+            result = self.commands.run(argv, env={**request.env, **UTC_ENV}, timeout=self.options.command_timeout_s)
+        except CommandFailed as exc:
+            # sbatch may have queued the job before we lost it: the next pass finds it by name
+            raise RuntimeError(f"sbatch did not answer ({exc}); the next pass adopts the job if it was queued") from exc
+        job_id = result.stdout.strip().split(";")[0]
+        if result.returncode != 0 or not job_id.isdigit():
+            raise RuntimeError(f"sbatch failed (exit {result.returncode}): {_first_line(result.stderr)}")
+        return job_id
+
+    def cancel(self, job_id: str) -> None:
+        if not job_id.isdigit():
+            raise ValueError(f"not a SLURM job id: {job_id!r}")
+        result = self._run_checked(["scancel", job_id], "scancel", ok=ALREADY_OVER)
+        if result.returncode != 0:
+            log.info("scancel: job already over", extra={"job_id": job_id})
+
+    def _run_checked(self, argv: list[str], what: str, ok: re.Pattern[str] | None = None) -> CommandResult:
+        """Run a mutating command; anything but success (or an `ok` answer) is an error for the actor."""
+        try:
+            result = self.commands.run(argv, env=UTC_ENV, timeout=self.options.command_timeout_s)
+        except CommandFailed as exc:
+            raise RuntimeError(f"{what}: {exc}") from exc
+        if result.returncode != 0 and not (ok is not None and ok.search(result.stderr)):
+            raise RuntimeError(f"{what} failed (exit {result.returncode}): {_first_line(result.stderr)}")
+        return result
+
+    def _placement(self) -> list[str]:
+        o = self.options
+        flags = [f"--{flag}={value}" for flag, value in
+                 (("partition", o.partition), ("account", o.account), ("reservation", o.reservation), ("qos", o.qos))
+                 if value]
+        return flags + ([f"--gres=gpu:{o.gpus_per_job}"] if o.gpus_per_job else [])
+
+
+# ---------------------------------------------------------------------- parsing (pure)
+
+
+def parse_squeue_line(line: str) -> ObservedJob | None:
+    parts = line.split("|", 7)
+    if len(parts) != 8 or not parts[1].startswith(RUN_TAG_PREFIX):
+        return None
+    job_id, name, state, submit, start, end, left, reason = parts
+    job_state = slurm_state(state)
+    return ObservedJob(job_id=job_id, name=name, state=job_state, submitted_at=parse_time(submit),
+                       started_at=None if job_state == JobState.QUEUED else parse_time(start),  # else: expected
+                       ended_at=None if job_state.active else parse_time(end),
+                       time_left_s=parse_duration(left) if job_state == JobState.RUNNING else None,
+                       reason="" if reason in ("None", "") else reason)
+
+
+def parse_sacct_line(line: str) -> ObservedJob | None:
+    parts = line.split("|")
+    if len(parts) < 8 or not parts[1].startswith(RUN_TAG_PREFIX) or "." in parts[0]:
+        return None
+    job_id, name, state, exit_code, submit, start, end = parts[:7]
+    reason = "|".join(parts[7:])
+    code = exit_code.split(":")[0]
+    return ObservedJob(job_id=job_id, name=name, state=slurm_state(state), submitted_at=parse_time(submit),
+                       started_at=parse_time(start), ended_at=parse_time(end),
+                       exit_code=int(code) if code.isdigit() else None, reason="" if reason == "None" else reason)
+
+
+def merge(queue: Iterable[ObservedJob], accounting: Iterable[ObservedJob]) -> list[ObservedJob]:
+    """squeue is the truth for a job it lists (it alone has time left); sacct for every job that left it.
+
+    A job sacct still calls active but squeue no longer lists is ending this instant: it stays active
+    for one more pass rather than being read as gone.
+    """
+    jobs = {job.job_id: job for job in accounting}
+    for job in queue:
+        known = jobs.get(job.job_id)
+        jobs[job.job_id] = job if known is None else job.model_copy(update={"submitted_at": job.submitted_at
+                                                                            or known.submitted_at})
+    return sorted(jobs.values(), key=lambda j: int(j.job_id))
+
+
+def slurm_state(text: str) -> JobState:
+    """`CANCELLED by 0` → CANCELLED; an unknown state counts as running: never resubmit under it."""
+    word = text.split(" ")[0].rstrip("+").upper()
+    state = SLURM_STATES.get(word)
+    if state is None:
+        log.warning("unknown SLURM state, treating the job as still running", extra={"state": text})
+        return JobState.RUNNING
+    return state
+
+
+def parse_time(text: str) -> datetime | None:
+    """`2026-11-29T14:15:12` printed under TZ=UTC; `Unknown`, `None`, `N/A` → None."""
+    try:
+        return datetime.fromisoformat(text).replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def parse_duration(text: str) -> int | None:
+    """squeue %L: `[D-]HH:MM:SS`, `MM:SS`; `UNLIMITED`, `NOT_SET`, `INVALID` → None."""
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
+    if match is None:
+        return None
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def split_tail_output(text: str) -> dict[str, str]:
+    """`tail -v` output (`==> path <==` headers) → {path: last lines joined by ' | '}."""
+    tails: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        header = re.fullmatch(r"==> (.*) <==", line)
+        if header:
+            current = tails.setdefault(header.group(1), [])
+        elif current is not None and line.strip():
+            current.append(line.strip())
+    return {path: " | ".join(lines)[-500:] for path, lines in tails.items()}
+
+
+def _first_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "(no message)"

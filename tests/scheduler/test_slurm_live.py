@@ -1,0 +1,81 @@
+"""The SLURM backend against the real single-node cluster: submit, find, observe, cancel, secrets."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.adapters.scheduler.commands import LocalCommands
+from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
+from controller.core.ports import SubmitRequest
+from controller.core.types import JobState
+
+pytestmark = pytest.mark.slurm
+SECRET = f"tok-{uuid.uuid4().hex}"
+RUN = uuid.uuid4().hex[:8]  # job names unique to this run: accounting remembers every earlier one
+
+
+@pytest.fixture
+def slurm(slurm_env: dict[str, str], tmp_path: Path) -> Iterator[SlurmScheduler]:
+    scheduler = SlurmScheduler(LocalCommands({"SLURM_CONF": slurm_env["SLURM_CONF"]}),
+                               SlurmOptions(partition="debug"), logs_dir=str(tmp_path / "logs"))
+    yield scheduler
+    for job in scheduler.observe():
+        if job.name.startswith(f"ev_live_{RUN}") and job.state.active:
+            scheduler.cancel(job.job_id)
+
+
+def request(tmp_path: Path, name: str, body: str) -> SubmitRequest:
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\n{body}\n")
+    return SubmitRequest(name=f"ev_live_{RUN}_{name}", comment="model|dataset|fp", script=str(script),
+                         args=("first arg", "second"), env={"EVAL_PINGGY_TOKEN": SECRET}, logs_dir="unused",
+                         time_limit="5")
+
+
+def wait_for(slurm: SlurmScheduler, name: str, states: set[JobState], timeout_s: float = 120) -> None:
+    """Poll the adapter itself (bounded) until the job named `name` is in one of `states`."""
+    deadline = time.monotonic() + timeout_s
+    while (job := slurm.find(name)) is None or job.state not in states:
+        assert time.monotonic() < deadline, f"{name} never reached {states}: {job}"
+        time.sleep(0.2)
+
+
+def test_secret_reaches_the_job_through_its_environment_only(slurm: SlurmScheduler, slurm_env: dict[str, str],
+                                                             tmp_path: Path) -> None:
+    req = request(tmp_path, "secret", '[ "$EVAL_PINGGY_TOKEN" = "$EXPECTED" ] && echo token-ok\necho "args: $1|$2"')
+    job_id = slurm.submit(req.model_copy(update={"env": {**req.env, "EXPECTED": SECRET}}))
+    wait_for(slurm, req.name, {JobState.COMPLETED})
+    output = (tmp_path / "logs" / f"{req.name}_{job_id}.out").read_text()
+    assert "token-ok" in output and "args: first arg|second" in output
+    assert SECRET not in output
+    submit_line = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "SubmitLine"], env=slurm_env,
+                                 capture_output=True, text=True, check=True).stdout
+    assert req.name in submit_line and SECRET not in submit_line, "sbatch's argv must not carry the secret"
+    assert not any(SECRET in p.read_text(errors="ignore") for p in tmp_path.rglob("*") if p.is_file())
+
+
+def test_find_sees_a_pending_job_and_cancel_is_idempotent(slurm: SlurmScheduler, tmp_path: Path) -> None:
+    req = request(tmp_path, "held", "sleep 300")
+    job_id = slurm.submit(req.model_copy(update={"time_limit": "5"}))
+    found = slurm.find(req.name)
+    assert found is not None and found.job_id == job_id and found.state.active
+    observed = {job.job_id: job for job in slurm.observe()}
+    assert observed[job_id].name == req.name and observed[job_id].state.active
+    slurm.cancel(job_id)
+    wait_for(slurm, req.name, {JobState.CANCELLED})
+    slurm.cancel(job_id)  # again, after it ended: a no-op, not an error
+    assert slurm.find(req.name).job_id == job_id, "an ended job is still found by its name (sacct)"
+
+
+def test_a_running_job_reports_time_left_within_its_limit(slurm: SlurmScheduler, tmp_path: Path) -> None:
+    req = request(tmp_path, "running", "sleep 300")
+    job_id = slurm.submit(req)
+    wait_for(slurm, req.name, {JobState.RUNNING})
+    job = next(j for j in slurm.observe() if j.job_id == job_id)
+    assert job.started_at is not None and job.time_left_s is not None and 0 < job.time_left_s <= 5 * 60

@@ -1,10 +1,18 @@
 # The two commands of the README, and a few helpers. Every target installs what it needs itself.
-.PHONY: demo test bench crds clean-demo
+.PHONY: demo slurm-demo test bench crds clean-demo
 
 # Set up, then converge the local demo (3 models × 2 benchmarks) and print the grid.
 demo:
 	./scripts/bootstrap.sh
 	.venv/bin/evalctl reconcile --loop --interval 1 --until-done -f specs/demo.yaml
+
+# The same on the lab SLURM cluster (root: installs slurm-wlm + munge + MariaDB) with real Harbor.
+slurm-demo:
+	./scripts/bootstrap.sh
+	./scripts/slurm-up.sh
+	./scripts/eval-env.sh
+	SLURM_CONF=$${SLURM_LAB:-/tmp/evalrun-slurm}/etc/slurm.conf .venv/bin/evalctl reconcile --loop --interval 5 \
+		--until-done -f specs/lab/slurm-lab.yaml --store sqlite:///.evalctl/slurm-lab/store.db
 
 # Set up, then run the whole test suite.
 test:
@@ -21,4 +29,4 @@ crds:
 	.venv/bin/evalctl crds > crds/evalrun.io_crds.yaml
 
 clean-demo:
-	rm -rf .evalctl/demo .evalctl/store.db .evalctl/store.db-wal .evalctl/store.db-shm
+	rm -rf .evalctl/demo .evalctl/slurm-lab .evalctl/store.db .evalctl/store.db-wal .evalctl/store.db-shm

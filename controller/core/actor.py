@@ -149,7 +149,7 @@ class Actor:
                 TunnelLease(pair=action.tunnel, holder=name, evalrun=cell.evalrun, leased_at=now)):
             raise RuntimeError(f"pinggy pair {action.tunnel} was just leased to another job; next pass")
         existing = self.scheduler.find(name)
-        if existing is not None:
+        if existing is not None and submission.may_have_launched(existing):
             self.store.record_job_id(name, existing.job_id, row_id)
             return f"adopted job {existing.job_id} ({name}) found by its name"
         kill_point("after-find")

@@ -139,7 +139,8 @@ class _CellView:
         self.adoptions = [
             RowUpdate(submission_name=s.name, job_id=job.job_id, row_id=s.row_id)
             for s in self.subs
-            if s.job_id is None and (job := self._newest(self._jobs_named(s.name))) is not None
+            if s.job_id is None
+            and (job := self._newest([j for j in self._jobs_named(s.name) if s.may_have_launched(j)])) is not None
         ]
 
     # ------------------------------------------------------------------ a job is queued or running
@@ -259,7 +260,8 @@ class _CellView:
         """Our Pending/Started row and nothing of ours in the queue: the job ended, died or never started."""
         tag = row.job_name or ""
         last = next((s for s in reversed(self.subs) if s.run_tag == tag), None)
-        if last is not None and last.job_id is None and not self._jobs_named(last.name):
+        if last is not None and last.job_id is None and not any(
+                last.may_have_launched(j) for j in self._jobs_named(last.name)):
             action = Action(kind=ActionKind.SUBMIT if last.fire == 1 else ActionKind.RESUME, run_tag=last.run_tag,
                             attempt=last.attempt, fire=last.fire, row_id=row.id,
                             reason=f"intent {last.name} recorded but no job has that name: finish the submission")

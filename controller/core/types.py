@@ -7,7 +7,7 @@ adapters produce these, the planner consumes them, the actor executes what the p
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -217,6 +217,18 @@ class Submission(Frozen):
     row_id: str | None = None
     job_id: str | None = None
     created_at: datetime
+
+    def may_have_launched(self, job: ObservedJob) -> bool:
+        """Could `job`, found by this submission's name, be the one it launched (the crash repair)?
+
+        A live job always could (adopting it is what prevents a duplicate). An ended job submitted before
+        this intent existed is from an earlier life of the name (a deleted store, another reconciler):
+        adopting it would stand for a job that never ran for this intent.
+        """
+        return job.state.active or job.submitted_at is None or job.submitted_at >= self.created_at - CLOCK_SKEW
+
+
+CLOCK_SKEW = timedelta(minutes=1)  # tolerated between this host's clock and the scheduler's (NTP keeps them closer)
 
 
 class TunnelLease(Frozen):

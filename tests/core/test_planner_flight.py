@@ -99,6 +99,25 @@ def test_job_found_by_name_is_adopted_and_recorded():
     assert [(u.submission_name, u.job_id) for u in decided.row_updates] == [(TAG, "555")]
 
 
+def test_an_ended_job_older_than_the_intent_is_not_adopted_the_submission_is_finished():
+    """Same name, but the job ended before this intent existed (a deleted store): it did not run for us."""
+    old = job(TAG, JobState.COMPLETED, job_id="17", ended=ago(hours=5)).model_copy(update={"submitted_at": ago(days=3)})
+    decided = plan_cell(C, obs(rows=(row("Pending", job_name=TAG, submitted=ago(minutes=1)),),
+                               subs=(sub(C, job_id=None, created=ago(minutes=1)),), jobs=(old,)), POLICY, NOW)
+    assert decided.row_updates == ()
+    assert kinds(decided) == ["submit"] and "finish the submission" in decided.actions[0].reason
+
+
+def test_an_ended_job_submitted_after_the_intent_is_adopted():
+    """Crash after sbatch, and the job already ended: it is ours, recorded, and its dir decides."""
+    ended = job(TAG, JobState.FAILED, job_id="18", ended=ago(seconds=10)).model_copy(
+        update={"submitted_at": ago(seconds=50)})
+    decided = plan_cell(C, obs(rows=(row("Pending", job_name=TAG, submitted=ago(minutes=1)),),
+                               subs=(sub(C, job_id=None, created=ago(minutes=1)),), jobs=(ended,)), POLICY, NOW)
+    assert [(u.submission_name, u.job_id) for u in decided.row_updates] == [(TAG, "18")]
+    assert "submit" not in kinds(decided)
+
+
 def test_our_row_whose_job_vanished_is_dead_now():
     """Neither queue nor accounting knows our job: act now, not after staleStartedHours."""
     decided = plan_cell(C, obs(rows=(row("Started", job_name=TAG, started=ago(minutes=30)),), subs=(sub(C),)),

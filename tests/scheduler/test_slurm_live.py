@@ -54,9 +54,15 @@ def test_secret_reaches_the_job_through_its_environment_only(slurm: SlurmSchedul
     output = (tmp_path / "logs" / f"{req.name}_{job_id}.out").read_text()
     assert "token-ok" in output and "args: first arg|second" in output
     assert SECRET not in output
-    submit_line = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "SubmitLine"], env=slurm_env,
-                                 capture_output=True, text=True, check=True).stdout
-    assert req.name in submit_line and SECRET not in submit_line, "sbatch's argv must not carry the secret"
+    def submit_line() -> str:  # accounting lags the queue: poll until the job's record has landed
+        return subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "SubmitLine"], env=slurm_env,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    deadline = time.monotonic() + 60
+    while not (line := submit_line()):
+        assert time.monotonic() < deadline, f"sacct never showed job {job_id}"
+        time.sleep(0.2)
+    assert req.name in line and SECRET not in line, "sbatch's argv must not carry the secret"
     assert not any(SECRET in p.read_text(errors="ignore") for p in tmp_path.rglob("*") if p.is_file())
 
 

@@ -68,8 +68,9 @@ exec "{sys.executable}" "{FAKE_HARBOR}" "$@"
     assert f"pinggy token ok for {PAIRS[freed]}" in output
     for sub in cluster.submissions():
         if sub["job_id"]:
-            line = slurm(["sacct", "-n", "-X", "-P", "-j", sub["job_id"], "-o", "SubmitLine"], cluster.env).stdout
-            assert not any(t in line for t in tokens.values()), "a token reached sbatch's command line"
+            line = wait_until(lambda s=sub: slurm(["sacct", "-n", "-X", "-P", "-j", s["job_id"], "-o", "SubmitLine"],
+                                                   cluster.env).stdout.strip(), f"sacct record of {sub['name']}")
+            assert sub["name"] in line and not any(t in line for t in tokens.values()), "token in sbatch's argv"
     for path in [cluster.db, *cluster.root.rglob("*.out"), *cluster.jobs_dir.rglob("*")]:
         if path.is_file():
             assert not any(t.encode() in path.read_bytes() for t in tokens.values()), f"token written to {path}"

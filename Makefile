@@ -1,5 +1,5 @@
 # The two commands of the README, and a few helpers. Every target installs what it needs itself.
-.PHONY: demo slurm-demo test bench crds clean-demo
+.PHONY: demo slurm-demo test bench bench-slurm crds clean-demo
 
 # Set up, then converge the local demo (3 models × 2 benchmarks) and print the grid.
 demo:
@@ -23,6 +23,12 @@ test:
 bench:
 	./scripts/bootstrap.sh
 	.venv/bin/python bench/plan_pass.py
+
+# One pass's SLURM observation (1 squeue + 1 sacct) with 700 queued jobs on the lab cluster; prints figures.
+bench-slurm:
+	./scripts/bootstrap.sh
+	./scripts/slurm-up.sh
+	SLURM_CONF=$${SLURM_LAB:-/tmp/evalrun-slurm}/etc/slurm.conf .venv/bin/python bench/slurm_observe.py 700
 
 # Regenerate the committed CRDs from the pydantic models.
 crds:

@@ -103,6 +103,13 @@ def test_failed_at_start_holds_with_the_log_tail():
     assert "ModuleNotFoundError: harbor" in decided.reason
 
 
+def test_out_of_memory_holds_with_a_clear_reason_instead_of_resuming():
+    decided = plan_cell(C, obs(rows=(row("Started", job_name=TAG, started=ago(minutes=30)),), subs=(sub(C),),
+                               jobs=(job(TAG, JobState.OUT_OF_MEMORY, reason="oom-kill event"),)), POLICY, NOW)
+    assert decided.phase == Phase.FAILED and [a.kind.value for a in decided.actions] == ["hold"]
+    assert "ran out of memory" in decided.reason and "oom-kill event" in decided.reason
+
+
 def test_orphan_done_dir_is_uploaded_without_a_row():
     legacy = facts("old-listener-tag", completed=10, model=C.model, benchmark_name=C.benchmark_name)
     decided = plan_cell(C, obs(dirs=(legacy,)), POLICY, NOW)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from controller.adapters.scheduler.local import LocalScheduler
+from tests.fixtures.evalctl import run_evalctl
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_HARBOR = REPO / "specs" / "demo" / "fake_harbor.py"
@@ -50,17 +49,8 @@ spec:
 """)
 
     def evalctl(self, *args: str, kill_at: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "COLUMNS": "200"}
-        env.pop("EVALCTL_KILL_AT", None)
-        if kill_at:
-            env["EVALCTL_KILL_AT"] = kill_at
-        command = [sys.executable, "-m", "controller.entry.cli", *args]
-        if args and args[0] in ("plan", "reconcile", "status", "explain"):
-            command += ["-f", str(self.spec), "--store", self.store]
-        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
-        if check and kill_at is None:
-            assert result.returncode == 0, result.stdout + result.stderr
-        return result
+        return run_evalctl(args, spec=self.spec, store=self.store, env={**os.environ, "COLUMNS": "200"},
+                           kill_at=kill_at, check=check, timeout=120)
 
     def jobs_named(self, name: str) -> list:
         return [j for j in self.scheduler.observe() if j.name == name]
@@ -69,17 +59,6 @@ spec:
         for job in self.scheduler.observe():
             if job.state.active:
                 self.scheduler.cancel(job.job_id)
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0, step_s: float = 0.1) -> None:
-    """Poll a condition with a bounded deadline (synchronisation on observable state, not on time)."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(step_s)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from tests.e2e.conftest import wait_until
+from tests.fixtures.evalctl import wait_until
 
 MODELS = ["org/m-8B", "org/n-8B"]
 DATASETS = ["DCAgent/tiny"]

@@ -172,3 +172,10 @@ def test_cancel_of_a_job_that_already_ended_is_a_no_op_but_other_errors_are_not(
     with pytest.raises(RuntimeError, match="Access/permission denied"):
         scheduler(Scripted({"scancel": ok(returncode=1, stderr="scancel: error: Kill job error on job id 5: "
                                                               "Access/permission denied")})).cancel("5")
+
+
+def test_an_array_task_named_like_ours_does_not_break_the_pass() -> None:
+    array_task = parse_squeue_line("50_3|ev_someones_array|RUNNING|2026-11-29T14:00:00|2026-11-29T14:00:01|N/A|"
+                                   "10:00|None")
+    plain = parse_squeue_line("49|ev_a|RUNNING|2026-11-29T14:00:00|2026-11-29T14:00:01|N/A|10:00|None")
+    assert [j.job_id for j in merge([array_task, plain], [])] == ["49", "50_3"]

@@ -19,12 +19,14 @@ import sqlite3
 import string
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+
+from tests.fixtures.evalctl import run_evalctl
+from tests.fixtures.evalctl import wait_until as wait_for_state
 
 REPO = Path(__file__).resolve().parents[2]
 EVAL_HARBOR = REPO / "eval" / "slurm" / "eval_harbor.sbatch"
@@ -38,13 +40,8 @@ DEADLINE_S = 300.0
 
 def wait_until(condition: Callable[[], object], what: str, timeout_s: float = DEADLINE_S,
                step_s: float = 0.5) -> object:
-    """Poll `condition` until it returns something truthy (and return that); fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(step_s)
-    return value
+    """`tests.fixtures.evalctl.wait_until` with this suite's generous deadline (cluster slots may be busy)."""
+    return wait_for_state(condition, what, timeout_s=timeout_s, step_s=step_s)
 
 
 def slurm(args: list[str], env: dict[str, str], check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -142,19 +139,8 @@ spec:
 
     def evalctl(self, *args: str, kill_at: str | None = None, check: bool = True,
                 timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        env = {**self.env, "COLUMNS": "250"}
-        env.pop("EVALCTL_KILL_AT", None)
-        if kill_at:
-            env["EVALCTL_KILL_AT"] = kill_at
-        command = [sys.executable, "-m", "controller.entry.cli", *args]
-        if args and args[0] in ("plan", "reconcile", "status", "explain"):
-            command += ["-f", str(self.spec), "--store", self.store]
-        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO,
-                                stdin=subprocess.DEVNULL, check=False)
-        if check and kill_at is None:
-            assert result.returncode == 0, f"evalctl {' '.join(args)}: rc={result.returncode}\n" \
-                                           f"{result.stdout}\n{result.stderr}"
-        return result
+        return run_evalctl(args, spec=self.spec, store=self.store, env=self.env, cwd=REPO, kill_at=kill_at,
+                           check=check, timeout=timeout)
 
     def reconcile(self, **kwargs) -> subprocess.CompletedProcess[str]:
         return self.evalctl("reconcile", "--once", **kwargs)

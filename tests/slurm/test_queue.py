@@ -107,3 +107,18 @@ def test_unreachable_slurmctld_makes_every_cell_unknown_and_nothing_is_submitted
     subs = cluster.submissions()
     assert len(subs) == 2 and subs[0] == subs_before[0] and subs[1]["job_id"], subs
     assert sorted(j["job_id"] for j in cluster.our_queued_jobs()) == sorted(s["job_id"] for s in subs)
+
+
+def test_a_job_that_fails_at_start_is_held_with_its_log_tail(cluster):
+    broken = cluster.script("broken.sbatch", "#!/bin/bash\necho 'loading modules'\n"
+                                              "echo 'eval_harbor: no Harbor at /nowhere/bin/harbor' >&2\nexit 3\n")
+    cluster.write(models=[cluster.model(1)], datasets=["DCAgent/failbench"], script=broken)
+    cluster.reconcile()
+    [sub] = cluster.submissions()
+    assert cluster.wait_job_final(sub["job_id"]) == "FAILED"
+    cluster.reconcile()
+    [cell] = cluster.plan_cells()
+    assert cell["phase"] == "Failed" and [a["kind"] for a in cell["actions"]] == ["hold"], cell
+    assert f"job {sub['job_id']} failed before any trial ran" in cell["reason"]
+    assert "no Harbor at /nowhere/bin/harbor" in cell["reason"], "the log tail explains the failure"
+    assert len(cluster.submissions()) == 1, "a job that cannot start is not resubmitted"

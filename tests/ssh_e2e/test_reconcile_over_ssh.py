@@ -14,7 +14,6 @@ import pwd
 import shutil
 import sqlite3
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import wait_until
+from tests.fixtures.evalctl import run_evalctl, wait_until
 from tests.ssh.conftest import SshLab
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,13 +72,9 @@ spec:
 """)
 
     def evalctl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """`python -m controller.entry.cli ARGS -f spec --store sqlite:///...`, run in the tmp dir."""
-        return subprocess.run(
-            [sys.executable, "-m", "controller.entry.cli", *args, "-f", str(self.spec),
-             "--store", f"sqlite:///{self.store}"],
-            cwd=self.root, env=self.env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
-            check=False,
-        )
+        """`evalctl ARGS -f spec --store sqlite:///...`, run in the tmp dir (not the repo: sbatch runs remotely)."""
+        return run_evalctl(args, spec=self.spec, store=f"sqlite:///{self.store}", env=self.env, cwd=self.root,
+                           check=False, timeout=180)
 
     def reconcile_once(self) -> subprocess.CompletedProcess[str]:
         result = self.evalctl("reconcile", "--once")

@@ -97,7 +97,7 @@ class SlurmScheduler:
         queue = self._squeue(["--user", self.user, "--name", name])
         accounting = self._sacct(["--user", self.user, "--name", name, "--starttime", ACCOUNTING_WINDOW])
         jobs = [job for job in merge(queue, accounting) if job.name == name]
-        return max(jobs, key=lambda j: int(j.job_id), default=None)
+        return max(jobs, key=job_order, default=None)
 
     @property
     def user(self) -> str:
@@ -227,7 +227,13 @@ def merge(queue: Iterable[ObservedJob], accounting: Iterable[ObservedJob]) -> li
         known = jobs.get(job.job_id)
         jobs[job.job_id] = job if known is None else job.model_copy(update={"submitted_at": job.submitted_at
                                                                             or known.submitted_at})
-    return sorted(jobs.values(), key=lambda j: int(j.job_id))
+    return sorted(jobs.values(), key=job_order)
+
+
+def job_order(job: ObservedJob) -> tuple[int, str]:
+    """Submission order; an array task id (`123_4`) sorts by its array's id instead of breaking the sort."""
+    head = job.job_id.split("_")[0]
+    return (int(head) if head.isdigit() else -1, job.job_id)
 
 
 def slurm_state(text: str) -> JobState:

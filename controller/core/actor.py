@@ -91,6 +91,9 @@ class Actor:
 
     def act(self, plan: Plan) -> list[Outcome]:
         outcomes: list[Outcome] = []
+        for lease in plan.tunnel_releases:  # first: a pair freed now may be handed out in this very plan
+            self.store.release_tunnel(lease.pair, lease.holder)
+            log.info("pinggy pair released", extra={"pair": lease.pair, "job": lease.holder})
         for cell_plan in plan.cells:
             outcomes += self._act_cell(cell_plan)
         return outcomes
@@ -103,9 +106,6 @@ class Actor:
                 self.store.record_job_id(update.submission_name, update.job_id, update.row_id)
             if update.row_id and update.status:
                 self.store.update_row_status(update.row_id, update.status, started_at=update.started_at)
-        for lease in cell_plan.tunnel_releases:
-            self.store.release_tunnel(lease.pair, lease.holder)
-            log.info("pinggy pair released", extra={"cell": label, "pair": lease.pair, "job": lease.holder})
         for action in cell_plan.actions:
             if action.kind in (ActionKind.WAIT, ActionKind.SKIP, ActionKind.HOLD):
                 continue
@@ -141,7 +141,8 @@ class Actor:
         row_id = action.row_id or row_id_for(action.run_tag)
         now = self.now()
         submission = Submission(name=name, run_tag=action.run_tag, evalrun=cell.evalrun, cell_key=cell.key,
-                                attempt=action.attempt or 0, fire=action.fire, row_id=row_id, created_at=now)
+                                attempt=action.attempt or 0, fire=action.fire, row_id=row_id,
+                                created_at=action.intent_at or now)  # a repair keeps the recorded intent's time
         new_row = None if action.row_id else self._pending_row(cell, action.run_tag, row_id, now)
         self.store.record_intent(submission, new_row)
         kill_point("after-intent")

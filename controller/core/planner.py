@@ -75,12 +75,16 @@ def plan(
     now: datetime,
     budget: int | None = None,
     tunnel_leases: Sequence[TunnelLease] = (),
+    live_job_names: frozenset[str] | None = None,
 ) -> Plan:
     """Decide every cell, then share out what is scarce: launches (`budget`, default the policy's
-    per-pass cap) and pinggy pairs (`policy.tunnel_pairs` minus those leased to live jobs)."""
-    decided = [plan_cell(cell, obs, policy, now, tunnel_leases) for cell, obs in zip(cells, observations, strict=True)]
-    released = {(lease.pair, lease.holder) for cell_plan in decided for lease in cell_plan.tunnel_releases}
-    holders = {lease.pair: lease.holder for lease in tunnel_leases if (lease.pair, lease.holder) not in released}
+    per-pass cap) and pinggy pairs (`policy.tunnel_pairs` minus those leased to live jobs).
+
+    `live_job_names`: every queued or running job on the cluster (None: the queue was not read).
+    """
+    decided = [plan_cell(cell, obs, policy, now) for cell, obs in zip(cells, observations, strict=True)]
+    released = () if policy.suspend else ended_leases(evalrun, tunnel_leases, observations, live_job_names)
+    holders = {lease.pair: lease.holder for lease in tunnel_leases if lease not in released}
     remaining = policy.max_submissions_per_pass if budget is None else budget
     planned = []
     for cell_plan in decided:
@@ -99,12 +103,32 @@ def plan(
         if policy.suspend:
             cell_plan = _suspended(cell_plan)
         planned.append(cell_plan)
-    return Plan(evalrun=evalrun, cells=tuple(planned), suspended=policy.suspend)
+    return Plan(evalrun=evalrun, cells=tuple(planned), suspended=policy.suspend, tunnel_releases=released)
 
 
-def plan_cell(
-    cell: Cell, obs: Observation, policy: Policy, now: datetime, tunnel_leases: Sequence[TunnelLease] = ()
-) -> CellPlan:
+def ended_leases(evalrun: str, leases: Sequence[TunnelLease], observations: Sequence[Observation],
+                 live_job_names: frozenset[str] | None) -> tuple[TunnelLease, ...]:
+    """This EvalRun's leases whose holder is no live job and will not be launched by a repair.
+
+    A lease whose submission never reached sbatch (a crash between intent and sbatch) is kept: the repair
+    reuses it. A lease whose submission no cell knows any more (the spec changed) goes once its job is over.
+    """
+    if live_job_names is None:
+        return ()
+    subs = {s.name: s for obs in observations for s in obs.submissions or ()}
+    named = {job.name for obs in observations for job in obs.jobs or ()}
+    ended = []
+    for lease in leases:
+        if lease.evalrun != evalrun or lease.holder in live_job_names:
+            continue
+        sub = subs.get(lease.holder)
+        awaiting_repair = sub is not None and sub.job_id is None and sub.name not in named
+        if not awaiting_repair:
+            ended.append(lease)
+    return tuple(ended)
+
+
+def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime) -> CellPlan:
     if obs.rows is None or obs.submissions is None or obs.jobs is None or obs.run_dirs is None:
         return CellPlan(
             cell=cell,
@@ -115,9 +139,7 @@ def plan_cell(
         )
     view = _CellView(cell, obs, policy, now)
     live = [job for job in obs.jobs if job.state.active]
-    decided = view.in_flight(live) if live else view.settled()
-    ended = view.ended_tunnels(tunnel_leases)
-    return decided.model_copy(update={"tunnel_releases": ended}) if ended else decided
+    return view.in_flight(live) if live else view.settled()
 
 
 class _CellView:
@@ -263,7 +285,7 @@ class _CellView:
         if last is not None and last.job_id is None and not any(
                 last.may_have_launched(j) for j in self._jobs_named(last.name)):
             action = Action(kind=ActionKind.SUBMIT if last.fire == 1 else ActionKind.RESUME, run_tag=last.run_tag,
-                            attempt=last.attempt, fire=last.fire, row_id=row.id,
+                            attempt=last.attempt, fire=last.fire, row_id=row.id, intent_at=last.created_at,
                             reason=f"intent {last.name} recorded but no job has that name: finish the submission")
             return self._result(Phase.PENDING, [action], "submission interrupted before sbatch",
                                 "DESIGN: create-pending protocol, step 2–3 repair")
@@ -312,21 +334,6 @@ class _CellView:
                         reason=f"{verdict.reason} ({_progress(facts)}): upload metrics")
         return self._result(Phase.EVALUATED, [analyze, upload], f"{verdict.reason}: analyze and upload", rule,
                             facts=facts)
-
-    def ended_tunnels(self, leases: Sequence[TunnelLease]) -> tuple[TunnelLease, ...]:
-        """Our leases whose job has ended (it was launched and nothing by its name is live any more).
-
-        A lease whose submission never reached sbatch is kept: the repair of that submission reuses it.
-        """
-        subs = {s.name: s for s in self.subs}
-        ended = []
-        for lease in leases:
-            sub = subs.get(lease.holder)
-            jobs = self._jobs_named(lease.holder)
-            launched = sub is not None and (sub.job_id is not None or bool(jobs))
-            if launched and not any(job.state.active for job in jobs):
-                ended.append(lease)
-        return tuple(ended)
 
     # ------------------------------------------------------------------ helpers
 
@@ -423,7 +430,8 @@ def _holder(launch: Action) -> str:
 def _pair_for(launch: Action, policy: Policy, holders: dict[str, str]) -> str | None:
     """The pair this submission already holds (a repaired submission), else the first free one."""
     holder = _holder(launch)
-    own = next((pair for pair, held_by in holders.items() if held_by == holder), None)
+    own = next((pair for pair, held_by in holders.items() if held_by == holder and pair in policy.tunnel_pairs),
+               None)
     return own or next((pair for pair in policy.tunnel_pairs if pair not in holders), None)
 
 
@@ -447,7 +455,7 @@ def _suspended(cell_plan: CellPlan) -> CellPlan:
                row_id=a.row_id) if a.kind in MUTATING else a
         for a in cell_plan.actions
     )
-    return cell_plan.model_copy(update={"actions": held, "row_updates": (), "tunnel_releases": ()})
+    return cell_plan.model_copy(update={"actions": held, "row_updates": ()})
 
 
 # ---------------------------------------------------------------------- formatting

@@ -77,13 +77,17 @@ def reconcile_pass(
         if target.cluster not in jobs:
             jobs[target.cluster] = _read(ports.scheduler.observe)
             dirs[target.cluster] = _read(ports.run_dirs.observe)
-            budgets[target.cluster] = rate_budget(jobs[target.cluster], ports.submissions_per_minute, now)
+            budgets[target.cluster] = min(rate_budget(jobs[target.cluster], ports.submissions_per_minute, now),
+                                          target.policy.max_submissions_per_pass)  # a cluster field: same for all
         snapshot = _read(lambda t=target: store.observe(t.evalrun, _models(t), _benchmarks(t)))
         observations = _observe(target, snapshot, jobs[target.cluster], dirs[target.cluster])
-        budget = min(budgets[target.cluster], target.policy.max_submissions_per_pass)
+        budget = budgets[target.cluster]
         leases = snapshot.tunnel_leases if isinstance(snapshot, StoreSnapshot) else ()
+        cluster_jobs = jobs[target.cluster]
+        live = None if isinstance(cluster_jobs, ObservationError) else frozenset(
+            job.name for job in cluster_jobs if job.state.active)
         the_plan = plan(target.evalrun, target.cells, observations, target.policy, now, budget=budget,
-                        tunnel_leases=leases)
+                        tunnel_leases=leases, live_job_names=live)
         budgets[target.cluster] -= sum(1 for c in the_plan.cells for a in c.actions if a.kind in LAUNCHING)
         if not act or the_plan.suspended:
             results.append(PassResult(evalrun=target.evalrun, plan=the_plan, note="suspended" if act else "plan"))

@@ -285,6 +285,7 @@ class Action(Frozen):
     job_id: str | None = None
     row_id: str | None = None
     tunnel: str | None = Field(None, description="pinggy pair the launched job uses (installed-agent cells)")
+    intent_at: datetime | None = Field(None, description="when the intent being repaired was recorded")
 
     def render(self) -> str:
         return f"{self.kind.value}: {self.reason}"
@@ -311,7 +312,6 @@ class CellPlan(Frozen):
     reason: str
     rule: str = Field(description="the REFERENCE.md row that decided, for `evalctl explain`")
     row_updates: tuple[RowUpdate, ...] = ()
-    tunnel_releases: tuple[TunnelLease, ...] = Field((), description="leases whose job has ended")
     run_dir: RunDirFacts | None = None
     score: float | None = None
 
@@ -320,3 +320,4 @@ class Plan(Frozen):
     evalrun: str
     cells: tuple[CellPlan, ...]
     suspended: bool = False
+    tunnel_releases: tuple[TunnelLease, ...] = Field((), description="pinggy leases whose job is over")

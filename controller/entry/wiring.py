@@ -149,7 +149,9 @@ def run_dirs_fs(cluster: LoadedCluster, jobs_dir: str) -> Callable[[], AbstractF
 
 def pinggy_env(run: LoadedRun, pair_name: str) -> dict[str, str]:
     """EVAL_PINGGY_URL / EVAL_PINGGY_TOKEN of the leased pair; the token is read only now, at submit."""
-    pair = next(p for p in run.run.spec.pinggy.pairs if p.name == pair_name)
+    pair = next((p for p in run.run.spec.pinggy.pairs if p.name == pair_name), None)
+    if pair is None:  # the planner hands out pool pairs only; this would be a bug, said plainly
+        raise MissingSecret(f"pinggy pair {pair_name} is not in spec.pinggy.pairs of {run.run.metadata.name}")
     return {"EVAL_PINGGY_URL": pair.url or "", "EVAL_PINGGY_TOKEN": secret_value(pair.secret_ref, f"pinggy pair {pair.name}")}
 
 

@@ -106,6 +106,7 @@ def test_an_ended_job_older_than_the_intent_is_not_adopted_the_submission_is_fin
                                subs=(sub(C, job_id=None, created=ago(minutes=1)),), jobs=(old,)), POLICY, NOW)
     assert decided.row_updates == ()
     assert kinds(decided) == ["submit"] and "finish the submission" in decided.actions[0].reason
+    assert decided.actions[0].intent_at == ago(minutes=1), "the actor judges adoption against the recorded intent"
 
 
 def test_an_ended_job_submitted_after_the_intent_is_adopted():

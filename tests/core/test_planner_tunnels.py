@@ -39,10 +39,11 @@ def test_a_pair_leased_to_a_live_job_is_not_handed_out_again():
     name = submission_name(running.run_tag(1), 1)
     observations = [obs(rows=(row("Started", job_name=running.run_tag(1)),), subs=(sub(running),),
                         jobs=(job(name, JobState.RUNNING, started=ago(minutes=5)),)), obs(), obs()]
-    cells = plan("run1", AGENTS, observations, POOL, NOW, tunnel_leases=[lease("pair-a", name)]).cells
-    assert cells[0].tunnel_releases == ()
-    assert launch(cells[1]).tunnel == "pair-b"
-    assert launch(cells[2]) is None
+    the_plan = plan("run1", AGENTS, observations, POOL, NOW, tunnel_leases=[lease("pair-a", name)],
+                    live_job_names=frozenset({name}))
+    assert the_plan.tunnel_releases == ()
+    assert launch(the_plan.cells[1]).tunnel == "pair-b"
+    assert launch(the_plan.cells[2]) is None
 
 
 def test_the_pair_of_an_ended_job_is_released_and_reused_in_the_same_pass():
@@ -50,10 +51,27 @@ def test_the_pair_of_an_ended_job_is_released_and_reused_in_the_same_pass():
     name = submission_name(done.run_tag(1), 1)
     observations = [obs(rows=(row("Finished", job_name=done.run_tag(1), metrics=SCORED),), subs=(sub(done),),
                         jobs=(job(name, JobState.COMPLETED, ended=ago(minutes=1)),)), obs(), obs()]
-    cells = plan("run1", AGENTS, observations, POOL, NOW,
-                 tunnel_leases=[lease("pair-a", name), lease("pair-b", "ev_someone_else")]).cells
-    assert cells[0].tunnel_releases == (lease("pair-a", name),)
-    assert [launch(c).tunnel if launch(c) else None for c in cells[1:]] == ["pair-a", None]
+    other = TunnelLease(pair="pair-b", holder="ev_other_run_job", evalrun="run2", leased_at=ago(hours=1))
+    the_plan = plan("run1", AGENTS, observations, POOL, NOW, tunnel_leases=[lease("pair-a", name), other],
+                    live_job_names=frozenset())
+    assert the_plan.tunnel_releases == (lease("pair-a", name),), "another EvalRun's lease is its own business"
+    assert [launch(c).tunnel if launch(c) else None for c in the_plan.cells[1:]] == ["pair-a", None]
+
+
+def test_a_lease_no_cell_knows_any_more_is_released_once_its_job_is_over():
+    """The spec changed (another fingerprint, a removed model): nothing else would ever free the pair."""
+    orphan = lease("pair-a", "ev_removed_model__tiny__0123abcd__a1")
+    the_plan = plan("run1", AGENTS[:1], [obs()], POOL, NOW, tunnel_leases=[orphan], live_job_names=frozenset())
+    assert the_plan.tunnel_releases == (orphan,)
+    still_running = plan("run1", AGENTS[:1], [obs()], POOL, NOW, tunnel_leases=[orphan],
+                         live_job_names=frozenset({orphan.holder}))
+    assert still_running.tunnel_releases == ()
+    assert launch(still_running.cells[0]).tunnel == "pair-b"
+
+
+def test_nothing_is_released_when_the_queue_could_not_be_read():
+    orphan = lease("pair-a", "ev_removed_model__tiny__0123abcd__a1")
+    assert plan("run1", AGENTS[:1], [obs()], POOL, NOW, tunnel_leases=[orphan]).tunnel_releases == ()
 
 
 def test_an_interrupted_submission_keeps_its_pair_and_its_repair_reuses_it():
@@ -62,9 +80,20 @@ def test_an_interrupted_submission_keeps_its_pair_and_its_repair_reuses_it():
     name = submission_name(first.run_tag(1), 1)
     observations = [obs(rows=(row("Pending", job_name=first.run_tag(1), submitted=ago(minutes=2)),),
                         subs=(sub(first, job_id=None),)), obs(), obs()]
-    cells = plan("run1", AGENTS, observations, POOL, NOW, tunnel_leases=[lease("pair-b", name)]).cells
-    assert cells[0].tunnel_releases == ()
-    assert [launch(c).tunnel if launch(c) else None for c in cells] == ["pair-b", "pair-a", None]
+    the_plan = plan("run1", AGENTS, observations, POOL, NOW, tunnel_leases=[lease("pair-b", name)],
+                    live_job_names=frozenset())
+    assert the_plan.tunnel_releases == ()
+    assert [launch(c).tunnel if launch(c) else None for c in the_plan.cells] == ["pair-b", "pair-a", None]
+
+
+def test_a_pair_removed_from_the_pool_is_not_reused_by_its_repair():
+    first = AGENTS[0]
+    name = submission_name(first.run_tag(1), 1)
+    observations = [obs(rows=(row("Pending", job_name=first.run_tag(1), submitted=ago(minutes=2)),),
+                        subs=(sub(first, job_id=None),))]
+    [decided] = plan("run1", AGENTS[:1], observations, POOL, NOW, tunnel_leases=[lease("pair-gone", name)],
+                     live_job_names=frozenset()).cells
+    assert launch(decided).tunnel == "pair-a"
 
 
 def test_cells_without_an_installed_agent_never_take_a_pair():
@@ -90,6 +119,6 @@ def test_suspend_releases_nothing():
     done = AGENTS[0]
     name = submission_name(done.run_tag(1), 1)
     observations = [obs(subs=(sub(done),), jobs=(job(name, JobState.COMPLETED, ended=ago(minutes=1)),))]
-    [decided] = plan("run1", AGENTS[:1], observations, POOL.model_copy(update={"suspend": True}), NOW,
-                     tunnel_leases=[lease("pair-a", name)]).cells
-    assert decided.tunnel_releases == ()
+    the_plan = plan("run1", AGENTS[:1], observations, POOL.model_copy(update={"suspend": True}), NOW,
+                    tunnel_leases=[lease("pair-a", name)], live_job_names=frozenset())
+    assert the_plan.tunnel_releases == ()

@@ -48,3 +48,14 @@ def test_explain_names_the_rule(cluster):
     out = cluster.evalctl("explain", "org/a-8B", "DCAgent/tiny_a").stdout
     assert "rule:   REFERENCE §2: none → start (no existing job)" in out
     assert "action: submit: no existing job" in out
+
+
+def test_the_per_pass_cap_is_shared_by_every_evalrun_on_the_cluster(cluster):
+    cluster.write(models=["org/a-8B", "org/b-8B", "org/c-8B"], datasets=["DCAgent/tiny_a"], max_per_pass=2,
+                  env={"FAKE_HARBOR_HANG_AFTER": "1", "FAKE_HARBOR_TASKS": "4"})
+    first_run = cluster.spec.read_text()
+    second_run = first_run[first_run.index("kind: EvalRun"):].replace("name: e2e", "name: e2e-second")
+    cluster.spec.write_text(f"{first_run}\n---\napiVersion: evalrun.io/v1alpha1\n{second_run}")
+    out = cluster.evalctl("reconcile", "--once").stdout
+    assert out.count("submitted job") == 2, out
+    assert len(cluster.scheduler.observe()) == 2

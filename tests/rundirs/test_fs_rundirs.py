@@ -19,6 +19,7 @@ from tests.fixtures.harbor_dirs import (
     REFERENCE_ERRORS,
     write_job_result,
     write_meta_env,
+    write_synthetic_run_dir,
     write_trial,
 )
 
@@ -140,3 +141,41 @@ class FailingInfoFS(MemoryFileSystem):
 def test_jobs_dir_unreadable_through_fs_is_unknown_not_empty() -> None:
     with pytest.raises(ObservationError, match="connection lost"):
         HarborRunDirs("/jobs", REFERENCE_ERRORS, fs=FailingInfoFS()).observe()
+
+
+class DroppedChannelFS(MemoryFileSystem):
+    """paramiko reports a dropped channel as a plain OSError, per file, through fsspec's cat(on_error="return")."""
+
+    def cat_file(self, path: str, *args: object, **kwargs: object) -> bytes:
+        if path.endswith("result.json"):
+            raise OSError("Socket is closed")
+        return super().cat_file(path, *args, **kwargs)
+
+
+def _two_dirs(tmp_path: Path, fs: MemoryFileSystem) -> str:
+    write_synthetic_run_dir(tmp_path / "local" / "ev_ours__a1", 4)
+    write_synthetic_run_dir(tmp_path / "local" / "legacy_theirs", 4)
+    root = f"/evalrun-fs-test-{uuid.uuid4().hex[:8]}/jobs"
+    fs.put(str(tmp_path / "local") + "/", root + "/", recursive=True)
+    return root
+
+
+def test_a_transport_error_reading_our_trials_is_unknown_not_missing_trials(tmp_path: Path) -> None:
+    """Read as missing, a finished dir of ours would look unfinished and be resumed: a second job."""
+    fs = DroppedChannelFS()
+    root = _two_dirs(tmp_path, fs)
+    with pytest.raises(ObservationError, match="Socket is closed"):
+        HarborRunDirs(root, REFERENCE_ERRORS, fs=fs).observe()
+
+
+class UnreadableForeignDirFS(MemoryFileSystem):
+    def info(self, path: str, **kwargs: object) -> dict:
+        if "legacy_theirs" in path:
+            raise PermissionError(path)
+        return super().info(path, **kwargs)
+
+
+def test_someone_elses_unreadable_dir_is_skipped_ours_are_read(tmp_path: Path) -> None:
+    fs = UnreadableForeignDirFS()
+    root = _two_dirs(tmp_path, fs)
+    assert [f.run_tag for f in HarborRunDirs(root, REFERENCE_ERRORS, fs=fs).observe()] == ["ev_ours__a1"]

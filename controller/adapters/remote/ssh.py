@@ -72,8 +72,10 @@ class SshCommands:
         self.host = host
         self.control_persist = control_persist
         # ssh keeps the FIRST value of an option: ours come first, so `options` and ssh_config cannot relax them.
+        # ServerAlive*: a master whose network died would otherwise still answer `-O check` and hang every command
         argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-                "-o", f"ConnectTimeout={int(connect_timeout)}"]
+                "-o", f"ConnectTimeout={int(connect_timeout)}", "-o", "ServerAliveInterval=15",
+                "-o", "ServerAliveCountMax=3"]
         if config_file:
             argv += ["-F", config_file]
         if known_hosts:

@@ -27,7 +27,7 @@ from controller.adapters.rundirs.harbor_format import (
 from controller.adapters.rundirs.tree import JobsTree, TrialRead, open_tree
 from controller.core.errors import ErrorClasses, ErrorKind
 from controller.core.ports import ObservationError
-from controller.core.types import RunDirFacts
+from controller.core.types import RUN_TAG_PREFIX, RunDirFacts
 
 log = logging.getLogger(__name__)
 
@@ -70,17 +70,24 @@ class HarborRunDirs:
         for run_tag in run_tags:
             try:
                 observed.append(self._observe_run(tree, run_tag))
-            except (TimeoutError, ConnectionError) as exc:  # the transport, not the dir: the whole read is unknown
-                raise ObservationError(f"cannot read run dir {tree.location(run_tag)}: {exc}") from exc
-            except OSError as exc:  # vanished or unreadable run dir: leave it out, keep the pass going
+            except (FileNotFoundError, NotADirectoryError) as exc:  # vanished since the listing, or a stray file
                 log.warning("skipping run dir %s: %s", tree.location(run_tag), exc)
-            except Exception as exc:  # a remote backend failing mid-scan: the whole read is unknown
+            except Exception as exc:
+                if _foreign_and_unreadable(run_tag, exc):  # another tool's dir we may not read: not ours to judge
+                    log.warning("skipping unreadable run dir %s: %s", tree.location(run_tag), exc)
+                    continue
+                # ours and unreadable, or the transport failing: the whole read is unknown, never "absent"
                 raise ObservationError(f"cannot read run dir {tree.location(run_tag)}: {exc}") from exc
         return tuple(observed)
 
     def _observe_run(self, tree: JobsTree, run_tag: str) -> RunDirFacts:
         scan = tree.scan(run_tag)
         return run_dir_facts(run_tag, tree.location(run_tag), scan.files, scan.trials, self.errors)
+
+
+def _foreign_and_unreadable(run_tag: str, exc: Exception) -> bool:
+    transport = isinstance(exc, (TimeoutError, ConnectionError))
+    return isinstance(exc, OSError) and not transport and not run_tag.startswith(RUN_TAG_PREFIX)
 
 
 def run_dir_facts(

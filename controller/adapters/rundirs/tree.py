@@ -138,7 +138,8 @@ class FsspecTree:
         run = f"{self.root}/{run_tag}"
         if self.fs.info(run).get("type") != "directory":  # not fs.isdir(): it swallows transport errors too
             raise NotADirectoryError(self.location(run_tag))
-        found = self.fs.find(run, maxdepth=2, withdirs=True, detail=True)  # one walk: files, trials, results
+        # one walk: files, trials, results; on_error="raise": the default drops what it could not list
+        found = self.fs.find(run, maxdepth=2, withdirs=True, detail=True, on_error="raise")
         present: list[str] = []
         trials: dict[str, float | None] = {}
         results: dict[str, float | None] = {}
@@ -166,6 +167,10 @@ class FsspecTree:
         if not paths:
             return {}
         got = self.fs.cat(paths, on_error="return")  # per-file errors come back as values
+        failed = next((v for v in got.values() if isinstance(v, Exception) and not isinstance(v, FileNotFoundError)),
+                      None)
+        if failed is not None:  # a transport error is not a missing file: the whole read is unknown
+            raise failed
         return {_strip(self.fs, p): v if isinstance(v, bytes) else None for p, v in got.items()}
 
 

@@ -31,6 +31,32 @@ class CommandRunner(Protocol):
         ...
 
 
+OWN_VARIABLES = "EVALCTL_"  # the reconciler's settings and every secret it holds (EVALCTL_SECRET_*)
+
+
+def inherited_environment() -> dict[str, str]:
+    """This process's environment minus the reconciler's own variables.
+
+    Jobs inherit what their submitter had (`sbatch --export=ALL`, the local runner): without this, every
+    job would carry every secret the reconciler can read, not just the ones meant for it.
+    """
+    return {name: value for name, value in os.environ.items() if not name.startswith(OWN_VARIABLES)}
+
+
+SECRET_VARIABLES = "EVALCTL_SECRET_"
+
+
+def masked(text: str) -> str:
+    """`text` (a job's log tail, shown in status) with every secret the reconciler holds replaced by ***.
+
+    Job scripts and tools sometimes print their tokens; a hold reason must not carry them further.
+    """
+    for name, value in os.environ.items():
+        if name.startswith(SECRET_VARIABLES) and len(value) >= 4:
+            text = text.replace(value, "***")
+    return text
+
+
 class LocalCommands:
     """Run commands on this host (the reconciler runs on the login node itself)."""
 
@@ -40,7 +66,8 @@ class LocalCommands:
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> CommandResult:
         try:
             proc = subprocess.run(
-                list(argv), env={**os.environ, **self.base_env, **(env or {})}, capture_output=True, text=True,
+                list(argv), env={**inherited_environment(), **self.base_env, **(env or {})}, capture_output=True,
+                text=True,
                 timeout=timeout, stdin=subprocess.DEVNULL, check=False,
             )
         except subprocess.TimeoutExpired as exc:

@@ -23,6 +23,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from controller.adapters.process import proc_start_ticks
+from controller.adapters.scheduler.commands import inherited_environment, masked
 from controller.core.ports import ObservationError, SubmitRequest
 from controller.core.types import (
     RUN_TAG_PREFIX,
@@ -102,7 +103,7 @@ class LocalScheduler:
                   exit_code: int | None, time_left_s: int | None = None) -> ObservedJob:
         return ObservedJob(job_id=job.job_id, name=job.name, state=state, submitted_at=job.submitted_at,
                            started_at=started, ended_at=ended, exit_code=exit_code, time_left_s=time_left_s,
-                           reason=_log_tail(Path(job.output)) if state == JobState.FAILED else "")
+                           reason=masked(_log_tail(Path(job.output))) if state == JobState.FAILED else "")
 
     # ------------------------------------------------------------------ mutate
 
@@ -115,7 +116,7 @@ class LocalScheduler:
                        args=request.args, output=str(Path(request.logs_dir) / f"{request.name}_{job_id}.out"),
                        time_limit_s=walltime_seconds(request.time_limit), submitted_at=datetime.now(UTC))
         _write_atomic(job_dir / "job.json", job.model_dump_json())
-        env = {**os.environ, **request.env, "EVAL_JOB_ID": job_id, "SLURM_JOB_ID": job_id,
+        env = {**inherited_environment(), **request.env, "EVAL_JOB_ID": job_id, "SLURM_JOB_ID": job_id,
                "SLURM_JOB_NAME": request.name}
         with open(job.output, "ab") as out:
             subprocess.Popen(

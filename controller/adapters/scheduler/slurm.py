@@ -21,6 +21,7 @@ from controller.adapters.scheduler.commands import (
     CommandFailed,
     CommandResult,
     CommandRunner,
+    masked,
 )
 from controller.core.ports import ObservationError, SubmitRequest
 from controller.core.types import RUN_TAG_PREFIX, Frozen, JobState, ObservedJob
@@ -103,7 +104,7 @@ class SlurmScheduler:
     def user(self) -> str:
         """The SLURM login user (asked once: over ssh it is the remote account, not ours)."""
         if self._user is None:
-            self._user = self._read(["id", "-un"], "id").stdout.strip()
+            self._user = _last_line(self._read(["id", "-un"], "id").stdout)
         return self._user
 
     def _squeue(self, filters: list[str]) -> list[ObservedJob]:
@@ -122,7 +123,7 @@ class SlurmScheduler:
         except CommandFailed as exc:
             raise ObservationError(f"{what}: {exc}") from exc
         if result.returncode != 0:
-            raise ObservationError(f"{what} exited {result.returncode}: {_first_line(result.stderr)}")
+            raise ObservationError(f"{what} exited {result.returncode}: {_error_line(result.stderr)}")
         return result
 
     def _with_log_tails(self, jobs: list[ObservedJob]) -> tuple[ObservedJob, ...]:
@@ -137,7 +138,7 @@ class SlurmScheduler:
         except CommandFailed:
             return tuple(jobs)  # the reason is a courtesy; the state is what the rules use
         tails = {paths[path]: text for path, text in split_tail_output(result.stdout).items() if path in paths}
-        return tuple(job.model_copy(update={"reason": tails[job.job_id]}) if job.job_id in tails else job
+        return tuple(job.model_copy(update={"reason": masked(tails[job.job_id])}) if job.job_id in tails else job
                      for job in jobs)
 
     # ------------------------------------------------------------------ mutate
@@ -154,13 +155,13 @@ class SlurmScheduler:
                 f"--time={request.time_limit}", f"--output={self.logs_dir}/%x_%j.out", "--export=ALL",
                 *self._placement(), request.script, *request.args]
         try:
-            result = self.commands.run(argv, env={**request.env, **UTC_ENV}, timeout=self.options.command_timeout_s)
+            result = self.commands.run(argv, env=request.env, timeout=self.options.command_timeout_s)
         except CommandFailed as exc:
             # sbatch may have queued the job before we lost it: the next pass finds it by name
             raise RuntimeError(f"sbatch did not answer ({exc}); the next pass adopts the job if it was queued") from exc
-        job_id = result.stdout.strip().split(";")[0]
+        job_id = _last_line(result.stdout).split(";")[0]  # the last line: a login shell may print a banner first
         if result.returncode != 0 or not job_id.isdigit():
-            raise RuntimeError(f"sbatch failed (exit {result.returncode}): {_first_line(result.stderr)}")
+            raise RuntimeError(f"sbatch failed (exit {result.returncode}): {_error_line(result.stderr)}")
         return job_id
 
     def cancel(self, job_id: str) -> None:
@@ -177,7 +178,7 @@ class SlurmScheduler:
         except CommandFailed as exc:
             raise RuntimeError(f"{what}: {exc}") from exc
         if result.returncode != 0 and not (ok is not None and ok.search(result.stderr)):
-            raise RuntimeError(f"{what} failed (exit {result.returncode}): {_first_line(result.stderr)}")
+            raise RuntimeError(f"{what} failed (exit {result.returncode}): {_error_line(result.stderr)}")
         return result
 
     def _placement(self) -> list[str]:
@@ -276,6 +277,11 @@ def split_tail_output(text: str) -> dict[str, str]:
     return {path: " | ".join(lines)[-500:] for path, lines in tails.items()}
 
 
-def _first_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "(no message)"
+def _error_line(stderr: str) -> str:
+    """SLURM's message is its last stderr line (e.g. `sbatch: error: Invalid qos specification`)."""
+    return _last_line(stderr) or "(no message)"
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""

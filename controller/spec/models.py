@@ -129,6 +129,18 @@ class EvalClusterSpec(SpecModel):
             raise ValueError(f'timeLimit {value!r} must look like HH:MM:SS, D-HH:MM:SS or minutes, e.g. "24:00:00"')
         return value
 
+    @model_validator(mode="after")
+    def _login_node_paths_are_absolute(self) -> EvalClusterSpec:
+        """Over ssh these are paths on the login node: relative to this file they would mean nothing there."""
+        if not self.scheduler.ssh:
+            return self
+        for alias, value in (("jobsDir", self.jobs_dir), ("logsDir", self.logs_dir), ("jobScript", self.job_script)):
+            if "://" not in value and not value.startswith("/"):
+                raise entry_error((alias,), "relative_remote_path",
+                                  "{field} '{value}' is a path on the login node (scheduler.ssh): write it absolute, "
+                                  "e.g. /home/<user>/evals/{value}", field=alias, value=value)
+        return self
+
     @field_validator("env")
     @classmethod
     def _no_inline_secrets(cls, value: dict[str, str]) -> dict[str, str]:

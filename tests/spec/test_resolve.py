@@ -241,6 +241,7 @@ def test_fingerprint_ignores_transport() -> None:
             scheduler={"type": "slurm", "ssh": "login.other"},
             jobsDir="s3://bucket/jobs",
             logsDir="/elsewhere",
+            jobScript="/site/eval.sbatch",
             maxConcurrentTrials=7,
             env={"VLLM_PORT": "8123"},
         ),

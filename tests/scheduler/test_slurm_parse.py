@@ -189,3 +189,10 @@ def test_a_log_tail_never_carries_a_secret_the_reconciler_holds(monkeypatch: pyt
                        "tail": ok("==> /logs/ev_c_9.out <==\npinggy: login with tok-12345 refused\n")})
     [job] = scheduler(runner).observe()
     assert job.reason == "pinggy: login with *** refused"
+
+
+def test_a_job_accounting_calls_running_but_the_controller_does_not_know_is_lost_not_live() -> None:
+    runaway = parse_sacct_line("8|ev_c|RUNNING|0:0|2026-11-20T13:00:00|2026-11-20T13:00:01|Unknown|None")
+    [job] = merge([], [runaway])
+    assert job.state == JobState.LOST and not job.state.active
+    assert "runaway" in job.reason

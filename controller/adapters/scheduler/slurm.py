@@ -220,15 +220,22 @@ def parse_sacct_line(line: str) -> ObservedJob | None:
 def merge(queue: Iterable[ObservedJob], accounting: Iterable[ObservedJob]) -> list[ObservedJob]:
     """squeue is the truth for a job it lists (it alone has time left); sacct for every job that left it.
 
-    A job sacct still calls active but squeue no longer lists is ending this instant: it stays active
-    for one more pass rather than being read as gone.
+    `squeue --states=all` still lists a job for MinJobAge after it ends, so a job sacct calls active
+    that squeue does not know at all is one the controller lost (a "runaway" accounting record): it is
+    not running, and waiting on it would stall its cell forever.
     """
-    jobs = {job.job_id: job for job in accounting}
+    jobs = {job.job_id: _runaway(job) if job.state.active else job for job in accounting}
     for job in queue:
         known = jobs.get(job.job_id)
         jobs[job.job_id] = job if known is None else job.model_copy(update={"submitted_at": job.submitted_at
                                                                             or known.submitted_at})
     return sorted(jobs.values(), key=job_order)
+
+
+def _runaway(job: ObservedJob) -> ObservedJob:
+    reason = (f"accounting says {job.state.value} but the controller does not know job {job.job_id} "
+              "(a runaway record; see `sacctmgr show runawayjobs`)")
+    return job.model_copy(update={"state": JobState.LOST, "reason": reason})
 
 
 def job_order(job: ObservedJob) -> tuple[int, str]:

@@ -116,13 +116,14 @@ def ended_leases(evalrun: str, leases: Sequence[TunnelLease], observations: Sequ
     if live_job_names is None:
         return ()
     subs = {s.name: s for obs in observations for s in obs.submissions or ()}
-    named = {job.name for obs in observations for job in obs.jobs or ()}
+    jobs = [job for obs in observations for job in obs.jobs or ()]
     ended = []
     for lease in leases:
         if lease.evalrun != evalrun or lease.holder in live_job_names:
             continue
         sub = subs.get(lease.holder)
-        awaiting_repair = sub is not None and sub.job_id is None and sub.name not in named
+        awaiting_repair = sub is not None and sub.job_id is None and not any(
+            job.name == sub.name and sub.may_have_launched(job) for job in jobs)
         if not awaiting_repair:
             ended.append(lease)
     return tuple(ended)

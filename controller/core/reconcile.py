@@ -105,7 +105,7 @@ def reconcile_pass(
     return results
 
 
-def rate_budget(jobs: object, per_minute: int, now: datetime) -> int:
+def rate_budget(jobs: tuple[ObservedJob, ...] | ObservationError, per_minute: int, now: datetime) -> int:
     """Submissions the cluster's rate still allows: its cap minus our jobs submitted in the last minute.
 
     The queue itself remembers what was submitted, so the rate holds across passes and processes.

@@ -135,13 +135,16 @@ def test_a_failed_or_timed_out_queue_read_is_unknown_never_empty(failure: Comman
         scheduler(runner).observe()
 
 
-def test_a_failed_job_carries_its_log_tail() -> None:
+def test_a_failed_job_carries_its_log_tail_with_the_reconcilers_secrets_masked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EVALCTL_SECRET_PINGGY_A_TOKEN", "tok-12345")
     runner = Scripted({"squeue": ok(""),
                        "sacct": ok("9|ev_c|FAILED|1:0|2026-11-29T13:00:00|2026-11-29T13:00:01|2026-11-29T13:00:02|"
                                    "None\n"),
-                       "tail": ok("==> /logs/ev_c_9.out <==\nharbor: command not found\n")})
+                       "tail": ok("==> /logs/ev_c_9.out <==\npinggy: login with tok-12345 refused\n"
+                                  "harbor: command not found\n")})
     [job] = scheduler(runner).observe()
-    assert job.reason == "harbor: command not found"
+    assert job.reason == "pinggy: login with *** refused | harbor: command not found"
     assert runner.calls[-1][0][-1] == "/logs/ev_c_9.out"
 
 
@@ -179,16 +182,6 @@ def test_an_array_task_named_like_ours_does_not_break_the_pass() -> None:
                                    "10:00|None")
     plain = parse_squeue_line("49|ev_a|RUNNING|2026-11-29T14:00:00|2026-11-29T14:00:01|N/A|10:00|None")
     assert [j.job_id for j in merge([array_task, plain], [])] == ["49", "50_3"]
-
-
-def test_a_log_tail_never_carries_a_secret_the_reconciler_holds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("EVALCTL_SECRET_PINGGY_A_TOKEN", "tok-12345")
-    runner = Scripted({"squeue": ok(""),
-                       "sacct": ok("9|ev_c|FAILED|1:0|2026-11-29T13:00:00|2026-11-29T13:00:01|2026-11-29T13:00:02|"
-                                   "None\n"),
-                       "tail": ok("==> /logs/ev_c_9.out <==\npinggy: login with tok-12345 refused\n")})
-    [job] = scheduler(runner).observe()
-    assert job.reason == "pinggy: login with *** refused"
 
 
 def test_a_job_accounting_calls_running_but_the_controller_does_not_know_is_lost_not_live() -> None:

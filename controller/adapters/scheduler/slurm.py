@@ -152,7 +152,7 @@ class SlurmScheduler:
             self._run_checked(["mkdir", "-p", self.logs_dir], "mkdir")
             self._logs_dir_made = True
         argv = ["sbatch", "--parsable", f"--job-name={request.name}", f"--comment={request.comment}",
-                f"--time={request.time_limit}", f"--output={self.logs_dir}/%x_%j.out", "--export=ALL",
+                f"--time={request.time_limit}", f"--output={self.output_path('%x', '%j')}", "--export=ALL",
                 *self._placement(), request.script, *request.args]
         try:
             result = self.commands.run(argv, env=request.env, timeout=self.options.command_timeout_s)

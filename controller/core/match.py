@@ -81,8 +81,13 @@ def observe_cells(
     jobs: Sequence[ObservedJob] | None,
     run_dirs: Sequence[RunDirFacts] | None,
     unknown_reason: str = "",
+    jobs_dir_missing: str = "",
 ) -> list[Observation]:
-    """One Observation per cell, in order. A source that is None stays None (Unknown) in every cell."""
+    """One Observation per cell, in order. A source that is None stays None (Unknown) in every cell.
+
+    `jobs_dir_missing` (the reason; `run_dirs` is then empty): a cell with any history (row, submission,
+    job) cannot tell "no dir yet" from "dir on an unmounted filesystem", so its run dirs are Unknown.
+    """
     model_families = Families(snapshot.models) if snapshot else None
     bench_families = Families(snapshot.benchmarks) if snapshot else None
     rows_by_pair = _rows_by_family_pair(snapshot) if snapshot else {}
@@ -120,10 +125,12 @@ def observe_cells(
             tags |= tags_by_stem.get(cell.tag_stem, set())
             tags |= {RUN_TAG_PREFIX + t for t in tags if not t.startswith(RUN_TAG_PREFIX)}
             cell_jobs = tuple(job for tag in sorted(tags) for job in jobs_by_tag.get(tag, ()))
+        reason = unknown_reason
+        if jobs_dir_missing and (rows or subs or cell_jobs or rows is None or subs is None or cell_jobs is None):
+            cell_dirs = None
+            reason = "; ".join(r for r in (unknown_reason, jobs_dir_missing) if r)
         observations.append(
-            Observation(
-                rows=rows, submissions=subs, jobs=cell_jobs, run_dirs=cell_dirs, unknown_reason=unknown_reason
-            )
+            Observation(rows=rows, submissions=subs, jobs=cell_jobs, run_dirs=cell_dirs, unknown_reason=reason)
         )
     return observations
 

@@ -139,6 +139,16 @@ def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime) -> Ce
             rule="DESIGN: observation failed → Unknown; nothing is submitted or cancelled",
         )
     view = _CellView(cell, obs, policy, now)
+    broken = next((d for d in view.dirs.values() if d.unreadable), None)
+    if broken is not None:
+        return CellPlan(
+            cell=cell,
+            phase=Phase.UNKNOWN,
+            actions=(),
+            reason=f"not observed: run dir {broken.run_tag} cannot be read: {broken.unreadable}",
+            rule="DESIGN: unreadable run dir → Unknown; no upload, resume or submit until it can be read",
+            run_dir=broken,
+        )
     live = [job for job in obs.jobs if job.state.active]
     return view.in_flight(live) if live else view.settled()
 

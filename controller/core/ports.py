@@ -28,6 +28,14 @@ class ObservationError(RuntimeError):
     """A source could not be read this pass; its cells are Unknown."""
 
 
+class JobsDirMissing(ObservationError):
+    """The cluster's jobs dir does not exist: fresh (nothing ran yet) or unmounted, which only history tells.
+
+    Cells with anything recorded (a row, a submission, a job) are Unknown; a cell with no history at all
+    may still be submitted, since its job is what creates the dir.
+    """
+
+
 # --------------------------------------------------------------------------- store
 
 

@@ -15,6 +15,7 @@ from controller.core.actor import Actor, Outcome
 from controller.core.match import observe_cells
 from controller.core.planner import LAUNCHING, Policy, plan
 from controller.core.ports import (
+    JobsDirMissing,
     ObservationError,
     RunDirs,
     Scheduler,
@@ -136,13 +137,15 @@ def _read(observe: Callable[[], object]) -> object:
 
 
 def _observe(target: RunTarget, snapshot: object, jobs: object, dirs: object) -> list:
-    failures = [str(x) for x in (snapshot, jobs, dirs) if isinstance(x, ObservationError)]
+    missing = str(dirs) if isinstance(dirs, JobsDirMissing) else ""
+    failures = [str(x) for x in (snapshot, jobs, dirs) if isinstance(x, ObservationError) and str(x) != missing]
     return observe_cells(
         target.cells,
         snapshot if isinstance(snapshot, StoreSnapshot) else None,
         None if isinstance(jobs, ObservationError) else jobs,  # type: ignore[arg-type]
-        None if isinstance(dirs, ObservationError) else dirs,  # type: ignore[arg-type]
+        () if missing else None if isinstance(dirs, ObservationError) else dirs,  # type: ignore[arg-type]
         unknown_reason="; ".join(failures),
+        jobs_dir_missing=missing,
     )
 
 

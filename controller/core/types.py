@@ -203,6 +203,8 @@ class RunDirFacts(Frozen):
     last_progress_at: datetime | None = Field(None, description="newest trial result written")
     fires: int = Field(0, description="jobs that ran on this dir, from meta.env RESUME_COUNT (+1)")
     no_resume: bool = False
+    unreadable: str = Field("", description="'<path>: <error>' of the first file that could not be read; "
+                                            "non-empty makes the cell Unknown (its numbers are not data)")
 
 
 class Submission(Frozen):

@@ -91,9 +91,9 @@ def observe_cells(
     model_families = Families(snapshot.models) if snapshot else None
     bench_families = Families(snapshot.benchmarks) if snapshot else None
     rows_by_pair = _rows_by_family_pair(snapshot) if snapshot else {}
-    subs_by_cell: dict[tuple[str, str], list[Submission]] = defaultdict(list)
+    subs_by_cell: dict[str, list[Submission]] = defaultdict(list)  # the cell's, whichever EvalRun made them
     for sub in snapshot.submissions if snapshot else ():
-        subs_by_cell[(sub.evalrun, sub.cell_key)].append(sub)
+        subs_by_cell[sub.cell_key].append(sub)
     jobs_by_tag: dict[str, list[ObservedJob]] = defaultdict(list)
     for job in jobs or ():
         jobs_by_tag[run_tag_of(job.name)].append(job)
@@ -110,7 +110,7 @@ def observe_cells(
 
     observations = []
     for cell in cells:
-        subs = tuple(subs_by_cell.get((cell.evalrun, cell.key), ())) if snapshot else None
+        subs = tuple(subs_by_cell.get(cell.key, ())) if snapshot else None
         rows = None
         if snapshot is not None:
             assert model_families is not None and bench_families is not None

@@ -12,7 +12,7 @@ Then the caps: at most `budget` submit/resume actions, and `suspend` turns every
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from controller.core.dedup import DEDUP_TABLE, RowCase, newest, row_case
@@ -40,6 +40,7 @@ from controller.core.types import (
 )
 
 STALE_PENDING_CANCEL = "stale pending: cancel the queued job first"
+OWNED_ELSEWHERE = "DESIGN: one cell, one owner; another EvalRun claimed it first → observe only"
 OVER_BUDGET = "submission budget used up (maxSubmissionsPerPass / submissionsPerMinute); next pass"
 MUTATING = frozenset({ActionKind.SUBMIT, ActionKind.RESUME, ActionKind.CANCEL, ActionKind.ANALYZE, ActionKind.UPLOAD})
 LAUNCHING = frozenset({ActionKind.SUBMIT, ActionKind.RESUME})
@@ -76,13 +77,16 @@ def plan(
     budget: int | None = None,
     tunnel_leases: Sequence[TunnelLease] = (),
     live_job_names: frozenset[str] | None = None,
+    owners: Mapping[str, str] | None = None,
 ) -> Plan:
     """Decide every cell, then share out what is scarce: launches (`budget`, default the policy's
     per-pass cap) and pinggy pairs (`policy.tunnel_pairs` minus those leased to live jobs).
 
     `live_job_names`: every queued or running job on the cluster (None: the queue was not read).
+    `owners`: cell key → the OTHER EvalRun that acts for it; such a cell is shown, never acted on.
     """
     decided = [plan_cell(cell, obs, policy, now) for cell, obs in zip(cells, observations, strict=True)]
+    decided = [owned_elsewhere(c, owners[c.cell.key]) if owners and c.cell.key in owners else c for c in decided]
     released = () if policy.suspend else ended_leases(evalrun, tunnel_leases, observations, live_job_names)
     holders = {lease.pair: lease.holder for lease in tunnel_leases if lease not in released}
     remaining = policy.max_submissions_per_pass if budget is None else budget
@@ -104,6 +108,14 @@ def plan(
             cell_plan = _suspended(cell_plan)
         planned.append(cell_plan)
     return Plan(evalrun=evalrun, cells=tuple(planned), suspended=policy.suspend, tunnel_releases=released)
+
+
+def owned_elsewhere(cell_plan: CellPlan, owner: str) -> CellPlan:
+    """Another EvalRun acts for this cell: keep what was observed (phase, reason, score), do nothing."""
+    reason = f"owned by EvalRun {owner}"
+    return cell_plan.model_copy(update={
+        "actions": (Action(kind=ActionKind.SKIP, reason=reason),), "row_updates": (),
+        "reason": f"{cell_plan.reason} ({reason})", "rule": OWNED_ELSEWHERE})
 
 
 def ended_leases(evalrun: str, leases: Sequence[TunnelLease], observations: Sequence[Observation],

@@ -13,6 +13,7 @@ from typing import Protocol
 from pydantic import Field
 
 from controller.core.types import (
+    CellOwner,
     Frozen,
     Metric,
     ObservedJob,
@@ -63,6 +64,7 @@ class StoreSnapshot(Frozen):
     rows: tuple[SandboxJobRow, ...]
     submissions: tuple[Submission, ...]
     tunnel_leases: tuple[TunnelLease, ...] = Field((), description="every pinggy lease, of every EvalRun")
+    cell_owners: tuple[CellOwner, ...] = Field((), description="who acts for the named cells, whoever claimed them")
 
 
 class NewRow(Frozen):
@@ -90,11 +92,20 @@ class ResultUpload(Frozen):
 
 
 class Store(Protocol):
-    def observe(self, evalrun: str, model_names: list[str], benchmark_names: list[str]) -> StoreSnapshot:
-        """Families of the named models/benchmarks, their sandbox_jobs rows, and this EvalRun's submissions.
+    def observe(self, evalrun: str, model_names: list[str], benchmark_names: list[str],
+                cell_keys: list[str] | None = None) -> StoreSnapshot:
+        """Families of the named models/benchmarks, their sandbox_jobs rows, the submissions of this EvalRun
+        and of the named cells (whichever EvalRun made them: a cell's history is the cell's), and the owners
+        of the named cells.
 
         A store that lacks the reconciler's own tables (a legacy OT-Agent DB) returns no submissions.
         """
+        ...
+
+    def claim_cells(self, evalrun: str, cell_keys: list[str], ttl_s: float, now: datetime) -> dict[str, str]:
+        """Make `evalrun` the owner of each named cell that is free, its own, or whose owner has not renewed
+        its claim within `ttl_s`; drop its claims on cells it no longer names. One transaction, so two
+        reconcilers never both own a cell. Returns the owner of every named cell afterwards."""
         ...
 
     def record_intent(self, submission: Submission, row: NewRow | None) -> None:

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from controller.core.actor import Actor, Outcome
 from controller.core.match import observe_cells
-from controller.core.planner import LAUNCHING, Policy, plan
+from controller.core.planner import LAUNCHING, Policy, owned_elsewhere, plan
 from controller.core.ports import (
     JobsDirMissing,
     ObservationError,
@@ -26,6 +26,9 @@ from controller.core.types import Cell, Frozen, ObservedJob, Plan, RunDirFacts
 
 log = logging.getLogger("evalctl.reconcile")
 LEASE_TTL = timedelta(minutes=10)
+# An EvalRun keeps the cells it claimed while it renews them (every acting pass); one that stopped naming a
+# cell hands it over at once, one that stopped running hands it over after this. Far longer than a pass.
+CELL_OWNER_TTL = timedelta(minutes=30)
 RATE_WINDOW = timedelta(minutes=1)
 
 
@@ -80,7 +83,7 @@ def reconcile_pass(
             dirs[target.cluster] = _read(ports.run_dirs.observe)
             budgets[target.cluster] = min(rate_budget(jobs[target.cluster], ports.submissions_per_minute, now),
                                           target.policy.max_submissions_per_pass)  # a cluster field: same for all
-        snapshot = _read(lambda t=target: store.observe(t.evalrun, _models(t), _benchmarks(t)))
+        snapshot = _read(lambda t=target: store.observe(t.evalrun, _models(t), _benchmarks(t), _keys(t)))
         observations = _observe(target, snapshot, jobs[target.cluster], dirs[target.cluster])
         budget = budgets[target.cluster]
         leases = snapshot.tunnel_leases if isinstance(snapshot, StoreSnapshot) else ()
@@ -88,7 +91,7 @@ def reconcile_pass(
         live = None if isinstance(cluster_jobs, ObservationError) else frozenset(
             job.name for job in cluster_jobs if job.state.active)
         the_plan = plan(target.evalrun, target.cells, observations, target.policy, now, budget=budget,
-                        tunnel_leases=leases, live_job_names=live)
+                        tunnel_leases=leases, live_job_names=live, owners=_other_owners(target, snapshot, now))
         budgets[target.cluster] -= sum(1 for c in the_plan.cells for a in c.actions if a.kind in LAUNCHING)
         if not act or the_plan.suspended:
             results.append(PassResult(evalrun=target.evalrun, plan=the_plan, note="suspended" if act else "plan"))
@@ -99,6 +102,8 @@ def reconcile_pass(
                                       note="another reconciler holds the lease; planned only"))
             continue
         try:
+            the_plan = _keep_claimed(the_plan, store.claim_cells(target.evalrun, _keys(target),
+                                                                  CELL_OWNER_TTL.total_seconds(), now))
             outcomes = ports.actor_for(target).act(the_plan)
         finally:
             store.release_lease(lease, holder)
@@ -147,6 +152,25 @@ def _observe(target: RunTarget, snapshot: object, jobs: object, dirs: object) ->
         unknown_reason="; ".join(failures),
         jobs_dir_missing=missing,
     )
+
+
+def _other_owners(target: RunTarget, snapshot: object, now: datetime) -> dict[str, str]:
+    """Cells another EvalRun claimed and still renews: this one only watches them."""
+    if not isinstance(snapshot, StoreSnapshot):
+        return {}
+    return {o.cell_key: o.evalrun for o in snapshot.cell_owners
+            if o.evalrun != target.evalrun and now - o.renewed_at < CELL_OWNER_TTL}
+
+
+def _keep_claimed(the_plan: Plan, owners: dict[str, str]) -> Plan:
+    """Cells whose claim another EvalRun won since this pass observed them (a race) are not acted on."""
+    cells = tuple(owned_elsewhere(c, owners[c.cell.key])
+                  if owners.get(c.cell.key, the_plan.evalrun) != the_plan.evalrun else c for c in the_plan.cells)
+    return the_plan.model_copy(update={"cells": cells})
+
+
+def _keys(target: RunTarget) -> list[str]:
+    return [c.key for c in target.cells]
 
 
 def _models(target: RunTarget) -> list[str]:

@@ -6,6 +6,7 @@ adapters produce these, the planner consumes them, the actor executes what the p
 
 from __future__ import annotations
 
+import hashlib
 import re
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -60,7 +61,13 @@ class Cell(Frozen):
 
     @property
     def tag_stem(self) -> str:
-        return f"{RUN_TAG_PREFIX}{_slug(self.model)}__{_slug(self.benchmark_name)}__{self.fingerprint[:8]}__a"
+        """Readable slugs of model and benchmark, then a digest of the FULL key, so the tag is injective.
+
+        Slugs drop what a file name cannot hold (`OrgA/x` and `OrgB/x` share the benchmark name; `/ckpts/r1`
+        and `ckpts/r1` share a slug): the digest keeps such cells apart, so they never adopt each other's jobs.
+        """
+        readable = f"{_slug(self.model)[:_SLUG_MAX]}__{_slug(self.benchmark_name)[:_SLUG_MAX]}"
+        return f"{RUN_TAG_PREFIX}{readable}__{key_digest(self.key)}__a"
 
     def run_tag(self, attempt: int) -> str:
         """Deterministic Harbor run tag = SLURM job name = `sandbox_jobs.job_name` of a fresh attempt."""
@@ -106,6 +113,14 @@ def run_tag_of(job_name: str) -> str:
     """Inverse of `submission_name` up to the legacy prefix: the run tag a job works on."""
     base = re.sub(r"-r\d+$", "", job_name)
     return base
+
+
+_SLUG_MAX = 64  # per part: the digest carries identity, the slugs only help humans; the tag stays a file name
+
+
+def key_digest(key: str) -> str:
+    """48 bits of the cell key's SHA-256: no collision in practice among a lab's few thousand cells."""
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def _slug(text: str) -> str:
@@ -240,6 +255,14 @@ class TunnelLease(Frozen):
     holder: str = Field(description="submission name of the job that uses the pair")
     evalrun: str
     leased_at: datetime
+
+
+class CellOwner(Frozen):
+    """Which EvalRun acts for a cell. One cell, one job, whatever EvalRuns name it: the others only watch."""
+
+    cell_key: str
+    evalrun: str
+    renewed_at: datetime
 
 
 class Observation(Frozen):

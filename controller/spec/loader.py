@@ -18,6 +18,7 @@ from controller.core.types import walltime_seconds
 from controller.spec.catalog import Catalog, load_catalog
 from controller.spec.diagnose import validate
 from controller.spec.errors import SpecError, SpecErrors, format_errors
+from controller.spec.identity import identity_collisions
 from controller.spec.models import EvalCluster, EvalRun
 from controller.spec.yamldoc import Document, iter_files, read_documents
 
@@ -175,6 +176,7 @@ def _cross_check(
             errors += _check_run(resource, document, declared, catalog)
             if resource.spec.cluster in clusters:
                 errors += _check_walltime(resource, document, clusters[resource.spec.cluster])
+    errors += identity_collisions([(r, d) for r, d, _ in parsed if isinstance(r, EvalRun)], catalog)
     return errors
 
 

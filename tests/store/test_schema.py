@@ -9,7 +9,7 @@ from controller.adapters.store.sqlite import SqliteStore
 from tests.fixtures.legacy_db import Families, LegacyDB
 
 ALL_TABLES = {"models", "benchmarks", "sandbox_jobs", "evalrun_submissions", "evalrun_leases",
-              "evalrun_tunnel_leases"}
+              "evalrun_tunnel_leases", "evalrun_cell_owners"}
 
 
 def schema(path: Path) -> list[tuple]:

@@ -35,7 +35,7 @@ from controller.core.ports import (
     SandboxJobRow,
     StoreSnapshot,
 )
-from controller.core.types import RowStatus, Submission, TunnelLease
+from controller.core.types import CellOwner, RowStatus, Submission, TunnelLease
 
 MEMORY = ":memory:"
 BUSY_TIMEOUT_S = 30.0
@@ -58,8 +58,9 @@ class SqliteStore:
 
     # ----------------------------------------------------------------------- observation
 
-    def observe(self, evalrun: str, model_names: list[str], benchmark_names: list[str]) -> StoreSnapshot:
-        """Five statements in one read transaction, whatever the number of names.
+    def observe(self, evalrun: str, model_names: list[str], benchmark_names: list[str],
+                cell_keys: list[str] | None = None) -> StoreSnapshot:
+        """Six statements in one read transaction, whatever the number of names.
 
         Missing tables mean "nothing recorded yet": a legacy OT-Agent DB yields rows but no
         submissions, and a read-only store on a missing file yields an empty snapshot.
@@ -79,10 +80,14 @@ class SqliteStore:
                     sql.ROWS_IN_FAMILIES,
                     {"model_ids": _json(m.id for m in models), "benchmark_ids": _json(b.id for b in benchmarks)},
                 ).fetchall()
+                named = {"evalrun": evalrun, "cell_keys": _json(cell_keys or ())}
                 submissions = (
-                    self._run(conn, sql.SUBMISSIONS_OF_EVALRUN, (evalrun,)).fetchall()
+                    self._run(conn, sql.SUBMISSIONS_OF_EVALRUN_AND_CELLS, named).fetchall()
                     if "evalrun_submissions" in tables
                     else []
+                )
+                owners = (
+                    self._run(conn, sql.OWNERS_OF_CELLS, named).fetchall() if "evalrun_cell_owners" in tables else []
                 )
                 tunnels = (
                     self._run(conn, sql.TUNNEL_LEASES).fetchall() if "evalrun_tunnel_leases" in tables else []
@@ -93,6 +98,7 @@ class SqliteStore:
                 rows=tuple(_sandbox_job_row(record) for record in records),
                 submissions=tuple(_submission(record) for record in submissions),
                 tunnel_leases=tuple(_tunnel_lease(record) for record in tunnels),
+                cell_owners=tuple(_cell_owner(record) for record in owners),
             )
         except (sqlite3.Error, ValueError) as error:
             raise ObservationError(f"store {self.path}: {error}") from error
@@ -191,6 +197,17 @@ class SqliteStore:
         """Only the holder's own lease is dropped; releasing twice is a no-op."""
         with self._write() as conn:
             self._run(conn, sql.DELETE_LEASE, (name, holder))
+
+    # ----------------------------------------------------------------------- cell owners
+
+    def claim_cells(self, evalrun: str, cell_keys: list[str], ttl_s: float, now: datetime) -> dict[str, str]:
+        named = {"evalrun": evalrun, "cell_keys": _json(cell_keys), "now": format_timestamp(now),
+                 "stale_before": format_timestamp(now - timedelta(seconds=ttl_s))}
+        with self._write() as conn:
+            self._run(conn, sql.CLAIM_CELLS, named)
+            self._run(conn, sql.DROP_UNNAMED_CLAIMS, named)
+            owners = self._run(conn, sql.OWNERS_OF_CELLS, named).fetchall()
+        return {record["cell_key"]: record["evalrun"] for record in owners}
 
     # ----------------------------------------------------------------------- pinggy tunnel leases
 
@@ -347,6 +364,10 @@ def _submission(record: sqlite3.Row) -> Submission:
 
 def _tunnel_lease(record: sqlite3.Row) -> TunnelLease:
     return TunnelLease(**{**dict(record), "leased_at": parse_timestamp(record["leased_at"])})
+
+
+def _cell_owner(record: sqlite3.Row) -> CellOwner:
+    return CellOwner(**{**dict(record), "renewed_at": parse_timestamp(record["renewed_at"])})
 
 
 def _submission_params(submission: Submission) -> dict[str, Any]:

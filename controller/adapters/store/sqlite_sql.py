@@ -61,11 +61,18 @@ CREATE TABLE IF NOT EXISTS evalrun_submissions (
     created_at TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS evalrun_submissions_evalrun ON evalrun_submissions(evalrun);
+CREATE INDEX IF NOT EXISTS evalrun_submissions_cell ON evalrun_submissions(cell_key);
 
 CREATE TABLE IF NOT EXISTS evalrun_leases (
     name       TEXT PRIMARY KEY,
     holder     TEXT NOT NULL,
     expires_at TEXT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS evalrun_cell_owners (
+    cell_key   TEXT PRIMARY KEY,
+    evalrun    TEXT NOT NULL,
+    renewed_at TEXT NOT NULL
 );
 
 CREATE TABLE IF NOT EXISTS evalrun_tunnel_leases (
@@ -77,7 +84,7 @@ CREATE TABLE IF NOT EXISTS evalrun_tunnel_leases (
 """
 
 OT_AGENT_TABLES = ("models", "benchmarks", "sandbox_jobs")
-OWN_TABLES = ("evalrun_submissions", "evalrun_leases", "evalrun_tunnel_leases")
+OWN_TABLES = ("evalrun_submissions", "evalrun_leases", "evalrun_tunnel_leases", "evalrun_cell_owners")
 
 # --------------------------------------------------------------------------- observe
 
@@ -114,9 +121,16 @@ SELECT {ROW_COLUMNS} FROM sandbox_jobs
 
 SUBMISSION_COLUMNS = "name, run_tag, evalrun, cell_key, attempt, fire, row_id, job_id, created_at"
 
-SUBMISSIONS_OF_EVALRUN = (
-    f"SELECT {SUBMISSION_COLUMNS} FROM evalrun_submissions WHERE evalrun = ? ORDER BY created_at, name"
-)
+SUBMISSIONS_OF_EVALRUN_AND_CELLS = f"""
+SELECT {SUBMISSION_COLUMNS} FROM evalrun_submissions
+ WHERE evalrun = :evalrun OR cell_key IN (SELECT value FROM json_each(:cell_keys))
+ ORDER BY created_at, name
+"""
+
+OWNERS_OF_CELLS = """
+SELECT cell_key, evalrun, renewed_at FROM evalrun_cell_owners
+ WHERE cell_key IN (SELECT value FROM json_each(:cell_keys)) ORDER BY cell_key
+"""
 
 ROW_BY_ID = f"SELECT {ROW_COLUMNS} FROM sandbox_jobs WHERE id = ?"
 
@@ -176,6 +190,21 @@ LEASE_BY_NAME = "SELECT holder, expires_at FROM evalrun_leases WHERE name = ?"
 PUT_LEASE = "INSERT OR REPLACE INTO evalrun_leases (name, holder, expires_at) VALUES (?, ?, ?)"
 
 DELETE_LEASE = "DELETE FROM evalrun_leases WHERE name = ? AND holder = ?"
+
+# --------------------------------------------------------------------------- cell owners
+
+# Free, ours, or not renewed since :stale_before → ours now. `WHERE true` lets SQLite parse the upsert.
+CLAIM_CELLS = """
+INSERT INTO evalrun_cell_owners (cell_key, evalrun, renewed_at)
+SELECT value, :evalrun, :now FROM json_each(:cell_keys) WHERE true
+    ON CONFLICT (cell_key) DO UPDATE SET evalrun = excluded.evalrun, renewed_at = excluded.renewed_at
+ WHERE evalrun_cell_owners.evalrun = excluded.evalrun OR evalrun_cell_owners.renewed_at < :stale_before
+"""
+
+DROP_UNNAMED_CLAIMS = """
+DELETE FROM evalrun_cell_owners
+ WHERE evalrun = :evalrun AND cell_key NOT IN (SELECT value FROM json_each(:cell_keys))
+"""
 
 # --------------------------------------------------------------------------- pinggy tunnel leases
 

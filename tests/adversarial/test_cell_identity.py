@@ -1,0 +1,88 @@
+"""Cells that used to share a run tag, and cells named by two EvalRuns: one identity, one owner, one job."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controller.adapters.store.sqlite import SqliteStore
+from controller.core.match import observe_cells
+from controller.core.planner import plan
+from controller.core.ports import StoreSnapshot
+from controller.core.types import ActionKind, JobState, Phase
+from tests.core.builders import NOW, POLICY, cell, job, obs
+
+# Pairs of cells whose old run tags (slug of model and benchmark name + fingerprint) were equal.
+COLLIDING = {
+    "same benchmark name, two orgs": (cell(dataset="OrgA/bench_x", benchmark_name="bench_x"),
+                                      cell(dataset="OrgB/bench_x", benchmark_name="bench_x")),
+    "absolute vs relative checkpoint": (cell(model="/ckpts/run1"), cell(model="ckpts/run1")),
+    "names differing only in non-ASCII": (cell(model="org/модель-α"), cell(model="org/модель-β")),
+    "slash vs double underscore": (cell(model="org/m"), cell(model="org__m")),
+    "space vs underscore": (cell(model="org/my model"), cell(model="org/my_model")),
+    "differ after the readable part": (cell(model="org/" + "x" * 80 + "-a"), cell(model="org/" + "x" * 80 + "-b")),
+}
+
+
+@pytest.mark.parametrize("pair", COLLIDING.values(), ids=COLLIDING.keys())
+def test_cells_that_slug_alike_get_distinct_tags_and_never_claim_each_other(pair):
+    first, second = pair
+    assert first.key != second.key
+    assert first.run_tag(1) != second.run_tag(1)
+    assert second.attempt_of(first.run_tag(1)) is None and first.attempt_of(second.run_tag(1)) is None
+    # the job of the first cell is seen by the first cell only
+    running = job(first.run_tag(1), JobState.RUNNING)
+    seen = observe_cells([first, second], StoreSnapshot(models=(), benchmarks=(), rows=(), submissions=()),
+                         [running], [])
+    assert seen[0].jobs == (running,) and seen[1].jobs == ()
+
+
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=120), st.text(min_size=1, max_size=60)), min_size=2,
+                max_size=6, unique=True))
+def test_run_tags_are_injective_and_stay_file_names(names):
+    cells = [cell(model=model, dataset=f"org/{bench}", benchmark_name=bench) for model, bench in names]
+    tags = [c.run_tag(1) for c in cells]
+    assert len(set(tags)) == len({c.key for c in cells})
+    for tag in tags:
+        assert re.fullmatch(r"ev_[A-Za-z0-9._-]+", tag) and len(tag.encode()) < 200
+
+
+def test_a_cell_owned_by_another_evalrun_is_shown_but_not_acted_on():
+    mine, theirs = cell(model="org/a"), cell(model="org/b")
+    decided = plan("run1", [mine, theirs], [obs(), obs()], POLICY, NOW, budget=1, owners={theirs.key: "other"})
+    owned = decided.cells[1]
+    assert [a.kind for a in owned.actions] == [ActionKind.SKIP] and "owned by EvalRun other" in owned.reason
+    assert owned.phase == Phase.PENDING and owned.row_updates == ()
+    assert [a.kind for a in decided.cells[0].actions] == [ActionKind.SUBMIT], "the owned cell used no budget"
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    the_store = SqliteStore(tmp_path / "store.db")
+    yield the_store
+    the_store.close()
+
+
+def test_claims_go_to_the_first_evalrun_until_it_stops_renewing(store):
+    ttl = timedelta(minutes=30).total_seconds()
+    assert store.claim_cells("a", ["k1", "k2"], ttl, NOW) == {"k1": "a", "k2": "a"}
+    assert store.claim_cells("b", ["k2", "k3"], ttl, NOW) == {"k2": "a", "k3": "b"}, "k2 is a's"
+    assert store.claim_cells("a", ["k1", "k2"], ttl, NOW + timedelta(minutes=20)) == {"k1": "a", "k2": "a"}
+    later = NOW + timedelta(minutes=45)  # a renewed at +20: still a's at +45
+    assert store.claim_cells("b", ["k2", "k3"], ttl, later)["k2"] == "a"
+    abandoned = NOW + timedelta(minutes=51)
+    assert store.claim_cells("b", ["k2", "k3"], ttl, abandoned) == {"k2": "b", "k3": "b"}, "a stopped renewing"
+
+
+def test_an_evalrun_that_stops_naming_a_cell_hands_it_over_at_once(store):
+    ttl = timedelta(minutes=30).total_seconds()
+    store.claim_cells("a", ["k1", "k2"], ttl, NOW)
+    store.claim_cells("a", ["k1"], ttl, NOW + timedelta(seconds=1))  # the spec dropped k2
+    assert store.claim_cells("b", ["k2"], ttl, NOW + timedelta(seconds=2)) == {"k2": "b"}
+    owners = store.observe("b", [], [], ["k1", "k2"]).cell_owners
+    assert {(o.cell_key, o.evalrun) for o in owners} == {("k1", "a"), ("k2", "b")}

@@ -85,8 +85,8 @@ def observe_cells(
 ) -> list[Observation]:
     """One Observation per cell, in order. A source that is None stays None (Unknown) in every cell.
 
-    `jobs_dir_missing` (the reason; `run_dirs` is then empty): a cell with any history (row, submission,
-    job) cannot tell "no dir yet" from "dir on an unmounted filesystem", so its run dirs are Unknown.
+    `jobs_dir_missing` (the reason; `run_dirs` is then empty): a cell whose history says a run dir should
+    exist cannot tell "no dir yet" from "dir on an unmounted filesystem", so its run dirs are Unknown.
     """
     model_families = Families(snapshot.models) if snapshot else None
     bench_families = Families(snapshot.benchmarks) if snapshot else None
@@ -126,13 +126,21 @@ def observe_cells(
             tags |= {RUN_TAG_PREFIX + t for t in tags if not t.startswith(RUN_TAG_PREFIX)}
             cell_jobs = tuple(job for tag in sorted(tags) for job in jobs_by_tag.get(tag, ()))
         reason = unknown_reason
-        if jobs_dir_missing and (rows or subs or cell_jobs or rows is None or subs is None or cell_jobs is None):
+        if jobs_dir_missing and _expects_run_dirs(rows, subs, cell_jobs):
             cell_dirs = None
             reason = "; ".join(r for r in (unknown_reason, jobs_dir_missing) if r)
         observations.append(
             Observation(rows=rows, submissions=subs, jobs=cell_jobs, run_dirs=cell_dirs, unknown_reason=reason)
         )
     return observations
+
+
+def _expects_run_dirs(rows: Sequence[SandboxJobRow] | None, subs: Sequence[Submission] | None,
+                      jobs: Sequence[ObservedJob] | None) -> bool:
+    """Anything launched, or a row not yet Finished with metrics (a scored row needs no dir to be judged)."""
+    if rows is None or subs is None or jobs is None:
+        return True
+    return bool(subs or jobs) or any(not (row.job_status == "Finished" and row.has_metrics) for row in rows)
 
 
 def _rows_by_family_pair(snapshot: StoreSnapshot) -> dict[tuple[str | None, str | None], list[SandboxJobRow]]:

@@ -147,7 +147,7 @@ def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime) -> Ce
             cell=cell,
             phase=Phase.UNKNOWN,
             actions=(),
-            reason=f"not observed: {obs.unknown_reason or 'a source could not be read'}",
+            reason=f"not observed: {obs.unknown_reason or 'a source could not be read'}{_last_job_note(obs.jobs)}",
             rule="DESIGN: observation failed → Unknown; nothing is submitted or cancelled",
         )
     view = _CellView(cell, obs, policy, now)
@@ -493,6 +493,14 @@ def _progress(facts: RunDirFacts | None) -> str:
 
 def _metric(row: ObservedRow, name: str) -> float | None:
     return next((m.value for m in row.metrics or () if m.name == name), None)
+
+
+def _last_job_note(jobs: Sequence[ObservedJob] | None) -> str:
+    """What the scheduler said of the newest job, when it was read: often the cause (a failed start)."""
+    job = max(jobs or (), key=lambda j: (_job_order(j.job_id), j.job_id), default=None)
+    if job is None:
+        return ""
+    return f"; last job {job.job_id} {job.state.value}" + (f": {job.reason}" if job.reason else "")
 
 
 def _minutes(delta: timedelta) -> str:

@@ -17,6 +17,7 @@ from fsspec import AbstractFileSystem
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.report import write_post_eval_report
+from controller.adapters.secrets import SecretMask
 from controller.adapters.scheduler.commands import LocalCommands
 from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
@@ -84,7 +85,7 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog) -> dict[str, C
         cspec = cluster.cluster.spec
         jobs_dir = cluster.path(cspec.jobs_dir)
         logs_dir = cluster.path(cspec.logs_dir)
-        scheduler = scheduler_for(cluster, logs_dir)
+        scheduler = scheduler_for(cluster, logs_dir, secret_mask(cluster, specs))
         run_dirs = HarborRunDirs(jobs_dir, errors, fs=run_dirs_fs(cluster, jobs_dir))
 
         def actor_for(target: RunTarget, cluster: LoadedCluster = cluster, scheduler: Scheduler = scheduler,
@@ -112,10 +113,10 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog) -> dict[str, C
     return ports
 
 
-def scheduler_for(cluster: LoadedCluster, logs_dir: str) -> Scheduler:
+def scheduler_for(cluster: LoadedCluster, logs_dir: str, mask: SecretMask) -> Scheduler:
     cspec = cluster.cluster.spec
     if cspec.scheduler.type == "local":
-        return LocalScheduler(os.path.join(logs_dir, ".local-scheduler"))
+        return LocalScheduler(os.path.join(logs_dir, ".local-scheduler"), mask)
     options = SlurmOptions(partition=cspec.partition, account=cspec.account, reservation=cspec.reservation,
                            qos=cspec.qos, gpus_per_job=cspec.gpus_per_job)
     if cspec.scheduler.ssh:  # commands run on the login node, as its login user (asked there: `id -un`)
@@ -123,8 +124,8 @@ def scheduler_for(cluster: LoadedCluster, logs_dir: str) -> Scheduler:
         from controller.adapters.remote.ssh import SshCommands
 
         commands = SshCommands(cspec.scheduler.ssh, config_file=ssh_config_of(cluster))
-        return SlurmScheduler(commands, options, logs_dir=logs_dir, user=None)
-    return SlurmScheduler(LocalCommands(), options, logs_dir=logs_dir, user=getpass.getuser())
+        return SlurmScheduler(commands, options, logs_dir=logs_dir, user=None, mask=mask)
+    return SlurmScheduler(LocalCommands(), options, logs_dir=logs_dir, user=getpass.getuser(), mask=mask)
 
 
 def ssh_config_of(cluster: LoadedCluster) -> str | None:
@@ -165,6 +166,17 @@ def secret_value(ref: SecretRef, what: str) -> str:
     if variable not in os.environ:
         raise MissingSecret(f"{what}: set {variable} (secret {ref.name!r}, key {ref.key!r})")
     return os.environ[variable]
+
+
+def secret_mask(cluster: LoadedCluster, specs: SpecSet) -> SecretMask:
+    """Every secret the cluster's jobs can see (its secretEnv, the pinggy tokens of its EvalRuns): what a job
+    prints is masked with all of them, or withheld when one is not set in this process."""
+    name = cluster.cluster.metadata.name
+    refs = [item.secret_ref for item in cluster.cluster.spec.secret_env]
+    refs += [pair.secret_ref for run in specs.evalruns if run.run.spec.cluster == name for pair in run.run.spec.pinggy.pairs]
+    variables = {secret_variable(ref) for ref in refs}
+    return SecretMask(values=[os.environ[v] for v in variables if v in os.environ],
+                      unavailable=[v for v in variables if v not in os.environ])
 
 
 def resolve_secret_env(cluster: LoadedCluster) -> dict[str, str]:

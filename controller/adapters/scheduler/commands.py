@@ -43,20 +43,6 @@ def inherited_environment() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if not name.startswith(OWN_VARIABLES)}
 
 
-SECRET_VARIABLES = "EVALCTL_SECRET_"
-
-
-def masked(text: str) -> str:
-    """`text` (a job's log tail, shown in status) with every secret the reconciler holds replaced by ***.
-
-    Job scripts and tools sometimes print their tokens; a hold reason must not carry them further.
-    """
-    for name, value in os.environ.items():
-        if name.startswith(SECRET_VARIABLES) and len(value) >= 4:
-            text = text.replace(value, "***")
-    return text
-
-
 class LocalCommands:
     """Run commands on this host (the reconciler runs on the login node itself)."""
 

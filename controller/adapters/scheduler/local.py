@@ -23,7 +23,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from controller.adapters.process import proc_start_ticks
-from controller.adapters.scheduler.commands import inherited_environment, masked
+from controller.adapters.scheduler.commands import inherited_environment
+from controller.adapters.secrets import SecretMask
 from controller.core.ports import ObservationError, SubmitRequest
 from controller.core.types import (
     RUN_TAG_PREFIX,
@@ -57,9 +58,10 @@ class JobEnd(Frozen):
 
 
 class LocalScheduler:
-    def __init__(self, state_dir: str | Path):
+    def __init__(self, state_dir: str | Path, mask: SecretMask | None = None):
         self.state_dir = Path(state_dir)
         self.jobs_dir = self.state_dir / "jobs"
+        self.mask = mask or SecretMask()
 
     # ------------------------------------------------------------------ observe
 
@@ -98,12 +100,11 @@ class LocalScheduler:
         state = JobState.CANCELLED if (job_dir / "cancelled").exists() else JobState.LOST
         return self._observed(job, state, started, _mtime(job_dir), None)
 
-    @staticmethod
-    def _observed(job: LocalJob, state: JobState, started: datetime | None, ended: datetime | None,
+    def _observed(self, job: LocalJob, state: JobState, started: datetime | None, ended: datetime | None,
                   exit_code: int | None, time_left_s: int | None = None) -> ObservedJob:
         return ObservedJob(job_id=job.job_id, name=job.name, state=state, submitted_at=job.submitted_at,
                            started_at=started, ended_at=ended, exit_code=exit_code, time_left_s=time_left_s,
-                           reason=masked(_log_tail(Path(job.output))) if state == JobState.FAILED else "")
+                           reason=self.mask(_log_tail(Path(job.output))) if state == JobState.FAILED else "")
 
     # ------------------------------------------------------------------ mutate
 

@@ -21,8 +21,8 @@ from controller.adapters.scheduler.commands import (
     CommandFailed,
     CommandResult,
     CommandRunner,
-    masked,
 )
+from controller.adapters.secrets import SecretMask
 from controller.core.ports import ObservationError, SubmitRequest
 from controller.core.types import RUN_TAG_PREFIX, Frozen, JobState, ObservedJob
 
@@ -81,8 +81,10 @@ class SlurmOptions(Frozen):
 
 
 class SlurmScheduler:
-    def __init__(self, commands: CommandRunner, options: SlurmOptions, logs_dir: str, user: str | None = None):
+    def __init__(self, commands: CommandRunner, options: SlurmOptions, logs_dir: str, user: str | None = None,
+                 mask: SecretMask | None = None):
         self.commands, self.options, self.logs_dir = commands, options, logs_dir
+        self.mask = mask or SecretMask()
         self._user = user
         self._logs_dir_made = False
 
@@ -138,7 +140,7 @@ class SlurmScheduler:
         except CommandFailed:
             return tuple(jobs)  # the reason is a courtesy; the state is what the rules use
         tails = {paths[path]: text for path, text in split_tail_output(result.stdout).items() if path in paths}
-        return tuple(job.model_copy(update={"reason": masked(tails[job.job_id])}) if job.job_id in tails else job
+        return tuple(job.model_copy(update={"reason": self.mask(tails[job.job_id])}) if job.job_id in tails else job
                      for job in jobs)
 
     # ------------------------------------------------------------------ mutate

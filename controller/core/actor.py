@@ -20,7 +20,7 @@ from datetime import datetime
 
 from controller.core.errors import ErrorClasses
 from controller.core.metrics import run_metrics
-from controller.core.ports import NewRow, Scheduler, Store, SubmitRequest
+from controller.core.ports import NewRow, Scheduler, Store, StoreUnavailable, SubmitRequest
 from controller.core.types import (
     Action,
     ActionKind,
@@ -91,9 +91,12 @@ class Actor:
 
     def act(self, plan: Plan) -> list[Outcome]:
         outcomes: list[Outcome] = []
-        for lease in plan.tunnel_releases:  # first: a pair freed now may be handed out in this very plan
-            self.store.release_tunnel(lease.pair, lease.holder)
-            log.info("pinggy pair released", extra={"pair": lease.pair, "job": lease.holder})
+        try:  # first: a pair freed now may be handed out in this very plan
+            for lease in plan.tunnel_releases:
+                self.store.release_tunnel(lease.pair, lease.holder)
+                log.info("pinggy pair released", extra={"pair": lease.pair, "job": lease.holder})
+        except StoreUnavailable as exc:  # the plan counted on those pairs: act on nothing this pass
+            return [Outcome(cell=plan.evalrun, action="release pinggy pairs", ok=False, message=str(exc))]
         for cell_plan in plan.cells:
             outcomes += self._act_cell(cell_plan)
         return outcomes
@@ -101,11 +104,11 @@ class Actor:
     def _act_cell(self, cell_plan: CellPlan) -> list[Outcome]:
         label = f"{cell_plan.cell.model} × {cell_plan.cell.benchmark}"
         outcomes = []
-        for update in cell_plan.row_updates:
-            if update.submission_name and update.job_id:
-                self.store.record_job_id(update.submission_name, update.job_id, update.row_id)
-            if update.row_id and update.status:
-                self.store.update_row_status(update.row_id, update.status, started_at=update.started_at)
+        try:
+            self._bookkeeping(cell_plan)
+        except Exception as exc:  # the store failed: this cell does nothing more this pass
+            log.warning("bookkeeping failed", extra={"cell": label, "error": str(exc)})
+            return [Outcome(cell=label, action="bookkeeping", ok=False, message=str(exc))]
         for action in cell_plan.actions:
             if action.kind in (ActionKind.WAIT, ActionKind.SKIP, ActionKind.HOLD):
                 continue
@@ -118,6 +121,13 @@ class Actor:
             log.info("action done", extra={"cell": label, "action": action.kind.value, "detail": message})
             outcomes.append(Outcome(cell=label, action=action.kind.value, ok=True, message=message))
         return outcomes
+
+    def _bookkeeping(self, cell_plan: CellPlan) -> None:
+        for update in cell_plan.row_updates:
+            if update.submission_name and update.job_id:
+                self.store.record_job_id(update.submission_name, update.job_id, update.row_id)
+            if update.row_id and update.status:
+                self.store.update_row_status(update.row_id, update.status, started_at=update.started_at)
 
     def _do(self, cell_plan: CellPlan, action: Action) -> str:
         if action.kind == ActionKind.CANCEL:

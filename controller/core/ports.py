@@ -29,6 +29,13 @@ class ObservationError(RuntimeError):
     """A source could not be read this pass; its cells are Unknown."""
 
 
+class StoreUnavailable(RuntimeError):
+    """The store cannot be opened or written right now (not a database, read-only, locked, down).
+
+    Every backend raises it, with one line that names the store without credentials and says what to check.
+    """
+
+
 class JobsDirMissing(ObservationError):
     """The cluster's jobs dir does not exist: fresh (nothing ran yet) or unmounted, which only history tells.
 

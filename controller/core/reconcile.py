@@ -21,6 +21,7 @@ from controller.core.ports import (
     Scheduler,
     Store,
     StoreSnapshot,
+    StoreUnavailable,
 )
 from controller.core.types import Cell, Frozen, ObservedJob, Plan, RunDirFacts
 
@@ -97,16 +98,21 @@ def reconcile_pass(
             results.append(PassResult(evalrun=target.evalrun, plan=the_plan, note="suspended" if act else "plan"))
             continue
         lease = f"evalrun/{target.evalrun}"
-        if not _take_lease(store, lease, holder, holder_is_dead, now):
-            results.append(PassResult(evalrun=target.evalrun, plan=the_plan,
-                                      note="another reconciler holds the lease; planned only"))
-            continue
         try:
+            if not _take_lease(store, lease, holder, holder_is_dead, now):
+                results.append(PassResult(evalrun=target.evalrun, plan=the_plan,
+                                          note="another reconciler holds the lease; planned only"))
+                continue
             the_plan = _keep_claimed(the_plan, store.claim_cells(target.evalrun, _keys(target),
                                                                   CELL_OWNER_TTL.total_seconds(), now))
+        except StoreUnavailable as exc:  # nothing was done: the next pass tries again
+            log.warning("store unavailable", extra={"error": str(exc)})
+            results.append(PassResult(evalrun=target.evalrun, plan=the_plan, note=f"planned only: {exc}"))
+            continue
+        try:
             outcomes = ports.actor_for(target).act(the_plan)
         finally:
-            store.release_lease(lease, holder)
+            _release(store, lease, holder)
         results.append(PassResult(evalrun=target.evalrun, plan=the_plan, outcomes=tuple(outcomes), acted=True))
     return results
 
@@ -131,6 +137,13 @@ def _take_lease(store: Store, lease: str, holder: str, holder_is_dead: Callable[
     log.warning("taking over the lease of a dead reconciler", extra={"lease": lease, "holder": other})
     store.release_lease(lease, other)
     return store.try_lease(lease, holder, LEASE_TTL.total_seconds(), now)
+
+
+def _release(store: Store, lease: str, holder: str) -> None:
+    try:
+        store.release_lease(lease, holder)
+    except StoreUnavailable as exc:  # it expires after LEASE_TTL, or this holder renews it next pass
+        log.warning("could not release the lease", extra={"lease": lease, "error": str(exc)})
 
 
 def _read(observe: Callable[[], object]) -> object:

@@ -6,7 +6,7 @@ fails with a clear message (exit 2) instead of an unknown-scheme error.
 
 from __future__ import annotations
 
-from controller.adapters.store.sqlite import SqliteStore
+from controller.adapters.store.sqlite import BUSY_TIMEOUT_S, SqliteStore
 from controller.core.ports import Store
 
 SQLITE_PREFIX = "sqlite:///"
@@ -17,10 +17,13 @@ class UnsupportedStoreURL(ValueError):
     """The store URL names no backend this release can open; the CLI maps it to exit code 2."""
 
 
-def open_store(url: str, *, readonly: bool = False) -> Store:
-    """Open the backend the URL names; a writable SQLite store creates its file and parent dirs."""
+def open_store(url: str, *, readonly: bool = False, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Store:
+    """Open the backend the URL names; a writable SQLite store creates its file and parent dirs.
+
+    `busy_timeout_s`: how long a write waits for another process's lock before the store counts as unavailable.
+    """
     if url.startswith(SQLITE_PREFIX) and len(url) > len(SQLITE_PREFIX):
-        return SqliteStore(url.removeprefix(SQLITE_PREFIX), readonly=readonly)
+        return SqliteStore(url.removeprefix(SQLITE_PREFIX), readonly=readonly, busy_timeout_s=busy_timeout_s)
     if url.startswith(LATER_SCHEMES):
         scheme = url.split("://", 1)[0]
         raise UnsupportedStoreURL(

@@ -26,7 +26,7 @@ from controller.adapters.store.codec import (
     parse_metrics,
     parse_timestamp,
 )
-from controller.adapters.store.errors import WriteRefused
+from controller.adapters.store.errors import StoreUnavailable, WriteRefused
 from controller.core.ports import (
     NamedRow,
     NewRow,
@@ -48,13 +48,18 @@ _STATUS_ORDER = {RowStatus.PENDING.value: 0, RowStatus.STARTED.value: 1, RowStat
 class SqliteStore:
     """`Store` on a SQLite file. `queries` counts data statements executed (transaction control excluded)."""
 
-    def __init__(self, path: str | PathLike[str], *, readonly: bool = False) -> None:
+    def __init__(self, path: str | PathLike[str], *, readonly: bool = False,
+                 busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
         self.path = str(path)
         self.readonly = readonly
+        self.busy_timeout_s = busy_timeout_s
         self.queries = 0
         self._conn: sqlite3.Connection | None = None
         if not readonly:
-            self._conn = _open_writable(self.path)
+            try:
+                self._conn = _open_writable(self.path, busy_timeout_s)
+            except (sqlite3.Error, OSError) as error:
+                raise StoreUnavailable(_unavailable(self.path, error)) from None
 
     # ----------------------------------------------------------------------- observation
 
@@ -101,7 +106,7 @@ class SqliteStore:
                 cell_owners=tuple(_cell_owner(record) for record in owners),
             )
         except (sqlite3.Error, ValueError) as error:
-            raise ObservationError(f"store {self.path}: {error}") from error
+            raise ObservationError(_unavailable(self.path, error)) from error
 
     def read_row(self, row_id: str) -> SandboxJobRow | None:
         conn = self._connection()
@@ -233,15 +238,24 @@ class SqliteStore:
     def _connection(self) -> sqlite3.Connection | None:
         """Read-only connections open lazily: a missing file is an empty store until someone creates it."""
         if self._conn is None and self.readonly and self.path != MEMORY and Path(self.path).exists():
-            self._conn = _connect(Path(self.path).absolute().as_uri() + "?mode=ro", uri=True)
+            if not Path(self.path).is_file():
+                raise ObservationError(_unavailable(self.path, sqlite3.OperationalError("not a regular file")))
+            try:
+                self._conn = _connect(Path(self.path).absolute().as_uri() + "?mode=ro", self.busy_timeout_s, uri=True)
+            except sqlite3.Error as error:
+                raise ObservationError(_unavailable(self.path, error)) from None
         return self._conn
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; a database error becomes StoreUnavailable (one line, no traceback)."""
         if self.readonly or self._conn is None:
             raise WriteRefused(f"store {self.path} is open read-only")
-        with self._transaction(self._conn, "IMMEDIATE"):
-            yield self._conn
+        try:
+            with self._transaction(self._conn, "IMMEDIATE"):
+                yield self._conn
+        except sqlite3.Error as error:
+            raise StoreUnavailable(_unavailable(self.path, error)) from None
 
     @staticmethod
     @contextmanager
@@ -319,18 +333,20 @@ class SqliteStore:
         return status
 
 
-def _connect(target: str, *, uri: bool = False) -> sqlite3.Connection:
+def _connect(target: str, busy_timeout_s: float, *, uri: bool = False) -> sqlite3.Connection:
     # isolation_level=None: we issue BEGIN/COMMIT ourselves; timeout is SQLite's busy_timeout.
-    conn = sqlite3.connect(target, uri=uri, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    conn = sqlite3.connect(target, uri=uri, timeout=busy_timeout_s, isolation_level=None)
     conn.row_factory = sqlite3.Row
     return conn
 
 
-def _open_writable(path: str) -> sqlite3.Connection:
+def _open_writable(path: str, busy_timeout_s: float) -> sqlite3.Connection:
     """Open (creating the file and its directory), switch to WAL, and add missing tables idempotently."""
     if path != MEMORY:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    conn = _connect(path)
+        if Path(path).exists() and not Path(path).is_file():  # a FIFO would block the open for ever
+            raise sqlite3.OperationalError("not a regular file")
+    conn = _connect(path, busy_timeout_s)
     try:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.executescript(f"BEGIN IMMEDIATE;{sql.SCHEMA}COMMIT;")
@@ -338,6 +354,20 @@ def _open_writable(path: str) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def _unavailable(path: str, error: Exception) -> str:
+    """One line that says what is wrong with the store file and what to check."""
+    text = str(error)
+    if "locked" in text or "busy" in text:
+        hint = "another process holds a write lock; it is retried next pass"
+    elif "not a database" in text or "malformed" in text:
+        hint = "the file is not an evalctl/OT-Agent SQLite store; point --store at the right file"
+    elif "readonly" in text or "unable to open" in text or "regular file" in text or isinstance(error, OSError):
+        hint = "check that the file and its directory exist and are writable by this user"
+    else:
+        hint = "check the store file"
+    return f"store {path}: {text} ({hint})"
 
 
 def _json(values: Any) -> str:

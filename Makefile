@@ -14,9 +14,11 @@ slurm-demo:
 	SLURM_CONF=$${SLURM_LAB:-/tmp/evalrun-slurm}/etc/slurm.conf .venv/bin/evalctl reconcile --loop --interval 5 \
 		--until-done -f specs/lab/slurm-lab.yaml --store sqlite:///.evalctl/slurm-lab/store.db
 
-# Set up, then run the whole test suite.
+# Set up, then lint, type-check and run the whole test suite.
 test:
 	./scripts/bootstrap.sh
+	.venv/bin/ruff check .
+	.venv/bin/mypy
 	.venv/bin/pytest
 
 # Plan-pass timings over a synthetic fleet (1,000 cells, 100,000 trial dirs); prints figures.

@@ -17,6 +17,7 @@ import signal
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import datetime
+from typing import Any
 
 from controller.core.errors import ErrorClasses
 from controller.core.metrics import run_metrics
@@ -200,9 +201,9 @@ class Actor:
         return f"uploaded accuracy={accuracy:.4f} for {facts.run_tag} (row {row_id}, verified)"
 
 
-def row_config(cell: Cell, run_tag: str) -> dict:
+def row_config(cell: Cell, run_tag: str) -> dict[str, Any]:
     """The `config` jsonb the old tools and dashboards read, plus what our matching needs."""
-    config: dict = {"agent": cell.agent, "env": cell.cluster, "timeout_multiplier": cell.timeout_multiplier,
+    config: dict[str, Any] = {"agent": cell.agent, "env": cell.cluster, "timeout_multiplier": cell.timeout_multiplier,
                     "run_tag": run_tag, "harbor_config": cell.harbor_config, "dataset": cell.dataset,
                     "fingerprint": cell.fingerprint}
     overrides = cell.overrides.model_dump(exclude_none=True)

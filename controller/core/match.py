@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from controller.core.ports import NamedRow, SandboxJobRow, StoreSnapshot
 from controller.core.types import (
@@ -52,7 +53,7 @@ class Families:
         return self._names.get(name, frozenset({name}))
 
 
-def row_config_matches(config: dict | None, cell: Cell) -> bool:
+def row_config_matches(config: dict[str, Any] | None, cell: Cell) -> bool:
     """Agent, timeout multiplier and sandbox overrides equal; keys a legacy row lacks match anything."""
     if not config:
         return True

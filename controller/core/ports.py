@@ -8,7 +8,7 @@ Unknown, never into "absent".
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import Field
 
@@ -60,7 +60,7 @@ class SandboxJobRow(ObservedRow):
 
     model_id: str | None = None
     benchmark_id: str | None = None
-    config: dict | None = None
+    config: dict[str, Any] | None = None
 
 
 class StoreSnapshot(Frozen):
@@ -87,13 +87,13 @@ class NewRow(Frozen):
     started_at: datetime | None = None
     n_trials: int | None = None
     n_rep_eval: int = 1
-    config: dict = Field(default_factory=dict)
+    config: dict[str, Any] = Field(default_factory=dict)
     slurm_job_id: str = "pending"
 
 
 class ResultUpload(Frozen):
     metrics: tuple[Metric, ...]
-    stats: dict
+    stats: dict[str, Any]
     n_trials: int
     ended_at: datetime
 

@@ -7,9 +7,11 @@ them. Acting needs the EvalRun's lease: a second reconciler that runs at the sam
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from controller.core.actor import Actor, Outcome
 from controller.core.match import observe_cells
@@ -23,9 +25,10 @@ from controller.core.ports import (
     StoreSnapshot,
     StoreUnavailable,
 )
-from controller.core.types import Cell, Frozen, ObservedJob, Plan, RunDirFacts
+from controller.core.types import Cell, Frozen, Observation, ObservedJob, Plan, RunDirFacts
 
 log = logging.getLogger("evalctl.reconcile")
+T = TypeVar("T")
 LEASE_TTL = timedelta(minutes=10)
 # An EvalRun keeps the cells it claimed while it renews them (every acting pass); one that stopped naming a
 # cell hands it over at once, one that stopped running hands it over after this. Far longer than a pass.
@@ -84,7 +87,8 @@ def reconcile_pass(
             dirs[target.cluster] = _read(ports.run_dirs.observe)
             budgets[target.cluster] = min(rate_budget(jobs[target.cluster], ports.submissions_per_minute, now),
                                           target.policy.max_submissions_per_pass)  # a cluster field: same for all
-        snapshot = _read(lambda t=target: store.observe(t.evalrun, _models(t), _benchmarks(t), _keys(t)))
+        snapshot = _read(functools.partial(store.observe, target.evalrun, _models(target), _benchmarks(target),
+                                           _keys(target)))
         observations = _observe(target, snapshot, jobs[target.cluster], dirs[target.cluster])
         budget = budgets[target.cluster]
         leases = snapshot.tunnel_leases if isinstance(snapshot, StoreSnapshot) else ()
@@ -146,7 +150,7 @@ def _release(store: Store, lease: str, holder: str) -> None:
         log.warning("could not release the lease", extra={"lease": lease, "error": str(exc)})
 
 
-def _read(observe: Callable[[], object]) -> object:
+def _read(observe: Callable[[], T]) -> T | ObservationError:
     try:
         return observe()
     except ObservationError as exc:
@@ -154,20 +158,22 @@ def _read(observe: Callable[[], object]) -> object:
         return exc
 
 
-def _observe(target: RunTarget, snapshot: object, jobs: object, dirs: object) -> list:
+def _observe(target: RunTarget, snapshot: StoreSnapshot | ObservationError,
+             jobs: tuple[ObservedJob, ...] | ObservationError,
+             dirs: tuple[RunDirFacts, ...] | ObservationError) -> list[Observation]:
     missing = str(dirs) if isinstance(dirs, JobsDirMissing) else ""
     failures = [str(x) for x in (snapshot, jobs, dirs) if isinstance(x, ObservationError) and str(x) != missing]
     return observe_cells(
         target.cells,
         snapshot if isinstance(snapshot, StoreSnapshot) else None,
-        None if isinstance(jobs, ObservationError) else jobs,  # type: ignore[arg-type]
-        () if missing else None if isinstance(dirs, ObservationError) else dirs,  # type: ignore[arg-type]
+        None if isinstance(jobs, ObservationError) else jobs,
+        () if missing else None if isinstance(dirs, ObservationError) else dirs,
         unknown_reason="; ".join(failures),
         jobs_dir_missing=missing,
     )
 
 
-def _other_owners(target: RunTarget, snapshot: object, now: datetime) -> dict[str, str]:
+def _other_owners(target: RunTarget, snapshot: StoreSnapshot | ObservationError, now: datetime) -> dict[str, str]:
     """Cells another EvalRun claimed and still renews: this one only watches them."""
     if not isinstance(snapshot, StoreSnapshot):
         return {}

@@ -13,7 +13,8 @@ class KeyValueFormatter(logging.Formatter):
         fields = {k: v for k, v in vars(record).items() if k not in _STANDARD}
         extra = " ".join(f"{k}={_quote(v)}" for k, v in fields.items())
         stamp = datetime.fromtimestamp(record.created, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return f"{stamp} {record.levelname.lower()} {record.name} {record.getMessage()}" + (f" {extra}" if extra else "")
+        line = f"{stamp} {record.levelname.lower()} {record.name} {record.getMessage()}"
+        return f"{line} {extra}" if extra else line
 
 
 def configure_logging(verbosity: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -25,7 +26,7 @@ def plan_json(plans: Sequence[Plan]) -> str:
     ]}, indent=2)
 
 
-def _cell_json(cell: CellPlan) -> dict:
+def _cell_json(cell: CellPlan) -> dict[str, Any]:
     return {
         "model": cell.cell.model,
         "benchmark": cell.cell.benchmark,

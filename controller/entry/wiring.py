@@ -17,10 +17,10 @@ from fsspec import AbstractFileSystem
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.report import write_post_eval_report
-from controller.adapters.secrets import SecretMask
 from controller.adapters.scheduler.commands import LocalCommands
 from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
+from controller.adapters.secrets import SecretMask
 from controller.core.actor import Actor, JobLauncher
 from controller.core.job_env import job_environment
 from controller.core.planner import Policy
@@ -153,7 +153,8 @@ def pinggy_env(run: LoadedRun, pair_name: str) -> dict[str, str]:
     pair = next((p for p in run.run.spec.pinggy.pairs if p.name == pair_name), None)
     if pair is None:  # the planner hands out pool pairs only; this would be a bug, said plainly
         raise MissingSecret(f"pinggy pair {pair_name} is not in spec.pinggy.pairs of {run.run.metadata.name}")
-    return {"EVAL_PINGGY_URL": pair.url or "", "EVAL_PINGGY_TOKEN": secret_value(pair.secret_ref, f"pinggy pair {pair.name}")}
+    token = secret_value(pair.secret_ref, f"pinggy pair {pair.name}")
+    return {"EVAL_PINGGY_URL": pair.url or "", "EVAL_PINGGY_TOKEN": token}
 
 
 def secret_variable(ref: SecretRef) -> str:
@@ -173,7 +174,8 @@ def secret_mask(cluster: LoadedCluster, specs: SpecSet) -> SecretMask:
     prints is masked with all of them, or withheld when one is not set in this process."""
     name = cluster.cluster.metadata.name
     refs = [item.secret_ref for item in cluster.cluster.spec.secret_env]
-    refs += [pair.secret_ref for run in specs.evalruns if run.run.spec.cluster == name for pair in run.run.spec.pinggy.pairs]
+    refs += [pair.secret_ref for run in specs.evalruns if run.run.spec.cluster == name
+             for pair in run.run.spec.pinggy.pairs]
     variables = {secret_variable(ref) for ref in refs}
     return SecretMask(values=[os.environ[v] for v in variables if v in os.environ],
                       unavailable=[v for v in variables if v not in os.environ])

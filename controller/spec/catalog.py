@@ -11,7 +11,7 @@ import functools
 import os
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -200,7 +200,7 @@ class Catalog(CatalogModel):
     harnesses: Harnesses
 
 
-FILES: dict[str, tuple[str, type[CatalogModel]]] = {
+FILES: dict[str, tuple[str, type[Any]]] = {
     "presets.yaml": ("presets", Presets),
     "error_classes.yaml": ("error_classes", ErrorClasses),
     "size_policy.yaml": ("size_policy", SizePolicy),
@@ -235,4 +235,4 @@ def _load(override_dir: str | None) -> Catalog:
             parts[field] = result
     if errors:
         raise SpecErrors(errors)
-    return Catalog(**parts)
+    return Catalog.model_validate(parts)

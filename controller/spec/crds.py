@@ -51,7 +51,7 @@ def render_crds() -> str:
     ]
     yaml = YAML(typ="safe", pure=True)
     yaml.default_flow_style = False
-    yaml.sort_base_mapping_type_on_output = False
+    yaml.sort_base_mapping_type_on_output = False  # type: ignore[assignment]
     yaml.allow_unicode = True
     yaml.width = 120
     yaml.representer.add_representer(str, _represent_str)

@@ -279,7 +279,7 @@ class EvalRunSpec(SpecModel):
     @classmethod
     def _unique(cls, value: list[str] | None) -> list[str] | None:
         index = _first_duplicate(value or [])
-        if index is not None:
+        if index is not None and value is not None:
             raise entry_error((index,), "duplicate", "'{value}' is listed twice", value=value[index])
         return value
 

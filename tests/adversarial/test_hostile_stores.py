@@ -96,7 +96,7 @@ def test_a_lock_held_longer_than_the_busy_timeout_means_planned_only(store_path:
     holder = sqlite3.connect(store_path, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     # a writable open adds missing tables, so it needs the lock too: it fails in one line
-    with pytest.raises(StoreUnavailable, match="locked.*another process holds a write lock"):
+    with pytest.raises(StoreUnavailable, match=r"locked.*another process holds a write lock"):
         SqliteStore(store_path, busy_timeout_s=0.05)
     holder.execute("ROLLBACK")
     store = SqliteStore(store_path, busy_timeout_s=0.05)

@@ -38,7 +38,7 @@ def test_too_many_infra_errors_are_resumed_once_then_completed(cluster):
                   env={"FAKE_HARBOR_TASKS": "14", "FAKE_HARBOR_INFRA_ERRORS": "11", "FAKE_HARBOR_TRIAL_SECONDS": "0.01"})
     result = cluster.evalctl("reconcile", "--loop", "--interval", "0.5", "--until-done")
     assert "resume: submitted job 2" in result.stdout, result.stdout
-    [(name, status, metrics, stats)] = rows(cluster)
+    [(_name, status, _metrics, stats)] = rows(cluster)
     assert status == "Finished" and json.loads(stats)["n_infra_errors"] == 0
     assert len(cluster.scheduler.observe()) == 2, "the original job and exactly one resume"
 

@@ -122,11 +122,11 @@ def test_eval_harbor_resume_after_scancel(slurm_env: dict[str, str], eval_env: P
 def test_slurmctld_stop_start(slurm_env: dict[str, str]) -> None:
     ctl = ["bash", str(REPO / "scripts" / "slurmctld.sh")]
     try:
-        run(ctl + ["stop"], slurm_env)
-        assert run(ctl + ["status"], slurm_env, check=False).returncode == 1
+        run([*ctl, "stop"], slurm_env)
+        assert run([*ctl, "status"], slurm_env, check=False).returncode == 1
         assert "is DOWN" in run(["scontrol", "ping"], slurm_env, check=False).stdout
     finally:
-        run(ctl + ["start"], slurm_env)
+        run([*ctl, "start"], slurm_env)
     assert "is UP" in run(["scontrol", "ping"], slurm_env).stdout
     assert run(["sinfo", "-h", "-o", "%a"], slurm_env).stdout.strip() == "up"
 

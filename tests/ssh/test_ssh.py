@@ -122,7 +122,7 @@ def test_timeout_raises_and_runner_stays_usable(runner: SshCommands) -> None:
 def test_dead_host_raises(ssh_lab: SshLab, make_runner: Callable[..., SshCommands]) -> None:
     dead = make_runner("root@127.0.0.1:2299", config_file=None, known_hosts=ssh_lab.known_hosts,
                        identity_file=ssh_lab.identity_file, connect_timeout=5)
-    with pytest.raises(CommandFailed, match="(?i)connection refused"):
+    with pytest.raises(CommandFailed, match=r"(?i)connection refused"):
         dead.run(["echo", "hi"], timeout=30)
 
 

@@ -201,7 +201,7 @@ def _private_dir(path: Path) -> Path:
 # ---------------------------------------------------------------------- sftp
 
 
-class CheckedSFTPFileSystem(SFTPFileSystem):
+class CheckedSFTPFileSystem(SFTPFileSystem):  # type: ignore[misc]  # fsspec ships no type hints
     """fsspec's SFTPFileSystem with host key checking ON.
 
     The upstream class trusts any host key on first sight (paramiko AutoAddPolicy, no known_hosts loaded).

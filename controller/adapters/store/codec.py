@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Any
 
 from controller.core.types import Metric
 
@@ -51,7 +52,7 @@ def parse_json(value: object) -> object:
     return value
 
 
-def parse_config(value: object) -> dict | None:
+def parse_config(value: object) -> dict[str, Any] | None:
     config = parse_json(value)
     if config is None or isinstance(config, dict):
         return config

@@ -309,7 +309,7 @@ class SqliteStore:
         """Reuse the model row of that name (canonical first); register the model if it is new."""
         found = self._run(conn, sql.MODEL_ID_BY_NAME, (name,)).fetchone()
         if found is not None:
-            return found[0]
+            return str(found[0])
         model_id = str(uuid.uuid4())
         self._run(conn, sql.INSERT_MODEL, (model_id, name, created_by, format_timestamp(at)))
         return model_id
@@ -317,7 +317,7 @@ class SqliteStore:
     def _benchmark_id(self, conn: sqlite3.Connection, name: str) -> str:
         found = self._run(conn, sql.BENCHMARK_ID_BY_NAME, (name,)).fetchone()
         if found is not None:
-            return found[0]
+            return str(found[0])
         benchmark_id = str(uuid.uuid4())
         self._run(conn, sql.INSERT_BENCHMARK, (benchmark_id, name))
         return benchmark_id
@@ -330,7 +330,7 @@ class SqliteStore:
         username, status = found
         if owner is not None and username != owner:
             raise WriteRefused(f"sandbox_jobs row {row_id} belongs to {username!r}, not {owner!r}")
-        return status
+        return None if status is None else str(status)
 
 
 def _connect(target: str, busy_timeout_s: float, *, uri: bool = False) -> sqlite3.Connection:

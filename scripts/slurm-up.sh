@@ -132,20 +132,19 @@ if ! alive mariadbd; then
     --bind-address=127.0.0.1 --port=$((PORT_BASE + 3)) --socket="$LAB/mysql/mysqld.sock" \
     --pid-file="$LAB/run/mariadbd.pid" --log-error="$LOGS/mariadb.err" \
     --innodb-buffer-pool-size=128M --innodb-lock-wait-timeout=900
-  poll 60 mariadbd mariadb-admin --socket="$LAB/mysql/mysqld.sock" -uroot ping \
-    || die "MariaDB did not come up within 60 s" "$LOGS/mariadb.err" "$LOGS/mariadbd.stdout"
-  mariadb --socket="$LAB/mysql/mysqld.sock" -uroot -e "
-    CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurmpw';
-    CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurmpw';
-    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';
-    FLUSH PRIVILEGES;"
 fi
+# also when MariaDB was already running: an earlier run may have died before this step (a slow machine)
+poll 180 mariadbd mariadb-admin --socket="$LAB/mysql/mysqld.sock" -uroot ping \
+  || die "MariaDB did not come up within 180 s" "$LOGS/mariadb.err" "$LOGS/mariadbd.stdout"
+mariadb --socket="$LAB/mysql/mysqld.sock" -uroot -e "
+  CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurmpw';
+  CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurmpw';
+  GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';
+  FLUSH PRIVILEGES;"
 
 # --- slurmdbd, then register the cluster (before slurmctld first connects)
-if ! alive slurmdbd; then
-  start slurmdbd /usr/sbin/slurmdbd -D
-  poll 60 slurmdbd sacctmgr -n list cluster || die "slurmdbd did not answer within 60 s" "$LOGS/slurmdbd.log" "$LOGS/slurmdbd.stdout"
-fi
+alive slurmdbd || start slurmdbd /usr/sbin/slurmdbd -D
+poll 120 slurmdbd sacctmgr -n list cluster || die "slurmdbd did not answer within 120 s" "$LOGS/slurmdbd.log" "$LOGS/slurmdbd.stdout"
 sacctmgr -n -P list cluster format=Cluster | grep -qx evalrun || sacctmgr -i add cluster evalrun >/dev/null
 
 # --- slurmctld + slurmd

@@ -94,10 +94,15 @@ def _complete(facts: RunDirFacts) -> bool:
     return facts.n_total is not None and facts.n_completed >= facts.n_total
 
 
+# SLURM reports end times in whole seconds and file times come from the file server's clock: a trial written
+# in the job's last second must not read as "written after the job ended" (that would wait a whole settle).
+END_TIME_RESOLUTION = timedelta(seconds=5)
+
+
 def _still_landing(facts: RunDirFacts, job_ended_at: datetime | None, settle: timedelta, now: datetime) -> bool:
     if facts.last_progress_at is None or now - facts.last_progress_at >= settle:
         return False
     if job_ended_at is not None:
-        return facts.last_progress_at > job_ended_at
+        return facts.last_progress_at > job_ended_at + END_TIME_RESOLUTION
     # No job we can see: a recently written, unfinished dir may belong to a job we cannot observe.
     return facts.finished_at is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from controller.core.planner import plan_cell
@@ -129,3 +131,12 @@ def test_a_dir_another_users_row_points_at_is_not_an_orphan():
     dir_of_theirs = facts("bobs-tag", completed=4, finished=False)
     decided = plan_cell(C, obs(rows=(theirs,), dirs=(dir_of_theirs,)), POLICY, NOW)
     assert [a.kind.value for a in decided.actions] == ["skip"] and "job in progress" in decided.reason
+
+
+@pytest.mark.parametrize(("written_after_end_s", "phase"), [(0.9, Phase.EVALUATED), (4, Phase.EVALUATED),
+                                                           (30, Phase.SETTLING)])
+def test_a_trial_written_in_the_jobs_last_second_is_not_landing_after_the_end(written_after_end_s, phase):
+    """SLURM end times are whole seconds and file times come from another clock: seconds are not landing."""
+    ended = ago(minutes=2)
+    the_facts = facts(TAG, last_progress=ended + timedelta(seconds=written_after_end_s))
+    assert plan_cell(C, ours_after(JobState.COMPLETED, the_facts, ended=ended), POLICY, NOW).phase == phase

@@ -106,7 +106,7 @@ class SlurmCluster:
 
     def write(self, *, models: list[str], datasets: list[str], script: Path = EVAL_HARBOR,
               env: dict[str, str] | None = None, time_limit: str = "30", max_per_pass: int = 6,
-              per_minute: int = 1000, extra_run: str = "", extra_cluster: str = "") -> None:
+              per_minute: int = 600, extra_run: str = "", extra_cluster: str = "") -> None:
         env_yaml = "".join(f"\n    {k}: {json.dumps(v)}" for k, v in (env or {}).items()) or " {}"
         self.spec.write_text(f"""
 apiVersion: evalrun.io/v1alpha1

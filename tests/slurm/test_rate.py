@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slurm
 def test_fifty_cells_are_submitted_five_per_pass(cluster):
     models = [cluster.model(i) for i in range(25)]
     cluster.write(models=models, datasets=["DCAgent/ratea", "DCAgent/rateb"], script=cluster.held_script(),
-                  max_per_pass=5, per_minute=1000)
+                  max_per_pass=5, per_minute=600)
     seen: list[str] = []
     for n_pass in (1, 2, 3):
         out = cluster.reconcile().stdout

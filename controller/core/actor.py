@@ -103,7 +103,7 @@ class Actor:
         return outcomes
 
     def _act_cell(self, cell_plan: CellPlan) -> list[Outcome]:
-        label = f"{cell_plan.cell.model} × {cell_plan.cell.benchmark}"
+        label = cell_plan.cell.label
         outcomes = []
         try:
             self._bookkeeping(cell_plan)

@@ -60,6 +60,11 @@ class Cell(Frozen):
         return f"{self.model}|{self.dataset}|{self.fingerprint}"
 
     @property
+    def label(self) -> str:
+        """How people (and pass outcomes) name the cell."""
+        return f"{self.model} × {self.benchmark}"
+
+    @property
     def tag_stem(self) -> str:
         """Readable slugs of model and benchmark, then a digest of the FULL key, so the tag is injective.
 

@@ -1,0 +1,134 @@
+"""summarize(): one status for an EvalRun, from its plan and what acting on it did. Pure.
+
+`evalctl status` and the operator's `.status` both come from here, so the CLI and Kubernetes can never
+tell two stories. Conditions follow kstatus: `Ready` is always present; `Reconciling` and `Stalled` only
+while True, each with a CamelCase reason and a human message.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import Field
+
+from controller.core.actor import Outcome
+from controller.core.types import CellPlan, Frozen, Phase, Plan
+
+ATTENTION_LIMIT = 20  # a status is read by people and stored in etcd: the full table lives in `evalctl status`
+IN_FLIGHT = frozenset({Phase.PENDING, Phase.SUBMITTED, Phase.RUNNING, Phase.SETTLING, Phase.EVALUATED})
+NEEDS_A_HUMAN = frozenset({Phase.FAILED, Phase.STALLED})
+
+
+class Condition(Frozen):
+    type: Literal["Ready", "Reconciling", "Stalled"]
+    status: Literal["True", "False"]
+    reason: str
+    message: str
+    observed_generation: int | None = None
+
+
+class AttentionItem(Frozen):
+    """A cell that needs a human (or is not observed), with the reason the planner gave."""
+
+    model: str
+    benchmark: str
+    phase: Phase
+    reason: str
+
+
+class RunStatus(Frozen):
+    evalrun: str
+    observed_generation: int | None = None
+    total: int
+    counts: dict[Phase, int] = Field(description="every phase, zeros included")
+    conditions: tuple[Condition, ...]
+    attention: tuple[AttentionItem, ...]
+    attention_omitted: int = Field(0, description="cells that need attention beyond the list")
+    failed_actions: int = 0
+    suspended: bool = False
+
+    @property
+    def done(self) -> int:
+        return self.counts[Phase.COMPLETED]
+
+    @property
+    def running(self) -> int:
+        return self.counts[Phase.SUBMITTED] + self.counts[Phase.RUNNING]
+
+    @property
+    def failed(self) -> int:
+        return self.counts[Phase.FAILED]
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more will happen without a human: every cell Completed or Failed."""
+        return self.total == self.counts[Phase.COMPLETED] + self.counts[Phase.FAILED]
+
+    def condition(self, kind: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == kind), None)
+
+
+def summarize(plan: Plan, outcomes: Sequence[Outcome] = (), generation: int | None = None) -> RunStatus:
+    counts = Counter(c.phase for c in plan.cells)
+    all_counts = {phase: counts.get(phase, 0) for phase in Phase}
+    failed_actions = [o for o in outcomes if not o.ok]
+    failed_cells = {o.cell for o in failed_actions}
+    attention = [_attention(c) for c in plan.cells
+                 if c.phase in NEEDS_A_HUMAN | {Phase.UNKNOWN} or c.cell.label in failed_cells]
+    return RunStatus(
+        evalrun=plan.evalrun,
+        observed_generation=generation,
+        total=len(plan.cells),
+        counts=all_counts,
+        conditions=_conditions(plan, all_counts, len(failed_actions), generation),
+        attention=tuple(attention[:ATTENTION_LIMIT]),
+        attention_omitted=max(len(attention) - ATTENTION_LIMIT, 0),
+        failed_actions=len(failed_actions),
+        suspended=plan.suspended,
+    )
+
+
+def _conditions(plan: Plan, counts: dict[Phase, int], failed_actions: int,
+                generation: int | None) -> tuple[Condition, ...]:
+    total = len(plan.cells)
+    completed = counts[Phase.COMPLETED]
+    in_flight = sum(counts[p] for p in IN_FLIGHT)
+    stuck = sum(counts[p] for p in NEEDS_A_HUMAN)
+    unknown = counts[Phase.UNKNOWN]
+
+    def condition(kind: Literal["Ready", "Reconciling", "Stalled"], status: bool, reason: str,
+                  message: str) -> Condition:
+        return Condition(type=kind, status="True" if status else "False", reason=reason, message=message,
+                         observed_generation=generation)
+
+    if completed == total:
+        ready = condition("Ready", True, "AllCellsCompleted", f"{completed}/{total} cells completed and uploaded")
+    elif plan.suspended:
+        ready = condition("Ready", False, "Suspended", f"spec.suspend is true; {completed}/{total} completed")
+    elif stuck:
+        ready = condition("Ready", False, "CellsNeedAttention", f"{stuck} cell(s) need a human; "
+                                                                f"{completed}/{total} completed")
+    elif unknown:
+        ready = condition("Ready", False, "ObservationFailed", f"{unknown} cell(s) could not be observed; "
+                                                               f"{completed}/{total} completed")
+    else:
+        ready = condition("Ready", False, "InProgress", f"{completed}/{total} completed, {in_flight} in flight")
+    found = [ready]
+    if (in_flight or unknown) and not plan.suspended:
+        reason = "ObservationFailed" if unknown and not in_flight else "Progressing"
+        found.append(condition("Reconciling", True, reason, _breakdown(counts, IN_FLIGHT | {Phase.UNKNOWN})))
+    if stuck or failed_actions:
+        reason = "CellsNeedAttention" if stuck else "ActionsFailed"
+        message = _breakdown(counts, NEEDS_A_HUMAN) if stuck else f"{failed_actions} action(s) failed in the last pass"
+        found.append(condition("Stalled", True, reason, message))
+    return tuple(found)
+
+
+def _breakdown(counts: dict[Phase, int], phases: frozenset[Phase]) -> str:
+    return ", ".join(f"{counts[p]} {p.value}" for p in Phase if p in phases and counts[p])
+
+
+def _attention(cell: CellPlan) -> AttentionItem:
+    return AttentionItem(model=cell.cell.model, benchmark=cell.cell.benchmark, phase=cell.phase, reason=cell.reason)

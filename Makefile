@@ -1,5 +1,5 @@
 # The two commands of the README, and a few helpers. Every target installs what it needs itself.
-.PHONY: demo slurm-demo test bench bench-slurm crds clean-demo
+.PHONY: demo slurm-demo test bench bench-slurm crds clean-demo kube-up kube-down
 
 # Set up, then converge the local demo (3 models × 2 benchmarks) and print the grid.
 demo:
@@ -34,7 +34,14 @@ bench-slurm:
 
 # Regenerate the committed CRDs from the pydantic models.
 crds:
-	.venv/bin/evalctl crds > crds/evalrun.io_crds.yaml
+	.venv/bin/evalctl crds > crds/evalrun.io_crds.yaml.tmp && mv crds/evalrun.io_crds.yaml.tmp crds/evalrun.io_crds.yaml
+
+# A real Kubernetes API server (etcd + kube-apiserver, RBAC, TLS) on 127.0.0.1:6443, built from Go modules once per machine.
+kube-up:
+	./scripts/kube-up.sh
+
+kube-down:
+	./scripts/kube-down.sh
 
 clean-demo:
 	rm -rf .evalctl/demo .evalctl/slurm-lab .evalctl/store.db .evalctl/store.db-wal .evalctl/store.db-shm

@@ -151,8 +151,9 @@ def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime) -> Ce
             rule="DESIGN: observation failed → Unknown; nothing is submitted or cancelled",
         )
     view = _CellView(cell, obs, policy, now)
+    live = [job for job in obs.jobs if job.state.active]
     broken = next((d for d in view.dirs.values() if d.unreadable), None)
-    if broken is not None:
+    if broken is not None and not live:  # with a live job, the walltime and queue rules need no trial data
         return CellPlan(
             cell=cell,
             phase=Phase.UNKNOWN,
@@ -161,7 +162,6 @@ def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime) -> Ce
             rule="DESIGN: unreadable run dir → Unknown; no upload, resume or submit until it can be read",
             run_dir=broken,
         )
-    live = [job for job in obs.jobs if job.state.active]
     return view.in_flight(live) if live else view.settled()
 
 
@@ -223,7 +223,7 @@ class _CellView:
                                   reason=f"{job.time_left_s // 60} min of walltime left; cancel now, resume later"))
             return self._result(Phase.RUNNING, actions, "pre-walltime cancel", "REFERENCE §5: pre-walltime",
                                 updates, facts)
-        if facts is not None and facts.n_total:
+        if facts is not None and facts.n_total and not facts.unreadable:  # zombie and stuck rules count trials
             last = facts.last_progress_at or job.started_at
             quiet = self.now - last if last is not None else timedelta(0)
             if facts.n_completed >= facts.n_total and quiet >= self.policy.zombie_grace:
@@ -487,6 +487,8 @@ def _suspended(cell_plan: CellPlan) -> CellPlan:
 def _progress(facts: RunDirFacts | None) -> str:
     if facts is None:
         return "no run dir yet"
+    if facts.unreadable:
+        return f"run dir cannot be read: {facts.unreadable}"
     total = facts.n_total if facts.n_total is not None else "?"
     return f"{facts.n_scored} scored, {facts.n_completed}/{total} completed, {facts.n_infra_errors} infra errors"
 

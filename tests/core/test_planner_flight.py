@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.core.planner import plan, plan_cell
-from controller.core.types import JobState, Observation, Phase, RowStatus
+from controller.core.types import ActionKind, JobState, Observation, Phase, RowStatus
 from tests.core.builders import NOW, POLICY, ago, cell, facts, job, obs, row, sub
 
 C = cell()
@@ -200,3 +200,18 @@ def test_over_budget_stale_pending_keeps_its_job_instead_of_cancelling_it():
                 jobs=(job(TAG, JobState.QUEUED),))
     [decided] = plan("run1", [C], [stale], POLICY, NOW, budget=0).cells
     assert kinds(decided) == ["wait"] and "budget used up" in decided.actions[0].reason
+
+
+def test_an_unreadable_dir_of_a_running_job_still_gets_the_walltime_cancel_but_no_trial_rules():
+    broken = facts(TAG, completed=10, total=10, last_progress=ago(hours=5)).model_copy(
+        update={"unreadable": f"/jobs/{TAG}/t__1/result.json: not JSON"})
+    running = job(TAG, JobState.RUNNING, started=ago(hours=6), time_left_s=600)
+    decided = plan_cell(C, obs(rows=(row("Started", job_name=TAG),), subs=(sub(C),), jobs=(running,), dirs=(broken,)),
+                        POLICY, NOW)
+    assert [a.kind for a in decided.actions] == [ActionKind.CANCEL] and "walltime" in decided.actions[0].reason
+    quiet = running.model_copy(update={"time_left_s": 36000})
+    decided = plan_cell(C, obs(rows=(row("Started", job_name=TAG),), subs=(sub(C),), jobs=(quiet,), dirs=(broken,)),
+                        POLICY, NOW)
+    assert decided.phase == Phase.RUNNING and [a.kind for a in decided.actions] == [ActionKind.WAIT], \
+        "every trial 'done' and quiet for hours would be a zombie cancel, but the counts cannot be trusted"
+    assert "cannot be read" in decided.reason

@@ -13,8 +13,14 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.report import REPORT_NAME, write_post_eval_report
-from controller.adapters.rundirs.tree import FsspecTree, LocalTree, open_tree
-from controller.core.ports import ObservationError
+from controller.adapters.rundirs.tree import (
+    TOP_FILE_CAP,
+    TRIAL_RESULT_CAP,
+    FsspecTree,
+    LocalTree,
+    open_tree,
+)
+from controller.core.ports import JobsDirMissing, ObservationError
 from tests.fixtures.harbor_dirs import (
     REFERENCE_ERRORS,
     write_job_result,
@@ -79,8 +85,9 @@ def test_fs_factory_is_called_each_pass(remote: tuple[MemoryFileSystem, str, Pat
     assert len(calls) == 2
 
 
-def test_missing_jobs_dir_through_fs_is_empty() -> None:
-    assert HarborRunDirs("/no-such-evalrun-jobs", REFERENCE_ERRORS, fs=fsspec.filesystem("memory")).observe() == ()
+def test_missing_jobs_dir_through_fs_is_jobs_dir_missing() -> None:
+    with pytest.raises(JobsDirMissing, match=r"^jobs dir /no-such-evalrun-jobs does not exist"):
+        HarborRunDirs("/no-such-evalrun-jobs", REFERENCE_ERRORS, fs=fsspec.filesystem("memory")).observe()
 
 
 @pytest.mark.parametrize("error", [FileNotFoundError("id_ed25519"), OSError("host key refused"), EOFError()])
@@ -179,3 +186,130 @@ def test_someone_elses_unreadable_dir_is_skipped_ours_are_read(tmp_path: Path) -
     fs = UnreadableForeignDirFS()
     root = _two_dirs(tmp_path, fs)
     assert [f.run_tag for f in HarborRunDirs(root, REFERENCE_ERRORS, fs=fs).observe()] == ["ev_ours__a1"]
+
+
+class UnreadableOwnDirFS(MemoryFileSystem):
+    def info(self, path: str, **kwargs: object) -> dict:
+        if path.endswith("ev_ours__a1"):
+            raise PermissionError(13, "Permission denied", path)
+        return super().info(path, **kwargs)
+
+
+def test_our_unlistable_dir_is_unreadable_not_a_failed_observation(tmp_path: Path) -> None:
+    fs = UnreadableOwnDirFS()
+    root = _two_dirs(tmp_path, fs)
+    facts = {f.run_tag: f for f in HarborRunDirs(root, REFERENCE_ERRORS, fs=fs).observe()}
+    assert facts["ev_ours__a1"].unreadable == f"{root}/ev_ours__a1: Permission denied"
+    assert facts["legacy_theirs"].unreadable == "" and facts["legacy_theirs"].n_completed == 4
+
+
+@pytest.fixture
+def memory_root() -> Iterator[str]:
+    """A fresh jobs dir path in the (process-wide) memory filesystem, removed afterwards."""
+    root = f"/evalrun-fs-test-{uuid.uuid4().hex[:8]}/jobs"
+    yield root
+    fsspec.filesystem("memory").rm(root.rsplit("/", 1)[0], recursive=True)
+
+
+def _one_run(tmp_path: Path, fs: MemoryFileSystem, root: str) -> str:
+    """The run dir, in `fs` under `root`: one finished run dir of ours with two trials."""
+    write_synthetic_run_dir(tmp_path / "local" / "ev_m__b__0123abcd__a1", 2)
+    fs.put(str(tmp_path / "local") + "/", root + "/", recursive=True)
+    return f"{root}/ev_m__b__0123abcd__a1"
+
+
+def _observe_one(root: str, fs: MemoryFileSystem) -> str:
+    (facts,) = HarborRunDirs(root, REFERENCE_ERRORS, fs=fs).observe()
+    return facts.unreadable
+
+
+TRIAL = "task-000001__0000001/result.json"
+
+
+@pytest.mark.parametrize(("name", "make", "reason"), [
+    (TRIAL, lambda fs, p: fs.pipe_file(p, b""), "empty file"),
+    (TRIAL, lambda fs, p: fs.pipe_file(p, b"\xff\xfe garbage"), "not UTF-8"),
+    (TRIAL, lambda fs, p: fs.pipe_file(p, b"[1, 2]"), "a JSON array, not an object"),
+    (TRIAL, lambda fs, p: fs.pipe_file(p, b" " * (TRIAL_RESULT_CAP + 1)), "larger than the 4 MiB cap"),
+    (TRIAL, lambda fs, p: (fs.rm(p), fs.mkdir(p), fs.pipe_file(f"{p}/x", b"{}")), "not a regular file (directory)"),
+    ("result.json", lambda fs, p: fs.pipe_file(p, b"{"), "not JSON"),
+    ("config.json", lambda fs, p: fs.pipe_file(p, b" " * (TOP_FILE_CAP + 1)), "larger than the 16 MiB cap"),
+    ("meta.env", lambda fs, p: fs.pipe_file(p, b"MODEL=m\0\0"), "binary (NUL bytes)"),
+], ids=["empty", "not-utf8", "list", "oversize", "directory", "job-result", "oversize-config", "binary-meta"])
+def test_through_fs_what_cannot_be_read_is_unreadable(tmp_path: Path, memory_root: str, name: str, make,
+                                                      reason: str) -> None:
+    fs = fsspec.filesystem("memory")
+    run = _one_run(tmp_path, fs, memory_root)
+    make(fs, f"{run}/{name}")
+    assert _observe_one(memory_root, fs).startswith(f"{run}/{name}: {reason}")
+
+
+class GrowingFS(MemoryFileSystem):
+    """The listing says 10 bytes, the file is far larger by the time it is read: the read stops at cap + 1."""
+
+    reads: list[int | None]  # the `end` of each trial result read
+
+    def find(self, *args: object, **kwargs: object) -> dict:
+        found = super().find(*args, **kwargs)
+        return {p: info | {"size": 10} if p.endswith(TRIAL) else info for p, info in found.items()}
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: object) -> bytes:
+        if path.endswith(TRIAL):
+            self.reads.append(end)
+        return super().cat_file(path, start, end, **kwargs)
+
+
+def test_through_fs_reads_are_bounded_by_the_cap(tmp_path: Path, memory_root: str) -> None:
+    fs = GrowingFS()
+    fs.reads = []
+    run = _one_run(tmp_path, fs, memory_root)
+    fs.pipe_file(f"{run}/{TRIAL}", b" " * (TRIAL_RESULT_CAP + 100))
+    assert _observe_one(memory_root, fs) == f"{run}/{TRIAL}: larger than the 4 MiB cap"
+    assert fs.reads == [TRIAL_RESULT_CAP + 1]
+
+
+class LinkingFS(MemoryFileSystem):
+    """sftp lists a symlink as type "link" (lstat); `info` follows it (stat)."""
+
+    links: dict[str, str | None]  # link path → target, None for a dangling link
+
+    def find(self, *args: object, **kwargs: object) -> dict:
+        found = super().find(*args, **kwargs)
+        return {p: info | {"type": "link", "size": 20} if p in self.links else info for p, info in found.items()}
+
+    def info(self, path: str, **kwargs: object) -> dict:
+        if path in self.links:
+            target = self.links[path]
+            if target is None:
+                raise FileNotFoundError(path)
+            return super().info(target, **kwargs)
+        return super().info(path, **kwargs)
+
+
+@pytest.mark.parametrize(("target", "reason"), [
+    ("regular", ""),  # a symlink to a regular file is read through
+    ("dangling", "dangling symlink"),
+    ("empty", "empty file"),  # what /dev/zero or a FIFO looks like over sftp: a "file" of size 0
+])
+def test_through_fs_a_symlink_is_followed_then_vetted(tmp_path: Path, memory_root: str, target: str,
+                                                     reason: str) -> None:
+    fs = LinkingFS()
+    run = _one_run(tmp_path, fs, memory_root)
+    elsewhere = f"{memory_root}/elsewhere.json"
+    fs.pipe_file(elsewhere, fs.cat_file(f"{run}/{TRIAL}") if target == "regular" else b"")
+    fs.links = {f"{run}/{TRIAL}": None if target == "dangling" else elsewhere}
+    unreadable = _observe_one(memory_root, fs)
+    assert unreadable == (f"{run}/{TRIAL}: {reason}" if reason else "")
+
+
+class DeniedCatFS(MemoryFileSystem):
+    def cat_file(self, path: str, *args: object, **kwargs: object) -> bytes:
+        if path.endswith(TRIAL):
+            raise PermissionError(13, "Permission denied", path)
+        return super().cat_file(path, *args, **kwargs)
+
+
+def test_through_fs_a_denied_file_is_unreadable_not_a_transport_error(tmp_path: Path, memory_root: str) -> None:
+    fs = DeniedCatFS()
+    run = _one_run(tmp_path, fs, memory_root)
+    assert _observe_one(memory_root, fs) == f"{run}/{TRIAL}: Permission denied"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.harbor_format import model_from_harbor, parse_meta_env, parse_time
 from controller.adapters.rundirs.tree import LocalTree
-from controller.core.ports import ObservationError
+from controller.core.ports import JobsDirMissing, ObservationError
 from controller.core.types import RunDirFacts
 from tests.fixtures.harbor_dirs import (
     REFERENCE_ERRORS,
@@ -30,7 +31,7 @@ def observe(jobs_dir: Path | str) -> dict[str, RunDirFacts]:
 
 
 def build_legacy(run_dir: Path) -> None:
-    """Old-Harbor dir: legacy stats spelling, one trial of each outcome, an unfinished and a corrupt trial."""
+    """Old-Harbor dir: legacy stats spelling, one trial of each outcome, and an unfinished trial."""
     write_config(run_dir, model="hosted_vllm/laion/Qwen3-8B", dataset="/scratch/datasets/terminal_bench_2")
     write_job_result(run_dir, n_total=8, legacy_stats=True, n_completed=5, n_errored=3)
     write_trial(run_dir, "pass__aaaaaaa", reward=1.0)
@@ -39,13 +40,22 @@ def build_legacy(run_dir: Path) -> None:
     write_trial(run_dir, "noreward__ddddddd", exception="RewardFileNotFoundError")
     write_trial(run_dir, "sandbox__eeeeeee", exception="DaytonaError")
     write_trial(run_dir, "running__fffffff", result=False)
-    (write_trial(run_dir, "torn__ggggggg", result=False) / "result.json").write_text('{"task_name": "torn", "verif')
+
+
+def build_torn(run_dir: Path) -> Path:
+    """A finished dir of the old listener's whose last trial result was cut off mid-write; returns that file."""
+    write_config(run_dir, model="hosted_vllm/laion/Qwen3-8B", dataset="/scratch/datasets/terminal_bench_2")
+    write_job_result(run_dir, n_total=2, n_completed=2)
+    write_trial(run_dir, "pass__aaaaaaa", reward=1.0)
+    torn = write_trial(run_dir, "torn__ggggggg", result=False) / "result.json"
+    torn.write_text('{"task_name": "torn", "verif')
+    return torn
 
 
 def test_legacy_dir_exact_counts(tmp_path: Path) -> None:
     build_legacy(tmp_path / "legacy")
     facts = observe(tmp_path)["legacy"]
-    assert (facts.n_trial_dirs, facts.n_completed, facts.n_scored) == (7, 5, 3)
+    assert (facts.n_trial_dirs, facts.n_completed, facts.n_scored) == (6, 5, 3)
     assert (facts.n_infra_errors, facts.n_benign_errors, facts.n_other_errors) == (1, 1, 1)
     assert (facts.reward_sum, facts.reward_sq_sum) == (1.0, 1.0)
     assert facts.model == "laion/Qwen3-8B"
@@ -53,9 +63,21 @@ def test_legacy_dir_exact_counts(tmp_path: Path) -> None:
     assert facts.benchmark_name == "terminal_bench_2"
     assert (facts.agent, facts.timeout_multiplier) == ("terminus-2", 2.0)
     assert (facts.has_config, facts.has_result, facts.n_total, facts.fires) == (True, True, 8, 1)
-    assert not facts.no_resume
+    assert not facts.no_resume and facts.unreadable == ""
     assert facts.finished_at is not None and facts.finished_at.tzinfo is not None
     assert facts.path == str(tmp_path / "legacy")
+
+
+def test_a_torn_trial_result_is_unreadable_not_unfinished(tmp_path: Path) -> None:
+    """Read as "not completed", the dir would be 1 of 2 done and uploaded as a partial score."""
+    torn = build_torn(tmp_path / "legacy")
+    facts = observe(tmp_path)["legacy"]
+    assert facts.unreadable.startswith(f"{torn}: not JSON: Unterminated string")
+    # what matching needs stays, so the old listener's dir still finds its cell; the numbers are not data
+    assert (facts.model, facts.benchmark_name, facts.agent, facts.timeout_multiplier) == (
+        "laion/Qwen3-8B", "terminal_bench_2", "terminus-2", 2.0)
+    assert (facts.n_trial_dirs, facts.n_completed, facts.n_total, facts.has_result, facts.finished_at) == (
+        0, 0, None, False, None)
 
 
 def test_error_breakdown_lists_every_known_class(tmp_path: Path) -> None:
@@ -103,13 +125,25 @@ def test_meta_env_wins_for_model_and_benchmark(tmp_path: Path) -> None:
     assert facts.fires == 1  # config.json but no RESUME_COUNT
 
 
-def test_no_resume_marker_and_corrupt_config(tmp_path: Path) -> None:
+def test_corrupt_config_is_unreadable(tmp_path: Path) -> None:
     run = tmp_path / "r"
-    run.mkdir()
+    write_meta_env(run, MODEL="org/m")
     (run / "config.json").write_text("{not json")
-    (run / ".no-resume").touch()
     facts = observe(tmp_path)["r"]
-    assert (facts.has_config, facts.fires, facts.no_resume, facts.model) == (False, 1, True, None)
+    assert facts.unreadable.startswith(f"{run / 'config.json'}: not JSON: Expecting property name")
+    assert facts.model == "org/m"  # meta.env still says which cell it is
+
+
+@pytest.mark.parametrize("marker", ["empty", "text", "dir"])
+def test_no_resume_is_a_marker_whatever_it_holds(tmp_path: Path, marker: str) -> None:
+    run = tmp_path / "r"
+    write_meta_env(run, MODEL="m", RESUME_COUNT=0)
+    if marker == "dir":
+        (run / ".no-resume").mkdir()
+    else:
+        (run / ".no-resume").write_text("" if marker == "empty" else "operator: keep as is\n")
+    facts = observe(tmp_path)["r"]
+    assert (facts.no_resume, facts.unreadable) == (True, "")
 
 
 def test_settling_shape_more_completed_than_total(tmp_path: Path) -> None:
@@ -143,15 +177,19 @@ def test_ignores_files_and_hidden_dirs_in_jobs_dir(tmp_path: Path) -> None:
     assert observe(tmp_path)["r"].n_trial_dirs == 0
 
 
-def test_missing_jobs_dir_is_empty(tmp_path: Path) -> None:
-    assert observe(tmp_path / "nope") == {}
-    assert HarborRunDirs("memory://no-such-jobs-dir", REFERENCE_ERRORS).observe() == ()
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_missing_jobs_dir_is_jobs_dir_missing_not_empty(tmp_path: Path, where: str) -> None:
+    """Fresh or unmounted: read as empty, every finished cell would look "killed before any trial"."""
+    jobs_dir = str(tmp_path / "nope") if where == "local" else "memory://no-such-jobs-dir"
+    with pytest.raises(JobsDirMissing, match=f"^jobs dir {re.escape(jobs_dir)} does not exist"):
+        HarborRunDirs(jobs_dir, REFERENCE_ERRORS).observe()
 
 
 def test_unlistable_jobs_dir_raises(tmp_path: Path) -> None:
     (tmp_path / "jobs").write_text("a file, not a dir")
-    with pytest.raises(ObservationError):
+    with pytest.raises(ObservationError, match="cannot list jobs dir") as raised:
         observe(tmp_path / "jobs")
+    assert not isinstance(raised.value, JobsDirMissing)  # it is there: something is wrong, not "nothing ran yet"
 
 
 def test_run_dir_vanishing_mid_pass_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -162,6 +200,7 @@ def test_run_dir_vanishing_mid_pass_is_skipped(tmp_path: Path, monkeypatch: pyte
 
 def test_memory_url_matches_local(tmp_path: Path) -> None:
     build_legacy(tmp_path / "legacy")
+    build_torn(tmp_path / "torn")
     write_meta_env(tmp_path / "early", MODEL="m", RESUME_COUNT=0)
     (tmp_path / "legacy" / ".no-resume").touch()
     fs = fsspec.filesystem("memory")
@@ -171,10 +210,12 @@ def test_memory_url_matches_local(tmp_path: Path) -> None:
     finally:
         fs.rm("/jobs-rd-test", recursive=True)
     local = observe(tmp_path)
-    assert remote.keys() == local.keys() == {"legacy", "early"}
+    assert remote.keys() == local.keys() == {"legacy", "torn", "early"}
     for tag in local:
-        assert remote[tag].model_dump(exclude={"path", "last_progress_at"}) == local[tag].model_dump(
-            exclude={"path", "last_progress_at"})
+        assert remote[tag].model_dump(exclude={"path", "last_progress_at", "unreadable"}) == local[tag].model_dump(
+            exclude={"path", "last_progress_at", "unreadable"})
+        assert remote[tag].unreadable == local[tag].unreadable.replace(str(tmp_path), "memory://jobs-rd-test")
+    assert remote["torn"].unreadable.startswith("memory://jobs-rd-test/torn/torn__ggggggg/result.json: not JSON")
     assert remote["legacy"].path == "memory://jobs-rd-test/legacy"
     assert remote["legacy"].last_progress_at is not None
 

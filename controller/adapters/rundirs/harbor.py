@@ -2,34 +2,51 @@
 
 Trial dirs are the truth: the job `result.json` carries no trial results and its stats lag (and
 go stale when a killed job's sandboxes keep writing), so every trial `result.json` is read once
-per pass. Observation never mutates and never raises for one bad dir or file.
+per pass. Observation never mutates.
+
+What cannot be read is never data: a file of a run dir that is there but cannot be read (see `tree` and
+`harbor_format`) sets `RunDirFacts.unreadable`, and so does one of our (`ev_`) run dirs that cannot be
+listed; its cell is then Unknown. A missing jobs dir raises `JobsDirMissing`; a transport error makes the
+whole observation an `ObservationError`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 from fsspec import AbstractFileSystem
 
 from controller.adapters.rundirs.harbor_format import (
+    FormatError,
+    JobConfigFacts,
+    MetaFacts,
     dataset_basename,
     job_config_facts,
-    load_json,
-    parse_float,
-    parse_int,
-    parse_meta_env,
-    parse_time,
+    job_result_facts,
+    meta_env_facts,
     trial_outcome,
 )
-from controller.adapters.rundirs.tree import JobsTree, TrialRead, open_tree
+from controller.adapters.rundirs.tree import (
+    TRIAL_RESULT,
+    Content,
+    JobsTree,
+    RunScan,
+    TrialRead,
+    Unreadable,
+    describe,
+    is_path_error,
+    open_tree,
+)
 from controller.core.errors import ErrorClasses, ErrorKind
-from controller.core.ports import ObservationError
+from controller.core.ports import JobsDirMissing, ObservationError
 from controller.core.types import RUN_TAG_PREFIX, RunDirFacts
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class HarborRunDirs:
@@ -53,82 +70,112 @@ class HarborRunDirs:
             self._fs_factory = fs
 
     def observe(self) -> tuple[RunDirFacts, ...]:
-        tree = self._tree
-        if tree is None:
-            assert self._fs_factory is not None
-            try:  # never FileNotFoundError → "nothing ran": a missing key file must not read as an empty dir
-                tree = open_tree(self.jobs_dir, self._fs_factory())
-            except Exception as exc:
-                raise ObservationError(f"cannot reach jobs dir {self.jobs_dir}: {exc}") from exc
+        tree = self._open_tree()
         try:
             run_tags = tree.run_tags()
-        except FileNotFoundError:
-            return ()  # a fresh cluster: nothing has run yet
+        except FileNotFoundError:  # fresh, or an unmounted filesystem: only the cells' history can tell
+            raise JobsDirMissing(f"jobs dir {self.jobs_dir} does not exist (unmounted filesystem?)") from None
         except Exception as exc:
             raise ObservationError(f"cannot list jobs dir {self.jobs_dir}: {exc}") from exc
-        observed: list[RunDirFacts] = []
-        for run_tag in run_tags:
+        return tuple(facts for run_tag in run_tags if (facts := self._observe_run(tree, run_tag)) is not None)
+
+    def _open_tree(self) -> JobsTree:
+        if self._tree is not None:
+            return self._tree
+        assert self._fs_factory is not None
+        try:  # never FileNotFoundError → "nothing ran": a missing key file must not read as an empty dir
+            return open_tree(self.jobs_dir, self._fs_factory())
+        except Exception as exc:
+            raise ObservationError(f"cannot reach jobs dir {self.jobs_dir}: {exc}") from exc
+
+    def _observe_run(self, tree: JobsTree, run_tag: str) -> RunDirFacts | None:
+        """The run dir's facts; None for another tool's dir that cannot be listed (we cannot tell whose cell)."""
+        location = tree.location(run_tag)
+        try:
+            facts = run_dir_facts(run_tag, location, tree.scan(run_tag), self.errors)
+        except Exception as exc:
+            if not isinstance(exc, OSError) or not is_path_error(exc):  # the transport failing: the whole read
+                raise ObservationError(f"cannot read run dir {location}: {exc}") from exc  # is unknown, not "absent"
+            if not run_tag.startswith(RUN_TAG_PREFIX):
+                log.warning("skipping unreadable run dir %s: %s", location, exc)
+                return None
+            facts = RunDirFacts(run_tag=run_tag, path=location, unreadable=f"{location}: {describe(exc)}")
+        if facts.unreadable:
+            log.warning("run dir %s cannot be read (its cell is Unknown): %s", location, facts.unreadable)
+        return facts
+
+
+class _Reader:
+    """Parses the files of one run dir, keeping the first that could not be read as '<path>: <why>'."""
+
+    def __init__(self, run_path: str) -> None:
+        self.run_path = run_path
+        self.problem = ""
+
+    def parse(self, name: str, content: Content | None, parse: Callable[[bytes], T]) -> T | None:
+        """`parse(content)`; None when the file is absent, or cannot be read (then noted)."""
+        if content is None:
+            return None
+        if isinstance(content, Unreadable):
+            reason = content.reason
+        else:
             try:
-                observed.append(self._observe_run(tree, run_tag))
-            except (FileNotFoundError, NotADirectoryError) as exc:  # vanished since the listing, or a stray file
-                log.warning("skipping run dir %s: %s", tree.location(run_tag), exc)
-            except Exception as exc:
-                if _foreign_and_unreadable(run_tag, exc):  # another tool's dir we may not read: not ours to judge
-                    log.warning("skipping unreadable run dir %s: %s", tree.location(run_tag), exc)
-                    continue
-                # ours and unreadable, or the transport failing: the whole read is unknown, never "absent"
-                raise ObservationError(f"cannot read run dir {tree.location(run_tag)}: {exc}") from exc
-        return tuple(observed)
-
-    def _observe_run(self, tree: JobsTree, run_tag: str) -> RunDirFacts:
-        scan = tree.scan(run_tag)
-        return run_dir_facts(run_tag, tree.location(run_tag), scan.files, scan.trials, self.errors)
+                return parse(content)
+            except FormatError as exc:
+                reason = str(exc)
+        self.problem = self.problem or f"{self.run_path}/{name}: {reason}"
+        return None
 
 
-def _foreign_and_unreadable(run_tag: str, exc: Exception) -> bool:
-    transport = isinstance(exc, (TimeoutError, ConnectionError))
-    return isinstance(exc, OSError) and not transport and not run_tag.startswith(RUN_TAG_PREFIX)
+def run_dir_facts(run_tag: str, path: str, scan: RunScan, errors: ErrorClasses) -> RunDirFacts:
+    """Reduce one run dir's files to facts (pure over its inputs).
 
-
-def run_dir_facts(
-    run_tag: str,
-    path: str,
-    files: Mapping[str, bytes | None],
-    trials: Iterable[TrialRead],
-    errors: ErrorClasses,
-) -> RunDirFacts:
-    """Reduce one run dir's files to facts (pure over its inputs)."""
-    meta = parse_meta_env(files.get("meta.env"))
-    config_doc = load_json(files.get("config.json"))
-    result_doc = load_json(files.get("result.json"))
-    config = job_config_facts(config_doc or {})
-    dataset = meta.get("REPO_ID") or config.dataset
-    resume_count = parse_int(meta.get("RESUME_COUNT"))
-    fires = resume_count + 1 if resume_count is not None else int("config.json" in files)
-    tally = _tally(trials, errors)
+    A dir with a file that cannot be read keeps only what matching needs (which model and benchmark it is)
+    and `unreadable`: its other numbers are not data. Trials are read no further than the first bad one.
+    """
+    reader = _Reader(path)
+    meta = reader.parse("meta.env", scan.files.get("meta.env"), meta_env_facts) or MetaFacts()
+    config = reader.parse("config.json", scan.files.get("config.json"), job_config_facts)
+    result = reader.parse("result.json", scan.files.get("result.json"), job_result_facts)
+    identity = _identity(meta, config or JobConfigFacts())
+    if reader.problem:
+        return RunDirFacts(run_tag=run_tag, path=path, unreadable=reader.problem, **identity)
+    tally = _tally(scan.trials, errors, reader)
+    if reader.problem:
+        return RunDirFacts(run_tag=run_tag, path=path, unreadable=reader.problem, **identity)
     return RunDirFacts(
         run_tag=run_tag,
         path=path,
-        model=meta.get("MODEL") or config.model,
-        dataset=dataset,
-        benchmark_name=meta.get("BENCHMARK_NAME") or (dataset_basename(dataset) if dataset else None),
-        agent=config.agent or meta.get("AGENT_NAME") or None,
-        timeout_multiplier=config.timeout_multiplier
-        if config.timeout_multiplier is not None
-        else parse_float(meta.get("TIMEOUT_MULTIPLIER")),
-        has_config=config_doc is not None,
-        has_result=result_doc is not None,
-        n_total=parse_int((result_doc or {}).get("n_total_trials")),
-        started_at=parse_time((result_doc or {}).get("started_at")),
-        finished_at=parse_time((result_doc or {}).get("finished_at")),
-        fires=fires,
-        no_resume=".no-resume" in files,
+        **identity,
+        has_config=config is not None,
+        has_result=result is not None,
+        n_total=result.n_total if result else None,
+        started_at=result.started_at if result else None,
+        finished_at=result.finished_at if result else None,
+        fires=meta.resume_count + 1 if meta.resume_count is not None else int(config is not None),
+        no_resume=scan.no_resume,
         **tally,
     )
 
 
-def _tally(trials: Iterable[TrialRead], errors: ErrorClasses) -> dict:
-    """Per-trial counts. Reward sums cover valid (non-infra) trials only, so metrics can use them directly."""
+def _identity(meta: MetaFacts, config: JobConfigFacts) -> dict[str, Any]:
+    """Which model/benchmark/agent/multiplier the dir is for: meta.env wins for model and dataset."""
+    dataset = meta.dataset or config.dataset
+    return {
+        "model": meta.model or config.model,
+        "dataset": dataset,
+        "benchmark_name": meta.benchmark_name or (dataset_basename(dataset) if dataset else None),
+        "agent": config.agent or meta.agent,
+        "timeout_multiplier": config.timeout_multiplier if config.timeout_multiplier is not None
+        else meta.timeout_multiplier,
+    }
+
+
+def _tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: _Reader) -> dict[str, Any]:
+    """Per-trial counts. Reward sums cover valid (non-infra) trials only, so metrics can use them directly.
+
+    Stops at the first trial result `reader` cannot read: the counts are then not data anyway.
+    """
     n_dirs = n_completed = n_scored = 0
     reward_sum = reward_sq_sum = 0.0
     newest: float | None = None
@@ -136,12 +183,14 @@ def _tally(trials: Iterable[TrialRead], errors: ErrorClasses) -> dict:
     classes: Counter[str] = Counter()
     for trial in trials:
         n_dirs += 1
-        doc = load_json(trial.result)
-        if doc is None:
-            continue
+        outcome = reader.parse(f"{trial.name}/{TRIAL_RESULT}", trial.result, trial_outcome)
+        if reader.problem:
+            break
+        if outcome is None:
+            continue  # no result yet: the trial is running
         if trial.mtime is not None and (newest is None or trial.mtime > newest):
             newest = trial.mtime
-        reward, exception_type = trial_outcome(doc)
+        reward, exception_type = outcome
         if exception_type in errors.interrupted:
             continue  # not completed: a resume runs it again
         n_completed += 1

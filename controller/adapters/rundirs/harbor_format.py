@@ -1,30 +1,56 @@
-"""Harbor's on-disk formats (JobConfig, JobResult, TrialResult, the sbatch's meta.env), read leniently.
+"""Harbor's on-disk formats (JobConfig, JobResult, TrialResult, the sbatch's meta.env).
 
-Every reader takes raw bytes and returns plain values or None: files written by old Harbor
-versions, by the old listener, or half-written by a killed job must never stop a scan.
+Each reader takes a file's bytes and returns the facts the rules use, or raises `FormatError` when the file
+does not say them: not UTF-8, not JSON, not a JSON object, or a field the rules read holding the wrong type.
+Fields that are absent or null stay lenient (None): old Harbor versions and the old listener left many out.
+A file that raises makes its run dir unreadable — read as "absent", a bad trial result would look unfinished
+and a partial score would be uploaded as complete.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 
-def load_json(data: bytes | None) -> dict[str, Any] | None:
-    if not data:
-        return None
+class FormatError(ValueError):
+    """A file that is there but does not say what the rules need."""
+
+
+def load_json(data: bytes) -> dict[str, Any]:
+    """A UTF-8 JSON object (NaN and Infinity refused: a reward must be a number)."""
     try:
-        doc = json.loads(data)
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError
-        return None
-    return doc if isinstance(doc, dict) else None
+        doc = _DECODER.decode(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise FormatError("not UTF-8") from None
+    except ValueError as exc:
+        raise FormatError(f"not JSON: {exc}") from None
+    except RecursionError:
+        raise FormatError("not JSON: nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise FormatError(f"a JSON {_json_type(doc)}, not an object")
+    return doc
 
 
-def parse_meta_env(data: bytes | None) -> dict[str, str]:
-    """KEY=VALUE lines; tolerates `export`, quotes, comments and junk lines."""
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)  # one, as json.loads keeps for its defaults
+
+
+def parse_meta_env(data: bytes) -> dict[str, str]:
+    """KEY=VALUE lines; tolerates `export`, quotes, comments and junk lines, but not binary or non-UTF-8 bytes."""
+    if b"\0" in data:
+        raise FormatError("binary (NUL bytes), not KEY=VALUE text")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FormatError("not UTF-8") from None
     values: dict[str, str] = {}
-    for line in (data or b"").decode("utf-8", "replace").splitlines():
+    for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#") or "=" not in line:
             continue
@@ -34,6 +60,36 @@ def parse_meta_env(data: bytes | None) -> dict[str, str]:
             value = value[1:-1]
         values[key.strip()] = value
     return values
+
+
+class MetaFacts(NamedTuple):
+    model: str | None = None
+    dataset: str | None = None
+    benchmark_name: str | None = None
+    agent: str | None = None
+    timeout_multiplier: float | None = None
+    resume_count: int | None = None
+
+
+def meta_env_facts(data: bytes) -> MetaFacts:
+    """meta.env; an empty value is unset (the sbatch writes `SLURM_JOB_ID=` outside SLURM), a garbled number is not."""
+    values = parse_meta_env(data)
+    multiplier = values.get("TIMEOUT_MULTIPLIER") or None
+    resume_count = values.get("RESUME_COUNT") or None
+    parsed_multiplier = parse_float(multiplier)
+    parsed_count = parse_int(resume_count)
+    if multiplier is not None and parsed_multiplier is None:
+        raise FormatError(f"TIMEOUT_MULTIPLIER={_shown(multiplier)} is not a number")
+    if resume_count is not None and (parsed_count is None or parsed_count < 0):
+        raise FormatError(f"RESUME_COUNT={_shown(resume_count)} is not a count")
+    return MetaFacts(
+        model=values.get("MODEL") or None,
+        dataset=values.get("REPO_ID") or None,
+        benchmark_name=values.get("BENCHMARK_NAME") or None,
+        agent=values.get("AGENT_NAME") or None,
+        timeout_multiplier=parsed_multiplier,
+        resume_count=parsed_count,
+    )
 
 
 def parse_time(value: object) -> datetime | None:
@@ -62,9 +118,10 @@ def parse_float(value: object) -> float | None:
     if isinstance(value, bool) or value is None:
         return None
     try:
-        return float(value)  # type: ignore[arg-type]
+        parsed = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
+    return parsed if math.isfinite(parsed) else None
 
 
 def model_from_harbor(model_name: str) -> str:
@@ -78,23 +135,40 @@ def dataset_basename(dataset: str) -> str:
 
 
 class JobConfigFacts(NamedTuple):
-    model: str | None
-    dataset: str | None
-    agent: str | None
-    timeout_multiplier: float | None
+    model: str | None = None
+    dataset: str | None = None
+    agent: str | None = None
+    timeout_multiplier: float | None = None
 
 
-def job_config_facts(doc: dict[str, Any]) -> JobConfigFacts:
-    agent = _first(doc.get("agents"))
-    dataset = _first(doc.get("datasets"))
-    model = agent.get("model_name")
-    dataset_ref = dataset.get("path") or dataset.get("name")
+def job_config_facts(data: bytes) -> JobConfigFacts:
+    """config.json (JobConfig): agents[0].name/model_name, datasets[0].path or name, timeout_multiplier."""
+    doc = load_json(data)
+    agent = _first(doc, "agents")
+    dataset = _first(doc, "datasets")
+    model = _str(agent, "model_name", "agents[0]")
+    dataset_ref = _str(dataset, "path", "datasets[0]") or _str(dataset, "name", "datasets[0]")
     return JobConfigFacts(
-        model=model_from_harbor(model) if isinstance(model, str) and model else None,
-        dataset=dataset_ref if isinstance(dataset_ref, str) else None,
-        agent=agent.get("name") if isinstance(agent.get("name"), str) else None,
-        timeout_multiplier=parse_float(doc.get("timeout_multiplier")),
+        model=model_from_harbor(model) if model else None,
+        dataset=dataset_ref or None,
+        agent=_str(agent, "name", "agents[0]") or None,
+        timeout_multiplier=_number(doc, "timeout_multiplier"),
     )
+
+
+class JobResultFacts(NamedTuple):
+    n_total: int | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+def job_result_facts(data: bytes) -> JobResultFacts:
+    """result.json (JobResult): the expected trial count and whether the job finished."""
+    doc = load_json(data)
+    n_total = doc.get("n_total_trials")
+    if n_total is not None and (isinstance(n_total, bool) or not isinstance(n_total, int) or n_total < 0):
+        raise FormatError(f"n_total_trials is {_shown(n_total)}, not a count")
+    return JobResultFacts(n_total=n_total, started_at=_time(doc, "started_at"), finished_at=_time(doc, "finished_at"))
 
 
 class TrialOutcome(NamedTuple):
@@ -102,18 +176,74 @@ class TrialOutcome(NamedTuple):
     exception_type: str | None
 
 
-def trial_outcome(doc: dict[str, Any]) -> TrialOutcome:
-    rewards = _dict(_dict(doc.get("verifier_result")).get("rewards"))
-    exception_type = _dict(doc.get("exception_info")).get("exception_type")
-    return TrialOutcome(
-        reward=parse_float(rewards.get("reward")),
-        exception_type=exception_type if isinstance(exception_type, str) and exception_type else None,
-    )
+def trial_outcome(data: bytes) -> TrialOutcome:
+    """A trial's result.json: verifier_result.rewards.reward and exception_info.exception_type."""
+    doc = load_json(data)
+    rewards = _object(_object(doc, "verifier_result"), "rewards", "verifier_result")
+    exception_type = _str(_object(doc, "exception_info"), "exception_type", "exception_info")
+    return TrialOutcome(reward=_number(rewards, "reward", "verifier_result.rewards"),
+                        exception_type=exception_type or None)
 
 
-def _dict(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
+def _object(doc: dict[str, Any], key: str, where: str = "") -> dict[str, Any]:
+    value = doc.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise FormatError(f"{_field(where, key)} is a JSON {_json_type(value)}, not an object")
+    return value
 
 
-def _first(value: object) -> dict[str, Any]:
-    return _dict(value[0]) if isinstance(value, list) and value else {}
+def _first(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    value = doc.get(key)
+    if value is None or value == []:
+        return {}
+    if not isinstance(value, list) or not isinstance(value[0], dict):
+        raise FormatError(f"{key} is not a list of objects")
+    return value[0]
+
+
+def _str(doc: dict[str, Any], key: str, where: str = "") -> str | None:
+    value = doc.get(key)
+    if value is not None and not isinstance(value, str):
+        raise FormatError(f"{_field(where, key)} is a JSON {_json_type(value)}, not a string")
+    return value
+
+
+def _number(doc: dict[str, Any], key: str, where: str = "") -> float | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(_as_float(value)):
+        return float(value)
+    raise FormatError(f"{_field(where, key)} is {_shown(value)}, not a number")
+
+
+def _as_float(value: float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond float range
+        return math.inf
+
+
+def _time(doc: dict[str, Any], key: str) -> datetime | None:
+    value = doc.get(key)
+    parsed = parse_time(value)
+    if value is not None and parsed is None:
+        raise FormatError(f"{key} is {_shown(value)}, not an ISO timestamp")
+    return parsed
+
+
+def _field(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+def _shown(value: object) -> str:
+    """A value for a reason, cut short: the value may be a few MiB of garbage."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."

@@ -18,7 +18,7 @@ import fsspec
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
-from controller.adapters.rundirs.tree import is_trial_dir_name
+from controller.adapters.rundirs.tree import is_trial_dir_name, read_local
 from controller.core.errors import ErrorClasses, ErrorKind
 from controller.core.metrics import run_metrics
 from controller.core.types import Frozen, RunDirFacts
@@ -26,6 +26,7 @@ from controller.core.types import Frozen, RunDirFacts
 REPORT_NAME = "post_eval_report.txt"
 TRAJECTORY = os.path.join("agent", "trajectory.json")
 TRAJECTORY_POSIX = "agent/trajectory.json"
+TRAJECTORY_CAP = 64 << 20  # a long agent run's ATIF trajectory is a few MiB
 _CAT_BATCH = 256
 
 
@@ -143,9 +144,10 @@ def _fs_step_counts(fs: AbstractFileSystem, run_dir: str) -> list[int]:
     counts: list[int] = []
     for start in range(0, len(trial_dirs), _CAT_BATCH):
         paths = [f"{run_dir}/{name}/{TRAJECTORY_POSIX}" for name in trial_dirs[start : start + _CAT_BATCH]]
-        got = fs.cat(paths, on_error="return")  # per-file errors (a trial with no trajectory) come back as values
+        # per-file errors (a trial with no trajectory) come back as values; cap + 1 bytes tells an oversize file
+        got = fs.cat(paths, on_error="return", end=TRAJECTORY_CAP + 1)
         for data in got.values():
-            n_steps = _steps_in(data) if isinstance(data, bytes) else None
+            n_steps = _steps_in(data) if isinstance(data, bytes) and len(data) <= TRAJECTORY_CAP else None
             if n_steps is not None:
                 counts.append(n_steps)
     return counts
@@ -153,17 +155,16 @@ def _fs_step_counts(fs: AbstractFileSystem, run_dir: str) -> list[int]:
 
 def _n_steps(path: str) -> int | None:
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data, _ = read_local(path, TRAJECTORY_CAP)  # a FIFO or /dev/zero there must not hang or fill memory
     except OSError:
         return None
-    return _steps_in(data)
+    return _steps_in(data) if isinstance(data, bytes) else None
 
 
 def _steps_in(data: bytes) -> int | None:
     try:
         doc = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply
         return None
     steps = doc.get("steps") if isinstance(doc, dict) else doc
     return len(steps) if isinstance(steps, list) else None
@@ -177,8 +178,8 @@ def render(summary: PostEvalSummary, facts: RunDirFacts, errors: ErrorClasses) -
         f"post-eval report: {facts.run_tag}",
         f"model: {facts.model or '?'}  benchmark: {facts.benchmark_name or '?'}  agent: {facts.agent or '?'}",
         f"mean score: {score}{stderr} over {summary.n_valid} valid trials",
-        f"scored: {summary.n_scored} / {total} total "
-        f"(completed {summary.n_completed}, trial dirs {facts.n_trial_dirs})",
+        (f"scored: {summary.n_scored} / {total} total "
+         f"(completed {summary.n_completed}, trial dirs {facts.n_trial_dirs})"),
         f"errors: infra {facts.n_infra_errors}  benign {facts.n_benign_errors}  other {facts.n_other_errors}",
     ]
     width = max(map(len, summary.error_histogram), default=0)

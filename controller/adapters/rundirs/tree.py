@@ -3,13 +3,20 @@ on another host (a filesystem given to `open_tree`, e.g. sftp to the login node)
 
 Only what the observer needs, shaped so a 100k-trial scan costs one directory listing per run dir
 plus one open/fstat/read per trial result on local disks, and batched `cat` calls elsewhere.
-Nothing here raises for one bad file: a file that cannot be read comes back as `None`.
+
+A file we need that is there but cannot be read comes back as `Unreadable(reason)`, never as "missing":
+read as missing, a finished trial would look unfinished. Only regular files are read, at most `cap` bytes,
+and nothing waits (a FIFO is opened non-blocking, then refused). Errors of one path (missing, wrong type,
+denied, a symlink loop) are values; any other error (a dropped connection, a timeout, EIO) is raised, so
+the caller can make the whole read unknown.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
+import stat
 from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import NamedTuple, Protocol
@@ -17,25 +24,43 @@ from typing import NamedTuple, Protocol
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-TOP_FILES = frozenset({"config.json", "meta.env", "result.json", ".no-resume"})
+from controller.core.types import RUN_TAG_PREFIX
+
+TOP_FILES = frozenset({"config.json", "meta.env", "result.json"})  # read
+NO_RESUME = ".no-resume"  # a marker: its presence is what matters, it is never read
 TRIAL_RESULT = "result.json"
+TOP_FILE_CAP = 16 << 20  # job config/result, meta.env: a 300-trial job result is well under 1 MiB
+TRIAL_RESULT_CAP = 4 << 20  # a trial result is a few kB (config, exception traceback)
 _CAT_BATCH = 256
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+_PATH_ERRNOS = frozenset({errno.ELOOP, errno.ENXIO, errno.ENODEV, errno.ENAMETOOLONG})
+
+
+class Unreadable(NamedTuple):
+    """A file that is there but cannot be read; why, without its path."""
+
+    reason: str
+
+
+Content = bytes | Unreadable
 
 
 class TrialRead(NamedTuple):
     name: str
-    result: bytes | None  # None: missing or unreadable
-    mtime: float | None  # POSIX seconds of the result file
+    result: Content | None  # None: no result.json (the trial is still running)
+    mtime: float | None  # POSIX seconds of the result file, when it was read
 
 
 class RunScan(NamedTuple):
-    files: Mapping[str, bytes | None]  # TOP_FILES present in the run dir; None = present but unreadable
+    files: Mapping[str, Content]  # TOP_FILES present in the run dir
+    no_resume: bool
     trials: Iterator[TrialRead]  # every trial dir, lazily, in name order
 
 
 class JobsTree(Protocol):
     def run_tags(self) -> list[str]:
-        """Run dir names; FileNotFoundError when the jobs dir is missing, OSError when unlistable."""
+        """Run dir names (our `ev_` entries whatever their type); FileNotFoundError when the jobs dir is
+        missing, OSError when unlistable."""
         ...
 
     def location(self, run_tag: str) -> str: ...
@@ -62,13 +87,32 @@ def is_trial_dir_name(name: str) -> bool:
     return "__" in name and not name.startswith(".")
 
 
+def is_path_error(exc: BaseException) -> bool:
+    """A fault of one path (missing, wrong type, denied, a loop), not of the transport or the disk reading it
+    (a timeout, a dropped connection, EIO: those make the whole read unknown)."""
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)):
+        return True
+    return isinstance(exc, OSError) and exc.errno in _PATH_ERRNOS
+
+
+def describe(exc: OSError) -> str:
+    """The error without the path it names (callers put the path first)."""
+    return exc.strerror or f"{type(exc).__name__}: {exc}"
+
+
+def _path_error(exc: OSError) -> Unreadable:
+    if not is_path_error(exc):
+        raise exc
+    return Unreadable(describe(exc))
+
+
 class LocalTree:
     def __init__(self, root: str) -> None:
         self.root = root
 
     def run_tags(self) -> list[str]:
         with os.scandir(self.root) as entries:
-            return sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
+            return sorted(e.name for e in entries if _is_run_dir_entry(e))
 
     def location(self, run_tag: str) -> str:
         return os.path.join(self.root, run_tag)
@@ -77,44 +121,114 @@ class LocalTree:
         run = self.location(run_tag)
         present: list[str] = []
         trials: list[str] = []
+        no_resume = False
         with os.scandir(run) as entries:
             for entry in entries:  # d_type answers is_dir() without a stat on local file systems
                 if entry.name in TOP_FILES:
                     present.append(entry.name)
-                elif is_trial_dir_name(entry.name) and entry.is_dir():
+                elif entry.name == NO_RESUME:
+                    no_resume = True
+                elif is_trial_dir_name(entry.name) and _dir_or_broken(entry):
                     trials.append(entry.name)
-        files = {name: _read_local(os.path.join(run, name))[0] for name in present}
-        return RunScan(files, self._results(run, sorted(trials)))
+        files = {name: content for name in present
+                 if (content := read_local(os.path.join(run, name), TOP_FILE_CAP)[0]) is not None}
+        return RunScan(files, no_resume, self._results(run, sorted(trials)))
 
     @staticmethod
     def _results(run: str, trials: list[str]) -> Iterator[TrialRead]:
         for name in trials:
-            data, mtime = _read_local(os.path.join(run, name, TRIAL_RESULT))
+            data, mtime = read_local(os.path.join(run, name, TRIAL_RESULT), TRIAL_RESULT_CAP)
             yield TrialRead(name, data, mtime)
 
 
-def _read_local(path: str) -> tuple[bytes | None, float | None]:
-    """open + fstat + read: the mtime comes with the content, no separate stat."""
+def _is_run_dir_entry(entry: os.DirEntry[str]) -> bool:
+    """Dirs, and every `ev_` entry: one of ours that is not a dir (a file, a dangling link) is reported unreadable."""
+    if entry.name.startswith("."):
+        return False
+    return entry.name.startswith(RUN_TAG_PREFIX) or _dir_or_broken(entry)
+
+
+def _dir_or_broken(entry: os.DirEntry[str]) -> bool:
+    """is_dir(), but True when that cannot be told (a symlink loop): reading it then fails, naming its own path."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        return entry.is_dir()
     except OSError:
-        return None, None
+        return True
+
+
+def read_local(path: str, cap: int) -> tuple[Content | None, float | None]:
+    """A regular file's content (at most `cap` bytes) and mtime: open + fstat + read, no separate stat.
+
+    None when there is no such entry. O_NONBLOCK: opening a FIFO does not wait for a writer; fstat refuses it.
+    """
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        return _missing_or_dangling(path), None
+    except OSError as exc:
+        return _path_error(exc), None
     try:
         st = os.fstat(fd)
-        data = os.read(fd, st.st_size + 1)
-        if len(data) > st.st_size:  # it grew after the fstat: read the rest
-            chunks = [data]
-            while chunk := os.read(fd, 1 << 16):
-                chunks.append(chunk)
-            data = b"".join(chunks)
-        return data, st.st_mtime
-    except OSError:
-        return None, None
+        if not stat.S_ISREG(st.st_mode):
+            return Unreadable(f"not a regular file ({_file_kind(st.st_mode)})"), None
+        if st.st_size > cap:
+            return _too_large(cap), None
+        data = _read_capped(fd, st.st_size, cap)
+    except OSError as exc:
+        return _path_error(exc), None
     finally:
         os.close(fd)
+    problem = _size_problem(len(data), cap)
+    return (problem, None) if problem else (data, st.st_mtime)
+
+
+def _missing_or_dangling(path: str) -> Unreadable | None:
+    """None when nothing is there (a trial still running); a symlink to nothing is there, and unreadable."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return _path_error(exc)
+    return Unreadable("dangling symlink")
+
+
+def _read_capped(fd: int, size: int, cap: int) -> bytes:
+    """Read to the end, but never more than cap + 1 bytes (so "too large" can be told); one read() when the
+    file did not grow since fstat (a short read of a regular file is its end)."""
+    data = os.read(fd, size + 1)
+    if len(data) <= size:
+        return data
+    chunks = [data]
+    total = len(data)
+    while total <= cap and (chunk := os.read(fd, cap + 1 - total)):
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
+
+
+def _size_problem(size: int, cap: int) -> Unreadable | None:
+    if size > cap:
+        return _too_large(cap)
+    return Unreadable("empty file") if size == 0 else None
+
+
+def _too_large(cap: int) -> Unreadable:
+    return Unreadable(f"larger than the {cap >> 20} MiB cap")
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+             (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
+    return next((name for test, name in kinds if test(mode)), f"mode {mode:o}")
 
 
 class FsspecTree:
+    """Type and size come from the listing (`find(detail=True)`), so what is not a regular file or is over the
+    cap is refused before any `cat`; reads are bounded to cap + 1 bytes. A file of size 0 is refused as empty:
+    over sftp that is also what a FIFO or a device looks like. A symlink (sftp lists it as a "link") costs one
+    `info` to follow it."""
+
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str, url: str) -> None:
         self.fs = fs
         self.root = root.rstrip("/")
@@ -126,10 +240,10 @@ class FsspecTree:
         try:
             self.fs.info(self.root)
         except FileNotFoundError:
-            raise FileNotFoundError(self.url) from None
-        entries = self.fs.ls(self.root, detail=True)
-        names = (posixpath.basename(e["name"].rstrip("/")) for e in entries if e.get("type") == "directory")
-        return sorted(n for n in names if not n.startswith("."))
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), self.url) from None
+        listed = {posixpath.basename(e["name"].rstrip("/")): e.get("type") for e in self.fs.ls(self.root, detail=True)}
+        return sorted(name for name, kind in listed.items()
+                      if not name.startswith(".") and (kind == "directory" or name.startswith(RUN_TAG_PREFIX)))
 
     def location(self, run_tag: str) -> str:
         return f"{self.url}/{run_tag}"
@@ -137,45 +251,79 @@ class FsspecTree:
     def scan(self, run_tag: str) -> RunScan:
         run = f"{self.root}/{run_tag}"
         if self.fs.info(run).get("type") != "directory":  # not fs.isdir(): it swallows transport errors too
-            raise NotADirectoryError(self.location(run_tag))
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), self.location(run_tag))
         # one walk: files, trials, results; on_error="raise": the default drops what it could not list
         found = self.fs.find(run, maxdepth=2, withdirs=True, detail=True, on_error="raise")
-        present: list[str] = []
-        trials: dict[str, float | None] = {}
-        results: dict[str, float | None] = {}
+        top: dict[str, Mapping[str, object]] = {}
+        trials: list[str] = []
+        results: dict[str, Mapping[str, object]] = {}
+        no_resume = False
         for path, info in found.items():
             parts = path.rstrip("/")[len(run) + 1 :].split("/")
-            if len(parts) == 1 and parts[0] in TOP_FILES and info.get("type") == "file":
-                present.append(parts[0])
+            if parts == [NO_RESUME]:
+                no_resume = True
+            elif len(parts) == 1 and parts[0] in TOP_FILES:
+                top[parts[0]] = info
             elif len(parts) == 1 and is_trial_dir_name(parts[0]) and info.get("type") == "directory":
-                trials[parts[0]] = None
+                trials.append(parts[0])
             elif len(parts) == 2 and parts[1] == TRIAL_RESULT and is_trial_dir_name(parts[0]):
-                results[parts[0]] = _info_mtime(info)
-        contents = self._cat([f"{run}/{name}" for name in present])
-        files = {name: contents.get(f"{run}/{name}") for name in present}
-        return RunScan(files, self._results(run, sorted(trials), results))
+                results[parts[0]] = info
+        read = self._read({f"{run}/{name}": info for name, info in top.items()}, TOP_FILE_CAP)
+        files = {name: got[0] for name in top if (got := read[f"{run}/{name}"])[0] is not None}
+        return RunScan(files, no_resume, self._results(run, sorted(trials), results))
 
-    def _results(self, run: str, trials: list[str], results: Mapping[str, float | None]) -> Iterator[TrialRead]:
+    def _results(self, run: str, trials: list[str], results: Mapping[str, Mapping[str, object]]) -> Iterator[TrialRead]:
         for start in range(0, len(trials), _CAT_BATCH):
             batch = trials[start : start + _CAT_BATCH]
-            contents = self._cat([f"{run}/{name}/{TRIAL_RESULT}" for name in batch if name in results])
+            read = self._read({f"{run}/{name}/{TRIAL_RESULT}": results[name] for name in batch if name in results},
+                              TRIAL_RESULT_CAP)
             for name in batch:
-                data = contents.get(f"{run}/{name}/{TRIAL_RESULT}")
-                yield TrialRead(name, data, results.get(name) if data is not None else None)
+                yield TrialRead(name, *read.get(f"{run}/{name}/{TRIAL_RESULT}", (None, None)))
 
-    def _cat(self, paths: list[str]) -> dict[str, bytes | None]:
+    def _read(self, listed: Mapping[str, Mapping[str, object]], cap: int) -> dict[str, tuple[Content | None, float | None]]:
+        """Vet each listed file by its listing, then `cat` the good ones in one call, at most cap + 1 bytes each."""
+        vetted = {path: self._vet(path, info, cap) for path, info in listed.items()}
+        wanted = [path for path, (problem, _) in vetted.items() if problem is None]
+        contents = self._cat(wanted, cap)
+        out: dict[str, tuple[Content | None, float | None]] = {}
+        for path, (problem, info) in vetted.items():
+            content = problem or contents.get(path)
+            out[path] = (content, _info_mtime(info) if isinstance(content, bytes) else None)
+        return out
+
+    def _vet(self, path: str, info: Mapping[str, object], cap: int) -> tuple[Unreadable | None, Mapping[str, object]]:
+        if info.get("type") == "link":
+            try:
+                info = self.fs.info(path)
+            except FileNotFoundError:
+                return Unreadable("dangling symlink"), info
+            except OSError as exc:
+                return _path_error(exc), info
+        if info.get("type") != "file":
+            return Unreadable(f"not a regular file ({info.get('type')})"), info
+        size = info.get("size")
+        return (_size_problem(size, cap) if isinstance(size, int) else None), info
+
+    def _cat(self, paths: list[str], cap: int) -> dict[str, Content | None]:
         if not paths:
             return {}
-        got = self.fs.cat(paths, on_error="return")  # per-file errors come back as values
-        failed = next((v for v in got.values() if isinstance(v, Exception) and not isinstance(v, FileNotFoundError)),
-                      None)
+        got = self.fs.cat(paths, on_error="return", end=cap + 1)  # per-file errors come back as values
+        failed = next((v for v in got.values() if isinstance(v, Exception) and not is_path_error(v)), None)
         if failed is not None:  # a transport error is not a missing file: the whole read is unknown
             raise failed
-        return {_strip(self.fs, p): v if isinstance(v, bytes) else None for p, v in got.items()}
+        return {_strip(self.fs, path): _cat_content(value, cap) for path, value in got.items()}
+
+
+def _cat_content(value: bytes | OSError, cap: int) -> Content | None:
+    if isinstance(value, FileNotFoundError):
+        return None  # gone since the listing
+    if isinstance(value, OSError):
+        return Unreadable(describe(value))
+    return _size_problem(len(value), cap) or value
 
 
 def _strip(fs: fsspec.AbstractFileSystem, path: str) -> str:
-    return fs._strip_protocol(path).rstrip("/")
+    return str(fs._strip_protocol(path)).rstrip("/")
 
 
 def _info_mtime(info: Mapping[str, object]) -> float | None:

@@ -19,6 +19,7 @@ class SecretMask:
     """Callable: text → the same text with every known secret value replaced by ***, or withheld."""
 
     def __init__(self, values: Iterable[str] = (), unavailable: Iterable[str] = ()) -> None:
+        """`unavailable`: how to provide each referenced secret this process does not have."""
         held = {v for v in values if len(v) >= MIN_SECRET_LENGTH}
         held |= {v for k, v in os.environ.items() if k.startswith(SECRET_VARIABLES) and len(v) >= MIN_SECRET_LENGTH}
         self._values = sorted(held, key=len, reverse=True)  # longest first: a secret containing another
@@ -28,8 +29,8 @@ class SecretMask:
         if not text:
             return text
         if self._unavailable:
-            return (f"(job output withheld: {', '.join(self._unavailable)} not set in this process, so it could not "
-                    "be masked; read the job's log file)")
+            return ("(job output withheld: it cannot be masked without every secret its cluster references; "
+                    f"{'; '.join(self._unavailable)}, or read the job's log file)")
         for value in self._values:
             text = text.replace(value, "***")
         return text

@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import getpass
 import os
-import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
@@ -27,6 +26,7 @@ from controller.core.planner import Policy
 from controller.core.ports import Scheduler, Store
 from controller.core.reconcile import ClusterPorts, RunTarget
 from controller.core.types import Action, Cell, RunDirFacts
+from controller.entry.secrets import EnvironmentSecrets, SecretSource
 from controller.spec.catalog import Catalog
 from controller.spec.loader import LoadedCluster, LoadedRun, SpecSet
 from controller.spec.models import SecretRef
@@ -77,7 +77,10 @@ def targets_for(specs: SpecSet, catalog: Catalog) -> list[RunTarget]:
     return targets
 
 
-def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog) -> dict[str, ClusterPorts]:
+def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog,
+                  secrets: SecretSource | None = None) -> dict[str, ClusterPorts]:
+    """Each cluster's adapters; `secrets` (default: the environment) gives secretRefs their values."""
+    secrets = secrets or EnvironmentSecrets()
     errors = catalog.error_classes
     runs_by_name = {r.run.metadata.name: r for r in specs.evalruns}
     ports = {}
@@ -85,7 +88,7 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog) -> dict[str, C
         cspec = cluster.cluster.spec
         jobs_dir = cluster.path(cspec.jobs_dir)
         logs_dir = cluster.path(cspec.logs_dir)
-        scheduler = scheduler_for(cluster, logs_dir, secret_mask(cluster, specs))
+        scheduler = scheduler_for(cluster, logs_dir, secret_mask(cluster, specs, secrets))
         run_dirs = HarborRunDirs(jobs_dir, errors, fs=run_dirs_fs(cluster, jobs_dir))
 
         def actor_for(target: RunTarget, cluster: LoadedCluster = cluster, scheduler: Scheduler = scheduler,
@@ -94,13 +97,13 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog) -> dict[str, C
             cspec = cluster.cluster.spec
             launcher = JobLauncher(script=cluster.job_script, logs_dir=logs_dir, time_limit=cspec.time_limit,
                                    username=username_of(cluster),
-                                   env={**cspec.env, **resolve_secret_env(cluster)})
+                                   env={**cspec.env, **resolve_secret_env(cluster, secrets)})
 
             def cell_env(cell: Cell, action: Action) -> Mapping[str, str]:
                 env = job_environment(cell, jobs_dir=jobs_dir, username=username_of(cluster),
                                       gpu_memory_util=cspec.gpu_memory_util,
                                       infra_error_threshold=run.run.spec.resume.infra_error_threshold)
-                return env | (pinggy_env(run, action.tunnel) if action.tunnel else {})
+                return env | (pinggy_env(run, action.tunnel, secrets) if action.tunnel else {})
 
             def analyze(facts: RunDirFacts) -> None:
                 remote = run_dirs_fs(cluster, jobs_dir)
@@ -148,39 +151,34 @@ def run_dirs_fs(cluster: LoadedCluster, jobs_dir: str) -> Callable[[], AbstractF
     return functools.partial(sftp_filesystem, ssh, config_file=ssh_config_of(cluster))
 
 
-def pinggy_env(run: LoadedRun, pair_name: str) -> dict[str, str]:
+def pinggy_env(run: LoadedRun, pair_name: str, secrets: SecretSource) -> dict[str, str]:
     """EVAL_PINGGY_URL / EVAL_PINGGY_TOKEN of the leased pair; the token is read only now, at submit."""
     pair = next((p for p in run.run.spec.pinggy.pairs if p.name == pair_name), None)
     if pair is None:  # the planner hands out pool pairs only; this would be a bug, said plainly
         raise MissingSecret(f"pinggy pair {pair_name} is not in spec.pinggy.pairs of {run.run.metadata.name}")
-    token = secret_value(pair.secret_ref, f"pinggy pair {pair.name}")
+    token = secret_value(secrets, pair.secret_ref, f"pinggy pair {pair.name}")
     return {"EVAL_PINGGY_URL": pair.url or "", "EVAL_PINGGY_TOKEN": token}
 
 
-def secret_variable(ref: SecretRef) -> str:
-    """CLI secrets come from the environment: EVALCTL_SECRET_<NAME>_<KEY>."""
-    return "EVALCTL_SECRET_" + re.sub(r"[^A-Za-z0-9]", "_", f"{ref.name}_{ref.key}").upper()
+def secret_value(secrets: SecretSource, ref: SecretRef, what: str) -> str:
+    value = secrets.get(ref)
+    if value is None:
+        raise MissingSecret(f"{what}: {secrets.where(ref)} (secret {ref.name!r}, key {ref.key!r})")
+    return value
 
 
-def secret_value(ref: SecretRef, what: str) -> str:
-    variable = secret_variable(ref)
-    if variable not in os.environ:
-        raise MissingSecret(f"{what}: set {variable} (secret {ref.name!r}, key {ref.key!r})")
-    return os.environ[variable]
-
-
-def secret_mask(cluster: LoadedCluster, specs: SpecSet) -> SecretMask:
+def secret_mask(cluster: LoadedCluster, specs: SpecSet, secrets: SecretSource) -> SecretMask:
     """Every secret the cluster's jobs can see (its secretEnv, the pinggy tokens of its EvalRuns): what a job
-    prints is masked with all of them, or withheld when one is not set in this process."""
+    prints is masked with all of them, or withheld when one is not available here."""
     name = cluster.cluster.metadata.name
     refs = [item.secret_ref for item in cluster.cluster.spec.secret_env]
     refs += [pair.secret_ref for run in specs.evalruns if run.run.spec.cluster == name
              for pair in run.run.spec.pinggy.pairs]
-    variables = {secret_variable(ref) for ref in refs}
-    return SecretMask(values=[os.environ[v] for v in variables if v in os.environ],
-                      unavailable=[v for v in variables if v not in os.environ])
+    values = {secrets.where(ref): secrets.get(ref) for ref in refs}
+    return SecretMask(values=[v for v in values.values() if v is not None],
+                      unavailable=[where for where, v in values.items() if v is None])
 
 
-def resolve_secret_env(cluster: LoadedCluster) -> dict[str, str]:
-    return {item.name: secret_value(item.secret_ref, f"secretEnv {item.name}")
+def resolve_secret_env(cluster: LoadedCluster, secrets: SecretSource) -> dict[str, str]:
+    return {item.name: secret_value(secrets, item.secret_ref, f"secretEnv {item.name}")
             for item in cluster.cluster.spec.secret_env}

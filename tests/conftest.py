@@ -5,23 +5,85 @@ Both are brought up by the repo's own scripts (idempotent; fast when already up)
   scripts/slurm-up.sh   -> cluster state in $SLURM_LAB (default /tmp/evalrun-slurm), left running afterwards
   scripts/eval-env.sh   -> Harbor venv in $EVAL_ENV (default /tmp/evalrun-eval-env), reused across runs
 Needs root (apt-get, daemons, mount namespaces for Harbor's host environment); skipped otherwise.
+
+Every session also checks that no local-scheduler job outlives it (`no_job_left_running`).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.evalctl import wait_until
+
 REPO = Path(__file__).resolve().parents[1]
+SESSION_MARKER = "EVALRUN_TEST_SESSION"
+JOB_MARKER = b"EVAL_JOB_ID="  # set by the local scheduler only, for its runner and all the job starts
+KILL_WAIT_S = 15.0  # a job cancelled by a test's teardown gets SIGTERM, then SIGKILL after 5 s
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_job_left_running() -> Iterator[None]:
+    """Local-scheduler jobs are detached session leaders, so one a test forgets outlives pytest.
+
+    Processes started by this session inherit a marker in their environment; at the end, a local job that is
+    still running (after the time a cancelled one needs to stop) is killed and fails the session. SLURM daemons
+    and jobs, sshd and ssh masters carry the marker too, but not EVAL_JOB_ID, so they are left alone.
+    """
+    session = uuid.uuid4().hex
+    os.environ[SESSION_MARKER] = session
+    yield
+    left = _still_running(session)
+    for pid in left:
+        _kill(pid)
+    if left:
+        pytest.fail(f"{len(left)} local-scheduler job process(es) outlived the tests and were killed: "
+                    + "; ".join(f"{pid} {command}" for pid, command in left.items()), pytrace=False)
+
+
+def _still_running(session: str) -> dict[int, str]:
+    """The session's local jobs that have not ended within KILL_WAIT_S (a cancelled one is still stopping)."""
+    try:
+        wait_until(lambda: not _local_jobs(session), "local-scheduler jobs to end", timeout_s=KILL_WAIT_S, step_s=0.2)
+    except AssertionError:
+        return _local_jobs(session)
+    return {}
+
+
+def _local_jobs(session: str) -> dict[int, str]:
+    """pid → command line of every live process with this session's marker that belongs to a local job."""
+    marker = f"{SESSION_MARKER}={session}".encode()
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            environment = (proc / "environ").read_bytes().split(b"\0")
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        if marker in environment and any(entry.startswith(JOB_MARKER) for entry in environment):
+            found[int(proc.name)] = command
+    return found
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _run_script(script: str, timeout: float, env: dict[str, str] | None = None) -> str:
     proc = subprocess.run(
         ["bash", str(REPO / "scripts" / script)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False,
     )
     if proc.returncode != 0:
         pytest.fail(f"{script} failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}", pytrace=False)

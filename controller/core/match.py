@@ -18,6 +18,7 @@ from controller.core.ports import NamedRow, SandboxJobRow, StoreSnapshot
 from controller.core.types import (
     RUN_TAG_PREFIX,
     Cell,
+    JobState,
     Observation,
     ObservedJob,
     RunDirFacts,
@@ -138,10 +139,16 @@ def observe_cells(
 
 def _expects_run_dirs(rows: Sequence[SandboxJobRow] | None, subs: Sequence[Submission] | None,
                       jobs: Sequence[ObservedJob] | None) -> bool:
-    """Anything launched, or a row not yet Finished with metrics (a scored row needs no dir to be judged)."""
+    """Evidence that a job ran for the cell: one is running or has started, or a row says Started (or Finished
+    without metrics, or Pending with a job id whose job is out of sight). A queued job, a bare intent (a crash
+    before sbatch) or a scored row needs no run dir to be judged."""
     if rows is None or subs is None or jobs is None:
         return True
-    return bool(subs or jobs) or any(not (row.job_status == "Finished" and row.has_metrics) for row in rows)
+    if any(job.state == JobState.RUNNING or job.started_at is not None for job in jobs):
+        return True
+    return any(row.job_status == "Started" or (row.job_status == "Finished" and not row.has_metrics)
+               or (row.job_status == "Pending" and not jobs and row.slurm_job_id not in (None, "", "pending"))
+               for row in rows)
 
 
 def _rows_by_family_pair(snapshot: StoreSnapshot) -> dict[tuple[str | None, str | None], list[SandboxJobRow]]:

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TypeVar
 
+from pydantic import Field
+
 from controller.core.actor import Actor, Outcome
 from controller.core.match import observe_cells
 from controller.core.planner import LAUNCHING, Policy, owned_elsewhere, plan
@@ -51,6 +53,7 @@ class PassResult(Frozen):
     outcomes: tuple[Outcome, ...] = ()
     acted: bool = False
     note: str = ""
+    blocked: bool = Field(False, description="it should have acted but the store refused (a pass that failed)")
 
 
 class ClusterPorts:
@@ -111,7 +114,8 @@ def reconcile_pass(
                                                                   CELL_OWNER_TTL.total_seconds(), now))
         except StoreUnavailable as exc:  # nothing was done: the next pass tries again
             log.warning("store unavailable", extra={"error": str(exc)})
-            results.append(PassResult(evalrun=target.evalrun, plan=the_plan, note=f"planned only: {exc}"))
+            results.append(PassResult(evalrun=target.evalrun, plan=the_plan, note=f"planned only: {exc}",
+                                      blocked=True))
             continue
         try:
             outcomes = ports.actor_for(target).act(the_plan)
@@ -119,6 +123,19 @@ def reconcile_pass(
             _release(store, lease, holder)
         results.append(PassResult(evalrun=target.evalrun, plan=the_plan, outcomes=tuple(outcomes), acted=True))
     return results
+
+
+def live_jobs_of(target: RunTarget, store: Store, ports: ClusterPorts, now: datetime) -> list[ObservedJob]:
+    """Queued and running jobs of the cells `target` owns (what `deletionPolicy: Cancel` cancels).
+
+    Raises ObservationError when the queue or the store cannot be read: never "no jobs" by default.
+    """
+    jobs = ports.scheduler.observe()
+    snapshot = store.observe(target.evalrun, _models(target), _benchmarks(target), _keys(target))
+    others = _other_owners(target, snapshot, now)
+    observed = observe_cells(target.cells, snapshot, jobs, ())
+    return [job for cell, seen in zip(target.cells, observed, strict=True) if cell.key not in others
+            for job in seen.jobs or () if job.state.active]
 
 
 def rate_budget(jobs: tuple[ObservedJob, ...] | ObservationError, per_minute: int, now: datetime) -> int:

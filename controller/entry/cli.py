@@ -1,18 +1,22 @@
 """`evalctl`: a thin shell. Parse input, call the core, render. No rule lives here.
 
-Exit codes: 0 ok, 1 runtime failure, 2 invalid input (FILE:LINE:COL: message, no traceback).
+Exit codes: 0 ok, 1 runtime failure (for `reconcile --once`: also an action of the pass that failed),
+2 invalid input (FILE:LINE:COL: message, no traceback), 128 + N after signal N (130 SIGINT, 143 SIGTERM).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Annotated
+from types import FrameType
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -21,7 +25,8 @@ from controller.adapters.process import identity_is_dead, process_identity
 from controller.adapters.store import UnsupportedStoreURL, open_store
 from controller.core.ports import Store
 from controller.core.reconcile import PassResult, reconcile_pass
-from controller.core.types import Phase, Plan
+from controller.core.status import summarize
+from controller.core.types import Plan
 from controller.entry import render
 from controller.entry.logs import configure_logging
 from controller.entry.wiring import MissingSecret, cluster_ports, targets_for, utc_now
@@ -30,8 +35,12 @@ from controller.spec.errors import SpecErrors
 from controller.spec.loader import SpecSet, load_specs
 
 DEFAULT_STORE = "sqlite:///.evalctl/store.db"
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Keep LLM agent evaluations on HPC clusters converged on a declared EvalRun spec.")
+BUSY_TIMEOUT_ENV = "EVALCTL_STORE_BUSY_TIMEOUT_S"  # how long a store write waits for another process's lock
+RECONCILE_INTERVAL_S = 30.0
+WATCH_INTERVAL_S = 10.0
+RETRY_MAX_S = 300.0  # a failed --loop pass is retried after 2, 4, 8 … intervals, at most this long
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 out = Console(highlight=False)
 
 
@@ -47,14 +56,32 @@ Verbose = Annotated[int, typer.Option("-v", "--verbose", count=True, help="More 
 
 
 class UsageError(Exception):
-    """Bad input that is not a spec error (e.g. an unknown store URL): exit 2."""
+    """Bad input that is not a spec error (e.g. an unknown store URL, flags that do not go together): exit 2."""
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM. A BaseException, so no `except Exception` on the way (the actor's per-action guard)
+    mistakes it for a failed action: it unwinds to `_exits`, and every store is closed on the way."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+# Errors that waiting does not cure: `reconcile --loop` stops on them instead of retrying.
+FATAL = (MissingSecret, NotImplementedError)
 
 
 @contextmanager
 def _exits() -> Iterator[None]:
     """Map failures to exit codes with a one-line message; a traceback only with EVALCTL_DEBUG=1."""
     try:
-        yield
+        with _signals():
+            yield
+    except Interrupted as exc:
+        name = signal.Signals(exc.signum).name
+        _error(f"evalctl: interrupted ({name}); the next pass picks up where this one stopped")
+        raise typer.Exit(128 + exc.signum) from None
     except SpecErrors as exc:
         for error in exc.errors:
             _error(str(error))
@@ -62,16 +89,50 @@ def _exits() -> Iterator[None]:
     except (UsageError, UnsupportedStoreURL) as exc:
         _error(f"evalctl: {exc}")
         raise typer.Exit(2) from None
-    except (MissingSecret, NotImplementedError, OSError, RuntimeError) as exc:
+    except Exception as exc:
         if os.environ.get("EVALCTL_DEBUG") == "1":
             raise
-        _error(f"evalctl: {exc}")
+        expected = isinstance(exc, OSError | RuntimeError)  # MissingSecret, StoreUnavailable, … say it all
+        _error(f"evalctl: {_one_line(exc)}" if expected else
+               f"evalctl: internal error ({type(exc).__name__}: {_one_line(exc)}); EVALCTL_DEBUG=1 shows the traceback")
         raise typer.Exit(1) from None
+
+
+@contextmanager
+def _signals() -> Iterator[None]:
+    """SIGINT/SIGTERM raise `Interrupted` where the program is; unwinding closes the store, and closing a SQLite
+    connection rolls back a transaction it had open. A second signal while unwinding exits at once."""
+    def interrupt(signum: int, frame: FrameType | None) -> NoReturn:
+        for each in SIGNALS:
+            signal.signal(each, _exit_now)
+        raise Interrupted(signum)
+
+    previous = {each: signal.signal(each, interrupt) for each in SIGNALS}
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
+
+
+def _exit_now(signum: int, frame: FrameType | None) -> NoReturn:
+    os._exit(128 + signum)
 
 
 def _error(line: str) -> None:
     """Errors go out unwrapped, one per line, so editors and CI can jump to FILE:LINE:COL."""
     print(line, file=sys.stderr)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _refuse(*combinations: tuple[bool, str]) -> None:
+    """Flags that do not apply are refused, not silently ignored: the user meant something else."""
+    for given, message in combinations:
+        if given:
+            raise UsageError(message)
 
 
 def _load(files: list[Path]) -> SpecSet:
@@ -81,7 +142,21 @@ def _load(files: list[Path]) -> SpecSet:
 
 
 def _store(url: str | None, *, readonly: bool) -> Store:
-    return open_store(url or os.environ.get("EVALCTL_STORE") or DEFAULT_STORE, readonly=readonly)
+    url = url or os.environ.get("EVALCTL_STORE") or DEFAULT_STORE
+    busy = os.environ.get(BUSY_TIMEOUT_ENV)
+    if busy is None:
+        return open_store(url, readonly=readonly)
+    return open_store(url, readonly=readonly, busy_timeout_s=_seconds(busy))
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 3600:
+        raise UsageError(f"{BUSY_TIMEOUT_ENV} must be a number of seconds between 0 and 3600")
+    return seconds
 
 
 def _pass(specs: SpecSet, store: Store, *, act: bool) -> list[PassResult]:
@@ -96,6 +171,23 @@ def _plans(specs: SpecSet, store_url: str | None) -> list[Plan]:
         return [r.plan for r in _pass(specs, store, act=False)]
     finally:
         store.close()
+
+
+def _version(value: bool) -> None:
+    if value:
+        try:
+            print(f"evalctl {version('evalrun-controller')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            print("evalctl (version unknown: the evalrun-controller package is not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    show_version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_version,
+                                               help="Print the version and exit.")] = False,
+) -> None:
+    """Keep LLM agent evaluations on HPC clusters converged on a declared EvalRun spec."""
 
 
 @app.command()
@@ -128,38 +220,80 @@ def reconcile(
     store: StoreURL = None,
     once: Annotated[bool, typer.Option("--once", help="One pass (the default).")] = False,
     loop: Annotated[bool, typer.Option("--loop", help="Pass after pass, every --interval seconds.")] = False,
-    interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between passes.")] = 30.0,
+    interval: Annotated[float | None, typer.Option(
+        "--interval", min=0.1, help=f"With --loop: seconds between passes (default {RECONCILE_INTERVAL_S:g}).")] = None,
     until_done: Annotated[bool, typer.Option("--until-done", help="With --loop: stop once no cell is in flight.")]
     = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only; the same plan reconcile would run.")] = False,
     verbose: Verbose = 0,
 ) -> None:
-    """Observe, plan and act: one pass (--once) or a loop (--loop)."""
+    """Observe, plan and act: one pass (--once; exit 1 if an action failed) or a loop (--loop)."""
     configure_logging(verbose)
+    code = 0
     with _exits():
-        if once and loop:
-            raise UsageError("--once and --loop exclude each other")
+        _refuse((once and loop, "--once and --loop exclude each other"),
+                (until_done and not loop, "--until-done needs --loop"),
+                (interval is not None and not loop, "--interval needs --loop"),
+                (dry_run and (loop or until_done), "--dry-run plans one pass; it does not go with --loop or --until-done"))
         specs = _load(files)
         if dry_run:
             for p in _plans(specs, store):
                 render.plan_table(p, out)
-            return
-        the_store = _store(store, readonly=False)
-        try:
-            passes = 0
-            while True:
-                passes += 1
-                results = _pass(specs, the_store, act=True)
-                render.pass_summary(results, out)
-                if not loop or (until_done and _settled(results)):
-                    break
-                time.sleep(interval)
-            if loop and until_done:
+        elif loop:
+            _loop(specs, store, interval or RECONCILE_INTERVAL_S, until_done=until_done)
+        else:
+            code = _once(specs, store)
+    raise typer.Exit(code)
+
+
+def _once(specs: SpecSet, store_url: str | None) -> int:
+    """One acting pass; 1 if any action failed, so cron and CI see it (the summary says which)."""
+    store = _store(store_url, readonly=False)
+    try:
+        results = _pass(specs, store, act=True)
+    finally:
+        store.close()
+    render.pass_summary(results, out)
+    return 1 if any(r.blocked or any(not o.ok for o in r.outcomes) for r in results) else 0
+
+
+def _loop(specs: SpecSet, store_url: str | None, interval: float, *, until_done: bool) -> None:
+    """Pass after pass until interrupted (or, with `until_done`, settled). A failed action waits for the next
+    pass; a pass that fails as a whole (store locked or unreachable, an I/O error) is retried with back-off and
+    a freshly opened store, so a long-running reconciler outlives an outage."""
+    store: Store | None = None
+    passes = failures = 0
+    try:
+        while True:
+            passes += 1
+            try:
+                store = store or _store(store_url, readonly=False)
+                results = _pass(specs, store, act=True)
+            except FATAL:
+                raise
+            except (OSError, RuntimeError) as exc:
+                failures += 1
+                delay = min(interval * 2 ** failures, max(RETRY_MAX_S, interval))
+                _error(f"evalctl: pass {passes} failed: {_one_line(exc)}; retrying in {delay:g}s")
+                _close(store)
+                store = None
+                time.sleep(delay)
+                continue
+            failures = 0
+            render.pass_summary(results, out)
+            if until_done and _settled(results):
                 out.print(f"converged after {passes} pass(es)")
                 for result in results:
                     render.status_grid(result.plan, out)
-        finally:
-            the_store.close()
+                return
+            time.sleep(interval)
+    finally:
+        _close(store)
+
+
+def _close(store: Store | None) -> None:
+    if store is not None:
+        store.close()
 
 
 @app.command()
@@ -168,12 +302,14 @@ def status(
     store: StoreURL = None,
     output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
     watch: Annotated[bool, typer.Option("--watch", help="Redraw every --interval seconds.")] = False,
-    interval: Annotated[float, typer.Option("--interval", min=0.5)] = 10.0,
+    interval: Annotated[float | None, typer.Option(
+        "--interval", min=0.5, help=f"With --watch: seconds between redraws (default {WATCH_INTERVAL_S:g}).")] = None,
     verbose: Verbose = 0,
 ) -> None:
     """Models × benchmarks grid with each cell's phase and score."""
     configure_logging(verbose)
     with _exits():
+        _refuse((interval is not None and not watch, "--interval needs --watch"))
         while True:
             plans = _plans(_load(files), store)
             if output == Output.json:
@@ -185,7 +321,7 @@ def status(
                     render.status_grid(p, out)
             if not watch:
                 return
-            time.sleep(interval)
+            time.sleep(interval or WATCH_INTERVAL_S)
 
 
 @app.command()
@@ -216,8 +352,8 @@ def crds() -> None:
 
 
 def _settled(results: list[PassResult]) -> bool:
-    """Nothing in flight: every cell Completed or Failed (a human's turn), and nothing was just launched."""
-    return all(c.phase in (Phase.COMPLETED, Phase.FAILED) for r in results for c in r.plan.cells)
+    """Nothing in flight: every cell Completed or Failed (a human's turn)."""
+    return all(summarize(r.plan).settled for r in results)
 
 
 def main() -> None:
@@ -225,4 +361,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
-from controller.spec.errors import SpecError
+from controller.spec.errors import SpecError, clip
 from controller.spec.models import SECRET_LOOKING_ENV
 from controller.spec.yamldoc import KEY, Document, Loc
 
@@ -59,7 +59,7 @@ def _spec_error(model: type[BaseModel], document: Document, error: ErrorDetails)
 
 
 def _unknown_field(model: type[BaseModel], loc: Loc) -> str:
-    name = str(loc[-1])
+    name = clip(str(loc[-1]))
     owner = _model_at(model, loc[:-1])
     where = dotted(loc[:-1]) or "the document"
     valid = [_alias(n, f) for n, f in owner.model_fields.items()] if owner else []

@@ -27,5 +27,10 @@ class SpecErrors(Exception):
         super().__init__(format_errors(self.errors))
 
 
+def clip(text: str, limit: int = 64) -> str:
+    """Quote user input in a message at most this long: a 1 MiB key must not become a 1 MiB error line."""
+    return text if len(text) <= limit else f"{text[:limit - 1]}…"
+
+
 def format_errors(errors: Iterable[SpecError]) -> str:
     return "\n".join(str(error) for error in errors)

@@ -11,15 +11,17 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from controller.core.types import walltime_seconds
 from controller.spec.catalog import Catalog, load_catalog
 from controller.spec.diagnose import validate
-from controller.spec.errors import SpecError, SpecErrors, format_errors
+from controller.spec.errors import SpecError, SpecErrors, clip, format_errors
 from controller.spec.identity import identity_collisions
 from controller.spec.models import EvalCluster, EvalRun
+from controller.spec.resolve import benchmarks
 from controller.spec.yamldoc import Document, iter_files, read_documents
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
 ]
 
 KINDS: dict[str, type[EvalCluster | EvalRun]] = {"EvalCluster": EvalCluster, "EvalRun": EvalRun}
+MAX_CELLS = 10_000  # per EvalRun: every pass plans every cell (the 1,000-cell bench plans in ~2 s warm)
 
 
 class Loaded(BaseModel):
@@ -85,12 +88,16 @@ def load_specs(paths: Sequence[Path], catalog: Catalog | None = None) -> SpecSet
         errors += read_errors
         if read_errors:
             declared = None
+        elif all(document.data is None for document in documents):
+            errors.append(SpecError(str(file), 1, 1, "no EvalRun or EvalCluster in this file (it is empty or only "
+                                                     "comments); add a resource or leave the file out"))
         for document in documents:
             resource = _parse(document, errors)
             if resource is not None:
                 parsed.append((resource, document, file))
-            if declared is not None and _declared_cluster(document):
-                declared.add(_declared_cluster(document))
+            name = _declared_cluster(document)
+            if declared is not None and name:
+                declared.add(name)
     errors += _cross_check(parsed, catalog, declared)
     if errors:
         order = {str(file): index for index, file in enumerate(files)}
@@ -98,7 +105,7 @@ def load_specs(paths: Sequence[Path], catalog: Catalog | None = None) -> SpecSet
     return _spec_set(parsed)
 
 
-def parse_resource(data: Mapping, file: str = "<resource>") -> EvalCluster | EvalRun:
+def parse_resource(data: Mapping[str, Any], file: str = "<resource>") -> EvalCluster | EvalRun:
     """Validate one already-loaded resource (e.g. a custom resource the operator received); raise `SpecErrors`."""
     errors: list[SpecError] = []
     resource = _parse(Document(file, data, 1, 1), errors)
@@ -135,7 +142,7 @@ def _parse(document: Document, errors: list[SpecError]) -> EvalCluster | EvalRun
         errors.append(document.error((), "missing required field `kind`; add `kind: EvalRun` or `kind: EvalCluster`"))
         return None
     if not isinstance(kind, str) or kind not in KINDS:
-        message = f"unknown kind {kind}{_suggest(str(kind), KINDS)}; known kinds: {', '.join(KINDS)}"
+        message = f"unknown kind {clip(str(kind))}{_suggest(str(kind), KINDS)}; known kinds: {', '.join(KINDS)}"
         errors.append(document.error(("kind",), message))
         return None
     result = validate(KINDS[kind], document, by_alias=True, ignore=("status",))
@@ -176,8 +183,19 @@ def _cross_check(
             errors += _check_run(resource, document, declared, catalog)
             if resource.spec.cluster in clusters:
                 errors += _check_walltime(resource, document, clusters[resource.spec.cluster])
+                errors += _check_cells(resource, document, clusters[resource.spec.cluster], catalog)
     errors += identity_collisions([(r, d) for r, d, _ in parsed if isinstance(r, EvalRun)], catalog)
     return errors
+
+
+def _check_cells(run: EvalRun, document: Document, cluster: EvalCluster, catalog: Catalog) -> list[SpecError]:
+    """Every pass plans every cell: more than MAX_CELLS would make each pass take minutes."""
+    count = len(run.spec.models) * len(benchmarks(run, cluster, catalog))
+    if count <= MAX_CELLS:
+        return []
+    message = (f"{len(run.spec.models)} models × {count // len(run.spec.models)} benchmarks make {count} cells, "
+               f"more than {MAX_CELLS}; split them into several EvalRuns")
+    return [document.error(("spec", "models"), message)]
 
 
 def _check_walltime(run: EvalRun, document: Document, cluster: EvalCluster) -> list[SpecError]:

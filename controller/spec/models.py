@@ -7,25 +7,105 @@ Defaults are the ones REFERENCE.md documents.
 Validators that reject one entry of a list or one key of a map raise `PydanticCustomError` with
 `ctx["at"]` = the location below the field (an index, a key, `"[key]"` for the key itself), so the
 loader can point at that entry instead of at the whole field.
+
+Every number and string is bounded, so a typo or a hostile value is refused by `validate` with its
+position instead of failing later in timedelta, the kernel (argv/environment size) or the file system.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import unicodedata
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from controller.core.types import walltime_seconds
+
 API_VERSION = "evalrun.io/v1alpha1"
 
-NonNegativeFloat = Annotated[float, Field(ge=0)]
-PositiveInt = Annotated[int, Field(gt=0)]
-NonEmptyStr = Annotated[str, Field(min_length=1)]
+HOURS_MAX = 8_760  # a year: any staleness threshold beyond it is a typo
+MINUTES_MAX = 525_600  # a year, in minutes
+TIME_LIMIT_MAX_DAYS = 365
+NAME_MAX = 253  # DNS-1123 subdomain, the longest Kubernetes name
+SHORT_MAX = 64  # agents, presets, SLURM partition/account/QOS names, usernames
+PATH_MAX = 4_096  # Linux PATH_MAX
+URL_MAX = 2_048
+# Model and dataset reach argv, the environment, the results DB and (slugged, cut to 64) the run tag.
+MODEL_MAX = 200  # Hugging Face repo ids have at most 96 characters; local checkpoint paths a few more
+DATASET_MAX = 256
+# Jobs get the cluster's env and EVAL_AGENT_KWARGS (JSON) in their environment: Linux refuses one string
+# over 128 KiB (MAX_ARG_STRLEN) and argv + environment over 2 MiB, and the job inherits ours on top.
+ENV_NAME_MAX = 128
+ENV_VALUE_MAX = 32 * 1024
+ENV_TOTAL_MAX = 256 * 1024
+ENV_ENTRIES_MAX = 256
+AGENT_KWARGS_MAX = 64
+AGENT_KWARGS_BYTES = 32 * 1024
+MODELS_MAX = 1_000
+DATASETS_MAX = 1_000
+PRESETS_MAX = 32
+POOL_MAX = 1_000  # pinggy pairs, secretEnv entries
+INVISIBLE = {"Cc", "Cf", "Cs", "Zl", "Zp"}  # control, format (zero-width, bidi), surrogate, line/paragraph breaks
+
 DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SECRET_LOOKING_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|PRIVATE_KEY|CREDENTIAL)", re.IGNORECASE)
 WALLTIME = re.compile(r"(\d+-)?\d{1,3}:[0-5]\d:[0-5]\d|\d+")
+SSH_HOST = re.compile(r"[^\s-]\S*")  # never a leading '-': the host is in ssh's argv, where it would be an option
+
+
+def _visible(value: str) -> str:
+    """Names reach argv, file names, the environment and the store: an invisible character breaks or spoofs them."""
+    bad = next((char for char in value if unicodedata.category(char) in INVISIBLE), None)
+    if bad is not None:
+        raise ValueError(f"holds the control or invisible character U+{ord(bad):04X}; remove it")
+    return value
+
+
+def _env_name(value: str) -> str:
+    """A name the job's environment can carry and a shell can read: no '=', no NUL, no spaces."""
+    if not ENV_NAME.fullmatch(value):
+        raise ValueError("must be an environment variable name: letters, digits and '_', not starting with a digit")
+    return value
+
+
+def _ssh_host(value: str) -> str:
+    """A login host as ssh takes it, never something ssh would read as an option."""
+    if not SSH_HOST.fullmatch(value):
+        raise ValueError("must be host, user@host or user@host:port, without spaces and not starting with '-' "
+                         "(ssh would read it as an option)")
+    return value
+
+
+def _env_value(value: str) -> str:
+    """An environment string cannot hold NUL, nor a lone surrogate (it cannot be encoded)."""
+    if "\0" in value or any(unicodedata.category(char) == "Cs" for char in value):
+        raise ValueError("holds a NUL or an unpaired surrogate character, which an environment variable cannot carry")
+    return value
+
+
+def _dataset_name(value: str) -> str:
+    """Its last '/' segment is the benchmark's name in the results DB and in the run tag: it must exist."""
+    if not value.strip("/"):
+        raise ValueError("names no dataset: its last '/' segment is the benchmark name; write e.g. Org/bench_name")
+    return value
+
+
+Hours = Annotated[float, Field(ge=0, le=HOURS_MAX)]
+Minutes = Annotated[float, Field(ge=0, le=MINUTES_MAX)]
+PositiveInt = Annotated[int, Field(gt=0)]
+Name = Annotated[str, Field(min_length=1, max_length=NAME_MAX), AfterValidator(_visible)]
+Short = Annotated[str, Field(min_length=1, max_length=SHORT_MAX), AfterValidator(_visible)]
+PathText = Annotated[str, Field(min_length=1, max_length=PATH_MAX), AfterValidator(_visible)]
+EnvName = Annotated[str, Field(min_length=1, max_length=ENV_NAME_MAX), AfterValidator(_env_name)]
+EnvValue = Annotated[str, Field(max_length=ENV_VALUE_MAX), AfterValidator(_env_value)]
+Model = Annotated[str, Field(min_length=1, max_length=MODEL_MAX), AfterValidator(_visible)]
+Dataset = Annotated[str, Field(min_length=1, max_length=DATASET_MAX), AfterValidator(_visible),
+                    AfterValidator(_dataset_name)]
 
 
 def entry_error(at: tuple[str | int, ...], kind: str, message: str, **ctx: Any) -> PydanticCustomError:
@@ -43,22 +123,23 @@ def _first_duplicate(values: list[str]) -> int | None:
 
 
 class SpecModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True,
+                              allow_inf_nan=False)
 
 
 class SecretRef(SpecModel):
     """Where a secret lives: a Kubernetes Secret, or for the CLI an environment variable named after it."""
 
-    name: NonEmptyStr = Field(
+    name: Name = Field(
         description="Secret name; the CLI reads env var EVALCTL_SECRET_<NAME>_<KEY> (upper, '-'→'_')."
     )
-    key: NonEmptyStr = Field("token", description="Key inside the secret.")
+    key: Name = Field("token", description="Key inside the secret.")
 
 
 class SecretEnv(SpecModel):
     """One secret environment variable for the job, by reference only."""
 
-    name: NonEmptyStr = Field(description="Environment variable the job receives.")
+    name: EnvName = Field(description="Environment variable the job receives.")
     secret_ref: SecretRef = Field(description="Where its value comes from; never written inline.")
 
 
@@ -67,7 +148,7 @@ class ObjectMeta(SpecModel):
 
     model_config = ConfigDict(extra="allow", frozen=True, alias_generator=to_camel, populate_by_name=True)
 
-    name: str = Field(description="Resource name (DNS-1123).")
+    name: str = Field(max_length=NAME_MAX, description="Resource name (DNS-1123).")
     namespace: str | None = Field(None, description="Kubernetes namespace (operator only).")
     generation: int | None = Field(None, description="Set by the API server.")
     labels: dict[str, str] = Field(default_factory=dict, description="Kubernetes labels.")
@@ -88,9 +169,12 @@ class SchedulerSpec(SpecModel):
     """Which scheduler runs the jobs, and where its commands run."""
 
     type: Literal["local", "slurm"] = Field(description="local: detached subprocesses on this host; slurm: sbatch.")
-    ssh: str | None = Field(None, description="Run scheduler commands on this login host over ssh (slurm only).")
-    ssh_config: str | None = Field(None, description="ssh_config file for the ssh host alias (default: ~/.ssh/config)")
-    submissions_per_minute: PositiveInt = Field(6, description="Per-cluster submission rate cap.")
+    ssh: Annotated[str, Field(max_length=255), AfterValidator(_visible), AfterValidator(_ssh_host)] | None = Field(
+        None, description="Run scheduler commands on this login host over ssh (slurm only): host, user@host[:port]."
+    )
+    ssh_config: PathText | None = Field(None, description="ssh_config file for the ssh host alias (default: "
+                                                          "~/.ssh/config)")
+    submissions_per_minute: PositiveInt = Field(6, le=600, description="Per-cluster submission rate cap.")
 
     @model_validator(mode="after")
     def _ssh_needs_slurm(self) -> SchedulerSpec:
@@ -105,28 +189,37 @@ class EvalClusterSpec(SpecModel):
     """Cluster particulars, written once per cluster and shared by every EvalRun on it."""
 
     scheduler: SchedulerSpec = Field(description="Which scheduler runs the jobs.")
-    jobs_dir: str = Field(description="EVAL_JOBS_DIR: where Harbor writes run dirs (path or fsspec URL).")
-    logs_dir: str = Field(description="Where job stdout/stderr go (%x_%j.out).")
-    job_script: str = Field(description="sbatch script (slurm) or program (local); relative to the spec file.")
-    username: str | None = Field(None, description="Rows are written and owned as this user; default: login user.")
-    partition: str | None = Field(None, description="SLURM partition.")
-    account: str | None = Field(None, description="SLURM account.")
-    reservation: str | None = Field(None, description="SLURM reservation.")
-    qos: str | None = Field(None, description="SLURM QOS.")
-    time_limit: str = Field("24:00:00", description="Walltime per job ([D-]HH:MM:SS, or minutes).")
-    gpus_per_job: int = Field(0, ge=0, description="--gres gpu:N; 0 omits --gres.")
-    hardware_profile: str | None = Field(None, description="Selects per-model registry variants (e.g. a100-64).")
+    jobs_dir: PathText = Field(description="EVAL_JOBS_DIR: where Harbor writes run dirs (path or fsspec URL).")
+    logs_dir: PathText = Field(description="Where job stdout/stderr go (%x_%j.out).")
+    job_script: PathText = Field(description="sbatch script (slurm) or program (local); relative to the spec file.")
+    username: Short | None = Field(None, description="Rows are written and owned as this user; default: login user.")
+    partition: Short | None = Field(None, description="SLURM partition.")
+    account: Short | None = Field(None, description="SLURM account.")
+    reservation: Short | None = Field(None, description="SLURM reservation.")
+    qos: Short | None = Field(None, description="SLURM QOS.")
+    time_limit: str = Field("24:00:00", max_length=32,
+                            description=f"Walltime per job ([D-]HH:MM:SS, or minutes), at most {TIME_LIMIT_MAX_DAYS} "
+                                        "days.")
+    gpus_per_job: int = Field(0, ge=0, le=1024, description="--gres gpu:N; 0 omits --gres.")
+    hardware_profile: Short | None = Field(None, description="Selects per-model registry variants (e.g. a100-64).")
     gpu_memory_util: float = Field(0.85, gt=0, le=1, description="EVAL_GPU_MEMORY_UTIL ceiling.")
-    max_concurrent_trials: PositiveInt = Field(48, description="Ceiling for a cell's n_concurrent on this cluster.")
-    max_submissions_per_pass: PositiveInt = Field(6, description="At most this many submit/resume actions per pass.")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra non-secret environment for every job.")
-    secret_env: list[SecretEnv] = Field(default_factory=list, description="Secret environment, by reference only.")
+    max_concurrent_trials: PositiveInt = Field(48, le=4096,
+                                               description="Ceiling for a cell's n_concurrent on this cluster.")
+    max_submissions_per_pass: PositiveInt = Field(6, le=1000,
+                                                  description="At most this many submit/resume actions per pass.")
+    env: dict[str, EnvValue] = Field(default_factory=dict, max_length=ENV_ENTRIES_MAX,
+                                     description="Extra non-secret environment for every job.")
+    secret_env: list[SecretEnv] = Field(default_factory=list, max_length=POOL_MAX,
+                                        description="Secret environment, by reference only.")
 
     @field_validator("time_limit")
     @classmethod
     def _walltime(cls, value: str) -> str:
         if not WALLTIME.fullmatch(value):
             raise ValueError(f'timeLimit {value!r} must look like HH:MM:SS, D-HH:MM:SS or minutes, e.g. "24:00:00"')
+        if walltime_seconds(value) > TIME_LIMIT_MAX_DAYS * 86_400:
+            raise ValueError(f"timeLimit is longer than {TIME_LIMIT_MAX_DAYS} days; "
+                             'write a real walltime, e.g. "24:00:00"')
         return value
 
     @model_validator(mode="after")
@@ -143,8 +236,12 @@ class EvalClusterSpec(SpecModel):
 
     @field_validator("env")
     @classmethod
-    def _no_inline_secrets(cls, value: dict[str, str]) -> dict[str, str]:
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        """Names a job's environment can carry, and none that looks like a secret written inline."""
         for name in value:
+            if not ENV_NAME.fullmatch(name) or len(name) > ENV_NAME_MAX:
+                raise entry_error((name, "[key]"), "env_name", "this env name is not an environment variable "
+                                  f"name: letters, digits and '_' (at most {ENV_NAME_MAX}), not starting with a digit")
             if SECRET_LOOKING_ENV.search(name):
                 raise entry_error(
                     (name, "[key]"),
@@ -153,6 +250,15 @@ class EvalClusterSpec(SpecModel):
                     "{name} with a secretRef (name: <secret>, key: <key>)",
                     name=name,
                 )
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_fits(cls, value: dict[str, str]) -> dict[str, str]:
+        size = sum(len(name.encode()) + len(text.encode()) + 2 for name, text in value.items())
+        if size > ENV_TOTAL_MAX:
+            raise ValueError(f"env adds {size // 1024} KiB to every job's environment, more than "
+                             f"{ENV_TOTAL_MAX // 1024} KiB; pass big values as files instead")
         return value
 
     @field_validator("secret_env")
@@ -179,9 +285,10 @@ class EvalCluster(SpecModel):
 class ResumePolicy(SpecModel):
     """When a finished or killed run dir is resumed (REFERENCE §4)."""
 
-    max_total_fires: PositiveInt = Field(2, description="Jobs per run dir: the original plus resumes.")
+    max_total_fires: PositiveInt = Field(2, le=100, description="Jobs per run dir: the original plus resumes.")
     infra_error_threshold: int = Field(
-        10, ge=-1, description="More infra errors than this make a finished dir worth resuming (-1: always)."
+        10, ge=-1, le=1_000_000,
+        description="More infra errors than this make a finished dir worth resuming (-1: always)."
     )
 
 
@@ -189,10 +296,10 @@ class MonitorPolicy(SpecModel):
     """When a running job is judged stuck (REFERENCE §5)."""
 
     near_complete_fraction: float = Field(0.97, gt=0, le=1, description="Scored/total that counts as near complete.")
-    stale_near_minutes: NonNegativeFloat = Field(60, description="No new score for this long near complete → cancel.")
-    stale_general_minutes: NonNegativeFloat = Field(90, description="No new score for this long → Stalled.")
-    pre_walltime_minutes: NonNegativeFloat = Field(15, description="Cancel when this little walltime is left.")
-    settle_minutes: NonNegativeFloat = Field(
+    stale_near_minutes: Minutes = Field(60, description="No new score for this long near complete → cancel.")
+    stale_general_minutes: Minutes = Field(90, description="No new score for this long → Stalled.")
+    pre_walltime_minutes: Minutes = Field(15, description="Cancel when this little walltime is left.")
+    settle_minutes: Minutes = Field(
         60, description="A killed job's sandboxes may keep writing this long; wait until the dir is quiet."
     )
 
@@ -208,23 +315,25 @@ class UploadPolicy(SpecModel):
 class SandboxOverrides(SpecModel):
     """Sandbox size overrides (Harbor `environment.override_*`); they change results, so they are fingerprinted."""
 
-    cpus: PositiveInt | None = Field(None, description="environment.override_cpus")
-    memory_mb: PositiveInt | None = Field(None, description="environment.override_memory_mb")
-    storage_mb: PositiveInt | None = Field(None, description="environment.override_storage_mb")
+    cpus: PositiveInt | None = Field(None, le=1024, description="environment.override_cpus")
+    memory_mb: PositiveInt | None = Field(None, le=16 * 1024 * 1024, description="environment.override_memory_mb")
+    storage_mb: PositiveInt | None = Field(None, le=1024 * 1024 * 1024, description="environment.override_storage_mb")
 
 
 class PinggyPair(SpecModel):
     """One pinggy tunnel: a public URL and a reference to its token."""
 
-    name: NonEmptyStr = Field(description="Pair name, unique in the pool.")
-    url: str | None = Field(None, description="Public tunnel URL (not secret).")
+    name: Name = Field(description="Pair name, unique in the pool.")
+    url: Annotated[str, Field(max_length=URL_MAX), AfterValidator(_visible)] | None = Field(
+        None, description="Public tunnel URL (not secret).")
     secret_ref: SecretRef = Field(description="Where the pair's token lives.")
 
 
 class PinggySpec(SpecModel):
     """Tunnel pool for installed-agent harnesses; one pair serves one running job."""
 
-    pairs: list[PinggyPair] = Field(default_factory=list, description="Pool; one pair per running installed-agent job.")
+    pairs: list[PinggyPair] = Field(default_factory=list, max_length=POOL_MAX,
+                                    description="Pool; one pair per running installed-agent job.")
 
     @field_validator("pairs")
     @classmethod
@@ -240,26 +349,30 @@ class PinggySpec(SpecModel):
 class EvalRunSpec(SpecModel):
     """What must be evaluated: models × benchmarks on one cluster, and how the reconciler treats the jobs."""
 
-    cluster: NonEmptyStr = Field(description="Name of an EvalCluster.")
-    models: list[NonEmptyStr] = Field(min_length=1, description="HF model names, e.g. laion/Qwen3-8B-sft-v3.")
-    presets: list[NonEmptyStr] | None = Field(
-        None, description="Benchmark presets (tb2, v2, swebench, …; 'id' = all three)."
+    cluster: Name = Field(description="Name of an EvalCluster.")
+    models: list[Model] = Field(min_length=1, max_length=MODELS_MAX,
+                                description="HF model names, e.g. laion/Qwen3-8B-sft-v3.")
+    presets: list[Short] | None = Field(
+        None, max_length=PRESETS_MAX, description="Benchmark presets (tb2, v2, swebench, …; 'id' = all three)."
     )
-    datasets: list[NonEmptyStr] | None = Field(None, description="Explicit datasets instead of presets.")
-    agent: NonEmptyStr = Field("terminus-2", description="Harbor agent.")
-    harbor_config: str | None = Field(None, description="Explicit Harbor config; overrides registry and size rule.")
+    datasets: list[Dataset] | None = Field(None, max_length=DATASETS_MAX,
+                                           description="Explicit datasets instead of presets.")
+    agent: Short = Field("terminus-2", description="Harbor agent.")
+    harbor_config: PathText | None = Field(None,
+                                           description="Explicit Harbor config; overrides registry and size rule.")
     timeout_multiplier: float | None = Field(
-        None, gt=0, description="Explicit timeout multiplier; overrides registry and size rule."
+        None, gt=0, le=100, description="Explicit timeout multiplier; overrides registry and size rule."
     )
     overrides: SandboxOverrides = Field(default_factory=SandboxOverrides, description="Sandbox size overrides.")
     n_attempts: PositiveInt = Field(
-        3, description="Harbor attempts per task (-k); REFERENCE totals (tb2 267 = 89 tasks × 3) assume 3."
+        3, le=100, description="Harbor attempts per task (-k); REFERENCE totals (tb2 267 = 89 tasks × 3) assume 3."
     )
-    agent_kwargs: list[str] = Field(default_factory=list, description="Extra --agent-kwarg values (override registry).")
+    agent_kwargs: list[str] = Field(default_factory=list, max_length=AGENT_KWARGS_MAX,
+                                    description="Extra --agent-kwarg values (override registry).")
     force_eval: bool = Field(False, description="Ignore rows this EvalRun did not create; adds new rows.")
     suspend: bool = Field(False, description="Plan but do not act.")
-    stale_started_hours: NonNegativeFloat = Field(24, description="Started rows older than this are stale.")
-    stale_pending_hours: NonNegativeFloat = Field(6, description="Pending rows older than this are stale.")
+    stale_started_hours: Hours = Field(24, description="Started rows older than this are stale.")
+    stale_pending_hours: Hours = Field(6, description="Pending rows older than this are stale.")
     resume: ResumePolicy = Field(default_factory=ResumePolicy, description="When a run dir is resumed.")
     monitor: MonitorPolicy = Field(default_factory=MonitorPolicy, description="When a running job is judged stuck.")
     upload: UploadPolicy = Field(default_factory=UploadPolicy, description="Where results go.")
@@ -274,6 +387,16 @@ class EvalRunSpec(SpecModel):
                 (), "no_benchmarks", "set presets (e.g. [tb2, v2]) or datasets (e.g. [DCAgent2/terminal_bench_2])"
             )
         return self
+
+    @field_validator("agent_kwargs")
+    @classmethod
+    def _kwargs_fit(cls, value: list[str]) -> list[str]:
+        """They reach the job as one environment variable, EVAL_AGENT_KWARGS: bound it as encoded."""
+        size = len(json.dumps(value))
+        if size > AGENT_KWARGS_BYTES:
+            raise ValueError(f"agentKwargs take {size // 1024} KiB as the job's EVAL_AGENT_KWARGS, more than "
+                             f"{AGENT_KWARGS_BYTES // 1024} KiB; pass big values as a file the agent reads")
+        return value
 
     @field_validator("models", "datasets")
     @classmethod

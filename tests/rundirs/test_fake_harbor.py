@@ -29,7 +29,7 @@ def fake_env(jobs: Path, **extra: object) -> dict[str, str]:
 
 def run_fake(jobs: Path, run_tag: str = "run", model: str = MODEL, dataset: str = "DCAgent2/terminal_bench_2",
              **extra: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(FAKE), model, dataset, "tb2", run_tag], env=fake_env(jobs, **extra),
+    return subprocess.run([str(FAKE), model, dataset, "tb2", run_tag], check=False, env=fake_env(jobs, **extra),
                           capture_output=True, text=True, timeout=DEADLINE_S)
 
 

@@ -130,7 +130,10 @@ def test_nullability_and_bounds_survive_the_rewrite() -> None:
         "type": "string",
         "description": "Explicit Harbor config; overrides registry and size rule.",
         "nullable": True,
+        "minLength": 1,
+        "maxLength": 4096,
     }
+    assert spec["properties"]["staleStartedHours"]["maximum"] == 8760
     fraction = spec["properties"]["monitor"]["properties"]["nearCompleteFraction"]
     assert (fraction["minimum"], fraction["exclusiveMinimum"], fraction["maximum"], fraction["default"]) == (
         0,
@@ -141,7 +144,7 @@ def test_nullability_and_bounds_survive_the_rewrite() -> None:
     assert spec["properties"]["resume"]["default"] == {}
     assert spec["required"] == ["cluster", "models"]
     cluster_spec = schema_of("EvalCluster")["properties"]["spec"]
-    assert cluster_spec["properties"]["env"]["additionalProperties"] == {"type": "string"}
+    assert cluster_spec["properties"]["env"]["additionalProperties"] == {"type": "string", "maxLength": 32 * 1024}
     assert cluster_spec["properties"]["scheduler"]["properties"]["type"]["enum"] == ["local", "slurm"]
 
 

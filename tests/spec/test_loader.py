@@ -184,3 +184,16 @@ def test_any_value_anywhere_gives_spec_errors_never_a_crash(tmp_path: Path) -> N
                     assert all(e.file == str(path) and e.line >= 1 and e.col >= 1 for e in exc.errors)
                     if SECRET_PLACES & set(where):
                         assert "s3cr3t" not in str(exc)
+
+
+@pytest.mark.parametrize("encode", [
+    lambda text: text.replace("\n", "\r\n").encode(),
+    lambda text: ("\ufeff" + text).encode(),
+    lambda text: ("\ufeff" + text.replace("\n", "\r\n")).encode(),
+], ids=["CRLF", "BOM", "BOM and CRLF"])
+def test_crlf_and_a_byte_order_mark_keep_positions(tmp_path: Path, encode: Any) -> None:
+    broken = Path(__file__).parent / "broken" / "35_duration_overflow.yaml"
+    path = tmp_path / "spec.yaml"
+    path.write_bytes(encode(broken.read_text()))
+    [error] = errors_of(path)
+    assert (error.line, error.col) == (18, 22), str(error)

@@ -23,14 +23,19 @@ KILL_WAIT_S = 5  # like SLURM's KillWait: SIGTERM, then SIGKILL after this long
 def main(job_dir: Path) -> int:
     job = LocalJob.model_validate_json((job_dir / "job.json").read_text())
     started = datetime.now(UTC)
-    _write_atomic(job_dir / "pid", f"{os.getpid()} {proc_start_ticks(os.getpid())} {started.isoformat()}")
     cancelled = False
 
     def on_term(signum: int, frame: object) -> None:
         nonlocal cancelled
         cancelled = True
 
-    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGTERM, on_term)  # before the pid is visible: `cancel` may signal as soon as it is
+    _write_atomic(job_dir / "pid", f"{os.getpid()} {proc_start_ticks(os.getpid())} {started.isoformat()}")
+    # `cancel` writes its marker, then looks for the pid: either it saw ours (and signals), or we see its marker.
+    if cancelled or (job_dir / "cancelled").exists():
+        end = JobEnd(state=JobState.CANCELLED, exit_code=None, started_at=started, ended_at=datetime.now(UTC))
+        _write_atomic(job_dir / "end.json", end.model_dump_json())
+        return 0
     script = job.script if os.access(job.script, os.X_OK) else None
     argv = [script, *job.args] if script else ["bash", job.script, *job.args]
     child = subprocess.Popen(argv, stdin=subprocess.DEVNULL)

@@ -1,0 +1,41 @@
+"""A missing jobs dir (unmounted, or nothing ran yet): which cells may still be judged without their run dir."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.core.match import observe_cells
+from controller.core.ports import NamedRow, SandboxJobRow, StoreSnapshot
+from controller.core.types import JobState, Metric
+from tests.core.builders import ago, cell, job, sub
+
+C = cell()
+TAG = C.run_tag(1)
+MODEL, BENCH = NamedRow(id="m", name=C.model), NamedRow(id="b", name=C.benchmark_name)
+
+
+def row(status: str, *, metrics: bool = False, job_id: str | None = "pending") -> SandboxJobRow:
+    return SandboxJobRow(id="r", job_name=TAG, username="alice", job_status=status, model_id="m", benchmark_id="b",
+                         slurm_job_id=job_id, metrics=(Metric(name="accuracy", value=0.5),) if metrics else None)
+
+
+CASES = {
+    "nothing recorded: may start": ((), (), (), False),
+    "a bare intent (crash before sbatch): may repair": ((row("Pending"),), (sub(C, job_id=None),), (), False),
+    "a queued job: nothing to read yet": ((row("Pending", job_id="7"),), (sub(C, job_id="7"),),
+                                          (job(TAG, JobState.QUEUED, job_id="7"),), False),
+    "a scored row: judged without its dir": ((row("Finished", metrics=True),), (), (), False),
+    "a running job: its dir must be there": ((row("Started"),), (sub(C),), (job(TAG, JobState.RUNNING,
+                                                                                started=ago(hours=1)),), True),
+    "a Started row, job aged out": ((row("Started"),), (sub(C),), (), True),
+    "Finished without metrics": ((row("Finished"),), (), (), True),
+    "Pending with a job id, job out of sight": ((row("Pending", job_id="7"),), (sub(C, job_id="7"),), (), True),
+}
+
+
+@pytest.mark.parametrize(("rows", "subs", "jobs", "unknown"), CASES.values(), ids=CASES.keys())
+def test_only_cells_whose_history_says_a_dir_exists_are_unknown(rows, subs, jobs, unknown):
+    snapshot = StoreSnapshot(models=(MODEL,), benchmarks=(BENCH,), rows=rows, submissions=subs)
+    [seen] = observe_cells([C], snapshot, jobs, (), jobs_dir_missing="jobs dir /x does not exist")
+    assert (seen.run_dirs is None) == unknown
+    assert ("jobs dir /x does not exist" in seen.unknown_reason) == unknown

@@ -170,8 +170,8 @@ def _release(store: Store, lease: str, holder: str) -> None:
 def _read(observe: Callable[[], T]) -> T | ObservationError:
     try:
         return observe()
-    except ObservationError as exc:
-        log.warning("observation failed", extra={"error": str(exc)})
+    except ObservationError as exc:  # a missing jobs dir is also how every fresh cluster starts: not a warning
+        (log.info if isinstance(exc, JobsDirMissing) else log.warning)("observation failed", extra={"error": str(exc)})
         return exc
 
 

@@ -344,6 +344,39 @@ def explain(
 
 
 @app.command()
+def operator(
+    store: StoreURL = None,
+    namespace: Annotated[list[str], typer.Option("-n", "--namespace", help="Watch only these namespaces "
+                                                                           "(repeat; default: all).")] = [],  # noqa: B006
+    base_dir: Annotated[Path, typer.Option("--base-dir", help="Where relative paths of EvalClusters resolve "
+                                                              "(jobsDir, jobScript, ...).")] = Path(),
+    interval: Annotated[float, typer.Option("--interval", min=1.0, help="Seconds between passes of an EvalRun "
+                                                                       "when nothing changes.")] = RECONCILE_INTERVAL_S,
+    standalone: Annotated[bool, typer.Option("--standalone", help="No kopf peering (one replica, e.g. a laptop).")]
+    = False,
+    peering: Annotated[str, typer.Option("--peering", help="ClusterKopfPeering / KopfPeering name.")]
+    = "evalrun-operator",
+    liveness: Annotated[str | None, typer.Option("--liveness", help="Serve a liveness probe, e.g. "
+                                                                    "http://0.0.0.0:8080/healthz.")] = None,
+    metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics on this "
+                                                                            "port.")] = None,
+    verbose: Verbose = 0,
+) -> None:
+    """Run the Kubernetes operator: reconcile EvalRun resources with the same passes as `reconcile`."""
+    configure_logging(verbose)
+    with _exits():
+        from controller.entry import operator as kube_operator  # kopf and the client load only for this command
+        from controller.entry.operator_pass import OperatorConfig
+
+        url = store or os.environ.get("EVALCTL_STORE") or DEFAULT_STORE
+        _store(url, readonly=False).close()  # a store that cannot be opened stops here, in one line
+        config = OperatorConfig(store_url=url, base_dir=base_dir.resolve(), interval_s=interval,
+                                holder=process_identity())
+        kube_operator.run(config, namespaces=namespace, standalone=standalone, liveness=liveness,
+                          metrics_port=metrics_port, peering=peering)
+
+
+@app.command()
 def crds() -> None:
     """Print the CustomResourceDefinitions generated from the spec models."""
     from controller.spec.crds import render_crds

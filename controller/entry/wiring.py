@@ -67,12 +67,18 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster) -> Policy:
     )
 
 
+def evalrun_id(run: LoadedRun) -> str:
+    """How the store knows an EvalRun: its name, qualified by its namespace when it has one (the operator)."""
+    meta = run.run.metadata
+    return f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name
+
+
 def targets_for(specs: SpecSet, catalog: Catalog) -> list[RunTarget]:
     targets = []
     for run in specs.evalruns:
         cluster = specs.cluster_of(run)
         cells = resolve(run.run, cluster.cluster, catalog)
-        targets.append(RunTarget(evalrun=run.run.metadata.name, cluster=cluster.cluster.metadata.name,
+        targets.append(RunTarget(evalrun=evalrun_id(run), cluster=cluster.cluster.metadata.name,
                                  cells=tuple(cells), policy=policy_for(run, cluster)))
     return targets
 
@@ -82,7 +88,7 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog,
     """Each cluster's adapters; `secrets` (default: the environment) gives secretRefs their values."""
     secrets = secrets or EnvironmentSecrets()
     errors = catalog.error_classes
-    runs_by_name = {r.run.metadata.name: r for r in specs.evalruns}
+    runs_by_name = {evalrun_id(r): r for r in specs.evalruns}
     ports = {}
     for name, cluster in specs.clusters.items():
         cspec = cluster.cluster.spec

@@ -31,6 +31,7 @@ __all__ = [
     "SpecErrors",
     "SpecSet",
     "format_errors",
+    "load_objects",
     "load_specs",
     "parse_resource",
 ]
@@ -103,6 +104,33 @@ def load_specs(paths: Sequence[Path], catalog: Catalog | None = None) -> SpecSet
         order = {str(file): index for index, file in enumerate(files)}
         raise SpecErrors(sorted(errors, key=lambda e: (order.get(e.file, -1), e.line, e.col)))
     return _spec_set(parsed)
+
+
+def load_objects(objects: Sequence[Mapping[str, Any]], base_dir: Path, catalog: Catalog | None = None) -> SpecSet:
+    """Custom resources from the API (the operator), with the same checks as files. Relative paths in them
+    resolve against `base_dir`; errors are labelled `<Kind> <namespace>/<name>` (no lines: no file)."""
+    catalog = catalog or load_catalog()
+    errors: list[SpecError] = []
+    parsed: list[tuple[EvalCluster | EvalRun, Document, Path]] = []
+    declared: set[str] = set()
+    for data in objects:
+        document = Document(_label(data), data, 1, 1)
+        resource = _parse(document, errors)
+        if resource is not None:
+            parsed.append((resource, document, base_dir / "resource"))
+        name = _declared_cluster(document)
+        if name:
+            declared.add(name)
+    errors += _cross_check(parsed, catalog, declared)
+    if errors:
+        raise SpecErrors(errors)
+    return _spec_set(parsed)
+
+
+def _label(data: Mapping[str, Any]) -> str:
+    meta = data.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    return f"{data.get('kind', 'resource')} {meta.get('namespace', '')}/{meta.get('name', '?')}"
 
 
 def parse_resource(data: Mapping[str, Any], file: str = "<resource>") -> EvalCluster | EvalRun:

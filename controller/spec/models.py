@@ -371,6 +371,9 @@ class EvalRunSpec(SpecModel):
                                     description="Extra --agent-kwarg values (override registry).")
     force_eval: bool = Field(False, description="Ignore rows this EvalRun did not create; adds new rows.")
     suspend: bool = Field(False, description="Plan but do not act.")
+    deletion_policy: Literal["Orphan", "Cancel"] = Field(
+        "Orphan", description="When the EvalRun is deleted (operator): Orphan leaves its queued and running jobs "
+                              "alone; Cancel cancels them before the object goes.")
     stale_started_hours: Hours = Field(24, description="Started rows older than this are stale.")
     stale_pending_hours: Hours = Field(6, description="Pending rows older than this are stale.")
     resume: ResumePolicy = Field(default_factory=ResumePolicy, description="When a run dir is resumed.")

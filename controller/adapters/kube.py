@@ -1,0 +1,79 @@
+"""The Kubernetes API, as the operator uses it beyond what kopf does: the EvalCluster an EvalRun names, the
+Secrets its secretRefs point at, and the EvalRuns to wake when their EvalCluster changes.
+
+The official client, configured like kubectl (in-cluster service account, else $KUBECONFIG / ~/.kube/config).
+Reads that fail raise; callers turn that into a Stalled or retried pass, never into "absent".
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any, cast
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from controller.spec.models import API_VERSION, SecretRef
+
+GROUP, VERSION = API_VERSION.split("/")
+
+
+def load_client_config() -> None:
+    """In a pod: its service account; elsewhere: the kubeconfig kubectl would use."""
+    try:
+        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]  # the client ships few hints
+
+
+class KubeApi:
+    def __init__(self) -> None:
+        self.custom = kubernetes.client.CustomObjectsApi()
+        self.core = kubernetes.client.CoreV1Api()
+
+    def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One EvalRun or EvalCluster; None when it does not exist."""
+        try:
+            return cast(dict[str, Any], self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural,
+                                                                                name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(self, plural: str, namespace: str) -> list[dict[str, Any]]:
+        found = cast(dict[str, Any], self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural))
+        return cast(list[dict[str, Any]], found.get("items", []))
+
+    def annotate(self, plural: str, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, plural, name,
+                                                   {"metadata": {"annotations": dict(annotations)}})
+
+
+class KubernetesSecrets:
+    """`SecretSource` over the Secrets of one namespace, each Secret read at most once per instance (a pass)."""
+
+    def __init__(self, api: KubeApi, namespace: str) -> None:
+        self.api, self.namespace = api, namespace
+        self._read: dict[str, Mapping[str, str] | None] = {}
+
+    def get(self, ref: SecretRef) -> str | None:
+        if ref.name not in self._read:
+            self._read[ref.name] = self._data(ref.name)
+        data = self._read[ref.name]
+        if data is None or ref.key not in data:
+            return None
+        return base64.b64decode(data[ref.key]).decode()
+
+    def where(self, ref: SecretRef) -> str:
+        return f"add key {ref.key!r} to Secret {self.namespace}/{ref.name}"
+
+    def _data(self, name: str) -> Mapping[str, str] | None:
+        try:
+            secret = self.api.core.read_namespaced_secret(name, self.namespace)
+        except ApiException as exc:
+            if exc.status in (403, 404):  # missing, or not ours to read: said as "missing", with where
+                return None
+            raise
+        return cast(Mapping[str, str], secret.data or {})

@@ -1,0 +1,92 @@
+"""How a RunStatus (core/status.py) looks as an EvalRun's `.status`, and a pass's outcomes as Events.
+
+Conditions keep their `lastTransitionTime` while their status does not change (Kubernetes API
+conventions); lists are replaced whole by a merge patch, so a condition that went away disappears.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Literal
+
+from controller.core.actor import Outcome
+from controller.core.status import Condition, RunStatus
+from controller.core.types import Frozen
+
+EVENT_SAMPLES = 5  # cells named in one aggregated Event; the rest are counted
+EVENT_MESSAGE_MAX = 1000  # the API server refuses messages over 1 KiB in events.k8s.io
+
+
+class EventNote(Frozen):
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+def status_patch(summary: RunStatus, previous: Mapping[str, Any] | None, now: datetime, *,
+                 requested_at: str | None = None, note: str = "") -> dict[str, Any]:
+    return {
+        "observedGeneration": summary.observed_generation,
+        "conditions": conditions_patch(summary.conditions, previous, now),
+        "summary": {
+            "total": summary.total, "done": summary.done, "running": summary.running, "failed": summary.failed,
+            "phases": {phase.value: n for phase, n in summary.counts.items()},  # zeros too: a merge patch keeps keys
+        },
+        "attention": [item.model_dump(mode="json") for item in summary.attention],
+        "attentionOmitted": summary.attention_omitted,
+        "lastPass": {"at": _timestamp(now), "failedActions": summary.failed_actions, "note": note},
+        "lastHandledReconcileAt": requested_at,
+    }
+
+
+def invalid_spec_patch(messages: Sequence[str], generation: int | None, previous: Mapping[str, Any] | None,
+                       now: datetime) -> dict[str, Any]:
+    """A spec the loader refuses: nothing runs, and status says why (never a crash loop)."""
+    message = "; ".join(messages)[:EVENT_MESSAGE_MAX]
+    conditions = (Condition(type="Ready", status="False", reason="InvalidSpec", message=message,
+                            observed_generation=generation),
+                  Condition(type="Stalled", status="True", reason="InvalidSpec", message=message,
+                            observed_generation=generation))
+    return {"observedGeneration": generation, "conditions": conditions_patch(conditions, previous, now),
+            "lastPass": {"at": _timestamp(now), "failedActions": 0, "note": "invalid spec"}}
+
+
+def conditions_patch(conditions: Sequence[Condition], previous: Mapping[str, Any] | None,
+                     now: datetime) -> list[dict[str, Any]]:
+    before = {c.get("type"): c for c in (previous or {}).get("conditions") or () if isinstance(c, Mapping)}
+    rendered = []
+    for condition in conditions:
+        old = before.get(condition.type)
+        unchanged = old is not None and old.get("status") == condition.status
+        rendered.append({
+            "type": condition.type, "status": condition.status, "reason": condition.reason,
+            "message": condition.message, "observedGeneration": condition.observed_generation,
+            "lastTransitionTime": old.get("lastTransitionTime") if unchanged and old else _timestamp(now),
+        })
+    return rendered
+
+
+def aggregate_events(outcomes: Sequence[Outcome]) -> list[EventNote]:
+    """One Event per action kind and result per pass, not one per cell: a 1,000-cell fleet must not flood."""
+    groups: dict[tuple[str, bool], list[Outcome]] = defaultdict(list)
+    for outcome in outcomes:
+        groups[(outcome.action, outcome.ok)].append(outcome)
+    notes = []
+    for (action, ok), group in groups.items():
+        sample = "; ".join(f"{o.cell}: {o.message}" for o in group[:EVENT_SAMPLES])
+        more = f" (+{len(group) - EVENT_SAMPLES} more)" if len(group) > EVENT_SAMPLES else ""
+        message = f"{len(group)} cell(s): {sample}{more}"
+        reason = "".join(word.capitalize() for word in action.split()) + ("" if ok else "Failed")
+        notes.append(EventNote(type="Normal" if ok else "Warning", reason=reason,
+                               message=_clip(message, EVENT_MESSAGE_MAX)))
+    return notes
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _timestamp(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,108 @@
+"""One operator pass for one EvalRun object: the SAME reconcile_pass as `evalctl reconcile`, fed from the API.
+
+Specs come from the EvalRun and the EvalCluster it names (the loader's checks run on them as on files);
+secrets from the namespace's Secrets; status from core/status.py's summarize(). A spec the loader refuses
+becomes a Stalled status, never an exception: a crash loop helps nobody.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from controller.adapters.kube import KubeApi, KubernetesSecrets
+from controller.adapters.process import identity_is_dead
+from controller.adapters.store import open_store
+from controller.core.actor import Outcome
+from controller.core.reconcile import CELL_OWNER_TTL, live_jobs_of, reconcile_pass
+from controller.core.status import RunStatus, summarize
+from controller.core.types import Frozen
+from controller.entry.kube_status import EventNote, aggregate_events, invalid_spec_patch, status_patch
+from controller.entry.wiring import cluster_ports, targets_for
+from controller.spec.catalog import load_catalog
+from controller.spec.errors import SpecErrors
+from controller.spec.loader import SpecSet, load_objects
+
+REQUESTED_AT = "evalrun.io/requestedAt"
+
+
+class OperatorConfig(Frozen):
+    store_url: str
+    base_dir: Path
+    interval_s: float
+    holder: str
+
+
+class PassReport(Frozen):
+    status: dict[str, Any]
+    events: tuple[EventNote, ...] = ()
+    summary: RunStatus | None = None
+    outcomes: tuple[Outcome, ...] = ()
+
+
+class Passes:
+    """Serialises passes per EvalRun inside this process (a timer and a change handler may fire together)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def lock(self, uid: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(uid, threading.Lock())
+
+
+def reconcile_object(api: KubeApi, config: OperatorConfig, body: Mapping[str, Any], now: datetime) -> PassReport:
+    meta = body.get("metadata", {})
+    generation = meta.get("generation")
+    previous = body.get("status")
+    try:
+        specs = _specs(api, config, body)
+    except SpecErrors as exc:
+        messages = [error.message for error in exc.errors]
+        return PassReport(status=invalid_spec_patch(messages, generation, previous, now),
+                          events=(EventNote(type="Warning", reason="InvalidSpec", message="; ".join(messages)[:1000]),))
+    catalog = load_catalog()
+    store = open_store(config.store_url)
+    try:
+        [result] = reconcile_pass(targets_for(specs, catalog), store,
+                                  cluster_ports(specs, store, catalog, KubernetesSecrets(api, meta["namespace"])),
+                                  now, act=True, holder=config.holder, holder_is_dead=identity_is_dead)
+    finally:
+        store.close()
+    summary = summarize(result.plan, result.outcomes, generation)
+    requested = (meta.get("annotations") or {}).get(REQUESTED_AT)
+    return PassReport(status=status_patch(summary, previous, now, requested_at=requested, note=result.note),
+                      events=tuple(aggregate_events(result.outcomes)), summary=summary, outcomes=result.outcomes)
+
+
+def release_object(api: KubeApi, config: OperatorConfig, body: Mapping[str, Any], now: datetime) -> list[str]:
+    """The EvalRun is being deleted: cancel its live jobs if `deletionPolicy: Cancel`, and give up its cells.
+
+    Raises when the queue cannot be read, so the finalizer stays and the deletion is retried.
+    """
+    specs = _specs(api, config, body)
+    catalog = load_catalog()
+    [target] = targets_for(specs, catalog)
+    store = open_store(config.store_url)
+    try:
+        ports = cluster_ports(specs, store, catalog, KubernetesSecrets(api, body["metadata"]["namespace"]))
+        cancelled = []
+        if specs.evalruns[0].run.spec.deletion_policy == "Cancel":
+            for job in live_jobs_of(target, store, ports[target.cluster], now):
+                ports[target.cluster].scheduler.cancel(job.job_id)
+                cancelled.append(job.job_id)
+        store.claim_cells(target.evalrun, [], CELL_OWNER_TTL.total_seconds(), now)
+        return cancelled
+    finally:
+        store.close()
+
+
+def _specs(api: KubeApi, config: OperatorConfig, body: Mapping[str, Any]) -> SpecSet:
+    namespace = body["metadata"]["namespace"]
+    cluster_name = (body.get("spec") or {}).get("cluster")
+    cluster = api.get("evalclusters", namespace, cluster_name) if isinstance(cluster_name, str) else None
+    return load_objects([body, *([cluster] if cluster else [])], config.base_dir, load_catalog())

@@ -1,0 +1,149 @@
+"""`kubectl apply -f evalrun.yaml` end to end: a real API server, the real kubectl, a real `evalctl operator`
+process under its least-privilege service account, and real local jobs (fake Harbor)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.kube.conftest import OPERATOR_NAMESPACE, OPERATOR_SA, REPO, Kube, Lab, eventually
+
+pytestmark = pytest.mark.kube
+
+
+def test_apply_drives_the_evalrun_to_ready_and_kubectl_shows_the_counts(lab: Lab):
+    lab.start_operator()
+    lab.apply(lab.cluster_yaml(), lab.run_yaml(["org/a-8B", "org/b-8B"]))
+    waited = lab.kube.kubectl("wait", "--for=condition=Ready", "evalrun/demo", "-n", lab.namespace, "--timeout=120s")
+    assert waited.returncode == 0
+    table = lab.kube.kubectl("get", "evalruns", "-n", lab.namespace).stdout
+    header, row = table.splitlines()[:2]
+    assert header.split()[:5] == ["NAME", "READY", "DONE", "TOTAL", "RUNNING"]
+    assert row.split()[:5] == ["demo", "True", "2", "2", "0"], table
+    status = lab.evalrun()["status"]
+    assert status["observedGeneration"] == lab.evalrun()["metadata"]["generation"]
+    assert status["summary"]["phases"]["Completed"] == 2
+    reasons = {e["reason"] for e in lab.events() if e["involvedObject"]["name"] == "demo"}
+    assert {"Submit", "Upload"} <= reasons, reasons
+
+
+def test_adding_a_model_bumps_the_generation_and_submits_only_the_new_cell(lab: Lab):
+    lab.start_operator()
+    lab.apply(lab.cluster_yaml(), lab.run_yaml(["org/a-8B"]))
+    lab.wait_condition("Ready")
+    first = lab.evalrun()["metadata"]["generation"]
+    lab.apply(lab.run_yaml(["org/a-8B", "org/c-8B"]))
+    assert lab.evalrun()["metadata"]["generation"] == first + 1
+    eventually(lambda: lab.evalrun()["status"].get("observedGeneration") == first + 1
+               and lab.condition("Ready")["status"] == "True", "the new generation to be Ready")
+    assert sorted(job.name.split("__")[1] for job in lab.jobs()) == ["a-8B", "c-8B"], "one job per cell, no repeat"
+
+
+def test_suspend_stops_every_action_and_requested_at_forces_a_pass(lab: Lab):
+    lab.start_operator()
+    lab.apply(lab.cluster_yaml(), lab.run_yaml(["org/a-8B"], extra="  suspend: true"))
+    ready = lab.wait_condition("Ready", "False")
+    assert ready["reason"] == "Suspended", ready
+    assert lab.jobs() == [], "suspended: nothing submitted"
+    lab.kube.kubectl("annotate", "evalrun/demo", "-n", lab.namespace, "evalrun.io/requestedAt=now-1", "--overwrite")
+    eventually(lambda: lab.evalrun()["status"].get("lastHandledReconcileAt") == "now-1", "the requested pass")
+    assert lab.jobs() == []
+    lab.apply(lab.run_yaml(["org/a-8B"], extra="  suspend: false"))
+    lab.wait_condition("Ready")
+
+
+@pytest.mark.parametrize(("policy", "cancelled"), [("Cancel", True), ("Orphan", False)])
+def test_delete_cancels_running_jobs_only_with_deletion_policy_cancel(lab: Lab, policy: str, cancelled: bool):
+    lab.start_operator()
+    lab.apply(lab.cluster_yaml({"FAKE_HARBOR_HANG_AFTER": "1"}),
+              lab.run_yaml(["org/a-8B"], extra=f"  deletionPolicy: {policy}"))
+    eventually(lambda: any(j.state.value == "Running" for j in lab.jobs()), "the job to run")
+    lab.kube.kubectl("delete", "evalrun/demo", "-n", lab.namespace, "--wait=true", "--timeout=90s")
+    [job] = lab.jobs()
+    if cancelled:
+        eventually(lambda: lab.jobs()[0].state.value == "Cancelled", "the job to be cancelled")
+    else:
+        assert job.state.value == "Running", "Orphan leaves the job alone"
+
+
+def test_a_schema_violation_is_refused_by_the_server_and_a_bad_reference_stalls_until_fixed(lab: Lab):
+    lab.start_operator()
+    refused = lab.apply(lab.run_yaml(["org/a-8B"], extra="  bogusField: 1"), check=False)
+    assert refused.returncode != 0 and "bogusField" in refused.stderr, refused.stderr
+    lab.apply(lab.run_yaml(["org/a-8B"]))  # names EvalCluster `local`, which does not exist yet
+    stalled = lab.wait_condition("Stalled")
+    assert stalled["reason"] == "InvalidSpec" and "cluster local" in stalled["message"], stalled
+    lab.apply(lab.cluster_yaml())  # fixing the referenced object re-triggers the EvalRun at once
+    lab.wait_condition("Ready")
+
+
+def test_a_secret_value_appears_nowhere_the_api_or_the_operator_shows(lab: Lab):
+    secret = "sk-live-0123456789abcdef"
+    lab.kube.kubectl("create", "secret", "generic", "daytona", "-n", lab.namespace, f"--from-literal=api-key={secret}")
+    script = lab.root / "leaky.sh"
+    script.write_text('#!/bin/sh\nmkdir -p "$EVAL_JOBS_DIR"\necho "key $DAYTONA_API_KEY refused"\nexit 3\n')
+    script.chmod(0o755)
+    lab.start_operator()
+    cluster = lab.cluster_yaml(secret_env="  secretEnv: [{name: DAYTONA_API_KEY, secretRef: {name: daytona, "
+                                          "key: api-key}}]").replace(str(Path(REPO / "specs/demo/fake_harbor.py")),
+                                                                     str(script))
+    lab.apply(cluster, lab.run_yaml(["org/a-8B"]))
+    stalled = lab.wait_condition("Stalled")
+    assert "key *** refused" in json.dumps(lab.evalrun()["status"]), stalled
+    shown = [lab.kube.kubectl("get", "evalrun/demo", "-n", lab.namespace, "-o", "yaml").stdout,
+             json.dumps(lab.events()), lab.operator_log()]
+    shown += [Path(f"/proc/{p.pid}/cmdline").read_bytes().decode() for p in lab.operators if p.poll() is None]
+    assert all(secret not in text for text in shown)
+    assert base64.b64encode(secret.encode()).decode() not in json.dumps(lab.events())
+
+
+@pytest.mark.parametrize("step", ["after-intent", "after-submit"])
+def test_sigkill_mid_pass_then_restart_submits_no_duplicate(lab: Lab, step: str):
+    lab.apply(lab.cluster_yaml({"FAKE_HARBOR_HANG_AFTER": "1"}), lab.run_yaml(["org/a-8B", "org/b-8B", "org/c-8B"]))
+    crashed = lab.start_operator(kill_at=step)  # SIGKILLs itself at that step of its first submission
+    assert crashed.wait(timeout=120) == -signal.SIGKILL
+    lab.start_operator()
+    eventually(lambda: len(lab.jobs()) == 3 and all(j.state.value == "Running" for j in lab.jobs()), "three jobs")
+    eventually(lambda: (lab.evalrun()["status"].get("summary") or {}).get("running") == 3, "a pass that sees them")
+    assert len({j.name for j in lab.jobs()}) == 3, "one job per cell"
+
+
+def test_operator_and_a_cli_on_the_same_store_never_both_act(lab: Lab):
+    lab.apply(lab.cluster_yaml({"FAKE_HARBOR_HANG_AFTER": "1"}), lab.run_yaml(["org/a-8B", "org/b-8B"]))
+    lab.start_operator()
+    eventually(lambda: len(lab.jobs()) == 2, "the operator's two jobs")
+    spec = lab.root / "same.yaml"  # the same cells from a spec file, as a GitOps user would run them
+    spec.write_text(lab.cluster_yaml({"FAKE_HARBOR_HANG_AFTER": "1"}).replace(f", namespace: {lab.namespace}", "")
+                    + "\n---\n" + lab.run_yaml(["org/a-8B", "org/b-8B"]).replace(f", namespace: {lab.namespace}", ""))
+    out = subprocess.run([sys.executable, "-m", "controller.entry.cli", "reconcile", "--once", "-f", str(spec),
+                          "--store", lab.store], capture_output=True, text=True, timeout=120, check=False, cwd=lab.root)
+    assert f"2 × skip: owned by EvalRun {lab.namespace}/demo" in out.stdout, out.stdout + out.stderr
+    assert len(lab.jobs()) == 2, "the CLI started nothing"
+
+
+def test_rbac_grants_the_operator_nothing_beyond_what_it_uses(kube: Kube):
+    listed = kube.kubectl("auth", "can-i", "--list", f"--as=system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA}")
+    rules = {line.split()[0]: line for line in listed.stdout.splitlines()[1:] if line.split()}
+    expected = {"evalruns.evalrun.io", "evalclusters.evalrun.io", "evalruns.evalrun.io/status", "secrets",
+                "events", "events.events.k8s.io", "namespaces", "customresourcedefinitions.apiextensions.k8s.io",
+                "clusterkopfpeerings.zalando.org"}
+    granted = {name for name in rules if not name.startswith(("selfsubject", "[", "/"))}
+    self_reviews = {n for n in granted if n.startswith(("selfsubjectreviews", "selfsubjectaccessreviews",
+                                                        "selfsubjectrulesreviews", "clustertrustbundles"))}
+    assert granted - self_reviews == expected, listed.stdout
+    assert "delete" not in rules["evalruns.evalrun.io"] and "create" not in rules["secrets"]
+
+
+def test_every_spec_in_the_repo_passes_server_side_dry_run(kube: Kube, tmp_path: Path):
+    for spec in sorted((REPO / "specs").rglob("*.yaml")):
+        done = kube.kubectl("apply", "--dry-run=server", "-n", "default", "-f", str(spec))
+        assert done.returncode == 0, f"{spec}: {done.stderr}"
+        validated = subprocess.run([sys.executable, "-m", "controller.entry.cli", "validate", "-f", str(spec)],
+                                   capture_output=True, text=True, check=False, cwd=tmp_path)
+        assert validated.returncode == 0, f"{spec}: {validated.stderr}"

@@ -354,8 +354,10 @@ def operator(
                                                                        "when nothing changes.")] = RECONCILE_INTERVAL_S,
     standalone: Annotated[bool, typer.Option("--standalone", help="No kopf peering (one replica, e.g. a laptop).")]
     = False,
-    peering: Annotated[str, typer.Option("--peering", help="ClusterKopfPeering / KopfPeering name.")]
-    = "evalrun-operator",
+    peering: Annotated[str, typer.Option("--peering", help="ClusterKopfPeering (all namespaces) or KopfPeering "
+                                                           "(with -n) name.")] = "evalrun-operator",
+    priority: Annotated[int, typer.Option("--priority", help="Among peered replicas, the highest acts; the others "
+                                                             "stand by.")] = 0,
     liveness: Annotated[str | None, typer.Option("--liveness", help="Serve a liveness probe, e.g. "
                                                                     "http://0.0.0.0:8080/healthz.")] = None,
     metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics on this "
@@ -373,7 +375,7 @@ def operator(
         config = OperatorConfig(store_url=url, base_dir=base_dir.resolve(), interval_s=interval,
                                 holder=process_identity())
         kube_operator.run(config, namespaces=namespace, standalone=standalone, liveness=liveness,
-                          metrics_port=metrics_port, peering=peering)
+                          metrics_port=metrics_port, peering=peering, priority=priority)
 
 
 @app.command()

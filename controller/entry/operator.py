@@ -85,7 +85,7 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
 
 
 def run(config: OperatorConfig, *, namespaces: list[str], standalone: bool, liveness: str | None,
-        metrics_port: int | None, peering: str) -> None:
+        metrics_port: int | None, peering: str, priority: int) -> None:
     """Run until SIGINT/SIGTERM (kopf handles both and finishes the handlers under way)."""
     load_client_config()
     kopf.configure(log_format=kopf.LogFormat.JSON)
@@ -93,5 +93,5 @@ def run(config: OperatorConfig, *, namespaces: list[str], standalone: bool, live
         prometheus.serve(metrics_port)
     memo = Memo(config=config, api=KubeApi(), passes=Passes())
     kopf.run(registry=build_registry(config.interval_s), memo=memo, standalone=standalone,
-             peering_name=None if standalone else peering, liveness_endpoint=liveness,
+             peering_name=None if standalone else peering, priority=priority, liveness_endpoint=liveness,
              clusterwide=not namespaces, namespaces=namespaces)

@@ -144,15 +144,17 @@ spec:
 
     # ------------------------------------------------------------------ the operator
 
-    def start_operator(self, *extra: str, kill_at: str | None = None) -> subprocess.Popen[str]:
+    def start_operator(self, *extra: str, kill_at: str | None = None, peered: bool = False) -> subprocess.Popen[str]:
+        """Watching this test's namespace, standalone; `peered`: all namespaces, in the manifests' peering."""
         env = {**self.kube.env, "KUBECONFIG": str(self.kubeconfig)}
         env.pop("EVALCTL_KILL_AT", None)
         if kill_at:
             env["EVALCTL_KILL_AT"] = kill_at
         with open(self.root / f"operator-{len(self.operators)}.log", "w") as log:  # the child keeps its own copy
             proc = subprocess.Popen([sys.executable, "-m", "controller.entry.cli", "operator", "--store", self.store,
-                                     "--base-dir", str(self.root), "--interval", "2", "-n", self.namespace,
-                                     "--standalone", *extra], env=env, cwd=self.root, stdout=log,
+                                     "--base-dir", str(self.root), "--interval", "2",
+                                     *(() if peered else ("-n", self.namespace, "--standalone")), *extra],
+                                    env=env, cwd=self.root, stdout=log,
                                     stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
         self.operators.append(proc)
         return proc

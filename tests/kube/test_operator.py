@@ -6,8 +6,10 @@ from __future__ import annotations
 import base64
 import json
 import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -147,3 +149,41 @@ def test_every_spec_in_the_repo_passes_server_side_dry_run(kube: Kube, tmp_path:
         validated = subprocess.run([sys.executable, "-m", "controller.entry.cli", "validate", "-f", str(spec)],
                                    capture_output=True, text=True, check=False, cwd=tmp_path)
         assert validated.returncode == 0, f"{spec}: {validated.stderr}"
+
+
+def test_two_peered_replicas_one_acts_the_other_stands_by(lab: Lab):
+    lab.start_operator("--priority", "100", peered=True)
+    lab.start_operator("--priority", "50", peered=True)
+    lab.apply(lab.cluster_yaml({"FAKE_HARBOR_HANG_AFTER": "1"}), lab.run_yaml(["org/a-8B", "org/b-8B"]))
+    eventually(lambda: (lab.evalrun().get("status") or {}).get("summary", {}).get("running") == 2, "two running")
+    assert len(lab.jobs()) == 2 and len({j.name for j in lab.jobs()}) == 2
+    acting, standing_by = ((lab.root / f"operator-{i}.log").read_text() for i in (0, 1))
+    assert "Handler '" in acting
+    assert "Handler" not in standing_by, "the lower-priority replica ran no handler while the other was up"
+
+
+def test_liveness_and_metrics_endpoints_answer(lab: Lab):
+    liveness_port, metrics_port = _free_port(), _free_port()
+    lab.start_operator("--liveness", f"http://127.0.0.1:{liveness_port}/healthz", "--metrics-port", str(metrics_port))
+    lab.apply(lab.cluster_yaml(), lab.run_yaml(["org/a-8B"]))
+    lab.wait_condition("Ready")
+    health = eventually(lambda: _get(f"http://127.0.0.1:{liveness_port}/healthz"), "the liveness endpoint")
+    assert health is not None
+    metrics = _get(f"http://127.0.0.1:{metrics_port}/metrics") or ""
+    assert f'evalrun_cells{{evalrun="demo",namespace="{lab.namespace}",phase="Completed"}} 1.0' in metrics, metrics
+    assert 'evalrun_actions_total{kind="submit",result="ok"} ' in metrics
+    assert "evalrun_pass_seconds_count" in metrics
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return str(answer.read().decode())
+    except OSError:
+        return None

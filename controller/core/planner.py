@@ -142,6 +142,12 @@ def ended_leases(evalrun: str, leases: Sequence[TunnelLease], observations: Sequ
 
 
 def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime) -> CellPlan:
+    failed = _failed_job(obs.jobs) if obs.run_dirs is None else None
+    if failed is not None and obs.rows is not None and obs.submissions is not None:
+        # A hold changes nothing: a job that failed needs a human whether or not its run dir can be seen.
+        reason = f"job {failed.job_id} {_failure(failed)} (run dir not observed: {obs.unknown_reason})"
+        return CellPlan(cell=cell, phase=Phase.FAILED, actions=(Action(kind=ActionKind.HOLD, reason=reason),),
+                        reason=reason, rule="issue: FAILED / OUT_OF_MEMORY, run dir not visible → hold for a human")
     if obs.rows is None or obs.submissions is None or obs.jobs is None or obs.run_dirs is None:
         return CellPlan(
             cell=cell,
@@ -495,6 +501,19 @@ def _progress(facts: RunDirFacts | None) -> str:
 
 def _metric(row: ObservedRow, name: str) -> float | None:
     return next((m.value for m in row.metrics or () if m.name == name), None)
+
+
+def _failed_job(jobs: Sequence[ObservedJob] | None) -> ObservedJob | None:
+    """The newest job, if it ended FAILED or OUT_OF_MEMORY and nothing of the cell is queued or running."""
+    newest = max(jobs or (), key=lambda j: (_job_order(j.job_id), j.job_id), default=None)
+    if newest is None or any(j.state.active for j in jobs or ()):
+        return None
+    return newest if newest.state in (JobState.FAILED, JobState.OUT_OF_MEMORY) else None
+
+
+def _failure(job: ObservedJob) -> str:
+    what = "ran out of memory" if job.state == JobState.OUT_OF_MEMORY else "failed"
+    return what + (f": {job.reason}" if job.reason else "")
 
 
 def _last_job_note(jobs: Sequence[ObservedJob] | None) -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from controller.core.match import observe_cells
+from controller.core.planner import plan_cell
 from controller.core.ports import NamedRow, SandboxJobRow, StoreSnapshot
-from controller.core.types import JobState, Metric
-from tests.core.builders import ago, cell, job, sub
+from controller.core.types import ActionKind, JobState, Metric, Phase
+from tests.core.builders import NOW, POLICY, ago, cell, job, sub
 
 C = cell()
 TAG = C.run_tag(1)
@@ -39,3 +40,15 @@ def test_only_cells_whose_history_says_a_dir_exists_are_unknown(rows, subs, jobs
     [seen] = observe_cells([C], snapshot, jobs, (), jobs_dir_missing="jobs dir /x does not exist")
     assert (seen.run_dirs is None) == unknown
     assert ("jobs dir /x does not exist" in seen.unknown_reason) == unknown
+
+
+@pytest.mark.parametrize(("state", "words"), [(JobState.FAILED, "failed: no harbor"),
+                                              (JobState.OUT_OF_MEMORY, "ran out of memory: no harbor")])
+def test_a_failed_job_is_held_for_a_human_even_when_its_run_dir_cannot_be_seen(state, words):
+    failed = job(TAG, state, job_id="7", started=ago(minutes=5), ended=ago(minutes=4), reason="no harbor")
+    snapshot = StoreSnapshot(models=(MODEL,), benchmarks=(BENCH,), rows=(row("Pending", job_id="7"),),
+                             submissions=(sub(C, job_id="7"),))
+    [seen] = observe_cells([C], snapshot, (failed,), (), jobs_dir_missing="jobs dir /x does not exist")
+    decided = plan_cell(C, seen, POLICY, NOW)
+    assert decided.phase == Phase.FAILED and [a.kind for a in decided.actions] == [ActionKind.HOLD]
+    assert f"job 7 {words}" in decided.reason and "jobs dir /x does not exist" in decided.reason

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -187,3 +188,30 @@ def _get(url: str) -> str | None:
             return str(answer.read().decode())
     except OSError:
         return None
+
+
+@pytest.mark.slurm
+def test_the_lab_slurm_cluster_with_real_harbor_converges_under_the_operator(lab: Lab, slurm_env: dict[str, str],
+                                                                             eval_env: Path):
+    dataset = lab.root / "datasets" / "tinyop"
+    shutil.copytree(REPO / "eval" / "harbor" / "tiny-dataset", dataset)
+    model = f"org/op{lab.namespace.removeprefix('t-')}"  # unique: SLURM accounting outlives the test
+    lab.kube.env["SLURM_CONF"] = slurm_env["SLURM_CONF"]
+    lab.start_operator()
+    lab.apply(f"""
+apiVersion: evalrun.io/v1alpha1
+kind: EvalCluster
+metadata: {{name: local, namespace: {lab.namespace}}}
+spec:
+  scheduler: {{type: slurm, submissionsPerMinute: 60}}
+  partition: debug
+  jobsDir: {lab.root}/jobs
+  logsDir: {lab.root}/logs
+  jobScript: {REPO}/eval/slurm/eval_harbor.sbatch
+  timeLimit: "30"
+""", lab.run_yaml([model]).replace("datasets: [DCAgent/tiny_a]", f"datasets: [{dataset}]")
+              + "  agent: oracle\n  nAttempts: 1\n")
+    lab.wait_condition("Ready", timeout_s=300)
+    assert lab.evalrun()["status"]["summary"]["done"] == 1
+    tag_dirs = list((lab.root / "jobs").glob("ev_*"))
+    assert len(tag_dirs) == 1 and (tag_dirs[0] / "result.json").exists(), "a real Harbor run dir"

@@ -35,6 +35,11 @@ EVALRUN_COLUMNS = [
     {"name": "Running", "type": "integer", "jsonPath": ".status.summary.running"},
     {"name": "Failed", "type": "integer", "jsonPath": ".status.summary.failed"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    # -o wide
+    {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason', "priority": 1},
+    {"name": "Cluster", "type": "string", "jsonPath": ".spec.cluster", "priority": 1},
+    {"name": "Suspended", "type": "boolean", "jsonPath": ".spec.suspend", "priority": 1},
+    {"name": "Last-Pass", "type": "date", "jsonPath": ".status.lastPass.at", "priority": 1},
 ]
 EVALCLUSTER_COLUMNS = [
     {"name": "Scheduler", "type": "string", "jsonPath": ".spec.scheduler.type"},

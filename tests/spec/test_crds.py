@@ -52,7 +52,8 @@ def test_names_group_version_scope() -> None:
 
 def test_evalrun_printer_columns() -> None:
     columns = crds()["EvalRun"]["spec"]["versions"][0]["additionalPrinterColumns"]
-    assert [(c["name"], c["jsonPath"]) for c in columns] == [
+    default = [(c["name"], c["jsonPath"]) for c in columns if not c.get("priority")]
+    assert default == [
         ("Ready", '.status.conditions[?(@.type=="Ready")].status'),
         ("Done", ".status.summary.done"),
         ("Total", ".status.summary.total"),
@@ -60,6 +61,7 @@ def test_evalrun_printer_columns() -> None:
         ("Failed", ".status.summary.failed"),
         ("Age", ".metadata.creationTimestamp"),
     ]
+    assert [c["name"] for c in columns if c.get("priority") == 1] == ["Reason", "Cluster", "Suspended", "Last-Pass"]
 
 
 def walk(node: dict[str, Any], path: str = "") -> list[str]:

@@ -149,12 +149,16 @@ def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime) -> Ce
         return CellPlan(cell=cell, phase=Phase.FAILED, actions=(Action(kind=ActionKind.HOLD, reason=reason),),
                         reason=reason, rule="issue: FAILED / OUT_OF_MEMORY, run dir not visible → hold for a human")
     if obs.rows is None or obs.submissions is None or obs.jobs is None or obs.run_dirs is None:
+        # Only the run dirs unseen: a job found by its name is still recorded (bookkeeping of what was read).
+        adoptions = () if obs.rows is None or obs.submissions is None or obs.jobs is None else tuple(
+            _CellView(cell, obs.model_copy(update={"run_dirs": ()}), policy, now).adoptions)
         return CellPlan(
             cell=cell,
             phase=Phase.UNKNOWN,
             actions=(),
             reason=f"not observed: {obs.unknown_reason or 'a source could not be read'}{_last_job_note(obs.jobs)}",
             rule="DESIGN: observation failed → Unknown; nothing is submitted or cancelled",
+            row_updates=adoptions,
         )
     view = _CellView(cell, obs, policy, now)
     live = [job for job in obs.jobs if job.state.active]

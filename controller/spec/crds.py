@@ -28,7 +28,7 @@ from controller.spec.models import (
 GROUP, VERSION = API_VERSION.split("/")
 Schema = dict[str, Any]
 
-EVALRUN_COLUMNS = [
+EVALRUN_COLUMNS: list[Schema] = [
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
     {"name": "Done", "type": "integer", "jsonPath": ".status.summary.done"},
     {"name": "Total", "type": "integer", "jsonPath": ".status.summary.total"},

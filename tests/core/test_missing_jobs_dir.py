@@ -52,3 +52,13 @@ def test_a_failed_job_is_held_for_a_human_even_when_its_run_dir_cannot_be_seen(s
     decided = plan_cell(C, seen, POLICY, NOW)
     assert decided.phase == Phase.FAILED and [a.kind for a in decided.actions] == [ActionKind.HOLD]
     assert f"job 7 {words}" in decided.reason and "jobs dir /x does not exist" in decided.reason
+
+
+def test_a_job_found_by_its_name_is_still_recorded_while_the_run_dirs_are_unseen():
+    running = job(TAG, JobState.RUNNING, job_id="9", started=ago(minutes=1))
+    snapshot = StoreSnapshot(models=(MODEL,), benchmarks=(BENCH,), rows=(row("Pending"),),
+                             submissions=(sub(C, job_id=None, created=ago(minutes=2)),))
+    [seen] = observe_cells([C], snapshot, (running,), (), jobs_dir_missing="jobs dir /x does not exist")
+    decided = plan_cell(C, seen, POLICY, NOW)
+    assert decided.phase == Phase.UNKNOWN and decided.actions == ()
+    assert [(u.submission_name, u.job_id) for u in decided.row_updates] == [(TAG, "9")], "the crash repair"

@@ -187,7 +187,10 @@ def test_never_two_launches_and_never_an_action_on_unknown(observation, hours_la
     launches = [a for a in decided.actions if a.kind.value in ("submit", "resume")]
     assert len(launches) <= 1
     if decided.phase == Phase.UNKNOWN:
-        assert decided.actions == () and decided.row_updates == ()
+        seen = {j.job_id for j in observation.jobs or ()}
+        assert decided.actions == ()
+        assert all(u.status is None and u.job_id in seen for u in decided.row_updates), \
+            "on Unknown only the id of a job that was seen may be recorded"
     live = [j for j in observation.jobs or () if j.state.active]
     if live:
         assert not launches or any(a.kind.value == "cancel" and a.job_id == live[0].job_id for a in decided.actions), \

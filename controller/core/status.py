@@ -74,9 +74,9 @@ def summarize(plan: Plan, outcomes: Sequence[Outcome] = (), generation: int | No
     counts = Counter(c.phase for c in plan.cells)
     all_counts = {phase: counts.get(phase, 0) for phase in Phase}
     failed_actions = [o for o in outcomes if not o.ok]
-    failed_cells = {o.cell for o in failed_actions}
-    attention = [_attention(c) for c in plan.cells
-                 if c.phase in NEEDS_A_HUMAN | {Phase.UNKNOWN} or c.cell.label in failed_cells]
+    failures = {o.cell: f"{o.action} failed: {o.message}" for o in failed_actions}
+    attention = [_attention(c, failures.get(c.cell.label)) for c in plan.cells
+                 if c.phase in NEEDS_A_HUMAN | {Phase.UNKNOWN} or c.cell.label in failures]
     return RunStatus(
         evalrun=plan.evalrun,
         observed_generation=generation,
@@ -130,5 +130,7 @@ def _breakdown(counts: dict[Phase, int], phases: frozenset[Phase]) -> str:
     return ", ".join(f"{counts[p]} {p.value}" for p in Phase if p in phases and counts[p])
 
 
-def _attention(cell: CellPlan) -> AttentionItem:
-    return AttentionItem(model=cell.cell.model, benchmark=cell.cell.benchmark, phase=cell.phase, reason=cell.reason)
+def _attention(cell: CellPlan, failure: str | None) -> AttentionItem:
+    """What a human needs to read: the action that failed, else why the planner stopped."""
+    return AttentionItem(model=cell.cell.model, benchmark=cell.cell.benchmark, phase=cell.phase,
+                         reason=failure or cell.reason)

@@ -54,7 +54,7 @@ def test_a_failed_action_stalls_and_puts_its_cell_on_the_attention_list():
     status = summarize(the_plan, [outcome])
     stalled = status.condition("Stalled")
     assert stalled is not None and stalled.reason == "ActionsFailed" and status.failed_actions == 1
-    assert [a.model for a in status.attention] == ["org/m1"]
+    assert [(a.model, a.reason) for a in status.attention] == [("org/m1", "submit failed: sbatch: error")]
 
 
 def test_the_attention_list_is_bounded_and_says_how_many_it_left_out():

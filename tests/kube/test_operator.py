@@ -91,6 +91,19 @@ def test_a_schema_violation_is_refused_by_the_server_and_a_bad_reference_stalls_
     lab.wait_condition("Ready")
 
 
+def test_a_secret_ref_to_a_missing_secret_stalls_with_where_to_add_it(lab: Lab):
+    lab.start_operator()
+    cluster = lab.cluster_yaml(secret_env="  secretEnv: [{name: DAYTONA_API_KEY, secretRef: {name: nowhere, "
+                                          "key: api-key}}]")
+    lab.apply(cluster, lab.run_yaml(["org/a-8B"]))
+    stalled = lab.wait_condition("Stalled")
+    assert stalled["reason"] == "ActionsFailed", stalled
+    attention = lab.evalrun()["status"]["attention"]
+    assert any(f"add key 'api-key' to Secret {lab.namespace}/nowhere" in item["reason"] for item in attention), \
+        attention
+    assert lab.jobs() == [], "nothing is submitted without its secret"
+
+
 def test_a_secret_value_appears_nowhere_the_api_or_the_operator_shows(lab: Lab):
     secret = "sk-live-0123456789abcdef"
     lab.kube.kubectl("create", "secret", "generic", "daytona", "-n", lab.namespace, f"--from-literal=api-key={secret}")

@@ -9,22 +9,9 @@ mkdir -p "$(dirname "$LAB")"
 exec 9>"${LAB%/}.lock"
 flock -w 900 9 || { echo "kube-down: timed out waiting for ${LAB%/}.lock" >&2; exit 1; }
 
-running() { local st; st=$(awk '/^State:/{print $2}' "/proc/$1/status" 2>/dev/null) && [ -n "$st" ] && [ "$st" != Z ]; }
-alive() {
-  local pid; pid=$(cat "$PIDS/$1" 2>/dev/null) || return 1
-  [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$1" ] && running "$pid"
-}
-# stop NAME: SIGTERM the recorded pid, wait up to 30 s for it to exit, then SIGKILL. No-op if not running.
-stop() {
-  local name=$1 pid i
-  if alive "$name"; then
-    pid=$(cat "$PIDS/$name")
-    kill "$pid" 2>/dev/null || true
-    for i in $(seq 300); do running "$pid" || break; sleep 0.1; done
-    if running "$pid"; then echo "kube-down: $name ($pid) ignored SIGTERM for 30 s; SIGKILL" >&2; kill -9 "$pid" 2>/dev/null || true; fi
-  fi
-  rm -f "$PIDS/$name"
-}
+TAG=kube-down
+# shellcheck source=daemon-lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/daemon-lib.sh"
 t0=$(date +%s%N)
 stop kube-apiserver
 stop etcd

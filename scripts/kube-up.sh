@@ -36,37 +36,10 @@ RECIPE=1                   # bump when the build commands below change, so cache
 t0=$(date +%s%N)
 elapsed() { local ms=$(( ($(date +%s%N) - t0) / 1000000 )); printf '%d.%02d' $((ms / 1000)) $((ms % 1000 / 10)); }
 say() { echo "kube-up: $*"; }
+TAG=kube-up
+# shellcheck source=daemon-lib.sh
+. "$REPO/scripts/daemon-lib.sh"
 
-die() {  # die MESSAGE [LOGFILE...]: print the message and the tail of each log, exit 1
-  echo "kube-up: ERROR: $1" >&2; shift
-  for f in "$@"; do [ -s "$f" ] && { echo "----- tail -n 30 $f" >&2; tail -n 30 "$f" >&2; }; done
-  exit 1
-}
-# running PID: exists and is not a zombie (PID 1 here reaps orphans only every ~2 s; kill -0 succeeds on a zombie)
-running() { local st; st=$(awk '/^State:/{print $2}' "/proc/$1/status" 2>/dev/null) && [ -n "$st" ] && [ "$st" != Z ]; }
-# alive NAME: the process recorded in $PIDS/NAME is running and really is NAME (guards against pid reuse)
-alive() {
-  local pid; pid=$(cat "$PIDS/$1" 2>/dev/null) || return 1
-  [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$1" ] && running "$pid"
-}
-# poll SECS NAME CMD...: retry CMD every 0.1 s until it succeeds; fail after SECS s or as soon as daemon NAME exits
-poll() {
-  local secs=$1 name=$2; shift 2
-  local end=$(( $(date +%s) + secs ))
-  until "$@" >/dev/null 2>&1; do
-    [ "$name" = - ] || alive "$name" || return 1
-    [ "$(date +%s)" -lt "$end" ] || return 1
-    sleep 0.1
-  done
-}
-# start NAME CMD...: run a foreground daemon detached (own session, no inherited stdio), record its pid. In a
-# non-interactive shell a background child is not a process-group leader, so setsid execs in place and $! is
-# the daemon's own pid.
-start() {
-  local name=$1; shift
-  setsid "$@" </dev/null >>"$LOGS/$name.log" 2>&1 8>&- 9>&- &   # 8/9: do not hand our locks to the daemon
-  echo $! >"$PIDS/$name"
-}
 # port_free PORT: nothing listens on 127.0.0.1:PORT (else a health check could answer for someone else's daemon)
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 need_ports() {  # need_ports WHAT PORT...: die unless every PORT is free

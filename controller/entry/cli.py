@@ -29,7 +29,7 @@ from controller.core.status import summarize
 from controller.core.types import Plan
 from controller.entry import render
 from controller.entry.logs import configure_logging
-from controller.entry.wiring import MissingSecret, cluster_ports, targets_for, utc_now
+from controller.entry.wiring import cluster_ports, targets_for, utc_now
 from controller.spec.catalog import load_catalog
 from controller.spec.errors import SpecErrors
 from controller.spec.loader import SpecSet, load_specs
@@ -68,8 +68,9 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-# Errors that waiting does not cure: `reconcile --loop` stops on them instead of retrying.
-FATAL = (MissingSecret, NotImplementedError)
+# Errors that waiting does not cure: `reconcile --loop` stops on them instead of retrying. (A missing secret
+# fails the submissions that need it, action by action: another EvalRun can still progress.)
+FATAL = (NotImplementedError,)
 
 
 @contextmanager

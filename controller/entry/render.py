@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from controller.core.reconcile import PassResult
+from controller.core.status import RunStatus, summarize
 from controller.core.types import CellPlan, Phase, Plan
 
 PHASE_STYLE = {
@@ -53,8 +54,8 @@ def status_grid(plan: Plan, console: Console) -> None:
     benchmarks = list(dict.fromkeys(c.cell.benchmark for c in plan.cells))
     models = list(dict.fromkeys(c.cell.model for c in plan.cells))
     by_key = {(c.cell.model, c.cell.benchmark): c for c in plan.cells}
-    counts = Counter(c.phase for c in plan.cells)
-    summary = ", ".join(f"{n} {phase.value}" for phase, n in counts.most_common())
+    counts = summarize(plan).counts
+    summary = ", ".join(f"{n} {phase.value}" for phase, n in sorted(counts.items(), key=lambda i: -i[1]) if n)
     table = Table(title=f"EvalRun {plan.evalrun}: {summary}")
     table.add_column("model")
     for bench in benchmarks:
@@ -66,10 +67,18 @@ def status_grid(plan: Plan, console: Console) -> None:
 
 
 def status_json(plans: Sequence[Plan]) -> str:
-    return json.dumps({"evalruns": [
-        {"name": p.evalrun, "counts": dict(Counter(c.phase.value for c in p.cells)),
-         "cells": [_cell_json(c) for c in p.cells]} for p in plans
-    ]}, indent=2)
+    """The same summary the operator writes to `.status` (conditions, attention), plus every cell."""
+    return json.dumps({"evalruns": [_status_json(p, summarize(p)) for p in plans]}, indent=2)
+
+
+def _status_json(plan: Plan, summary: RunStatus) -> dict[str, Any]:
+    return {
+        "name": plan.evalrun,
+        "counts": {phase.value: n for phase, n in summary.counts.items() if n},
+        "conditions": [c.model_dump(mode="json", exclude_none=True) for c in summary.conditions],
+        "attention": [a.model_dump(mode="json") for a in summary.attention],
+        "cells": [_cell_json(c) for c in plan.cells],
+    }
 
 
 def pass_summary(results: Sequence[PassResult], console: Console) -> None:

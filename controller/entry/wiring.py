@@ -103,12 +103,13 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog,
             cspec = cluster.cluster.spec
             launcher = JobLauncher(script=cluster.job_script, logs_dir=logs_dir, time_limit=cspec.time_limit,
                                    username=username_of(cluster),
-                                   env={**cspec.env, **resolve_secret_env(cluster, secrets)})
+                                   env=dict(cspec.env))
 
             def cell_env(cell: Cell, action: Action) -> Mapping[str, str]:
-                env = job_environment(cell, jobs_dir=jobs_dir, username=username_of(cluster),
-                                      gpu_memory_util=cspec.gpu_memory_util,
-                                      infra_error_threshold=run.run.spec.resume.infra_error_threshold)
+                """Read at submit time: a missing secret fails that submission, not the whole pass."""
+                env = resolve_secret_env(cluster, secrets) | job_environment(
+                    cell, jobs_dir=jobs_dir, username=username_of(cluster), gpu_memory_util=cspec.gpu_memory_util,
+                    infra_error_threshold=run.run.spec.resume.infra_error_threshold)
                 return env | (pinggy_env(run, action.tunnel, secrets) if action.tunnel else {})
 
             def analyze(facts: RunDirFacts) -> None:

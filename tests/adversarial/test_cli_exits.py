@@ -201,12 +201,13 @@ def test_once_with_an_unusable_store_says_so_in_one_line(lab: Lab, make: Callabl
     assert not lab.logs.exists(), "nothing was submitted"
 
 
-def test_a_missing_secret_stops_the_loop(lab: Lab) -> None:
-    """Waiting does not set an environment variable: the loop says what to set and exits 1."""
+def test_a_missing_secret_fails_the_submission_and_says_what_to_set(lab: Lab) -> None:
+    """The submission that needs it fails (exit 1) with what to set; nothing is launched without it."""
     lab.write(cluster_extra="  secretEnv: [{name: DAYTONA_API_KEY, secretRef: {name: exits-daytona, key: api-key}}]")
-    result = lab.evalctl("reconcile", "--loop", "--interval", "0.2")
-    assert result.returncode == 1
-    assert "set EVALCTL_SECRET_EXITS_DAYTONA_API_KEY" in one_line_error(result)
+    result = lab.evalctl("reconcile", "--once")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "set EVALCTL_SECRET_EXITS_DAYTONA_API_KEY" in result.stdout
+    assert not list(lab.logs.glob(".local-scheduler/jobs/*")), "nothing was submitted"
 
 
 # ------------------------------------------------------------------------------------- a locked store

@@ -131,7 +131,7 @@ def test_sigkill_mid_pass_then_restart_submits_no_duplicate(lab: Lab, step: str)
     assert crashed.wait(timeout=120) == -signal.SIGKILL
     lab.start_operator()
     eventually(lambda: len(lab.jobs()) == 3 and all(j.state.value == "Running" for j in lab.jobs()), "three jobs")
-    eventually(lambda: (lab.evalrun()["status"].get("summary") or {}).get("running") == 3, "a pass that sees them")
+    eventually(lambda: ((lab.evalrun().get("status") or {}).get("summary") or {}).get("running") == 3, "a pass that sees them")
     assert len({j.name for j in lab.jobs()}) == 3, "one job per cell"
 
 
@@ -237,3 +237,36 @@ spec:
     assert lab.evalrun()["status"]["summary"]["done"] == 1
     tag_dirs = list((lab.root / "jobs").glob("ev_*"))
     assert len(tag_dirs) == 1 and (tag_dirs[0] / "result.json").exists(), "a real Harbor run dir"
+
+
+@pytest.mark.slurm
+def test_delete_with_cancel_cancels_the_running_slurm_job(lab: Lab, slurm_env: dict[str, str]):
+    sleeper = lab.root / "sleeper.sbatch"
+    sleeper.write_text('#!/bin/bash\nmkdir -p "$EVAL_JOBS_DIR"\nexec sleep 600\n')
+    sleeper.chmod(0o755)
+    lab.kube.env["SLURM_CONF"] = slurm_env["SLURM_CONF"]
+    lab.start_operator()
+    lab.apply(f"""
+apiVersion: evalrun.io/v1alpha1
+kind: EvalCluster
+metadata: {{name: local, namespace: {lab.namespace}}}
+spec:
+  scheduler: {{type: slurm, submissionsPerMinute: 60}}
+  partition: debug
+  jobsDir: {lab.root}/jobs
+  logsDir: {lab.root}/logs
+  jobScript: {sleeper}
+  timeLimit: "30"
+""", lab.run_yaml([f"org/del{lab.namespace.removeprefix('t-')}"], extra="  deletionPolicy: Cancel"))
+    eventually(lambda: ((lab.evalrun().get("status") or {}).get("summary") or {}).get("running") == 1, "the job to run")
+    queued = _slurm_jobs(slurm_env, lab.namespace.removeprefix("t-"))
+    assert len(queued) == 1, queued
+    lab.kube.kubectl("delete", "evalrun/demo", "-n", lab.namespace, "--wait=true", "--timeout=120s")
+    eventually(lambda: _slurm_jobs(slurm_env, lab.namespace.removeprefix("t-")) == [], "scancel", timeout_s=120)
+
+
+def _slurm_jobs(env: dict[str, str], marker: str) -> list[str]:
+    """Queued or running SLURM jobs whose name carries `marker`."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i|%j|%T"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return [line for line in out.splitlines() if marker in line and line.split("|")[2] in ("PENDING", "RUNNING")]

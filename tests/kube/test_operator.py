@@ -135,17 +135,23 @@ def test_sigkill_mid_pass_then_restart_submits_no_duplicate(lab: Lab, step: str)
     assert len({j.name for j in lab.jobs()}) == 3, "one job per cell"
 
 
-def test_operator_and_a_cli_on_the_same_store_never_both_act(lab: Lab):
+def test_operator_and_a_cli_loop_on_the_same_store_never_both_act(lab: Lab):
     lab.apply(lab.cluster_yaml({"FAKE_HARBOR_HANG_AFTER": "1"}), lab.run_yaml(["org/a-8B", "org/b-8B"]))
     lab.start_operator()
     eventually(lambda: len(lab.jobs()) == 2, "the operator's two jobs")
     spec = lab.root / "same.yaml"  # the same cells from a spec file, as a GitOps user would run them
     spec.write_text(lab.cluster_yaml({"FAKE_HARBOR_HANG_AFTER": "1"}).replace(f", namespace: {lab.namespace}", "")
                     + "\n---\n" + lab.run_yaml(["org/a-8B", "org/b-8B"]).replace(f", namespace: {lab.namespace}", ""))
-    out = subprocess.run([sys.executable, "-m", "controller.entry.cli", "reconcile", "--once", "-f", str(spec),
-                          "--store", lab.store], capture_output=True, text=True, timeout=120, check=False, cwd=lab.root)
-    assert f"2 × skip: owned by EvalRun {lab.namespace}/demo" in out.stdout, out.stdout + out.stderr
-    assert len(lab.jobs()) == 2, "the CLI started nothing"
+    log = lab.root / "cli-loop.log"
+    with open(log, "w") as out:
+        cli = subprocess.Popen([sys.executable, "-m", "controller.entry.cli", "reconcile", "--loop", "--interval",
+                                "0.5", "-f", str(spec), "--store", lab.store], stdout=out, stderr=subprocess.STDOUT,
+                               text=True, cwd=lab.root, stdin=subprocess.DEVNULL)
+    owned = f"2 × skip: owned by EvalRun {lab.namespace}/demo"
+    eventually(lambda: log.read_text().count(owned) >= 3, "three passes of the CLI loop")
+    cli.send_signal(signal.SIGTERM)
+    assert cli.wait(timeout=60) == 143
+    assert len(lab.jobs()) == 2, "the CLI loop started nothing"
 
 
 def test_rbac_grants_the_operator_nothing_beyond_what_it_uses(kube: Kube):

@@ -224,21 +224,10 @@ def test_the_lab_slurm_cluster_with_real_harbor_converges_under_the_operator(lab
     dataset = lab.root / "datasets" / "tinyop"
     shutil.copytree(REPO / "eval" / "harbor" / "tiny-dataset", dataset)
     model = f"org/op{lab.namespace.removeprefix('t-')}"  # unique: SLURM accounting outlives the test
-    lab.kube.env["SLURM_CONF"] = slurm_env["SLURM_CONF"]
-    lab.start_operator()
-    lab.apply(f"""
-apiVersion: evalrun.io/v1alpha1
-kind: EvalCluster
-metadata: {{name: local, namespace: {lab.namespace}}}
-spec:
-  scheduler: {{type: slurm, submissionsPerMinute: 60}}
-  partition: debug
-  jobsDir: {lab.root}/jobs
-  logsDir: {lab.root}/logs
-  jobScript: {REPO}/eval/slurm/eval_harbor.sbatch
-  timeLimit: "30"
-""", lab.run_yaml([model]).replace("datasets: [DCAgent/tiny_a]", f"datasets: [{dataset}]")
-              + "  agent: oracle\n  nAttempts: 1\n")
+    _on_slurm(lab, slurm_env)
+    run = lab.run_yaml([model]).replace("datasets: [DCAgent/tiny_a]", f"datasets: [{dataset}]")
+    lab.apply(_slurm_cluster_yaml(lab, REPO / "eval" / "slurm" / "eval_harbor.sbatch"),
+              run + "  agent: oracle\n  nAttempts: 1\n")
     lab.wait_condition("Ready", timeout_s=300)
     assert lab.evalrun()["status"]["summary"]["done"] == 1
     tag_dirs = list((lab.root / "jobs").glob("ev_*"))
@@ -250,9 +239,24 @@ def test_delete_with_cancel_cancels_the_running_slurm_job(lab: Lab, slurm_env: d
     sleeper = lab.root / "sleeper.sbatch"
     sleeper.write_text('#!/bin/bash\nmkdir -p "$EVAL_JOBS_DIR"\nexec sleep 600\n')
     sleeper.chmod(0o755)
+    _on_slurm(lab, slurm_env)
+    lab.apply(_slurm_cluster_yaml(lab, sleeper),
+              lab.run_yaml([f"org/del{lab.namespace.removeprefix('t-')}"], extra="  deletionPolicy: Cancel"))
+    eventually(lambda: ((lab.evalrun().get("status") or {}).get("summary") or {}).get("running") == 1, "the job to run")
+    queued = _slurm_jobs(slurm_env, lab.namespace.removeprefix("t-"))
+    assert len(queued) == 1, queued
+    lab.kube.kubectl("delete", "evalrun/demo", "-n", lab.namespace, "--wait=true", "--timeout=120s")
+    eventually(lambda: _slurm_jobs(slurm_env, lab.namespace.removeprefix("t-")) == [], "scancel", timeout_s=120)
+
+
+def _on_slurm(lab: Lab, slurm_env: dict[str, str]) -> None:
+    """The operator reaches the lab SLURM cluster (its SLURM_CONF) from here on."""
     lab.kube.env["SLURM_CONF"] = slurm_env["SLURM_CONF"]
     lab.start_operator()
-    lab.apply(f"""
+
+
+def _slurm_cluster_yaml(lab: Lab, script: Path) -> str:
+    return f"""
 apiVersion: evalrun.io/v1alpha1
 kind: EvalCluster
 metadata: {{name: local, namespace: {lab.namespace}}}
@@ -261,14 +265,9 @@ spec:
   partition: debug
   jobsDir: {lab.root}/jobs
   logsDir: {lab.root}/logs
-  jobScript: {sleeper}
+  jobScript: {script}
   timeLimit: "30"
-""", lab.run_yaml([f"org/del{lab.namespace.removeprefix('t-')}"], extra="  deletionPolicy: Cancel"))
-    eventually(lambda: ((lab.evalrun().get("status") or {}).get("summary") or {}).get("running") == 1, "the job to run")
-    queued = _slurm_jobs(slurm_env, lab.namespace.removeprefix("t-"))
-    assert len(queued) == 1, queued
-    lab.kube.kubectl("delete", "evalrun/demo", "-n", lab.namespace, "--wait=true", "--timeout=120s")
-    eventually(lambda: _slurm_jobs(slurm_env, lab.namespace.removeprefix("t-")) == [], "scancel", timeout_s=120)
+"""
 
 
 def _slurm_jobs(env: dict[str, str], marker: str) -> list[str]:

@@ -21,7 +21,7 @@ import pytest
 
 from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.store import open_store
-from tests.fixtures.evalctl import run_evalctl, wait_until
+from tests.fixtures.evalctl import cancel_live_jobs, run_evalctl, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_HARBOR = REPO / "specs" / "demo" / "fake_harbor.py"
@@ -76,10 +76,7 @@ spec:
         return Running(self, args, {**os.environ, "COLUMNS": "250", **(env or {})})
 
     def cancel_jobs(self) -> None:
-        scheduler = LocalScheduler(self.logs / ".local-scheduler")
-        for job in scheduler.observe() if scheduler.jobs_dir.is_dir() else ():
-            if job.state.active:
-                scheduler.cancel(job.job_id)
+        cancel_live_jobs(LocalScheduler(self.logs / ".local-scheduler"))
 
 
 class Running:

@@ -18,6 +18,7 @@ import pytest
 
 from controller.adapters.scheduler.local import LocalScheduler
 from controller.core.types import run_tag_of
+from tests.fixtures.evalctl import cancel_live_jobs
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_HARBOR = REPO / "specs" / "demo" / "fake_harbor.py"
@@ -85,9 +86,7 @@ spec:
         return counts
 
     def stop_jobs(self) -> None:
-        for job in self.scheduler.observe():
-            if job.state.active:
-                self.scheduler.cancel(job.job_id)
+        cancel_live_jobs(self.scheduler)
 
 
 @pytest.fixture

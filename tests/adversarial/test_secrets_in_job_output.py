@@ -10,7 +10,7 @@ import pytest
 
 from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.secrets import SecretMask
-from tests.fixtures.evalctl import run_evalctl, wait_until
+from tests.fixtures.evalctl import cancel_live_jobs, run_evalctl, wait_until
 
 SECRET = "dtn-9f8e7d6c5b4a-live"
 VARIABLE = "EVALCTL_SECRET_DAYTONA_API_KEY"
@@ -50,10 +50,7 @@ spec:
   datasets: [DCAgent/tiny]
 """)
     yield spec
-    scheduler = LocalScheduler(tmp_path / "logs" / ".local-scheduler")
-    for job in scheduler.observe():
-        if job.state.active:
-            scheduler.cancel(job.job_id)
+    cancel_live_jobs(LocalScheduler(tmp_path / "logs" / ".local-scheduler"))
 
 
 def test_a_printed_key_is_masked_with_it_and_withheld_without_it(leaky: Path) -> None:

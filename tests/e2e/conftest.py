@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from controller.adapters.scheduler.local import LocalScheduler
-from tests.fixtures.evalctl import run_evalctl
+from tests.fixtures.evalctl import cancel_live_jobs, run_evalctl
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_HARBOR = REPO / "specs" / "demo" / "fake_harbor.py"
@@ -56,9 +56,7 @@ spec:
         return [j for j in self.scheduler.observe() if j.name == name]
 
     def cancel_all(self) -> None:
-        for job in self.scheduler.observe():
-            if job.state.active:
-                self.scheduler.cancel(job.job_id)
+        cancel_live_jobs(self.scheduler)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from controller.adapters.scheduler.local import LocalScheduler
-from tests.fixtures.evalctl import wait_until
+from tests.fixtures.evalctl import cancel_live_jobs, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_HARBOR = REPO / "specs" / "demo" / "fake_harbor.py"
@@ -175,9 +175,7 @@ spec:
         self.kube.kubectl("delete", "evalruns", "--all", "-n", self.namespace, "--wait=true", "--timeout=90s",
                           check=False)
         self.stop_operators()
-        for job in self.jobs():
-            if job.state.active:
-                self.scheduler.cancel(job.job_id)
+        cancel_live_jobs(self.scheduler)
 
 
 @pytest.fixture

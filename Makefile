@@ -1,5 +1,5 @@
 # The two commands of the README, and a few helpers. Every target installs what it needs itself.
-.PHONY: demo slurm-demo test bench bench-slurm bench-operator crds clean-demo kube-up kube-down
+.PHONY: demo slurm-demo test bench bench-slurm bench-operator bench-store crds clean-demo kube-up kube-down
 
 # Set up, then converge the local demo (3 models × 2 benchmarks) and print the grid.
 demo:
@@ -31,6 +31,11 @@ bench-slurm:
 	./scripts/bootstrap.sh
 	./scripts/slurm-up.sh
 	SLURM_CONF=$${SLURM_LAB:-/tmp/evalrun-slurm}/etc/slurm.conf .venv/bin/python bench/slurm_observe.py 700
+
+# The store's share of a 2,000-cell pass on SQLite and on PostgreSQL (started by scripts/pg-up.sh); prints figures.
+bench-store:
+	./scripts/bootstrap.sh
+	.venv/bin/python bench/store_pass.py
 
 # Operator figures on the lab API server: apply → first submission, and a 200 EvalRuns × 10 cells fleet.
 bench-operator:

@@ -61,15 +61,15 @@ spec:
         write_synthetic_run_dir(root / "jobs" / tag, trials, infra_every=17, benign_every=9, model=cell.model,
                                 dataset=cell.dataset)
         row_id = row_id_for(tag)
-        store.record_intent(
+        store.record_submission(
             Submission(name=tag, run_tag=tag, evalrun="fleet", cell_key=cell.key, attempt=1, fire=1, row_id=row_id,
-                       job_id=str(index + 1), created_at=now),
-            NewRow(id=row_id, job_name=tag, username="bench", model_name=cell.model,
-                   benchmark_name=cell.benchmark_name, job_status=RowStatus.STARTED, submitted_at=now,
-                   config=row_config(cell, tag)))
+                       job_id=str(index + 1), created_at=now))
+        store.create_row(NewRow(id=row_id, job_name=tag, username="bench", model_name=cell.model,
+                                benchmark_name=cell.benchmark_name, job_status=RowStatus.STARTED, submitted_at=now,
+                                config=row_config(cell, tag)))
         if index % 5 < 3:  # 60% already uploaded: the planner skips them, the other 40% want an upload
             store.upload_result(row_id, ResultUpload(metrics=(Metric(name="accuracy", value=0.5),), stats={},
-                                                     n_trials=trials, ended_at=now))
+                                                     n_trials=trials, ended_at=now), owner="bench")
         if index % 100 == 99:
             print(f"  built {index + 1}/{len(target.cells)} cells", file=sys.stderr)
     store.close()
@@ -82,13 +82,15 @@ def measure(root: Path) -> dict:
     """One plan pass in this process: observe every source once, plan every cell."""
     from controller.adapters.store.sqlite import SqliteStore
     from controller.core.reconcile import reconcile_pass
+    from controller.core.store import Store
     from controller.entry.wiring import cluster_ports, targets_for, utc_now
     from controller.spec.catalog import load_catalog
     from controller.spec.loader import load_specs
 
     catalog = load_catalog()
     specs = load_specs([root / "fleet.yaml"], catalog)
-    store = SqliteStore(root / "store.db", readonly=True)
+    sqlite = SqliteStore(root / "store.db", readonly=True)
+    store = Store(sqlite, sqlite)
     started = time.perf_counter()
     [result] = reconcile_pass(targets_for(specs, catalog), store, cluster_ports(specs, store, catalog), utc_now(),
                               act=False)
@@ -96,7 +98,7 @@ def measure(root: Path) -> dict:
     phases: dict[str, int] = {}
     for cell in result.plan.cells:
         phases[cell.phase.value] = phases.get(cell.phase.value, 0) + 1
-    return {"seconds": round(elapsed, 2), "store_queries": store.queries, "cells": len(result.plan.cells),
+    return {"seconds": round(elapsed, 2), "store_queries": sqlite.queries, "cells": len(result.plan.cells),
             "phases": phases}
 
 

@@ -8,4 +8,4 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # uv resolves and installs in seconds where pip takes a minute; it is itself a PyPI package.
 .venv/bin/python -m pip install -q --disable-pip-version-check uv
-VIRTUAL_ENV=$PWD/.venv .venv/bin/uv pip install -q -e ".[test]"
+VIRTUAL_ENV=$PWD/.venv .venv/bin/uv pip install -q --compile-bytecode -e ".[test]"

@@ -22,6 +22,9 @@ import pytest
 
 from tests.fixtures.evalctl import wait_until
 
+# Fixtures of the real parts some suites need; each starts its service only when a test asks for it.
+pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.postgrest"]
+
 REPO = Path(__file__).resolve().parents[1]
 SESSION_MARKER = "EVALRUN_TEST_SESSION"
 JOB_MARKER = b"EVAL_JOB_ID="  # set by the local scheduler only, for its runner and all the job starts

@@ -21,7 +21,8 @@ from typing import Any
 
 from controller.core.errors import ErrorClasses
 from controller.core.metrics import run_metrics
-from controller.core.ports import NewRow, Scheduler, Store, StoreUnavailable, SubmitRequest
+from controller.core.ports import NewRow, Scheduler, StoreUnavailable, SubmitRequest
+from controller.core.store import Store
 from controller.core.types import (
     Action,
     ActionKind,
@@ -86,7 +87,7 @@ class Actor:
         errors: ErrorClasses,
         now: Callable[[], datetime],
     ):
-        self.store, self.scheduler = store, scheduler
+        self.results, self.state, self.scheduler = store.results, store.state, scheduler
         self.launcher, self.cell_env, self.analyze_dir = launcher, cell_env, analyze
         self.errors, self.now = errors, now
 
@@ -94,7 +95,7 @@ class Actor:
         outcomes: list[Outcome] = []
         try:  # first: a pair freed now may be handed out in this very plan
             for lease in plan.tunnel_releases:
-                self.store.release_tunnel(lease.pair, lease.holder)
+                self.state.release_tunnel(lease.pair, lease.holder)
                 log.info("pinggy pair released", extra={"pair": lease.pair, "job": lease.holder})
         except StoreUnavailable as exc:  # the plan counted on those pairs: act on nothing this pass
             return [Outcome(cell=plan.evalrun, action="release pinggy pairs", ok=False, message=str(exc))]
@@ -126,9 +127,15 @@ class Actor:
     def _bookkeeping(self, cell_plan: CellPlan) -> None:
         for update in cell_plan.row_updates:
             if update.submission_name and update.job_id:
-                self.store.record_job_id(update.submission_name, update.job_id, update.row_id)
+                self._record_job_id(update.submission_name, update.job_id, update.row_id)
             if update.row_id and update.status:
-                self.store.update_row_status(update.row_id, update.status, started_at=update.started_at)
+                self.results.update_row(update.row_id, owner=self.launcher.username, status=update.status,
+                                        started_at=update.started_at)
+
+    def _record_job_id(self, submission_name: str, job_id: str, row_id: str | None) -> None:
+        self.state.record_job_id(submission_name, job_id)
+        if row_id is not None:
+            self.results.update_row(row_id, owner=self.launcher.username, slurm_job_id=job_id)
 
     def _do(self, cell_plan: CellPlan, action: Action) -> str:
         if action.kind == ActionKind.CANCEL:
@@ -154,15 +161,19 @@ class Actor:
         submission = Submission(name=name, run_tag=action.run_tag, evalrun=cell.evalrun, cell_key=cell.key,
                                 attempt=action.attempt or 0, fire=action.fire, row_id=row_id,
                                 created_at=action.intent_at or now)  # a repair keeps the recorded intent's time
-        new_row = None if action.row_id else self._pending_row(cell, action.run_tag, row_id, now)
-        self.store.record_intent(submission, new_row)
+        # Intent first, then its row: a crash in between leaves an intent without a row, which the next pass
+        # finishes; the reverse would leave a row that looks like a run to resume. The row is written every
+        # time (an existing one is left as it is), so a repair also restores a row that was never written.
+        self.state.record_submission(submission)
+        kill_point("after-submission")
+        self.results.create_row(self._pending_row(cell, action.run_tag, row_id, now))
         kill_point("after-intent")
-        if action.tunnel is not None and not self.store.take_tunnel(
+        if action.tunnel is not None and not self.state.take_tunnel(
                 TunnelLease(pair=action.tunnel, holder=name, evalrun=cell.evalrun, leased_at=now)):
             raise RuntimeError(f"pinggy pair {action.tunnel} was just leased to another job; next pass")
         existing = self.scheduler.find(name)
         if existing is not None and submission.may_have_launched(existing):
-            self.store.record_job_id(name, existing.job_id, row_id)
+            self._record_job_id(name, existing.job_id, row_id)
             return f"adopted job {existing.job_id} ({name}) found by its name"
         kill_point("after-find")
         request = SubmitRequest(
@@ -175,7 +186,7 @@ class Actor:
         )
         job_id = self.scheduler.submit(request)
         kill_point("after-submit")
-        self.store.record_job_id(name, job_id, row_id)
+        self._record_job_id(name, job_id, row_id)
         return f"submitted job {job_id} ({name})"
 
     def _pending_row(self, cell: Cell, run_tag: str, row_id: str, now: datetime) -> NewRow:
@@ -191,13 +202,16 @@ class Actor:
         row_id = action.row_id
         if row_id is None:  # an orphan dir: give it a row of ours first
             row_id = row_id_for(facts.run_tag)
-            self.store.create_row(self._pending_row(cell, facts.run_tag, row_id, self.now()).model_copy(
+            self.results.create_row(self._pending_row(cell, facts.run_tag, row_id, self.now()).model_copy(
                 update={"job_status": RowStatus.STARTED, "started_at": facts.started_at}))
-        self.store.upload_result(row_id, result.upload(ended_at=facts.finished_at or self.now()))
-        landed = self.store.read_row(row_id)
+        written = self.results.upload_result(row_id, result.upload(ended_at=facts.finished_at or self.now()),
+                                             owner=self.launcher.username)
+        landed = self.results.read_row(row_id)
         if landed is None or landed.job_status != RowStatus.FINISHED or not _same_metrics(landed.metrics,
                                                                                            result.metrics):
             raise UploadNotVerified(f"row {row_id} does not show the uploaded metrics")
+        if not written:
+            return f"accuracy={accuracy:.4f} for {facts.run_tag} was already in row {row_id} (verified, not rewritten)"
         return f"uploaded accuracy={accuracy:.4f} for {facts.run_tag} (row {row_id}, verified)"
 
 

@@ -274,6 +274,8 @@ class _CellView:
         rule = f"REFERENCE §2: {case.value} → {'start' if dedup.start else 'skip'} ({dedup.reason})"
 
         if case == RowCase.NONE:
+            if self.subs and (repair := self._finish_interrupted(self.subs[-1], row=None)) is not None:
+                return repair  # the intent was recorded, its row not yet: the same submission, not a new one
             orphan = self._orphan_dir()
             if orphan is not None:
                 return self._from_dir(orphan, row=None, why="orphan run dir (no row points at it)")
@@ -315,15 +317,22 @@ class _CellView:
         """Our Pending/Started row and nothing of ours in the queue: the job ended, died or never started."""
         tag = row.job_name or ""
         last = next((s for s in reversed(self.subs) if s.run_tag == tag), None)
-        if last is not None and last.job_id is None and not any(
-                last.may_have_launched(j) for j in self._jobs_named(last.name)):
-            action = Action(kind=ActionKind.SUBMIT if last.fire == 1 else ActionKind.RESUME, run_tag=last.run_tag,
-                            attempt=last.attempt, fire=last.fire, row_id=row.id, intent_at=last.created_at,
-                            reason=f"intent {last.name} recorded but no job has that name: finish the submission")
-            return self._result(Phase.PENDING, [action], "submission interrupted before sbatch",
-                                "DESIGN: create-pending protocol, step 2–3 repair")
+        if last is not None and (repair := self._finish_interrupted(last, row=row)) is not None:
+            return repair
         facts = self.dirs.get(tag) or RunDirFacts(run_tag=tag, path="")
         return self._from_dir(facts, row=row, why=f"our {row.job_status} row, no job queued or running")
+
+    def _finish_interrupted(self, last: Submission, row: ObservedRow | None) -> CellPlan | None:
+        """An intent with no job id and no job of its name: the process stopped before sbatch. Finish that same
+        submission (steps 2–3), writing its row if the crash came before it."""
+        if last.job_id is not None or any(last.may_have_launched(j) for j in self._jobs_named(last.name)):
+            return None
+        action = Action(kind=ActionKind.SUBMIT if last.fire == 1 else ActionKind.RESUME, run_tag=last.run_tag,
+                        attempt=last.attempt, fire=last.fire, row_id=row.id if row is not None else last.row_id,
+                        intent_at=last.created_at,
+                        reason=f"intent {last.name} recorded but no job has that name: finish the submission")
+        return self._result(Phase.PENDING, [action], "submission interrupted before sbatch",
+                            "DESIGN: create-pending protocol, step 2–3 repair")
 
     def _from_dir(self, facts: RunDirFacts, row: ObservedRow | None, why: str) -> CellPlan:
         job = self._last_job(facts.run_tag)

@@ -36,6 +36,10 @@ class StoreUnavailable(RuntimeError):
     """
 
 
+class WriteRefused(RuntimeError):
+    """The store will not make this write: it is open read-only, or the row belongs to another user."""
+
+
 class JobsDirMissing(ObservationError):
     """The cluster's jobs dir does not exist: fresh (nothing ran yet) or unmounted, which only history tells.
 
@@ -45,6 +49,11 @@ class JobsDirMissing(ObservationError):
 
 
 # --------------------------------------------------------------------------- store
+#
+# Two halves that may live in different places: the lab's shared results DB (the OT-Agent tables, e.g.
+# Supabase) and the controller's own state (submissions, leases, cell owners, cell memory; Postgres or
+# SQLite). The rules every backend keeps are stated here and proven by one contract suite
+# (tests/store/contract) run against each backend.
 
 
 class NamedRow(Frozen):
@@ -63,15 +72,34 @@ class SandboxJobRow(ObservedRow):
     config: dict[str, Any] | None = None
 
 
+class ResultsSnapshot(Frozen):
+    """One read of the results DB, narrowed to the families of the named models and benchmarks."""
+
+    models: tuple[NamedRow, ...]
+    benchmarks: tuple[NamedRow, ...]
+    rows: tuple[SandboxJobRow, ...]
+    undecodable: tuple[str, ...] = Field((), description="'row <id>: why' for rows that could not be read")
+
+
+class StateSnapshot(Frozen):
+    """One read of the controller's own state for an EvalRun and its cells."""
+
+    submissions: tuple[Submission, ...] = ()
+    tunnel_leases: tuple[TunnelLease, ...] = Field((), description="every pinggy lease, of every EvalRun")
+    cell_owners: tuple[CellOwner, ...] = Field((), description="live claims on the named cells, whoever holds them")
+    cell_memory: dict[str, dict[str, Any]] = Field(default_factory=dict, description="what rules remembered per cell")
+
+
 class StoreSnapshot(Frozen):
-    """One pass's read of the store, already narrowed to the families the EvalRun names."""
+    """Both halves as one pass sees them."""
 
     models: tuple[NamedRow, ...]
     benchmarks: tuple[NamedRow, ...]
     rows: tuple[SandboxJobRow, ...]
     submissions: tuple[Submission, ...]
-    tunnel_leases: tuple[TunnelLease, ...] = Field((), description="every pinggy lease, of every EvalRun")
-    cell_owners: tuple[CellOwner, ...] = Field((), description="who acts for the named cells, whoever claimed them")
+    tunnel_leases: tuple[TunnelLease, ...] = ()
+    cell_owners: tuple[CellOwner, ...] = ()
+    cell_memory: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 class NewRow(Frozen):
@@ -98,54 +126,78 @@ class ResultUpload(Frozen):
     ended_at: datetime
 
 
-class Store(Protocol):
-    def observe(self, evalrun: str, model_names: list[str], benchmark_names: list[str],
-                cell_keys: list[str] | None = None) -> StoreSnapshot:
-        """Families of the named models/benchmarks, their sandbox_jobs rows, the submissions of this EvalRun
-        and of the named cells (whichever EvalRun made them: a cell's history is the cell's), and the owners
-        of the named cells.
+class ResultsDB(Protocol):
+    """The lab's shared OT-Agent tables (REFERENCE.md §1), written by many users and tools.
 
-        A store that lacks the reconciler's own tables (a legacy OT-Agent DB) returns no submissions.
+    Rules for every backend:
+    - Writes touch only rows whose `username` is `owner`; anything else raises `WriteRefused`, checked in the
+      same statement as the write, so a row that changes hands meanwhile is not written either.
+    - A row's status only moves forward (Pending → Started → Finished).
+    - The tables are used as they are: never altered, never a row deleted.
+    - A read that fails raises `ObservationError`; a write that cannot reach the DB raises `StoreUnavailable`.
+    """
+
+    def read_results(self, model_names: list[str] | None, benchmark_names: list[str] | None) -> ResultsSnapshot:
+        """The families of the named models and benchmarks and every row between them, in a constant number of
+        round trips whatever the number of names. `None` means every model (or benchmark): the whole table."""
+        ...
+
+    def read_row(self, row_id: str) -> SandboxJobRow | None:
+        """One row, to verify an upload landed."""
+        ...
+
+    def create_row(self, row: NewRow) -> None:
+        """Insert a row of `row.username`, registering its model and benchmark if new. An existing id (whoever
+        owns it) is left as it is, so repeating it is a no-op."""
+        ...
+
+    def update_row(self, row_id: str, *, owner: str, status: RowStatus | None = None,
+                   started_at: datetime | None = None, slurm_job_id: str | None = None) -> None:
+        """Move one of `owner`'s rows forward and/or record its job id. Idempotent; never moves a row back."""
+        ...
+
+    def upload_result(self, row_id: str, result: ResultUpload, *, owner: str) -> bool:
+        """Mark `owner`'s row Finished with metrics (a LIST of {name, value}).
+
+        Exactly once: a row already Finished with the same metrics is left untouched (returns False).
         """
         ...
 
-    def claim_cells(self, evalrun: str, cell_keys: list[str], ttl_s: float, now: datetime) -> dict[str, str]:
+    def close(self) -> None: ...
+
+
+class ControllerState(Protocol):
+    """The reconciler's own bookkeeping. Expiry is decided by the database's clock, never a client's."""
+
+    def read_state(self, evalrun: str, cell_keys: list[str], owner_ttl_s: float) -> StateSnapshot:
+        """Submissions of this EvalRun and of the named cells (whichever EvalRun made them: a cell's history is
+        the cell's), every tunnel lease, the claims on the named cells renewed within `owner_ttl_s`, and their
+        memory. One read transaction."""
+        ...
+
+    def record_submission(self, submission: Submission) -> None:
+        """Step 1 of the submission protocol, durable before anything runs. Repeating it is a no-op."""
+        ...
+
+    def record_job_id(self, submission_name: str, job_id: str) -> None:
+        """Step 3: remember the scheduler's id. Idempotent."""
+        ...
+
+    def claim_cells(self, evalrun: str, cell_keys: list[str], ttl_s: float) -> dict[str, str]:
         """Make `evalrun` the owner of each named cell that is free, its own, or whose owner has not renewed
         its claim within `ttl_s`; drop its claims on cells it no longer names. One transaction, so two
         reconcilers never both own a cell. Returns the owner of every named cell afterwards."""
         ...
 
-    def record_intent(self, submission: Submission, row: NewRow | None) -> None:
-        """Step 1 of the submission protocol, durable before anything runs. Repeating it is a no-op."""
+    def remember(self, cell_key: str, memory: dict[str, Any]) -> None:
+        """Replace what the rules remember about a cell (readings across passes)."""
         ...
 
-    def record_job_id(self, submission_name: str, job_id: str, row_id: str | None) -> None:
-        """Step 3: remember the scheduler's id on the submission and its row. Idempotent."""
+    def try_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        """Take or renew the act-lease `name` for `holder`; False when someone else holds it unexpired."""
         ...
 
-    def update_row_status(
-        self, row_id: str, status: RowStatus, *, started_at: datetime | None = None, slurm_job_id: str | None = None
-    ) -> None:
-        """Move one of our rows along Pending → Started. Idempotent."""
-        ...
-
-    def create_row(self, row: NewRow) -> None:
-        """Insert a row (for a result found on disk that no row points at). Idempotent on `row.id`."""
-        ...
-
-    def upload_result(self, row_id: str, result: ResultUpload) -> None:
-        """Mark the row Finished with metrics (a LIST of {name, value}). Idempotent."""
-        ...
-
-    def read_row(self, row_id: str) -> SandboxJobRow | None:
-        """Read one row back, to verify an upload landed."""
-        ...
-
-    def try_lease(self, name: str, holder: str, ttl_s: float, now: datetime) -> bool:
-        """Take or renew the act-lease `name` for `holder`; False when someone else holds it."""
-        ...
-
-    def lease_holder(self, name: str, now: datetime) -> str | None:
+    def lease_holder(self, name: str) -> str | None:
         """Who holds an unexpired lease `name`, if anyone (to notice a holder that died)."""
         ...
 
@@ -160,6 +212,10 @@ class Store(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class SqlBackend(ResultsDB, ControllerState, Protocol):
+    """A database that holds both halves (SQLite, PostgreSQL)."""
 
 
 # --------------------------------------------------------------------------- scheduler
@@ -200,3 +256,40 @@ class RunDirs(Protocol):
     def observe(self) -> tuple[RunDirFacts, ...]:
         """Every Harbor job directory under the cluster's jobs dir, reduced to facts."""
         ...
+
+
+# --------------------------------------------------------------------------- tracker
+
+
+class TrackerRecord(Frozen):
+    """What one cell attempt logs: the tags find the run again, so re-analysis continues the same run."""
+
+    run_tag: str
+    tags: dict[str, str] = Field(description="cell key, model, benchmark, cluster, EvalRun, …")
+    params: dict[str, str]
+    metrics: dict[str, float]
+    report: str = Field(description="post_eval_report.txt, logged as an artifact")
+
+
+class TrackedRun(Frozen):
+    """A run as the tracking server returns it."""
+
+    run_id: str
+    tags: dict[str, str]
+    params: dict[str, str]
+    metrics: dict[str, float]
+    artifacts: tuple[str, ...]
+
+
+class Tracker(Protocol):
+    """An experiment tracker (MLflow). One run per cell attempt, identified by its run tag."""
+
+    def log(self, experiment: str, record: TrackerRecord) -> str:
+        """Find the run tagged with `record.run_tag` (or create it) and log everything to it; returns its id.
+        Repeating it logs to the same run. Raises `StoreUnavailable` when the server cannot be reached."""
+        ...
+
+    def read_back(self, experiment: str, run_tag: str) -> TrackedRun | None:
+        """The run as the server stores it now, or None if there is none. Raises `ObservationError` on failure."""
+        ...
+

@@ -23,18 +23,15 @@ from controller.core.ports import (
     ObservationError,
     RunDirs,
     Scheduler,
-    Store,
     StoreSnapshot,
     StoreUnavailable,
 )
+from controller.core.store import CELL_OWNER_TTL, Store
 from controller.core.types import Cell, Frozen, Observation, ObservedJob, Plan, RunDirFacts
 
 log = logging.getLogger("evalctl.reconcile")
 T = TypeVar("T")
 LEASE_TTL = timedelta(minutes=10)
-# An EvalRun keeps the cells it claimed while it renews them (every acting pass); one that stopped naming a
-# cell hands it over at once, one that stopped running hands it over after this. Far longer than a pass.
-CELL_OWNER_TTL = timedelta(minutes=30)
 RATE_WINDOW = timedelta(minutes=1)
 
 
@@ -74,8 +71,10 @@ def reconcile_pass(
     act: bool,
     holder: str = "",
     holder_is_dead: Callable[[str], bool] = lambda _: False,
+    lease_ttl: timedelta = LEASE_TTL,
 ) -> list[PassResult]:
-    """One pass over every target; acting needs the EvalRun's lease for `holder`.
+    """One pass over every target; acting needs the EvalRun's lease for `holder`, held at most `lease_ttl`
+    by a reconciler that died without releasing it.
 
     A lease whose holder `holder_is_dead` says has died (a killed reconciler on this host) is taken over.
     """
@@ -99,19 +98,19 @@ def reconcile_pass(
         live = None if isinstance(cluster_jobs, ObservationError) else frozenset(
             job.name for job in cluster_jobs if job.state.active)
         the_plan = plan(target.evalrun, target.cells, observations, target.policy, now, budget=budget,
-                        tunnel_leases=leases, live_job_names=live, owners=_other_owners(target, snapshot, now))
+                        tunnel_leases=leases, live_job_names=live, owners=_other_owners(target, snapshot))
         budgets[target.cluster] -= sum(1 for c in the_plan.cells for a in c.actions if a.kind in LAUNCHING)
         if not act or the_plan.suspended:
             results.append(PassResult(evalrun=target.evalrun, plan=the_plan, note="suspended" if act else "plan"))
             continue
         lease = f"evalrun/{target.evalrun}"
         try:
-            if not _take_lease(store, lease, holder, holder_is_dead, now):
+            if not _take_lease(store, lease, holder, holder_is_dead, lease_ttl.total_seconds()):
                 results.append(PassResult(evalrun=target.evalrun, plan=the_plan,
                                           note="another reconciler holds the lease; planned only"))
                 continue
-            the_plan = _keep_claimed(the_plan, store.claim_cells(target.evalrun, _keys(target),
-                                                                  CELL_OWNER_TTL.total_seconds(), now))
+            the_plan = _keep_claimed(the_plan, store.state.claim_cells(target.evalrun, _keys(target),
+                                                                        CELL_OWNER_TTL.total_seconds()))
         except StoreUnavailable as exc:  # nothing was done: the next pass tries again
             log.warning("store unavailable", extra={"error": str(exc)})
             results.append(PassResult(evalrun=target.evalrun, plan=the_plan, note=f"planned only: {exc}",
@@ -125,14 +124,14 @@ def reconcile_pass(
     return results
 
 
-def live_jobs_of(target: RunTarget, store: Store, ports: ClusterPorts, now: datetime) -> list[ObservedJob]:
+def live_jobs_of(target: RunTarget, store: Store, ports: ClusterPorts) -> list[ObservedJob]:
     """Queued and running jobs of the cells `target` owns (what `deletionPolicy: Cancel` cancels).
 
     Raises ObservationError when the queue or the store cannot be read: never "no jobs" by default.
     """
     jobs = ports.scheduler.observe()
     snapshot = store.observe(target.evalrun, _models(target), _benchmarks(target), _keys(target))
-    others = _other_owners(target, snapshot, now)
+    others = _other_owners(target, snapshot)
     observed = observe_cells(target.cells, snapshot, jobs, ())
     return [job for cell, seen in zip(target.cells, observed, strict=True) if cell.key not in others
             for job in seen.jobs or () if job.state.active]
@@ -149,20 +148,20 @@ def rate_budget(jobs: tuple[ObservedJob, ...] | ObservationError, per_minute: in
     return max(per_minute - recent, 0)
 
 
-def _take_lease(store: Store, lease: str, holder: str, holder_is_dead: Callable[[str], bool], now: datetime) -> bool:
-    if store.try_lease(lease, holder, LEASE_TTL.total_seconds(), now):
+def _take_lease(store: Store, lease: str, holder: str, holder_is_dead: Callable[[str], bool], ttl: float) -> bool:
+    if store.state.try_lease(lease, holder, ttl):
         return True
-    other = store.lease_holder(lease, now)
+    other = store.state.lease_holder(lease)
     if other is None or not holder_is_dead(other):
-        return other is None and store.try_lease(lease, holder, LEASE_TTL.total_seconds(), now)
+        return other is None and store.state.try_lease(lease, holder, ttl)
     log.warning("taking over the lease of a dead reconciler", extra={"lease": lease, "holder": other})
-    store.release_lease(lease, other)
-    return store.try_lease(lease, holder, LEASE_TTL.total_seconds(), now)
+    store.state.release_lease(lease, other)
+    return store.state.try_lease(lease, holder, ttl)
 
 
 def _release(store: Store, lease: str, holder: str) -> None:
     try:
-        store.release_lease(lease, holder)
+        store.state.release_lease(lease, holder)
     except StoreUnavailable as exc:  # it expires after LEASE_TTL, or this holder renews it next pass
         log.warning("could not release the lease", extra={"lease": lease, "error": str(exc)})
 
@@ -190,12 +189,11 @@ def _observe(target: RunTarget, snapshot: StoreSnapshot | ObservationError,
     )
 
 
-def _other_owners(target: RunTarget, snapshot: StoreSnapshot | ObservationError, now: datetime) -> dict[str, str]:
-    """Cells another EvalRun claimed and still renews: this one only watches them."""
+def _other_owners(target: RunTarget, snapshot: StoreSnapshot | ObservationError) -> dict[str, str]:
+    """Cells another EvalRun claimed and still renews (by the store's clock): this one only watches them."""
     if not isinstance(snapshot, StoreSnapshot):
         return {}
-    return {o.cell_key: o.evalrun for o in snapshot.cell_owners
-            if o.evalrun != target.evalrun and now - o.renewed_at < CELL_OWNER_TTL}
+    return {o.cell_key: o.evalrun for o in snapshot.cell_owners if o.evalrun != target.evalrun}
 
 
 def _keep_claimed(the_plan: Plan, owners: dict[str, str]) -> Plan:

@@ -16,16 +16,17 @@ from enum import StrEnum
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, NoReturn
+from typing import Annotated, NamedTuple, NoReturn
 
 import typer
 from rich.console import Console
 
 from controller.adapters.process import identity_is_dead, process_identity
 from controller.adapters.store import UnsupportedStoreURL, open_store
-from controller.core.ports import Store
+from controller.core.db_check import check_results
 from controller.core.reconcile import PassResult, reconcile_pass
 from controller.core.status import summarize
+from controller.core.store import Store
 from controller.core.types import Plan
 from controller.entry import render
 from controller.entry.logs import configure_logging
@@ -50,8 +51,11 @@ class Output(StrEnum):
 
 
 Files = Annotated[list[Path], typer.Option("-f", "--file", help="Spec files or directories (multi-document YAML).")]
-StoreURL = Annotated[str | None, typer.Option("--store", help="sqlite:///path.db (default $EVALCTL_STORE, else "
-                                                              f"{DEFAULT_STORE}).")]
+StoreURL = Annotated[str | None, typer.Option("--store", help="The results DB: sqlite:///path.db, postgresql://… or "
+                                              f"supabase://… (default $EVALCTL_STORE, else {DEFAULT_STORE}).")]
+StateURL = Annotated[str | None, typer.Option("--state", help="The controller's own state, when it is not kept in the "
+                                              "--store DB: sqlite:///… or postgresql://… (default $EVALCTL_STATE; "
+                                              "with supabase:// it defaults to sqlite:///.evalctl/state.db).")]
 Verbose = Annotated[int, typer.Option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")]
 
 
@@ -142,12 +146,18 @@ def _load(files: list[Path]) -> SpecSet:
     return load_specs(files, load_catalog())
 
 
-def _store(url: str | None, *, readonly: bool) -> Store:
-    url = url or os.environ.get("EVALCTL_STORE") or DEFAULT_STORE
+class StoreURLs(NamedTuple):
+    results: str | None
+    state: str | None
+
+
+def _store(urls: StoreURLs, *, readonly: bool) -> Store:
+    url = urls.results or os.environ.get("EVALCTL_STORE") or DEFAULT_STORE
+    state = urls.state or os.environ.get("EVALCTL_STATE") or None
     busy = os.environ.get(BUSY_TIMEOUT_ENV)
     if busy is None:
-        return open_store(url, readonly=readonly)
-    return open_store(url, readonly=readonly, busy_timeout_s=_seconds(busy))
+        return open_store(url, state_url=state, readonly=readonly)
+    return open_store(url, state_url=state, readonly=readonly, busy_timeout_s=_seconds(busy))
 
 
 def _seconds(text: str) -> float:
@@ -166,8 +176,8 @@ def _pass(specs: SpecSet, store: Store, *, act: bool) -> list[PassResult]:
                           act=act, holder=process_identity(), holder_is_dead=identity_is_dead)
 
 
-def _plans(specs: SpecSet, store_url: str | None) -> list[Plan]:
-    store = _store(store_url, readonly=True)
+def _plans(specs: SpecSet, urls: StoreURLs) -> list[Plan]:
+    store = _store(urls, readonly=True)
     try:
         return [r.plan for r in _pass(specs, store, act=False)]
     finally:
@@ -202,12 +212,12 @@ def validate(files: Files = [], verbose: Verbose = 0) -> None:  # noqa: B006 —
 
 
 @app.command()
-def plan(files: Files = [], store: StoreURL = None, output: Annotated[Output, typer.Option("-o", "--output")] =  # noqa: B006
-         Output.table, verbose: Verbose = 0) -> None:
+def plan(files: Files = [], store: StoreURL = None, state: StateURL = None,  # noqa: B006
+         output: Annotated[Output, typer.Option("-o", "--output")] = Output.table, verbose: Verbose = 0) -> None:
     """Show what one pass would do. No side effects."""
     configure_logging(verbose)
     with _exits():
-        plans = _plans(_load(files), store)
+        plans = _plans(_load(files), StoreURLs(store, state))
         if output == Output.json:
             print(render.plan_json(plans))
         else:
@@ -219,6 +229,7 @@ def plan(files: Files = [], store: StoreURL = None, output: Annotated[Output, ty
 def reconcile(
     files: Files = [],  # noqa: B006
     store: StoreURL = None,
+    state: StateURL = None,
     once: Annotated[bool, typer.Option("--once", help="One pass (the default).")] = False,
     loop: Annotated[bool, typer.Option("--loop", help="Pass after pass, every --interval seconds.")] = False,
     interval: Annotated[float | None, typer.Option(
@@ -237,19 +248,20 @@ def reconcile(
                 (interval is not None and not loop, "--interval needs --loop"),
                 (dry_run and (loop or until_done), "--dry-run plans one pass; it does not go with --loop or --until-done"))
         specs = _load(files)
+        urls = StoreURLs(store, state)
         if dry_run:
-            for p in _plans(specs, store):
+            for p in _plans(specs, urls):
                 render.plan_table(p, out)
         elif loop:
-            _loop(specs, store, interval or RECONCILE_INTERVAL_S, until_done=until_done)
+            _loop(specs, urls, interval or RECONCILE_INTERVAL_S, until_done=until_done)
         else:
-            code = _once(specs, store)
+            code = _once(specs, urls)
     raise typer.Exit(code)
 
 
-def _once(specs: SpecSet, store_url: str | None) -> int:
+def _once(specs: SpecSet, urls: StoreURLs) -> int:
     """One acting pass; 1 if any action failed, so cron and CI see it (the summary says which)."""
-    store = _store(store_url, readonly=False)
+    store = _store(urls, readonly=False)
     try:
         results = _pass(specs, store, act=True)
     finally:
@@ -258,7 +270,7 @@ def _once(specs: SpecSet, store_url: str | None) -> int:
     return 1 if any(r.blocked or any(not o.ok for o in r.outcomes) for r in results) else 0
 
 
-def _loop(specs: SpecSet, store_url: str | None, interval: float, *, until_done: bool) -> None:
+def _loop(specs: SpecSet, urls: StoreURLs, interval: float, *, until_done: bool) -> None:
     """Pass after pass until interrupted (or, with `until_done`, settled). A failed action waits for the next
     pass; a pass that fails as a whole (store locked or unreachable, an I/O error) is retried with back-off and
     a freshly opened store, so a long-running reconciler outlives an outage."""
@@ -268,7 +280,7 @@ def _loop(specs: SpecSet, store_url: str | None, interval: float, *, until_done:
         while True:
             passes += 1
             try:
-                store = store or _store(store_url, readonly=False)
+                store = store or _store(urls, readonly=False)
                 results = _pass(specs, store, act=True)
             except FATAL:
                 raise
@@ -301,6 +313,7 @@ def _close(store: Store | None) -> None:
 def status(
     files: Files = [],  # noqa: B006
     store: StoreURL = None,
+    state: StateURL = None,
     output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
     watch: Annotated[bool, typer.Option("--watch", help="Redraw every --interval seconds.")] = False,
     interval: Annotated[float | None, typer.Option(
@@ -312,7 +325,7 @@ def status(
     with _exits():
         _refuse((interval is not None and not watch, "--interval needs --watch"))
         while True:
-            plans = _plans(_load(files), store)
+            plans = _plans(_load(files), StoreURLs(store, state))
             if output == Output.json:
                 print(render.status_json(plans))
             else:
@@ -331,12 +344,13 @@ def explain(
     model: Annotated[str, typer.Argument(help="Model name as in the spec.")],
     benchmark: Annotated[str, typer.Argument(help="Preset or dataset as in the spec (or its dataset).")],
     store: StoreURL = None,
+    state: StateURL = None,
     verbose: Verbose = 0,
 ) -> None:
     """Why the planner decides what it does for one cell."""
     configure_logging(verbose)
     with _exits():
-        matches = [c for p in _plans(_load(files), store) for c in p.cells if c.cell.model == model
+        matches = [c for p in _plans(_load(files), StoreURLs(store, state)) for c in p.cells if c.cell.model == model
                    and benchmark in (c.cell.benchmark, c.cell.dataset, c.cell.benchmark_name)]
         if not matches:
             raise UsageError(f"no cell {model} × {benchmark} in these specs")
@@ -347,6 +361,7 @@ def explain(
 @app.command()
 def operator(
     store: StoreURL = None,
+    state: StateURL = None,
     namespace: Annotated[list[str], typer.Option("-n", "--namespace", help="Watch only these namespaces "
                                                                            "(repeat; default: all).")] = [],  # noqa: B006
     base_dir: Annotated[Path, typer.Option("--base-dir", help="Where relative paths of EvalClusters resolve "
@@ -372,11 +387,40 @@ def operator(
         from controller.entry.operator_pass import OperatorConfig
 
         url = store or os.environ.get("EVALCTL_STORE") or DEFAULT_STORE
-        _store(url, readonly=False).close()  # a store that cannot be opened stops here, in one line
-        config = OperatorConfig(store_url=url, base_dir=base_dir.resolve(), interval_s=interval,
+        state = state or os.environ.get("EVALCTL_STATE") or None
+        _store(StoreURLs(url, state), readonly=False).close()  # a store that cannot be opened stops here, in one line
+        config = OperatorConfig(store_url=url, state_url=state, base_dir=base_dir.resolve(), interval_s=interval,
                                 holder=process_identity())
         kube_operator.run(config, namespaces=namespace, standalone=standalone, liveness=liveness,
                           metrics_port=metrics_port, peering=peering, priority=priority)
+
+
+db_app = typer.Typer(no_args_is_help=True, help="Look at the results DB as the reconciler reads it.")
+app.add_typer(db_app, name="db")
+
+
+@db_app.command("check")
+def db_check(
+    store: StoreURL = None,
+    output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
+    verbose: Verbose = 0,
+) -> None:
+    """Report rows the reconciler would read as ambiguous or cannot read; exit 1 if there are any. Read-only."""
+    configure_logging(verbose)
+    with _exits():
+        opened = _store(StoreURLs(store, None), readonly=True)
+        try:
+            snapshot = opened.results.read_results(None, None)
+        finally:
+            opened.close()
+        findings = check_results(snapshot)
+        rows_read = len(snapshot.rows) + len(snapshot.undecodable)
+        if output == Output.json:
+            print(render.db_findings_json(findings, rows_read))
+        else:
+            render.db_findings(findings, rows_read, out)
+        if findings:
+            raise typer.Exit(1)
 
 
 @app.command()

@@ -15,7 +15,7 @@ import kopf
 
 from controller.adapters.kube import GROUP, VERSION, KubeApi, load_client_config
 from controller.entry import prometheus
-from controller.entry.operator_pass import OperatorConfig, Passes, reconcile_object, release_object
+from controller.entry.operator_pass import OperatorConfig, Passes, Stores, reconcile_object, release_object
 
 EVALRUNS = (GROUP, VERSION, "evalruns")
 EVALCLUSTERS = (GROUP, VERSION, "evalclusters")
@@ -27,6 +27,7 @@ class Memo(kopf.Memo):
     config: OperatorConfig
     api: KubeApi
     passes: Passes
+    stores: Stores
 
 
 def build_registry(interval_s: float) -> kopf.OperatorRegistry:
@@ -38,6 +39,10 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.evalrun.io")
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="kopf.evalrun.io")
         settings.posting.level = logging.WARNING  # actions reach Events aggregated, once per pass
+
+    @kopf.on.cleanup(registry=registry)
+    def close_store(memo: Memo, **_: Any) -> None:
+        memo.stores.close()
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -52,7 +57,7 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
         if body.metadata.get("deletionTimestamp"):
             return  # the delete handler owns the object now
         with memo.passes.lock(body.metadata.uid), prometheus.PASS_SECONDS.time():
-            report = reconcile_object(memo.api, memo.config, body, datetime.now(UTC))
+            report = reconcile_object(memo.api, memo.config, memo.stores, body, datetime.now(UTC))
         patch.status.update(report.status)
         for note in report.events:
             kopf.event(body, type=note.type, reason=note.reason, message=note.message)
@@ -62,7 +67,7 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
     def evalrun_deleted(body: kopf.Body, memo: Memo, retry: int, namespace: str | None, name: str, **_: Any) -> None:
         with memo.passes.lock(body.metadata.uid):
             try:
-                cancelled = release_object(memo.api, memo.config, body, datetime.now(UTC))
+                cancelled = release_object(memo.api, memo.config, memo.stores, body)
             except Exception as exc:
                 if retry + 1 >= DELETE_RETRIES:
                     kopf.warn(body, reason="ReleaseGivenUp", message=f"left as is after {DELETE_RETRIES} tries: {exc}")
@@ -91,7 +96,7 @@ def run(config: OperatorConfig, *, namespaces: list[str], standalone: bool, live
     kopf.configure(log_format=kopf.LogFormat.JSON)
     if metrics_port is not None:
         prometheus.serve(metrics_port)
-    memo = Memo(config=config, api=KubeApi(), passes=Passes())
+    memo = Memo(config=config, api=KubeApi(), passes=Passes(), stores=Stores(config))
     kopf.run(registry=build_registry(config.interval_s), memo=memo, standalone=standalone,
              peering_name=None if standalone else peering, priority=priority, liveness_endpoint=liveness,
              clusterwide=not namespaces, namespaces=namespaces)

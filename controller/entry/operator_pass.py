@@ -8,17 +8,19 @@ becomes a Stalled status, never an exception: a crash loop helps nobody.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from controller.adapters.kube import KubeApi, KubernetesSecrets
 from controller.adapters.process import identity_is_dead
-from controller.adapters.store import open_store
+from controller.adapters.store import is_embedded, open_store
 from controller.core.actor import Outcome
-from controller.core.reconcile import CELL_OWNER_TTL, live_jobs_of, reconcile_pass
+from controller.core.reconcile import live_jobs_of, reconcile_pass
 from controller.core.status import RunStatus, summarize
+from controller.core.store import CELL_OWNER_TTL, Store
 from controller.core.types import Frozen
 from controller.entry.kube_status import EventNote, aggregate_events, invalid_spec_patch, status_patch
 from controller.entry.wiring import cluster_ports, targets_for
@@ -31,6 +33,7 @@ REQUESTED_AT = "evalrun.io/requestedAt"
 
 class OperatorConfig(Frozen):
     store_url: str
+    state_url: str | None = None
     base_dir: Path
     interval_s: float
     holder: str
@@ -41,6 +44,37 @@ class PassReport(Frozen):
     events: tuple[EventNote, ...] = ()
     summary: RunStatus | None = None
     outcomes: tuple[Outcome, ...] = ()
+
+
+class Stores:
+    """The operator's store. A database server's store is opened once and shared by every handler thread (its
+    connection pool is thread-safe); an embedded SQLite file is opened per pass, as its connection belongs to
+    the thread that opened it."""
+
+    def __init__(self, config: OperatorConfig) -> None:
+        self.config = config
+        self._shared: Store | None = None
+        self._guard = threading.Lock()
+
+    @contextmanager
+    def open(self) -> Iterator[Store]:
+        if all(is_embedded(url) for url in (self.config.store_url, self.config.state_url) if url is not None):
+            store = open_store(self.config.store_url, state_url=self.config.state_url)
+            try:
+                yield store
+            finally:
+                store.close()
+            return
+        with self._guard:
+            if self._shared is None:
+                self._shared = open_store(self.config.store_url, state_url=self.config.state_url)
+        yield self._shared
+
+    def close(self) -> None:
+        with self._guard:
+            if self._shared is not None:
+                self._shared.close()
+                self._shared = None
 
 
 class Passes:
@@ -55,7 +89,8 @@ class Passes:
             return self._locks.setdefault(uid, threading.Lock())
 
 
-def reconcile_object(api: KubeApi, config: OperatorConfig, body: Mapping[str, Any], now: datetime) -> PassReport:
+def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body: Mapping[str, Any],
+                     now: datetime) -> PassReport:
     meta = body.get("metadata", {})
     generation = meta.get("generation")
     previous = body.get("status")
@@ -66,20 +101,17 @@ def reconcile_object(api: KubeApi, config: OperatorConfig, body: Mapping[str, An
         return PassReport(status=invalid_spec_patch(messages, generation, previous, now),
                           events=(EventNote(type="Warning", reason="InvalidSpec", message="; ".join(messages)[:1000]),))
     catalog = load_catalog()
-    store = open_store(config.store_url)
-    try:
+    with stores.open() as store:
         [result] = reconcile_pass(targets_for(specs, catalog), store,
                                   cluster_ports(specs, store, catalog, KubernetesSecrets(api, meta["namespace"])),
                                   now, act=True, holder=config.holder, holder_is_dead=identity_is_dead)
-    finally:
-        store.close()
     summary = summarize(result.plan, result.outcomes, generation)
     requested = (meta.get("annotations") or {}).get(REQUESTED_AT)
     return PassReport(status=status_patch(summary, previous, now, requested_at=requested, note=result.note),
                       events=tuple(aggregate_events(result.outcomes)), summary=summary, outcomes=result.outcomes)
 
 
-def release_object(api: KubeApi, config: OperatorConfig, body: Mapping[str, Any], now: datetime) -> list[str]:
+def release_object(api: KubeApi, config: OperatorConfig, stores: Stores, body: Mapping[str, Any]) -> list[str]:
     """The EvalRun is being deleted: cancel its live jobs if `deletionPolicy: Cancel`, and give up its cells.
 
     Raises when the queue cannot be read, so the finalizer stays and the deletion is retried.
@@ -87,18 +119,15 @@ def release_object(api: KubeApi, config: OperatorConfig, body: Mapping[str, Any]
     specs = _specs(api, config, body)
     catalog = load_catalog()
     [target] = targets_for(specs, catalog)
-    store = open_store(config.store_url)
-    try:
+    with stores.open() as store:
         ports = cluster_ports(specs, store, catalog, KubernetesSecrets(api, body["metadata"]["namespace"]))
         cancelled = []
         if specs.evalruns[0].run.spec.deletion_policy == "Cancel":
-            for job in live_jobs_of(target, store, ports[target.cluster], now):
+            for job in live_jobs_of(target, store, ports[target.cluster]):
                 ports[target.cluster].scheduler.cancel(job.job_id)
                 cancelled.append(job.job_id)
-        store.claim_cells(target.evalrun, [], CELL_OWNER_TTL.total_seconds(), now)
+        store.state.claim_cells(target.evalrun, [], CELL_OWNER_TTL.total_seconds())
         return cancelled
-    finally:
-        store.close()
 
 
 def _specs(api: KubeApi, config: OperatorConfig, body: Mapping[str, Any]) -> SpecSet:

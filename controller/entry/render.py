@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from controller.core.db_check import Finding
 from controller.core.reconcile import PassResult
 from controller.core.status import RunStatus, summarize
 from controller.core.types import CellPlan, Phase, Plan
@@ -129,3 +130,17 @@ def _grid_cell(cell: CellPlan | None) -> str:
 
 def _phase(phase: Phase) -> str:
     return f"[{PHASE_STYLE[phase]}]{phase.value}[/]"
+
+
+def db_findings(findings: Sequence[Finding], rows_read: int, console: Console) -> None:
+    if not findings:
+        console.print(f"ok: {rows_read} sandbox_jobs row(s), nothing the reconciler would read as ambiguous")
+        return
+    table = Table("finding", "rows", "what and why", title=f"{len(findings)} finding(s) in {rows_read} row(s)")
+    for finding in findings:
+        table.add_row(finding.kind.value, "\n".join(finding.rows), finding.message)
+    console.print(table)
+
+
+def db_findings_json(findings: Sequence[Finding], rows_read: int) -> str:
+    return json.dumps({"rows": rows_read, "findings": [f.model_dump(mode="json") for f in findings]}, indent=2)

@@ -23,8 +23,9 @@ from controller.adapters.secrets import SecretMask
 from controller.core.actor import Actor, JobLauncher
 from controller.core.job_env import job_environment
 from controller.core.planner import Policy
-from controller.core.ports import Scheduler, Store
+from controller.core.ports import Scheduler
 from controller.core.reconcile import ClusterPorts, RunTarget
+from controller.core.store import Store
 from controller.core.types import Action, Cell, RunDirFacts
 from controller.entry.secrets import EnvironmentSecrets, SecretSource
 from controller.spec.catalog import Catalog

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import re
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.adapters.store.sqlite import SqliteStore
 from controller.core.match import observe_cells
 from controller.core.planner import plan
 from controller.core.ports import StoreSnapshot
@@ -59,30 +56,3 @@ def test_a_cell_owned_by_another_evalrun_is_shown_but_not_acted_on():
     assert [a.kind for a in owned.actions] == [ActionKind.SKIP] and "owned by EvalRun other" in owned.reason
     assert owned.phase == Phase.PENDING and owned.row_updates == ()
     assert [a.kind for a in decided.cells[0].actions] == [ActionKind.SUBMIT], "the owned cell used no budget"
-
-
-@pytest.fixture
-def store(tmp_path: Path):
-    the_store = SqliteStore(tmp_path / "store.db")
-    yield the_store
-    the_store.close()
-
-
-def test_claims_go_to_the_first_evalrun_until_it_stops_renewing(store):
-    ttl = timedelta(minutes=30).total_seconds()
-    assert store.claim_cells("a", ["k1", "k2"], ttl, NOW) == {"k1": "a", "k2": "a"}
-    assert store.claim_cells("b", ["k2", "k3"], ttl, NOW) == {"k2": "a", "k3": "b"}, "k2 is a's"
-    assert store.claim_cells("a", ["k1", "k2"], ttl, NOW + timedelta(minutes=20)) == {"k1": "a", "k2": "a"}
-    later = NOW + timedelta(minutes=45)  # a renewed at +20: still a's at +45
-    assert store.claim_cells("b", ["k2", "k3"], ttl, later)["k2"] == "a"
-    abandoned = NOW + timedelta(minutes=51)
-    assert store.claim_cells("b", ["k2", "k3"], ttl, abandoned) == {"k2": "b", "k3": "b"}, "a stopped renewing"
-
-
-def test_an_evalrun_that_stops_naming_a_cell_hands_it_over_at_once(store):
-    ttl = timedelta(minutes=30).total_seconds()
-    store.claim_cells("a", ["k1", "k2"], ttl, NOW)
-    store.claim_cells("a", ["k1"], ttl, NOW + timedelta(seconds=1))  # the spec dropped k2
-    assert store.claim_cells("b", ["k2"], ttl, NOW + timedelta(seconds=2)) == {"k2": "b"}
-    owners = store.observe("b", [], [], ["k1", "k2"]).cell_owners
-    assert {(o.cell_key, o.evalrun) for o in owners} == {("k1", "a"), ("k2", "b")}

@@ -22,7 +22,7 @@ from tests.fixtures.evalctl import cancel_live_jobs
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_HARBOR = REPO / "specs" / "demo" / "fake_harbor.py"
-STEPS = ("after-intent", "after-find", "after-submit")
+STEPS = ("after-submission", "after-intent", "after-find", "after-submit")
 RUNS = {"gitops-a": ["org/m1-8B", "org/m2-8B"], "gitops-b": ["org/m2-8B", "org/m3-8B"]}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sqlite3
 
@@ -19,7 +20,7 @@ def submissions(cluster) -> list[tuple[str, str | None]]:
         return sorted(conn.execute("SELECT name, job_id FROM evalrun_submissions").fetchall())
 
 
-@pytest.mark.parametrize("step", ["after-intent", "after-find", "after-submit"])
+@pytest.mark.parametrize("step", ["after-submission", "after-intent", "after-find", "after-submit"])
 def test_kill_at_each_step_then_one_job_per_cell(cluster, step):
     cluster.write(models=MODELS, datasets=DATASETS, env={"FAKE_HARBOR_HANG_AFTER": "1", "FAKE_HARBOR_TASKS": "4"})
     killed = cluster.evalctl("reconcile", "--once", kill_at=step)
@@ -33,6 +34,11 @@ def test_kill_at_each_step_then_one_job_per_cell(cluster, step):
     assert len(cluster.scheduler.observe()) == len(MODELS)
     assert all(job_id is not None for _, job_id in submissions(cluster)), "every job id is recorded in the end"
     assert len(submissions(cluster)) == len(MODELS)
+    with sqlite3.connect(cluster.root / "store.db") as conn:
+        rows = conn.execute("SELECT s.name, r.job_status FROM evalrun_submissions s JOIN sandbox_jobs r ON r.id = s.row_id"
+                            " WHERE r.slurm_job_id = s.job_id").fetchall()
+    assert len(rows) == len(MODELS), "every submission has its row, which carries its job id"
+    assert not any(re.search(r"-r\d+$", name) for name, _ in rows), f"{step}: an interrupted intent became a resume"
 
 
 def test_jobs_outlive_the_reconciler_and_the_next_pass_sees_them_running(cluster):

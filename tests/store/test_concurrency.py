@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 from controller.adapters.store.sqlite import SqliteStore
-from tests.store.builders import T0, new_row, submission
+from controller.core.store import Store
+from tests.store.builders import new_row, submission
 
 MODEL = "laion/Qwen3-8B-sft-v3"
 
@@ -16,14 +16,16 @@ MODEL = "laion/Qwen3-8B-sft-v3"
 def test_two_instances_see_each_others_writes(db_path: Path) -> None:
     a, b = SqliteStore(db_path), SqliteStore(db_path)
 
-    a.record_intent(submission(), new_row())
-    b.record_job_id(submission().name, "77", "row-1")
-    snapshot = a.observe("qwen-evals", [MODEL], ["dev_set_v2"])
+    a.record_submission(submission())
+    a.create_row(new_row())
+    b.record_job_id(submission().name, "77")
+    b.update_row("row-1", owner="alice", slurm_job_id="77")
+    snapshot = Store(a, a).observe("qwen-evals", [MODEL], ["dev_set_v2"])
 
     assert snapshot.submissions[0].job_id == "77"
     assert snapshot.rows[0].slurm_job_id == "77"
-    assert a.try_lease("qwen-evals", "a", 60, T0)
-    assert not b.try_lease("qwen-evals", "b", 60, T0 + timedelta(seconds=1))
+    assert a.try_lease("qwen-evals", "a", 60)
+    assert not b.try_lease("qwen-evals", "b", 60)
     a.close()
     b.close()
 
@@ -37,15 +39,16 @@ def test_two_processes_writing_at_once_lose_nothing(db_path: Path) -> None:
         "store = SqliteStore(sys.argv[1])\n"
         "for i in range(100):\n"
         "    name = f'{sys.argv[2]}-{i}'\n"
-        "    store.record_intent(submission(name, row_id=name), new_row(name))\n"
-        "    store.observe('qwen-evals', ['laion/Qwen3-8B-sft-v3'], ['dev_set_v2'])\n"
+        "    store.record_submission(submission(name, row_id=name))\n"
+        "    store.create_row(new_row(name))\n"
+        "    store.read_results(['laion/Qwen3-8B-sft-v3'], ['dev_set_v2'])\n"
     )
     root = Path(__file__).parents[2]
     procs = [subprocess.Popen([sys.executable, "-c", writer, str(db_path), tag], cwd=root) for tag in ("p", "q")]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
 
     store = SqliteStore(db_path, readonly=True)
-    snapshot = store.observe("qwen-evals", [MODEL], ["dev_set_v2"])
+    snapshot = Store(store, store).observe("qwen-evals", [MODEL], ["dev_set_v2"])
     store.close()
     assert len(snapshot.submissions) == len(snapshot.rows) == 200
     assert len(snapshot.models) == len(snapshot.benchmarks) == 1

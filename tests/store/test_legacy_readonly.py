@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from controller.adapters.store import open_store
 from controller.adapters.store.errors import WriteRefused
 from controller.adapters.store.sqlite import SqliteStore
 from controller.core.types import Metric, RowStatus
 from tests.fixtures.legacy_db import Families, LegacyDB, terminus_config
-from tests.store.builders import T0, new_row, submission
+from tests.store.builders import new_row, submission
 
 
 def fingerprint(directory: Path) -> dict[str, tuple[bytes, int]]:
@@ -35,8 +36,8 @@ def test_legacy_store_read_only_yields_rows_and_no_submissions(
     db.close()
     before = fingerprint(db_path.parent)
 
-    store = SqliteStore(db_path, readonly=True)
-    snapshot = store.observe("qwen-evals", ["laion/Qwen3-8B-sft-v3"], ["dev_set_v2"])
+    store = open_store(f"sqlite:///{db_path}", readonly=True)
+    snapshot = store.observe("qwen-evals", ["laion/Qwen3-8B-sft-v3"], ["dev_set_v2"], ["some-cell"])
     store.close()
 
     (row,) = snapshot.rows
@@ -54,20 +55,22 @@ def test_read_only_store_refuses_every_write(legacy: tuple[LegacyDB, Families], 
     store = SqliteStore(db_path, readonly=True)
 
     with pytest.raises(WriteRefused):
-        store.record_intent(submission(), new_row())
+        store.record_submission(submission())
     with pytest.raises(WriteRefused):
-        store.update_row_status("row-1", RowStatus.STARTED)
+        store.create_row(new_row())
     with pytest.raises(WriteRefused):
-        store.try_lease("qwen-evals", "me", 60, T0)
+        store.update_row("row-1", owner="alice", status=RowStatus.STARTED)
+    with pytest.raises(WriteRefused):
+        store.try_lease("qwen-evals", "me", 60)
     store.close()
 
 
 def test_missing_file_read_only_is_an_empty_store_and_creates_nothing(tmp_path: Path) -> None:
     path = tmp_path / "nowhere" / "store.db"
 
-    store = SqliteStore(path, readonly=True)
+    store = open_store(f"sqlite:///{path}", readonly=True)
     snapshot = store.observe("qwen-evals", ["laion/Qwen3-8B-sft-v3"], ["dev_set_v2"])
-    assert store.read_row("row-1") is None
+    assert store.results.read_row("row-1") is None
     store.close()
 
     assert snapshot.rows == snapshot.models == snapshot.submissions == ()
@@ -75,11 +78,11 @@ def test_missing_file_read_only_is_an_empty_store_and_creates_nothing(tmp_path: 
 
 
 def test_read_only_store_sees_a_file_created_after_it_opened(db_path: Path) -> None:
-    reader = SqliteStore(db_path, readonly=True)
+    reader = open_store(f"sqlite:///{db_path}", readonly=True)
     assert reader.observe("qwen-evals", [], []).submissions == ()
 
     writer = SqliteStore(db_path)
-    writer.record_intent(submission(), new_row())
+    writer.record_submission(submission())
 
     assert len(reader.observe("qwen-evals", [], []).submissions) == 1
     reader.close()

@@ -8,7 +8,6 @@ import pytest
 
 from controller.adapters.store import UnsupportedStoreURL, open_store
 from controller.adapters.store.sqlite import SqliteStore
-from tests.store.builders import T0
 
 
 def test_relative_sqlite_url_is_relative_to_the_working_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -26,7 +25,7 @@ def test_absolute_sqlite_url(tmp_path: Path) -> None:
     store = open_store(f"sqlite:///{path}")
     store.close()
 
-    assert isinstance(store, SqliteStore)
+    assert isinstance(store.results, SqliteStore) and store.state is store.results
     assert path.exists()
 
 
@@ -40,19 +39,19 @@ def test_read_only_url_creates_neither_file_nor_directory(tmp_path: Path) -> Non
 
 def test_memory_url_is_a_working_store() -> None:
     store = open_store("sqlite:///:memory:")
-    assert store.try_lease("r", "me", 60, T0)
+    assert store.state.try_lease("r", "me", 60)
     store.close()
 
 
-@pytest.mark.parametrize(
-    "url", ["postgresql://alice:s3cret@db.example/evals", "postgres://db/evals", "supabase://project.supabase.co"]
-)
-def test_later_backends_are_named_in_the_error(url: str) -> None:
-    with pytest.raises(UnsupportedStoreURL, match="later release") as error:
-        open_store(url)
+def test_supabase_without_a_key_says_which_variable_to_set() -> None:
+    with pytest.raises(UnsupportedStoreURL, match="SUPABASE_SERVICE_KEY"):
+        open_store("supabase://project.supabase.co", env={})
 
-    assert isinstance(error.value, ValueError)
-    assert "s3cret" not in str(error.value)
+
+def test_supabase_cannot_hold_the_controller_state(tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedStoreURL, match="results only"):
+        open_store(f"sqlite:///{tmp_path}/r.db", state_url="supabase://project.supabase.co",
+                   env={"SUPABASE_SERVICE_KEY": "k"})
 
 
 @pytest.mark.parametrize("url", ["mysql://db/evals", "sqlite:///", "sqlite://relative.db", "store.db"])

@@ -9,7 +9,7 @@ from controller.adapters.store.sqlite import SqliteStore
 from tests.fixtures.legacy_db import Families, LegacyDB
 
 ALL_TABLES = {"models", "benchmarks", "sandbox_jobs", "evalrun_submissions", "evalrun_leases",
-              "evalrun_tunnel_leases", "evalrun_cell_owners"}
+              "evalrun_tunnel_leases", "evalrun_cell_owners", "evalrun_cell_memory"}
 
 
 def schema(path: Path) -> list[tuple]:
@@ -41,7 +41,7 @@ def test_writable_open_of_a_legacy_db_adds_own_tables_and_keeps_rows(
     row = db.add_row(fam.qwen, fam.v2, metrics=[{"name": "accuracy", "value": 0.5}])
 
     store = SqliteStore(db_path)
-    snapshot = store.observe("r", ["laion/Qwen3-8B-sft-v3"], ["dev_set_v2"])
+    snapshot = store.read_results(["laion/Qwen3-8B-sft-v3"], ["dev_set_v2"])
     store.close()
 
     assert {name for kind, name, _ in schema(db_path) if kind == "table"} == ALL_TABLES

@@ -1,40 +1,84 @@
-"""Store backends behind one URL: `sqlite:///rel.db`, `sqlite:////abs.db`, `sqlite:///:memory:`.
+"""Store backends behind URLs: the results DB (`--store`) and, optionally elsewhere, the controller state (`--state`).
 
-`postgresql://` and `supabase://` are recognised so a spec or `$EVALCTL_STORE` written for them
-fails with a clear message (exit 2) instead of an unknown-scheme error.
+- `sqlite:///rel.db`, `sqlite:////abs.db`, `sqlite:///:memory:`: both halves in one embedded file;
+- `postgresql://user:pass@host:port/db` (or `postgres://`): both halves in one PostgreSQL database;
+- `supabase://project.supabase.co` (`supabase+http://host:port` for a local stand-in): the results DB only,
+  through PostgREST with the key from `$SUPABASE_SERVICE_KEY`; the controller state then lives at `--state`
+  (default `sqlite:///.evalctl/state.db`). Supabase users may also point `postgresql://` at their project's
+  direct connection and keep everything in one place.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 from controller.adapters.store.sqlite import BUSY_TIMEOUT_S, SqliteStore
-from controller.core.ports import Store
+from controller.core.ports import ResultsDB, SqlBackend
+from controller.core.store import Store
 
 SQLITE_PREFIX = "sqlite:///"
-LATER_SCHEMES = ("postgresql://", "postgres://", "supabase://")
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+SUPABASE_SCHEMES = ("supabase://", "supabase+http://")
+DEFAULT_STATE_FOR_SUPABASE = "sqlite:///.evalctl/state.db"
 
 
 class UnsupportedStoreURL(ValueError):
-    """The store URL names no backend this release can open; the CLI maps it to exit code 2."""
+    """The store URL names no backend, or one that cannot hold what is asked of it; the CLI exits 2."""
 
 
-def open_store(url: str, *, readonly: bool = False, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Store:
-    """Open the backend the URL names; a writable SQLite store creates its file and parent dirs.
+def open_store(url: str, *, state_url: str | None = None, readonly: bool = False,
+               busy_timeout_s: float = BUSY_TIMEOUT_S, env: Mapping[str, str] | None = None) -> Store:
+    """Open the results DB at `url` and the controller state at `state_url` (default: the same place, or
+    a local SQLite file when `url` is Supabase, which holds only the lab's tables).
 
-    `busy_timeout_s`: how long a write waits for another process's lock before the store counts as unavailable.
+    `busy_timeout_s`: how long a SQLite write waits for another process's lock before the store counts as
+    unavailable.
     """
+    env = os.environ if env is None else env
+    if url.startswith(SUPABASE_SCHEMES):
+        from controller.adapters.store.supabase import supabase_from_url  # supabase's client loads only when used
+
+        try:
+            results: ResultsDB = supabase_from_url(url, env, readonly=readonly)
+        except ValueError as error:
+            raise UnsupportedStoreURL(str(error)) from None
+        state_url = state_url or DEFAULT_STATE_FOR_SUPABASE
+    elif state_url is None or state_url == url:
+        both = _open_sql(url, readonly=readonly, busy_timeout_s=busy_timeout_s)
+        return Store(both, both)
+    else:
+        results = _open_sql(url, readonly=readonly, busy_timeout_s=busy_timeout_s)
+    if state_url.startswith(SUPABASE_SCHEMES):
+        results.close()
+        raise UnsupportedStoreURL(f"--state {redact(state_url)!r}: Supabase holds the lab's results only; "
+                                  "use sqlite:///PATH or postgresql://… for the controller state")
+    try:
+        return Store(results, _open_sql(state_url, readonly=readonly, busy_timeout_s=busy_timeout_s))
+    except BaseException:
+        results.close()
+        raise
+
+
+def _open_sql(url: str, *, readonly: bool, busy_timeout_s: float) -> SqlBackend:
     if url.startswith(SQLITE_PREFIX) and len(url) > len(SQLITE_PREFIX):
         return SqliteStore(url.removeprefix(SQLITE_PREFIX), readonly=readonly, busy_timeout_s=busy_timeout_s)
-    if url.startswith(LATER_SCHEMES):
-        scheme = url.split("://", 1)[0]
-        raise UnsupportedStoreURL(
-            f"store URL {_redact(url)!r}: the {scheme} backend comes in a later release; use sqlite:///PATH for now"
-        )
+    if url.startswith(POSTGRES_SCHEMES):
+        from controller.adapters.store.postgres import PostgresStore  # psycopg loads only when used
+
+        return PostgresStore(url, readonly=readonly)
     raise UnsupportedStoreURL(
-        f"store URL {_redact(url)!r} is not supported; expected sqlite:///relative.db, sqlite:////abs.db or sqlite:///:memory:"
+        f"store URL {redact(url)!r} is not supported; expected sqlite:///relative.db, sqlite:////abs.db, "
+        "sqlite:///:memory:, postgresql://user@host:port/db or supabase://project.supabase.co"
     )
 
 
-def _redact(url: str) -> str:
+def is_embedded(url: str) -> bool:
+    """A SQLite file: cheap to open, and its connection belongs to one thread."""
+    return url.startswith(SQLITE_PREFIX)
+
+
+def redact(url: str) -> str:
     """Drop a password from user:password@host so error messages can be logged."""
     scheme, sep, rest = url.partition("://")
     credentials, at, host = rest.rpartition("@")

@@ -13,6 +13,9 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
+from controller.core.ports import SandboxJobRow, WriteRefused
 from controller.core.types import Metric
 
 
@@ -78,3 +81,50 @@ def parse_metrics(value: object) -> tuple[Metric, ...] | None:
 def format_metrics(metrics: Iterable[Metric]) -> str:
     """Always the list form: the leaderboard ignores a dict."""
     return json.dumps([{"name": metric.name, "value": metric.value} for metric in metrics])
+
+
+def sandbox_job_row(values: dict[str, Any]) -> SandboxJobRow:
+    """A stored `sandbox_jobs` record (any backend's spelling) as the row the core reads; other columns are ignored."""
+    values = {name: value for name, value in values.items() if name in SandboxJobRow.model_fields}
+    try:
+        for column in ("created_at", "submitted_at", "started_at", "ended_at"):
+            values[column] = parse_timestamp(values.get(column))
+        values["config"] = parse_config(values.get("config"))
+        values["metrics"] = parse_metrics(values.get("metrics"))
+        for column in ("id", "model_id", "benchmark_id", "slurm_job_id"):
+            if values.get(column) is not None:
+                values[column] = str(values[column])
+        return SandboxJobRow(**values)
+    except (ValueError, ValidationError) as error:
+        raise ValueError(f"row {values.get('id')}: {_first_line(error)}") from error
+
+
+def decode_rows(records: Iterable[dict[str, Any]]) -> tuple[tuple[SandboxJobRow, ...], tuple[str, ...]]:
+    """Rows that decode, and one 'row <id>: why' per row that does not (the caller decides to fail closed)."""
+    rows, undecodable = [], []
+    for record in records:
+        try:
+            rows.append(sandbox_job_row(record))
+        except ValueError as error:
+            undecodable.append(str(error))
+    return tuple(rows), tuple(undecodable)
+
+
+def same_metrics(stored: object, written: Iterable[Metric]) -> bool:
+    """Does the stored metrics value (raw or decoded) hold exactly these metrics? Undecodable → no."""
+    try:
+        decoded = stored if isinstance(stored, tuple) else parse_metrics(stored)
+    except ValueError:
+        return False
+    expected = {metric.name: metric.value for metric in written}
+    return bool(expected) and {metric.name: metric.value for metric in decoded or ()} == expected
+
+
+def check_owner(row_id: str, username: object, owner: str) -> None:
+    """The contract's rule for every write to `sandbox_jobs`: only rows of our user."""
+    if username != owner:
+        raise WriteRefused(f"sandbox_jobs row {row_id} belongs to {username!r}, not {owner!r}: not written")
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

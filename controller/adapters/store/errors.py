@@ -1,9 +1,5 @@
-"""Why a store refuses a write; shared by every backend so the actor can handle them alike."""
+"""Why a store refuses a write; the contract's errors, re-exported for the backends."""
 
-from controller.core.ports import StoreUnavailable
+from controller.core.ports import StoreUnavailable, WriteRefused
 
 __all__ = ["StoreUnavailable", "WriteRefused"]
-
-
-class WriteRefused(RuntimeError):
-    """The store will not make this write: it is open read-only, or the row belongs to another user."""

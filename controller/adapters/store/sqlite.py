@@ -20,33 +20,36 @@ from typing import Any
 from controller.adapters.store import sqlite_sql as sql
 from controller.adapters.store.codec import (
     as_utc,
+    check_owner,
+    decode_rows,
     format_metrics,
     format_timestamp,
-    parse_config,
-    parse_metrics,
     parse_timestamp,
+    same_metrics,
+    sandbox_job_row,
 )
 from controller.adapters.store.errors import StoreUnavailable, WriteRefused
 from controller.core.ports import (
     NamedRow,
     NewRow,
     ObservationError,
+    ResultsSnapshot,
     ResultUpload,
     SandboxJobRow,
-    StoreSnapshot,
+    StateSnapshot,
 )
 from controller.core.types import CellOwner, RowStatus, Submission, TunnelLease
 
 MEMORY = ":memory:"
 BUSY_TIMEOUT_S = 30.0
-EMPTY = StoreSnapshot(models=(), benchmarks=(), rows=(), submissions=())
-
-# A row only moves forward: a plan made from an older snapshot must not undo a newer write.
-_STATUS_ORDER = {RowStatus.PENDING.value: 0, RowStatus.STARTED.value: 1, RowStatus.FINISHED.value: 2}
+NO_RESULTS = ResultsSnapshot(models=(), benchmarks=(), rows=())
 
 
 class SqliteStore:
-    """`Store` on a SQLite file. `queries` counts data statements executed (transaction control excluded)."""
+    """Both halves of the store (`ResultsDB` and `ControllerState`) in one SQLite file.
+
+    `queries` counts data statements executed (transaction control excluded).
+    """
 
     def __init__(self, path: str | PathLike[str], *, readonly: bool = False,
                  busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
@@ -61,52 +64,29 @@ class SqliteStore:
             except (sqlite3.Error, OSError) as error:
                 raise StoreUnavailable(_unavailable(self.path, error)) from None
 
-    # ----------------------------------------------------------------------- observation
+    # ----------------------------------------------------------------------- results DB: reads
 
-    def observe(self, evalrun: str, model_names: list[str], benchmark_names: list[str],
-                cell_keys: list[str] | None = None) -> StoreSnapshot:
-        """Six statements in one read transaction, whatever the number of names.
+    def read_results(self, model_names: list[str] | None, benchmark_names: list[str] | None) -> ResultsSnapshot:
+        """Three statements in one read transaction, whatever the number of names.
 
-        Missing tables mean "nothing recorded yet": a legacy OT-Agent DB yields rows but no
-        submissions, and a read-only store on a missing file yields an empty snapshot.
+        A store without the OT-Agent tables (a read-only store on a missing file) has no results yet.
         """
         conn = self._connection()
         if conn is None:
-            return EMPTY
+            return NO_RESULTS
         try:
             with self._transaction(conn, "DEFERRED"):
-                all_tables = _json(sql.OT_AGENT_TABLES + sql.OWN_TABLES)
-                tables = {name for (name,) in self._run(conn, sql.EXISTING_TABLES, (all_tables,))}
-                if not tables.issuperset(sql.OT_AGENT_TABLES):
-                    return EMPTY
+                if not self._tables(conn).issuperset(sql.OT_AGENT_TABLES):
+                    return NO_RESULTS
                 models, benchmarks = self._families(conn, model_names, benchmark_names)
-                records = self._run(
-                    conn,
-                    sql.ROWS_IN_FAMILIES,
-                    {"model_ids": _json(m.id for m in models), "benchmark_ids": _json(b.id for b in benchmarks)},
-                ).fetchall()
-                named = {"evalrun": evalrun, "cell_keys": _json(cell_keys or ())}
-                submissions = (
-                    self._run(conn, sql.SUBMISSIONS_OF_EVALRUN_AND_CELLS, named).fetchall()
-                    if "evalrun_submissions" in tables
-                    else []
-                )
-                owners = (
-                    self._run(conn, sql.OWNERS_OF_CELLS, named).fetchall() if "evalrun_cell_owners" in tables else []
-                )
-                tunnels = (
-                    self._run(conn, sql.TUNNEL_LEASES).fetchall() if "evalrun_tunnel_leases" in tables else []
-                )
-            return StoreSnapshot(
-                models=models,
-                benchmarks=benchmarks,
-                rows=tuple(_sandbox_job_row(record) for record in records),
-                submissions=tuple(_submission(record) for record in submissions),
-                tunnel_leases=tuple(_tunnel_lease(record) for record in tunnels),
-                cell_owners=tuple(_cell_owner(record) for record in owners),
-            )
-        except (sqlite3.Error, ValueError) as error:
+                records = self._run(conn, sql.ROWS_IN_FAMILIES, {
+                    "all_models": model_names is None, "model_ids": _json(m.id for m in models),
+                    "all_benchmarks": benchmark_names is None, "benchmark_ids": _json(b.id for b in benchmarks),
+                }).fetchall()
+        except sqlite3.Error as error:
             raise ObservationError(_unavailable(self.path, error)) from error
+        rows, undecodable = decode_rows(dict(record) for record in records)
+        return ResultsSnapshot(models=models, benchmarks=benchmarks, rows=rows, undecodable=undecodable)
 
     def read_row(self, row_id: str) -> SandboxJobRow | None:
         conn = self._connection()
@@ -114,87 +94,95 @@ class SqliteStore:
             return None
         try:
             record = self._run(conn, sql.ROW_BY_ID, (row_id,)).fetchone()
-            return None if record is None else _sandbox_job_row(record)
+            return None if record is None else sandbox_job_row(dict(record))
         except (sqlite3.Error, ValueError) as error:
             raise ObservationError(f"store {self.path}: {error}") from error
 
-    # ----------------------------------------------------------------------- writes
-
-    def record_intent(self, submission: Submission, row: NewRow | None) -> None:
-        """Submission and Pending row in one transaction; both inserts ignore an existing key."""
-        with self._write() as conn:
-            self._run(conn, sql.INSERT_SUBMISSION, _submission_params(submission))
-            if row is not None:
-                self._insert_row(conn, row, submission.created_at)
-
-    def record_job_id(self, submission_name: str, job_id: str, row_id: str | None) -> None:
-        with self._write() as conn:
-            self._run(conn, sql.SET_SUBMISSION_JOB_ID, (job_id, submission_name))
-            if row_id is not None:
-                self._run(conn, sql.SET_ROW_SLURM_JOB_ID, (job_id, row_id))
-
-    def update_row_status(
-        self,
-        row_id: str,
-        status: RowStatus,
-        *,
-        started_at: datetime | None = None,
-        slurm_job_id: str | None = None,
-        owner: str | None = None,
-    ) -> None:
-        """Move a row forward (never back); `owner` set → refuse another user's row."""
-        with self._write() as conn:
-            current = self._owned_status(conn, row_id, owner)
-            if _STATUS_ORDER.get(current or "", -1) > _STATUS_ORDER[status.value]:
-                return
-            self._run(
-                conn,
-                sql.SET_ROW_STATUS,
-                {
-                    "id": row_id,
-                    "status": status.value,
-                    "started_at": format_timestamp(started_at),
-                    "slurm_job_id": slurm_job_id,
-                },
-            )
+    # ----------------------------------------------------------------------- results DB: writes
 
     def create_row(self, row: NewRow) -> None:
         with self._write() as conn:
-            self._insert_row(conn, row, datetime.now(UTC))
+            self._insert_row(conn, row, self._now())
 
-    def upload_result(self, row_id: str, result: ResultUpload, *, owner: str | None = None) -> None:
-        """Finished + metrics as a LIST; rewriting the same result is harmless. `owner` as in `update_row_status`."""
+    def update_row(self, row_id: str, *, owner: str, status: RowStatus | None = None,
+                   started_at: datetime | None = None, slurm_job_id: str | None = None) -> None:
         with self._write() as conn:
-            self._owned_status(conn, row_id, owner)
-            self._run(
-                conn,
-                sql.SET_ROW_RESULT,
-                {
-                    "id": row_id,
-                    "metrics": format_metrics(result.metrics),
-                    "stats": json.dumps(result.stats),
-                    "n_trials": result.n_trials,
-                    "ended_at": format_timestamp(result.ended_at),
-                },
+            changed = self._run(conn, sql.UPDATE_ROW, {
+                "id": row_id, "owner": owner, "status": None if status is None else status.value,
+                "started_at": format_timestamp(started_at), "slurm_job_id": slurm_job_id,
+            }).rowcount
+            if not changed:
+                self._owned_row(conn, row_id, owner)  # raises unless the row is ours and simply further along
+
+    def upload_result(self, row_id: str, result: ResultUpload, *, owner: str) -> bool:
+        with self._write() as conn:
+            status, metrics = self._owned_row(conn, row_id, owner)
+            if status == RowStatus.FINISHED.value and same_metrics(metrics, result.metrics):
+                return False
+            self._run(conn, sql.SET_ROW_RESULT, {
+                "id": row_id, "owner": owner, "metrics": format_metrics(result.metrics),
+                "stats": json.dumps(result.stats), "n_trials": result.n_trials,
+                "ended_at": format_timestamp(result.ended_at),
+            })
+            return True
+
+    # ----------------------------------------------------------------------- controller state
+
+    def read_state(self, evalrun: str, cell_keys: list[str], owner_ttl_s: float) -> StateSnapshot:
+        conn = self._connection()
+        if conn is None:
+            return StateSnapshot()
+        named = {"evalrun": evalrun, "cell_keys": _json(cell_keys),
+                 "stale_before": format_timestamp(self._now() - timedelta(seconds=owner_ttl_s))}
+        try:
+            with self._transaction(conn, "DEFERRED"):
+                tables = self._tables(conn)
+
+                def select(table: str, statement: str, params: Any = ()) -> list[sqlite3.Row]:
+                    return self._run(conn, statement, params).fetchall() if table in tables else []
+
+                submissions = select("evalrun_submissions", sql.SUBMISSIONS_OF_EVALRUN_AND_CELLS, named)
+                owners = select("evalrun_cell_owners", sql.OWNERS_OF_CELLS, named)
+                tunnels = select("evalrun_tunnel_leases", sql.TUNNEL_LEASES)
+                memory = select("evalrun_cell_memory", sql.MEMORY_OF_CELLS, named)
+            return StateSnapshot(
+                submissions=tuple(_submission(record) for record in submissions),
+                tunnel_leases=tuple(_tunnel_lease(record) for record in tunnels),
+                cell_owners=tuple(_cell_owner(record) for record in owners),
+                cell_memory={record["cell_key"]: json.loads(record["memory"]) for record in memory},
             )
+        except (sqlite3.Error, ValueError) as error:
+            raise ObservationError(_unavailable(self.path, error)) from error
 
-    # ----------------------------------------------------------------------- leases
+    def record_submission(self, submission: Submission) -> None:
+        with self._write() as conn:
+            self._run(conn, sql.INSERT_SUBMISSION, _submission_params(submission))
 
-    def try_lease(self, name: str, holder: str, ttl_s: float, now: datetime) -> bool:
+    def record_job_id(self, submission_name: str, job_id: str) -> None:
+        with self._write() as conn:
+            self._run(conn, sql.SET_SUBMISSION_JOB_ID, (job_id, submission_name))
+
+    def remember(self, cell_key: str, memory: dict[str, Any]) -> None:
+        with self._write() as conn:
+            self._run(conn, sql.PUT_MEMORY, (cell_key, json.dumps(memory), format_timestamp(self._now())))
+
+    # ----------------------------------------------------------------------- leases (this host's clock is the DB's)
+
+    def try_lease(self, name: str, holder: str, ttl_s: float) -> bool:
         """Take a free or expired lease, or renew our own; read and write under one write lock."""
         with self._write() as conn:
+            now = self._now()
             current = self._run(conn, sql.LEASE_BY_NAME, (name,)).fetchone()
             held_by_other = current is not None and current["holder"] != holder
-            if held_by_other and as_utc(datetime.fromisoformat(current["expires_at"])) > as_utc(now):
+            if held_by_other and as_utc(datetime.fromisoformat(current["expires_at"])) > now:
                 return False
             self._run(conn, sql.PUT_LEASE, (name, holder, format_timestamp(now + timedelta(seconds=ttl_s))))
             return True
 
-    def lease_holder(self, name: str, now: datetime) -> str | None:
-        """Who holds an unexpired lease `name`, if anyone."""
+    def lease_holder(self, name: str) -> str | None:
         with self._write() as conn:
             current = self._run(conn, sql.LEASE_BY_NAME, (name,)).fetchone()
-        if current is None or as_utc(datetime.fromisoformat(current["expires_at"])) <= as_utc(now):
+        if current is None or as_utc(datetime.fromisoformat(current["expires_at"])) <= self._now():
             return None
         return str(current["holder"])
 
@@ -203,9 +191,8 @@ class SqliteStore:
         with self._write() as conn:
             self._run(conn, sql.DELETE_LEASE, (name, holder))
 
-    # ----------------------------------------------------------------------- cell owners
-
-    def claim_cells(self, evalrun: str, cell_keys: list[str], ttl_s: float, now: datetime) -> dict[str, str]:
+    def claim_cells(self, evalrun: str, cell_keys: list[str], ttl_s: float) -> dict[str, str]:
+        now = self._now()
         named = {"evalrun": evalrun, "cell_keys": _json(cell_keys), "now": format_timestamp(now),
                  "stale_before": format_timestamp(now - timedelta(seconds=ttl_s))}
         with self._write() as conn:
@@ -273,12 +260,22 @@ class SqliteStore:
         self.queries += 1
         return conn.execute(statement, params)
 
+    @staticmethod
+    def _now() -> datetime:
+        """The embedded database's clock is this host's."""
+        return datetime.now(UTC)
+
+    def _tables(self, conn: sqlite3.Connection) -> set[str]:
+        all_tables = _json(sql.OT_AGENT_TABLES + sql.OWN_TABLES)
+        return {name for (name,) in self._run(conn, sql.EXISTING_TABLES, (all_tables,))}
+
     def _families(
-        self, conn: sqlite3.Connection, model_names: list[str], benchmark_names: list[str]
+        self, conn: sqlite3.Connection, model_names: list[str] | None, benchmark_names: list[str] | None
     ) -> tuple[tuple[NamedRow, ...], tuple[NamedRow, ...]]:
-        records = self._run(
-            conn, sql.FAMILIES, {"models": _json(model_names), "benchmarks": _json(benchmark_names)}
-        ).fetchall()
+        records = self._run(conn, sql.FAMILIES, {
+            "models": None if model_names is None else _json(model_names),
+            "benchmarks": None if benchmark_names is None else _json(benchmark_names),
+        }).fetchall()
         named: dict[str, list[NamedRow]] = {"model": [], "benchmark": []}
         for kind, id_, name, duplicate_of in records:
             named[kind].append(NamedRow(id=id_, name=name, duplicate_of=duplicate_of))
@@ -322,15 +319,14 @@ class SqliteStore:
         self._run(conn, sql.INSERT_BENCHMARK, (benchmark_id, name))
         return benchmark_id
 
-    def _owned_status(self, conn: sqlite3.Connection, row_id: str, owner: str | None) -> str | None:
-        """The row's job_status, after checking it exists and (if `owner` is given) is ours."""
+    def _owned_row(self, conn: sqlite3.Connection, row_id: str, owner: str) -> tuple[str | None, object]:
+        """The row's job_status and stored metrics, after checking it exists and is `owner`'s."""
         found = self._run(conn, sql.ROW_OWNER_AND_STATUS, (row_id,)).fetchone()
         if found is None:
             raise LookupError(f"sandbox_jobs row {row_id} does not exist")
-        username, status = found
-        if owner is not None and username != owner:
-            raise WriteRefused(f"sandbox_jobs row {row_id} belongs to {username!r}, not {owner!r}")
-        return None if status is None else str(status)
+        username, status, metrics = found
+        check_owner(row_id, username, owner)
+        return (None if status is None else str(status)), metrics
 
 
 def _connect(target: str, busy_timeout_s: float, *, uri: bool = False) -> sqlite3.Connection:
@@ -374,18 +370,6 @@ def _json(values: Any) -> str:
     return json.dumps(list(values))
 
 
-def _sandbox_job_row(record: sqlite3.Row) -> SandboxJobRow:
-    values = dict(record)
-    try:
-        for column in ("created_at", "submitted_at", "started_at", "ended_at"):
-            values[column] = parse_timestamp(values[column])
-        values["config"] = parse_config(values["config"])
-        values["metrics"] = parse_metrics(values["metrics"])
-        if values["slurm_job_id"] is not None:
-            values["slurm_job_id"] = str(values["slurm_job_id"])
-        return SandboxJobRow(**values)
-    except ValueError as error:
-        raise ValueError(f"sandbox_jobs row {values['id']}: {error}") from error
 
 
 def _submission(record: sqlite3.Row) -> Submission:

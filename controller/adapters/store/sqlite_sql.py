@@ -75,6 +75,12 @@ CREATE TABLE IF NOT EXISTS evalrun_cell_owners (
     renewed_at TEXT NOT NULL
 );
 
+CREATE TABLE IF NOT EXISTS evalrun_cell_memory (
+    cell_key   TEXT PRIMARY KEY,
+    memory     TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+
 CREATE TABLE IF NOT EXISTS evalrun_tunnel_leases (
     pair      TEXT PRIMARY KEY,
     holder    TEXT NOT NULL,
@@ -84,20 +90,23 @@ CREATE TABLE IF NOT EXISTS evalrun_tunnel_leases (
 """
 
 OT_AGENT_TABLES = ("models", "benchmarks", "sandbox_jobs")
-OWN_TABLES = ("evalrun_submissions", "evalrun_leases", "evalrun_tunnel_leases", "evalrun_cell_owners")
+OWN_TABLES = ("evalrun_submissions", "evalrun_leases", "evalrun_tunnel_leases", "evalrun_cell_owners",
+              "evalrun_cell_memory")
 
 # --------------------------------------------------------------------------- observe
 
 EXISTING_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN (SELECT value FROM json_each(?))"
 
-# kind, id, name, duplicate_of — both families in one statement.
+# kind, id, name, duplicate_of — both families in one statement. A null name list means every row.
 FAMILIES = """
 WITH
   model_canon AS (
-    SELECT COALESCE(duplicate_of, id) AS id FROM models WHERE name IN (SELECT value FROM json_each(:models))
+    SELECT COALESCE(duplicate_of, id) AS id FROM models
+     WHERE :models IS NULL OR name IN (SELECT value FROM json_each(:models))
   ),
   bench_canon AS (
-    SELECT COALESCE(duplicate_of, id) AS id FROM benchmarks WHERE name IN (SELECT value FROM json_each(:benchmarks))
+    SELECT COALESCE(duplicate_of, id) AS id FROM benchmarks
+     WHERE :benchmarks IS NULL OR name IN (SELECT value FROM json_each(:benchmarks))
   )
 SELECT 'model', id, name, duplicate_of FROM models
  WHERE id IN (SELECT id FROM model_canon) OR duplicate_of IN (SELECT id FROM model_canon)
@@ -114,8 +123,8 @@ ROW_COLUMNS = (
 
 ROWS_IN_FAMILIES = f"""
 SELECT {ROW_COLUMNS} FROM sandbox_jobs
- WHERE model_id IN (SELECT value FROM json_each(:model_ids))
-   AND benchmark_id IN (SELECT value FROM json_each(:benchmark_ids))
+ WHERE (:all_models OR model_id IN (SELECT value FROM json_each(:model_ids)))
+   AND (:all_benchmarks OR benchmark_id IN (SELECT value FROM json_each(:benchmark_ids)))
  ORDER BY id
 """
 
@@ -129,8 +138,14 @@ SELECT {SUBMISSION_COLUMNS} FROM evalrun_submissions
 
 OWNERS_OF_CELLS = """
 SELECT cell_key, evalrun, renewed_at FROM evalrun_cell_owners
- WHERE cell_key IN (SELECT value FROM json_each(:cell_keys)) ORDER BY cell_key
+ WHERE cell_key IN (SELECT value FROM json_each(:cell_keys)) AND renewed_at >= :stale_before ORDER BY cell_key
 """
+
+MEMORY_OF_CELLS = """
+SELECT cell_key, memory FROM evalrun_cell_memory WHERE cell_key IN (SELECT value FROM json_each(:cell_keys))
+"""
+
+PUT_MEMORY = "INSERT OR REPLACE INTO evalrun_cell_memory (cell_key, memory, updated_at) VALUES (?, ?, ?)"
 
 ROW_BY_ID = f"SELECT {ROW_COLUMNS} FROM sandbox_jobs WHERE id = ?"
 
@@ -165,22 +180,24 @@ INSERT OR IGNORE INTO sandbox_jobs (
 )
 """
 
-ROW_OWNER_AND_STATUS = "SELECT username, job_status FROM sandbox_jobs WHERE id = ?"
+ROW_OWNER_AND_STATUS = "SELECT username, job_status, metrics FROM sandbox_jobs WHERE id = ?"
 
-SET_ROW_SLURM_JOB_ID = "UPDATE sandbox_jobs SET slurm_job_id = ? WHERE id = ?"
-
-SET_ROW_STATUS = """
+# Ours only, and never backwards: the conditions are part of the write, not a read before it.
+UPDATE_ROW = """
 UPDATE sandbox_jobs
-   SET job_status = :status,
+   SET job_status = COALESCE(:status, job_status),
        started_at = COALESCE(:started_at, started_at),
        slurm_job_id = COALESCE(:slurm_job_id, slurm_job_id)
- WHERE id = :id
+ WHERE id = :id AND username = :owner
+   AND (:status IS NULL OR job_status IS NULL
+        OR CASE job_status WHEN 'Pending' THEN 0 WHEN 'Started' THEN 1 WHEN 'Finished' THEN 2 END
+           <= CASE :status WHEN 'Pending' THEN 0 WHEN 'Started' THEN 1 WHEN 'Finished' THEN 2 END)
 """
 
 SET_ROW_RESULT = """
 UPDATE sandbox_jobs
    SET job_status = 'Finished', metrics = :metrics, stats = :stats, n_trials = :n_trials, ended_at = :ended_at
- WHERE id = :id
+ WHERE id = :id AND username = :owner
 """
 
 # --------------------------------------------------------------------------- leases

@@ -1,0 +1,292 @@
+"""Every SQL statement of the PostgreSQL store, in one place.
+
+The OT-Agent tables belong to the lab (Supabase in production): they are created only where absent, with
+Supabase's types (uuid ids, jsonb documents, timestamptz times), and never altered. The reconciler's own
+`evalrun_*` tables come from the versioned files in `migrations/`.
+
+Name lists travel as ONE array parameter (`= ANY(%s::text[])`), so a pass costs the same few statements
+whatever the number of names. Ids are never cast on our side: `id = %s` lets the server read the
+parameter as the column's type (uuid in Supabase, text in some lab copies), and the family statements
+join ids inside the database so they never cross the wire at all. Row columns are read as text and
+decoded by `codec`, so one odd value (an `infinity` timestamp, a double-encoded document) makes that row
+undecodable instead of failing the whole read.
+"""
+
+from __future__ import annotations
+
+# Arbitrary but fixed keys of the advisory locks (pg_advisory_xact_lock(key)): schema setup, and the
+# look-up-or-register of model and benchmark rows (models.name is not unique, so only a lock keeps two
+# writers from registering the same new model twice).
+SCHEMA_LOCK = 0x65766C72756E0001
+REGISTRY_LOCK = 0x65766C72756E0002
+
+MIGRATIONS = "evalrun_schema_migrations"  # version, name, applied_at of every migration applied
+OT_AGENT_TABLES = ("models", "benchmarks", "sandbox_jobs")
+OWN_TABLES = ("evalrun_submissions", "evalrun_leases", "evalrun_cell_owners", "evalrun_tunnel_leases",
+              "evalrun_cell_memory")
+
+# Created one by one, only where absent (CREATE needs a privilege a lab user may lack even when the table
+# exists, so existing tables are not even named in a CREATE). Indexes only come with a table we create.
+OT_AGENT_DDL = {
+    "models": """
+CREATE TABLE IF NOT EXISTS models (
+    id               uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    name             text NOT NULL,
+    base_model_id    uuid REFERENCES models(id),
+    duplicate_of     uuid REFERENCES models(id),
+    created_by       text,
+    creation_time    timestamptz DEFAULT now(),
+    weights_location text
+);
+CREATE INDEX IF NOT EXISTS models_name ON models (name);
+CREATE INDEX IF NOT EXISTS models_duplicate_of ON models (duplicate_of);
+""",
+    "benchmarks": """
+CREATE TABLE IF NOT EXISTS benchmarks (
+    id           uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    name         text NOT NULL UNIQUE,
+    duplicate_of uuid REFERENCES benchmarks(id)
+);
+CREATE INDEX IF NOT EXISTS benchmarks_duplicate_of ON benchmarks (duplicate_of);
+""",
+    "sandbox_jobs": """
+CREATE TABLE IF NOT EXISTS sandbox_jobs (
+    id             uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    created_at     timestamptz DEFAULT now(),
+    job_name       text,
+    username       text,
+    submitted_at   timestamptz,
+    started_at     timestamptz,
+    ended_at       timestamptz,
+    n_trials       integer,
+    n_rep_eval     integer,
+    config         jsonb,
+    metrics        jsonb,
+    stats          jsonb,
+    model_id       uuid REFERENCES models(id),
+    benchmark_id   uuid REFERENCES benchmarks(id),
+    agent_id       uuid,
+    job_status     text,
+    slurm_job_id   text,
+    hf_traces_link text,
+    is_overlong    boolean DEFAULT false
+);
+CREATE INDEX IF NOT EXISTS sandbox_jobs_model_benchmark ON sandbox_jobs (model_id, benchmark_id);
+""",
+}
+
+# --------------------------------------------------------------------------- schema and migrations
+
+EXISTING_TABLES = "SELECT t FROM unnest(%s::text[]) AS t WHERE to_regclass(quote_ident(t)) IS NOT NULL"
+
+TAKE_SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(%s)"
+
+MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS evalrun_schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+APPLIED_MIGRATIONS = "SELECT version FROM evalrun_schema_migrations"
+
+RECORD_MIGRATION = "INSERT INTO evalrun_schema_migrations (version, name, applied_at) VALUES (%s, %s, now())"
+
+# --------------------------------------------------------------------------- observe
+
+# Canonical ids of the named models/benchmarks (a duplicate leads to its canonical row), then each family:
+# the canonical rows and every row that says it duplicates one. `all_*` = every row (`db check`).
+_FAMILY_CTES = """
+  model_canon AS (
+    SELECT COALESCE(duplicate_of, id) AS id FROM models
+     WHERE %(all_models)s OR name = ANY(%(models)s::text[])
+  ),
+  model_family AS (
+    SELECT id, name, duplicate_of FROM models
+     WHERE id IN (SELECT id FROM model_canon) OR duplicate_of IN (SELECT id FROM model_canon)
+  ),
+  bench_canon AS (
+    SELECT COALESCE(duplicate_of, id) AS id FROM benchmarks
+     WHERE %(all_benchmarks)s OR name = ANY(%(benchmarks)s::text[])
+  ),
+  bench_family AS (
+    SELECT id, name, duplicate_of FROM benchmarks
+     WHERE id IN (SELECT id FROM bench_canon) OR duplicate_of IN (SELECT id FROM bench_canon)
+  )"""
+
+# kind, id, name, duplicate_of: both families in one statement.
+FAMILIES = f"""
+WITH {_FAMILY_CTES}
+SELECT 'model' AS kind, id::text, name, duplicate_of::text FROM model_family
+UNION ALL
+SELECT 'benchmark', id::text, name, duplicate_of::text FROM bench_family
+ORDER BY 1, 2
+"""
+
+ROW_COLUMNS = (
+    "id::text AS id, job_name, username, job_status, created_at::text AS created_at,"
+    " submitted_at::text AS submitted_at, started_at::text AS started_at, ended_at::text AS ended_at,"
+    " slurm_job_id::text AS slurm_job_id, model_id::text AS model_id, benchmark_id::text AS benchmark_id,"
+    " config::text AS config, metrics::text AS metrics"
+)
+
+# The same families, recomputed in the database: ids never make the round trip through the client.
+ROWS_IN_FAMILIES = f"""
+WITH {_FAMILY_CTES}
+SELECT {ROW_COLUMNS} FROM sandbox_jobs
+ WHERE (%(all_models)s OR model_id IN (SELECT id FROM model_family))
+   AND (%(all_benchmarks)s OR benchmark_id IN (SELECT id FROM bench_family))
+ ORDER BY sandbox_jobs.id
+"""
+
+ROW_BY_ID = f"SELECT {ROW_COLUMNS} FROM sandbox_jobs WHERE id = %s"
+
+SUBMISSION_COLUMNS = "name, run_tag, evalrun, cell_key, attempt, fire, row_id, job_id, created_at"
+
+SUBMISSIONS_OF_EVALRUN_AND_CELLS = f"""
+SELECT {SUBMISSION_COLUMNS} FROM evalrun_submissions
+ WHERE evalrun = %(evalrun)s OR cell_key = ANY(%(cell_keys)s::text[])
+ ORDER BY created_at, name
+"""
+
+# Claims renewed within the TTL by the database's clock.
+LIVE_OWNERS_OF_CELLS = """
+SELECT cell_key, evalrun, renewed_at FROM evalrun_cell_owners
+ WHERE cell_key = ANY(%(cell_keys)s::text[])
+   AND renewed_at >= now() - make_interval(secs => %(owner_ttl_s)s::float8)
+ ORDER BY cell_key
+"""
+
+TUNNEL_LEASES = "SELECT pair, holder, evalrun, leased_at FROM evalrun_tunnel_leases ORDER BY pair"
+
+MEMORY_OF_CELLS = "SELECT cell_key, memory FROM evalrun_cell_memory WHERE cell_key = ANY(%(cell_keys)s::text[])"
+
+# --------------------------------------------------------------------------- results DB writes
+
+# Look the model up (canonical first, then the oldest: legacy data has several rows per name), register it
+# if new, same for the benchmark, then insert the row unless its id exists. One statement, run under
+# REGISTRY_LOCK; the sibling CTE's inserts are visible to the foreign-key checks at the end of the statement.
+CREATE_ROW = """
+WITH
+  found_model AS (
+    SELECT id FROM models WHERE name = %(model_name)s::text
+     ORDER BY duplicate_of IS NOT NULL, creation_time NULLS LAST, id LIMIT 1
+  ),
+  new_model AS (
+    INSERT INTO models (id, name, created_by, creation_time)
+    SELECT %(new_model_id)s, %(model_name)s::text, %(username)s::text, now()
+     WHERE NOT EXISTS (SELECT 1 FROM found_model)
+    RETURNING id
+  ),
+  found_benchmark AS (
+    SELECT id FROM benchmarks WHERE name = %(benchmark_name)s::text
+     ORDER BY duplicate_of IS NOT NULL, id LIMIT 1
+  ),
+  new_benchmark AS (
+    INSERT INTO benchmarks (id, name)
+    SELECT %(new_benchmark_id)s, %(benchmark_name)s::text
+     WHERE NOT EXISTS (SELECT 1 FROM found_benchmark)
+    RETURNING id
+  )
+INSERT INTO sandbox_jobs (
+    id, created_at, job_name, username, submitted_at, started_at, n_trials, n_rep_eval,
+    config, model_id, benchmark_id, job_status, slurm_job_id, is_overlong
+)
+SELECT %(id)s, now(), %(job_name)s::text, %(username)s::text, %(submitted_at)s::timestamptz,
+       %(started_at)s::timestamptz, %(n_trials)s::integer, %(n_rep_eval)s::integer, %(config)s,
+       (SELECT id FROM found_model UNION ALL SELECT id FROM new_model),
+       (SELECT id FROM found_benchmark UNION ALL SELECT id FROM new_benchmark),
+       %(job_status)s::text, %(slurm_job_id)s::text, false
+    ON CONFLICT (id) DO NOTHING
+"""
+
+# Ours only, and never backwards: the conditions are part of the write. The outer SELECT reads the row as the
+# statement found it, so a refused or no-op update is explained without a second round trip.
+UPDATE_ROW = """
+WITH updated AS (
+  UPDATE sandbox_jobs
+     SET job_status = COALESCE(%(status)s::text, job_status),
+         started_at = COALESCE(%(started_at)s::timestamptz, started_at),
+         slurm_job_id = COALESCE(%(slurm_job_id)s::text, slurm_job_id)
+   WHERE id = %(id)s AND username = %(owner)s::text
+     AND (%(status)s::text IS NULL OR job_status IS NULL
+          OR array_position(ARRAY['Pending', 'Started', 'Finished'], job_status)
+             <= array_position(ARRAY['Pending', 'Started', 'Finished'], %(status)s::text))
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM updated) AS changed, s.id IS NOT NULL AS found, s.username, s.job_status
+  FROM (SELECT 1) AS one LEFT JOIN sandbox_jobs AS s ON s.id = %(id)s
+"""
+
+# Locks the row for the rest of the upload's transaction: the exactly-once check and the write see one state.
+ROW_FOR_UPLOAD = "SELECT username, job_status, metrics::text FROM sandbox_jobs WHERE id = %s FOR UPDATE"
+
+SET_ROW_RESULT = """
+UPDATE sandbox_jobs
+   SET job_status = 'Finished', metrics = %(metrics)s, stats = %(stats)s, n_trials = %(n_trials)s::integer,
+       ended_at = %(ended_at)s::timestamptz
+ WHERE id = %(id)s AND username = %(owner)s::text
+"""
+
+# --------------------------------------------------------------------------- controller state writes
+
+INSERT_SUBMISSION = f"""
+INSERT INTO evalrun_submissions ({SUBMISSION_COLUMNS})
+VALUES (%(name)s, %(run_tag)s, %(evalrun)s, %(cell_key)s, %(attempt)s, %(fire)s, %(row_id)s, %(job_id)s,
+        %(created_at)s)
+    ON CONFLICT (name) DO NOTHING
+"""
+
+SET_SUBMISSION_JOB_ID = "UPDATE evalrun_submissions SET job_id = %s WHERE name = %s"
+
+PUT_MEMORY = """
+INSERT INTO evalrun_cell_memory (cell_key, memory, updated_at) VALUES (%s, %s, now())
+    ON CONFLICT (cell_key) DO UPDATE SET memory = excluded.memory, updated_at = excluded.updated_at
+"""
+
+# --------------------------------------------------------------------------- leases (the database's clock)
+
+# Free, ours, or expired → ours until now() + ttl. A row comes back only when the lease is now ours.
+TRY_LEASE = """
+INSERT INTO evalrun_leases (name, holder, expires_at)
+VALUES (%(name)s, %(holder)s, now() + make_interval(secs => %(ttl_s)s::float8))
+    ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+ WHERE evalrun_leases.holder = excluded.holder OR evalrun_leases.expires_at <= now()
+RETURNING holder
+"""
+
+LEASE_HOLDER = "SELECT holder FROM evalrun_leases WHERE name = %s AND expires_at > now()"
+
+DELETE_LEASE = "DELETE FROM evalrun_leases WHERE name = %s AND holder = %s"
+
+# --------------------------------------------------------------------------- cell owners
+
+# Free, ours, or not renewed within the TTL → ours now. Sorted, so two claimers lock rows in the same order
+# (no deadlock); DISTINCT, because an upsert may not touch one row twice.
+CLAIM_CELLS = """
+INSERT INTO evalrun_cell_owners (cell_key, evalrun, renewed_at)
+SELECT key, %(evalrun)s::text, now() FROM (SELECT DISTINCT unnest(%(cell_keys)s::text[]) AS key) AS named ORDER BY key
+    ON CONFLICT (cell_key) DO UPDATE SET evalrun = excluded.evalrun, renewed_at = excluded.renewed_at
+ WHERE evalrun_cell_owners.evalrun = excluded.evalrun
+    OR evalrun_cell_owners.renewed_at < now() - make_interval(secs => %(ttl_s)s::float8)
+"""
+
+DROP_UNNAMED_CLAIMS = """
+DELETE FROM evalrun_cell_owners WHERE evalrun = %(evalrun)s::text AND cell_key <> ALL(%(cell_keys)s::text[])
+"""
+
+OWNERS_OF_CELLS = """
+SELECT cell_key, evalrun FROM evalrun_cell_owners WHERE cell_key = ANY(%(cell_keys)s::text[]) ORDER BY cell_key
+"""
+
+# --------------------------------------------------------------------------- pinggy tunnel leases
+
+TAKE_TUNNEL = """
+INSERT INTO evalrun_tunnel_leases (pair, holder, evalrun, leased_at) VALUES (%s, %s, %s, %s)
+    ON CONFLICT (pair) DO NOTHING
+"""
+
+TUNNEL_HOLDER = "SELECT holder FROM evalrun_tunnel_leases WHERE pair = %s"
+
+DELETE_TUNNEL = "DELETE FROM evalrun_tunnel_leases WHERE pair = %s AND holder = %s"

@@ -1,0 +1,466 @@
+"""The lab's results DB on Supabase: the `ResultsDB` contract spoken as PostgREST requests (official supabase-py).
+
+PostgREST has no multi-statement transactions, so each rule of the contract rides on the filters of the one
+request that writes (`username=eq.<owner>`, a `job_status` filter so a status never moves back,
+`on_conflict=id` + `resolution=ignore-duplicates` for inserts), never on a read made before the write.
+Reads page with limit/offset until the `Content-Range` total is reached, because PostgREST silently caps a
+response at its `max-rows`; long `in.(…)` lists are cut into chunks so URLs stay short. Transient failures
+are retried here with exponential backoff (the client's own retry is off, so there is one policy and its
+sleeps are injectable). Nothing this module raises, logs or prints contains the key.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import httpx
+from postgrest import APIError, APIResponse, CountMethod, ReturnMethod, SyncRequestBuilder, SyncSelectRequestBuilder
+from supabase import ClientOptions, create_client
+
+from controller.adapters.store.codec import (
+    check_owner,
+    decode_rows,
+    format_timestamp,
+    parse_timestamp,
+    same_metrics,
+    sandbox_job_row,
+)
+from controller.core.ports import (
+    NamedRow,
+    NewRow,
+    ObservationError,
+    ResultsSnapshot,
+    ResultUpload,
+    SandboxJobRow,
+    StoreUnavailable,
+    WriteRefused,
+)
+from controller.core.types import RowStatus
+
+KEY_VARIABLES = ("SUPABASE_SERVICE_KEY", "SUPABASE_KEY")
+SCHEMES = {"supabase": "https", "supabase+http": "http"}
+ROW_COLUMNS = ("id", "job_name", "username", "job_status", "created_at", "submitted_at", "started_at", "ended_at",
+               "slurm_job_id", "model_id", "benchmark_id", "config", "metrics")
+FAMILY_COLUMNS = "id,name,duplicate_of"
+STATUS_ORDER = (RowStatus.PENDING.value, RowStatus.STARTED.value, RowStatus.FINISHED.value)
+MAX_BACKOFF_S = 30.0
+# 429 is retried although it is a 4xx: it is the server saying "not now", not "never" — the request was not
+# processed, so repeating it is safe, and failing the whole pass (every cell Unknown) for a throttle would be
+# worse than waiting as asked (`Retry-After`, capped). Every other 4xx is a property of the request itself
+# (bad filter, bad key, missing table, conflict) and repeating it cannot help.
+RETRIED_4XX = frozenset({429})
+NO_SUCH_VALUE = "22P02"  # invalid_text_representation: an id that is not a uuid names no row
+UNIQUE_VIOLATION = "23505"
+
+
+class _Query(Protocol):
+    def execute(self) -> APIResponse: ...
+
+
+class _Failed(Exception):
+    """A request that failed for good (after retries); `str()` is the one line the caller's error carries."""
+
+    def __init__(self, line: str, *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(line)
+        self.status = status
+        self.code = code
+
+
+class SupabaseResults:
+    """`ResultsDB` on a Supabase project's REST API (the OT-Agent tables in schema `public`).
+
+    `page_size` rows are asked per request (the server may return fewer); `max_in_list` bounds the values all
+    `in.(…)` filters of one request carry together; `retries` more attempts follow a transient failure, after
+    `backoff_s`, ×2 each time (capped at 30 s); `sleep` is injectable so tests never wait.
+    """
+
+    def __init__(self, url: str, key: str, *, readonly: bool = False, page_size: int = 1000, retries: int = 4,
+                 backoff_s: float = 0.5, timeout_s: float = 30.0, max_in_list: int = 200,
+                 sleep: Callable[[float], None] = time.sleep, schema: str = "public") -> None:
+        if not key:
+            raise ValueError(f"no Supabase key given for {_host(url)}: set {KEY_VARIABLES[0]}")
+        if page_size < 1 or max_in_list < 2 or retries < 0:
+            raise ValueError("page_size must be ≥ 1, max_in_list ≥ 2 and retries ≥ 0")
+        self.host = _host(url)
+        self.readonly = readonly
+        self.page_size = page_size
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_in_list = max_in_list
+        self._key = key  # only to scrub it from anything a server might echo back
+        self._sleep = sleep
+        self._seen = threading.local()  # the last HTTP status seen by this thread (APIError does not carry it)
+        self._http = httpx.Client(timeout=timeout_s, event_hooks={"response": [self._remember]})
+        options = ClientOptions(schema=schema, httpx_client=self._http, postgrest_client_retry=False,
+                                auto_refresh_token=False, persist_session=False)
+        try:
+            self._client = create_client(url, key, options)
+        except Exception as error:  # SupabaseException: a malformed URL; its text never holds the key
+            self._http.close()
+            raise ValueError(f"supabase {self.host}: {self._scrub(str(error))}") from None
+
+    def __repr__(self) -> str:
+        return f"SupabaseResults(host={self.host!r}, readonly={self.readonly})"
+
+    # ----------------------------------------------------------------------- reads
+
+    def read_results(self, model_names: list[str] | None, benchmark_names: list[str] | None) -> ResultsSnapshot:
+        """Families (two requests per table, or one for `None`), then the rows between them, each paged/chunked."""
+        with self._failing_as(ObservationError):
+            models = self._family("models", model_names)
+            benchmarks = self._family("benchmarks", benchmark_names)
+            model_ids = None if model_names is None else [m.id for m in models]
+            benchmark_ids = None if benchmark_names is None else [b.id for b in benchmarks]
+            records: list[dict[str, Any]] = []
+            if model_ids != [] and benchmark_ids != []:
+                for model_chunk, benchmark_chunk in _chunk_pairs(model_ids, benchmark_ids, self.max_in_list):
+                    within = {"model_id": model_chunk, "benchmark_id": benchmark_chunk}
+                    records += self._select("sandbox_jobs", ",".join(ROW_COLUMNS),
+                                            within={k: v for k, v in within.items() if v is not None})
+        unique = {str(record.get("id")): record for record in records}
+        rows, undecodable = decode_rows(unique[row_id] for row_id in sorted(unique))
+        return ResultsSnapshot(models=models, benchmarks=benchmarks, rows=rows, undecodable=undecodable)
+
+    def read_row(self, row_id: str) -> SandboxJobRow | None:
+        with self._failing_as(ObservationError):
+            found = self._row(row_id, ",".join(ROW_COLUMNS))
+        try:
+            return None if found is None else sandbox_job_row(found)
+        except ValueError as error:
+            raise ObservationError(f"supabase {self.host}: {error}") from None
+
+    # ----------------------------------------------------------------------- writes
+
+    def create_row(self, row: NewRow) -> None:
+        """Model and benchmark by name (registered if new), then the row; an existing id is left as it is."""
+        self._check_writable()
+        now = datetime.now(UTC)
+        with self._failing_as(StoreUnavailable):
+            record = {
+                "id": row.id, "created_at": format_timestamp(now), "job_name": row.job_name, "username": row.username,
+                "submitted_at": format_timestamp(row.submitted_at), "started_at": format_timestamp(row.started_at),
+                "n_trials": row.n_trials, "n_rep_eval": row.n_rep_eval, "config": row.config,
+                "model_id": self._model_id(row.model_name, row.username, now),
+                "benchmark_id": self._benchmark_id(row.benchmark_name),
+                "job_status": row.job_status.value, "slurm_job_id": row.slurm_job_id, "is_overlong": False,
+            }
+            inserted = self._insert("sandbox_jobs", record)
+            if not inserted and self._row(row.id, "id") is None:  # not new, yet not there either
+                raise _Failed(self._line(f"inserting sandbox_jobs row {row.id}", "the server accepted the insert "
+                                         "but did not store it (row-level security? use the service-role key)"))
+
+    def update_row(self, row_id: str, *, owner: str, status: RowStatus | None = None,
+                   started_at: datetime | None = None, slurm_job_id: str | None = None) -> None:
+        """One PATCH filtered on id, owner and (with a status) the statuses it may move from; if it matched
+        nothing, one GET says why: missing, someone else's, already further along — or a swallowed write."""
+        self._check_writable()
+        changes = {name: value for name, value in {
+            "job_status": None if status is None else status.value,
+            "started_at": format_timestamp(started_at),
+            "slurm_job_id": slurm_job_id,
+        }.items() if value is not None}
+        with self._failing_as(StoreUnavailable):
+            if changes:
+                query = self._table("sandbox_jobs").update(changes, returning=ReturnMethod.representation)
+                query = query.eq("id", row_id).eq("username", owner).select("id")
+                if status is not None:
+                    earlier = STATUS_ORDER[: STATUS_ORDER.index(status.value) + 1]
+                    query = query.or_(f"job_status.is.null,job_status.in.({','.join(earlier)})")
+                if self._execute(f"updating sandbox_jobs row {row_id}", query)[0]:
+                    return
+            found = self._row(row_id, "id,username,job_status")
+        if found is None:
+            raise LookupError(f"sandbox_jobs row {row_id} does not exist")
+        check_owner(row_id, found.get("username"), owner)
+        stored = found.get("job_status")
+        behind = stored is None or (stored in STATUS_ORDER and (
+            status is None or STATUS_ORDER.index(stored) <= STATUS_ORDER.index(status.value)))
+        if changes and behind:
+            raise WriteRefused(self._line(f"updating sandbox_jobs row {row_id}", f"the row is {owner}'s and "
+                                          f"{stored!r}, yet the update changed nothing (row-level security or a "
+                                          "proxy swallowed it? use the service-role key)"))
+
+    def upload_result(self, row_id: str, result: ResultUpload, *, owner: str) -> bool:
+        """GET the row (exactly once: Finished with these metrics → no write), then one PATCH filtered on owner."""
+        self._check_writable()
+        with self._failing_as(StoreUnavailable):
+            found = self._row(row_id, "id,username,job_status,metrics")
+            if found is None:
+                raise LookupError(f"sandbox_jobs row {row_id} does not exist")
+            check_owner(row_id, found.get("username"), owner)
+            if found.get("job_status") == RowStatus.FINISHED.value and same_metrics(found.get("metrics"), result.metrics):
+                return False
+            values = {
+                "job_status": RowStatus.FINISHED.value,
+                "metrics": [{"name": metric.name, "value": metric.value} for metric in result.metrics],
+                "stats": result.stats, "n_trials": result.n_trials, "ended_at": format_timestamp(result.ended_at),
+            }
+            query = self._table("sandbox_jobs").update(values, returning=ReturnMethod.representation)
+            if self._execute(f"uploading to sandbox_jobs row {row_id}",
+                             query.eq("id", row_id).eq("username", owner).select("id"))[0]:
+                return True
+            again = self._row(row_id, "id,username")
+        if again is None:
+            raise LookupError(f"sandbox_jobs row {row_id} does not exist")
+        check_owner(row_id, again.get("username"), owner)  # it changed hands between the read and the write
+        raise WriteRefused(self._line(f"uploading to sandbox_jobs row {row_id}", f"the row is {owner}'s, yet the "
+                                      "update changed nothing (row-level security or a proxy swallowed it? use "
+                                      "the service-role key)"))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> SupabaseResults:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------- families and registration
+
+    def _family(self, table: str, names: list[str] | None) -> tuple[NamedRow, ...]:
+        """Names → canonical ids (duplicate_of, else id) → the canonical rows and every row pointing at them."""
+        if names is None:
+            records = self._select(table, FAMILY_COLUMNS)
+        else:
+            canonical: set[str] = set()
+            for chunk in _chunks(sorted(set(names)), self.max_in_list):
+                canonical.update(str(found.get("duplicate_of") or found.get("id"))
+                                 for found in self._select(table, "id,duplicate_of", within={"name": chunk}))
+            records = []
+            for chunk in _chunks(sorted(canonical), self.max_in_list // 2):  # the list goes in twice
+                listed = _in_list(chunk)
+                records += self._select(table, FAMILY_COLUMNS, any_of=f"id.in.{listed},duplicate_of.in.{listed}")
+        members = {str(found["id"]): found for found in records}
+        return tuple(NamedRow(id=member_id, name=str(members[member_id].get("name") or ""),
+                              duplicate_of=_text_or_none(members[member_id].get("duplicate_of")))
+                     for member_id in sorted(members))
+
+    def _model_id(self, name: str, created_by: str, at: datetime) -> str:
+        """Reuse the model row of that name (canonical first, then the oldest); register the model if new."""
+        found = self._select("models", "id,duplicate_of,creation_time", equal={"name": name})
+        if found:
+            return str(min(found, key=_canonical_then_oldest)["id"])
+        model_id = str(uuid.uuid4())
+        if self._insert("models", {"id": model_id, "name": name, "created_by": created_by,
+                                   "creation_time": format_timestamp(at)}):
+            return model_id
+        return self._registered("models", name)
+
+    def _benchmark_id(self, name: str) -> str:
+        found = self._select("benchmarks", "id", equal={"name": name})
+        if found:
+            return str(found[0]["id"])
+        benchmark_id = str(uuid.uuid4())
+        try:
+            if self._insert("benchmarks", {"id": benchmark_id, "name": name}):
+                return benchmark_id
+        except _Failed as failed:
+            if failed.code != UNIQUE_VIOLATION:  # someone registered the same name meanwhile: theirs is fine
+                raise
+        return self._registered("benchmarks", name)
+
+    def _registered(self, table: str, name: str) -> str:
+        """The id of a name just registered (by us, a retry of ours, or a concurrent writer)."""
+        found = self._select(table, "id,duplicate_of,creation_time" if table == "models" else "id",
+                             equal={"name": name})
+        if not found:
+            raise _Failed(self._line(f"registering {table} {name!r}", "the server accepted the insert but did not "
+                                     "store it (row-level security? use the service-role key)"))
+        return str(min(found, key=_canonical_then_oldest)["id"])
+
+    # ----------------------------------------------------------------------- requests
+
+    def _table(self, table: str) -> SyncRequestBuilder:
+        return self._client.table(table)
+
+    def _row(self, row_id: str, columns: str) -> dict[str, Any] | None:
+        try:
+            found = self._select("sandbox_jobs", columns, equal={"id": row_id})
+        except _Failed as failed:
+            if failed.code == NO_SUCH_VALUE:
+                return None
+            raise
+        return found[0] if found else None
+
+    def _insert(self, table: str, record: dict[str, Any]) -> bool:
+        """POST with `on_conflict=id` + ignore-duplicates, so a retry after a lost answer is harmless; True if new."""
+        query = self._table(table).upsert(record, on_conflict="id", ignore_duplicates=True,
+                                          returning=ReturnMethod.representation)
+        return bool(self._execute(f"inserting into {table}", query)[0])
+
+    def _select(self, table: str, columns: str, *, equal: Mapping[str, str] | None = None,
+                within: Mapping[str, Sequence[str]] | None = None, any_of: str | None = None) -> list[dict[str, Any]]:
+        """Every row of one filtered query, ordered by id, page after page until the Content-Range total is
+        reached. A page may be shorter than asked (the server's max-rows) without being the last; only the
+        total says when it is done, or an empty page when the server gives no total. Every page asks for the
+        count, so a row inserted meanwhile (shifting the pages) extends the read instead of falling off its end;
+        the caller drops the row read twice."""
+        records: list[dict[str, Any]] = []
+        while True:
+            query: SyncSelectRequestBuilder = self._table(table).select(columns, count=CountMethod.exact)
+            for column, value in (equal or {}).items():
+                query = query.eq(column, value)
+            for column, values in (within or {}).items():
+                query = query.in_(column, list(values))
+            if any_of is not None:
+                query = query.or_(any_of)
+            query = query.order("id").range(len(records), len(records) + self.page_size - 1)
+            page, total = self._execute(f"reading {table}", query)
+            records += page
+            if not page:
+                if total is not None and len(records) < total:
+                    raise _Failed(self._line(f"reading {table}", f"the server counted {total} rows but returned "
+                                             f"only {len(records)}"))
+                return records
+            if total is not None and len(records) >= total:
+                return records
+
+    def _execute(self, what: str, query: _Query) -> tuple[list[dict[str, Any]], int | None]:
+        """Run one request; retry transient failures (5xx, 429, timeouts, dropped connections) with backoff."""
+        attempt = 0
+        while True:
+            self._seen.status, self._seen.retry_after = None, None
+            try:
+                response = query.execute()
+                rows = [item for item in response.data if isinstance(item, dict)] if isinstance(response.data, list) else []
+                if not isinstance(response.data, list) or len(rows) != len(response.data):
+                    raise _Failed(self._line(what, f"HTTP {self._seen.status}: the answer is not a JSON list of rows"),
+                                  status=self._seen.status)
+                return rows, response.count
+            except APIError as error:
+                status = self._seen.status
+                failed = _Failed(self._api_line(what, status, error), status=status, code=error.code)
+                transient = status is not None and (status >= 500 or status in RETRIED_4XX)
+            except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as error:
+                failed = _Failed(self._line(what, f"{type(error).__name__}: {error or 'no answer'} (is the server "
+                                            "up and reachable?)"))
+                transient = True
+            except (httpx.HTTPError, RuntimeError) as error:  # RuntimeError: httpx's "the client has been closed"
+                raise _Failed(self._line(what, f"{type(error).__name__}: {error}")) from None
+            if not transient or attempt >= self.retries:
+                if attempt:
+                    raise _Failed(f"{failed} (after {attempt + 1} attempts)", status=failed.status, code=failed.code)
+                raise failed
+            delay = min(self.backoff_s * 2 ** attempt, MAX_BACKOFF_S)
+            self._sleep(max(delay, min(self._seen.retry_after or 0.0, MAX_BACKOFF_S)))
+            attempt += 1
+
+    def _remember(self, response: httpx.Response) -> None:
+        """httpx response hook: the status (and Retry-After) of the answer the client is about to parse."""
+        self._seen.status = response.status_code
+        try:
+            self._seen.retry_after = float(response.headers.get("Retry-After", ""))
+        except ValueError:
+            self._seen.retry_after = None
+
+    # ----------------------------------------------------------------------- errors
+
+    @contextmanager
+    def _failing_as(self, error_type: type[RuntimeError]) -> Iterator[None]:
+        """A failed request surfaces as the contract's error for this side: reads observe, writes are unavailable."""
+        try:
+            yield
+        except _Failed as failed:
+            raise error_type(str(failed)) from None
+
+    def _check_writable(self) -> None:
+        if self.readonly:
+            raise WriteRefused(f"supabase {self.host} is open read-only")
+
+    def _api_line(self, what: str, status: int | None, error: APIError) -> str:
+        message = error.message or (error.details if isinstance(error.details, str) else None) or "no message"
+        code = f" {error.code}" if error.code and error.code != str(status) else ""
+        return self._line(what, f"HTTP {status}{code}: {message[:300]} ({_hint(status)})")
+
+    def _line(self, what: str, why: str) -> str:
+        """One line naming the project (never the key): a server may echo what it was sent."""
+        return " ".join(self._scrub(f"supabase {self.host}: {what}: {why}").split())
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._key, "***") if self._key else text
+
+
+def supabase_from_url(url: str, env: Mapping[str, str], **options: Any) -> SupabaseResults:
+    """`supabase://<project-host>[:port]` (https) or `supabase+http://host:port` (a local stand-in), with the
+    key from `$SUPABASE_SERVICE_KEY` (or `$SUPABASE_KEY`); `options` go to `SupabaseResults`."""
+    parts = urlsplit(url)
+    if parts.scheme not in SCHEMES or not parts.hostname:
+        raise ValueError(f"{url.split('://', 1)[0]}://…: expected supabase://<project>.supabase.co or "
+                         "supabase+http://host:port")
+    if parts.username or parts.password:
+        raise ValueError(f"{parts.scheme}://{parts.hostname}: put the key in ${KEY_VARIABLES[0]}, not in the URL")
+    if parts.path.strip("/") or parts.query:
+        raise ValueError(f"{parts.scheme}://{parts.netloc}: a Supabase store URL names only the project's host")
+    key = next((env[name] for name in KEY_VARIABLES if env.get(name)), None)
+    if not key:
+        raise ValueError(f"{parts.scheme}://{parts.netloc} needs the project's service-role key: set "
+                         f"${KEY_VARIABLES[0]} (or ${KEY_VARIABLES[1]})")
+    return SupabaseResults(f"{SCHEMES[parts.scheme]}://{parts.netloc}", key, **options)
+
+
+def _host(url: str) -> str:
+    parts = urlsplit(url)
+    return parts.hostname + (f":{parts.port}" if parts.port else "") if parts.hostname else "?"
+
+
+def _hint(status: int | None) -> str:
+    if status in (401, 403):
+        return f"check that ${KEY_VARIABLES[0]} holds this project's service-role key"
+    if status == 404:
+        return "is this the lab's results project? the OT-Agent tables must be in its API schema"
+    if status == 416:
+        return "rows disappeared while they were being read; retried next pass"
+    if status is not None and (status >= 500 or status in RETRIED_4XX):
+        return "the server is down or overloaded; retried next pass"
+    return "the request was rejected: do the tables match the OT-Agent schema?"
+
+
+def _chunks(values: Sequence[str], size: int) -> list[list[str]]:
+    size = max(size, 1)
+    return [list(values[start:start + size]) for start in range(0, len(values), size)]
+
+
+def _chunk_pairs(first: list[str] | None, second: list[str] | None,
+                 budget: int) -> list[tuple[list[str] | None, list[str] | None]]:
+    """Every pair of chunks of two in-lists (None: no filter), each pair carrying at most `budget` values;
+    the shorter list gets what it needs up to half the budget, so a few benchmarks never multiply requests."""
+    sizes = [0 if values is None else len(values) for values in (first, second)]
+    if sum(sizes) > budget and all(sizes):
+        small = min(min(sizes), budget // 2)
+        sizes = [small, budget - small] if sizes[0] <= sizes[1] else [budget - small, small]
+    else:
+        sizes = [budget, budget]
+    firsts: list[list[str] | None] = [None] if first is None else list(_chunks(first, sizes[0]))
+    seconds: list[list[str] | None] = [None] if second is None else list(_chunks(second, sizes[1]))
+    return [(one, other) for one in firsts for other in seconds]
+
+
+def _in_list(values: Sequence[str]) -> str:
+    """`(a,"b,c")`: PostgREST's list syntax; values with reserved characters are quoted, `"` and `\\` escaped."""
+    def item(value: str) -> str:
+        if value and not any(char in value for char in ',:()"\\') and not value.isspace() and value.strip() == value:
+            return value
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    return "(" + ",".join(item(value) for value in values) + ")"
+
+
+def _canonical_then_oldest(record: Mapping[str, Any]) -> tuple[bool, datetime, str]:
+    try:
+        created = parse_timestamp(record.get("creation_time")) or datetime.min.replace(tzinfo=UTC)
+    except ValueError:
+        created = datetime.min.replace(tzinfo=UTC)
+    return record.get("duplicate_of") is not None, created, str(record.get("id"))
+
+
+def _text_or_none(value: object) -> str | None:
+    return None if value is None else str(value)
+

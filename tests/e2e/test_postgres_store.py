@@ -1,0 +1,162 @@
+"""The reconciler on a real PostgreSQL store: it converges, two loops never double-submit, a lease left by a
+reconciler on another host is taken over when the database's clock says it expired, and a database that stops
+mid-pass costs nothing but that pass."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from controller.adapters.store import open_store
+from controller.core.reconcile import reconcile_pass
+from controller.core.store import Store
+from controller.core.types import Phase
+from controller.entry.wiring import cluster_ports, targets_for, utc_now
+from controller.spec.catalog import load_catalog
+from controller.spec.loader import load_specs
+from tests.e2e.conftest import Cluster
+from tests.fixtures.evalctl import wait_until
+from tests.fixtures.postgres import pg_start, pg_stop
+
+pytestmark = pytest.mark.postgres
+MODELS = ["org/m1-8B", "org/m2-8B", "org/m3-8B"]
+DATASETS = ["DCAgent/tiny"]
+FAST = {"FAKE_HARBOR_TASKS": "3"}
+HANG = {"FAKE_HARBOR_HANG_AFTER": "1", "FAKE_HARBOR_TASKS": "4"}
+
+
+def query(url: str, sql: str) -> list[tuple]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        cursor = conn.execute(sql)
+        return cursor.fetchall() if cursor.description else []
+
+
+@pytest.fixture
+def pg_cluster(cluster: Cluster, pg_url: str) -> Cluster:
+    cluster.store = pg_url
+    return cluster
+
+
+def test_the_demo_converges_on_postgres(pg_cluster: Cluster) -> None:
+    pg_cluster.write(models=MODELS[:2], datasets=DATASETS, env=FAST)
+
+    result = pg_cluster.evalctl("reconcile", "--loop", "--interval", "0.3", "--until-done")
+
+    assert "converged after" in result.stdout
+    rows = query(pg_cluster.store, "SELECT job_status, jsonb_typeof(metrics), username FROM sandbox_jobs")
+    assert sorted(rows) == [("Finished", "array", os.environ.get("USER") or rows[0][2])] * 2
+    again = pg_cluster.evalctl("reconcile", "--once")
+    assert "0 action(s) done" in again.stdout, "a converged store gives a pass with nothing to do"
+
+
+def _loop(cluster: Cluster, log: Path) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "controller.entry.cli", "reconcile", "--loop", "--interval", "0.2",
+               "-f", str(cluster.spec), "--store", cluster.store]
+    return subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "COLUMNS": "250"})
+
+
+def _passes(log: Path) -> int:
+    return log.read_text(errors="replace").count("e2e:")
+
+
+def test_two_loops_on_one_store_never_double_submit_and_take_over_an_expired_lease(pg_cluster: Cluster) -> None:
+    pg_cluster.write(models=MODELS, datasets=DATASETS, env=HANG)
+    open_store(pg_cluster.store).close()  # a writable open migrates: the controller tables exist
+    # a reconciler on another host held the EvalRun's lease and died: only the database's clock can free it
+    query(pg_cluster.store, "INSERT INTO evalrun_leases (name, holder, expires_at) "
+                            "VALUES ('evalrun/e2e', 'elsewhere:1:1', now() + interval '8 seconds')")
+    logs = [pg_cluster.root / "loop-a.log", pg_cluster.root / "loop-b.log"]
+    loops = [_loop(pg_cluster, log) for log in logs]
+    try:
+        wait_until(lambda: len(pg_cluster.scheduler.observe()) >= len(MODELS), "the lease to expire and a loop to act",
+                   timeout_s=120)
+        taken_over = [_passes(log) for log in logs]
+        wait_until(lambda: all(_passes(log) >= n + 20 for log, n in zip(logs, taken_over, strict=True)),
+                   "20 more passes of each loop", timeout_s=180)
+    finally:
+        for loop in loops:
+            loop.send_signal(signal.SIGTERM)
+        codes = [loop.wait(timeout=60) for loop in loops]
+    assert codes == [143, 143], [log.read_text()[-2000:] for log in logs]
+    output = "".join(log.read_text() for log in logs)
+    assert "another reconciler holds the lease; planned only" in output, "the foreign lease was respected first"
+    submissions = query(pg_cluster.store, "SELECT cell_key, count(*) FROM evalrun_submissions GROUP BY cell_key")
+    assert sorted(n for _, n in submissions) == [1, 1, 1], submissions
+    jobs = pg_cluster.scheduler.observe()
+    assert len(jobs) == len(MODELS) and len({j.name for j in jobs}) == len(MODELS), "one job per cell, ever"
+    assert "cancel" not in output.lower().replace("cancelled", ""), "no duplicate had to be cancelled"
+
+
+def _in_process_pass(cluster: Cluster, store: Store) -> list:
+    catalog = load_catalog()
+    specs = load_specs([cluster.spec], catalog)
+    return reconcile_pass(targets_for(specs, catalog), store, cluster_ports(specs, store, catalog), utc_now(),
+                          act=True, holder="test")
+
+
+class _StopsTheDatabaseAfter:
+    """Wraps one store method: the database goes down right after it returns, in the middle of the pass."""
+
+    def __init__(self, target: object, method: str) -> None:
+        self.target, self.method = target, method
+
+    def __getattr__(self, name: str) -> object:
+        attribute = getattr(self.target, name)
+        if name != self.method:
+            return attribute
+
+        def then_stop(*args: object, **kwargs: object) -> object:
+            result = attribute(*args, **kwargs)
+            pg_stop()
+            return result
+
+        return then_stop
+
+
+@pytest.mark.parametrize(("half", "method"), [("results", "read_results"), ("state", "record_submission")],
+                         ids=["after-observe", "after-intent"])
+def test_the_database_stopping_mid_pass_submits_nothing_and_the_next_pass_converges(
+        pg_cluster: Cluster, half: str, method: str) -> None:
+    pg_cluster.write(models=MODELS[:2], datasets=DATASETS, env=HANG)
+    store = open_store(pg_cluster.store)
+    try:
+        wrapped = Store(*(_StopsTheDatabaseAfter(part, method) if name == half else part
+                          for name, part in (("results", store.results), ("state", store.state))))
+        try:
+            [result] = _in_process_pass(pg_cluster, wrapped)  # type: ignore[arg-type]
+        finally:
+            pg_start()
+        assert pg_cluster.scheduler.observe() == (), "nothing was submitted"
+        failed = [o for o in result.outcomes if not o.ok]
+        assert result.blocked or failed, "the pass says it could not finish"
+        for message in [result.note, *(o.message for o in failed)]:
+            assert "\n" not in message and "Traceback" not in message
+        [after] = _in_process_pass(pg_cluster, store)
+        [settled] = _in_process_pass(pg_cluster, store)
+    finally:
+        store.close()
+    assert all(o.ok for o in after.outcomes), after.outcomes
+    jobs = pg_cluster.scheduler.observe()
+    assert len(jobs) == 2 and len({j.name for j in jobs}) == 2, "one job per cell after the outage"
+    assert {c.phase for c in settled.plan.cells} <= {Phase.SUBMITTED, Phase.RUNNING}
+    assert query(pg_cluster.store, "SELECT count(*) FROM evalrun_submissions") == [(2,)]
+
+
+def test_a_pass_while_the_database_is_down_makes_cells_unknown_with_the_reason(pg_cluster: Cluster) -> None:
+    pg_cluster.write(models=MODELS[:1], datasets=DATASETS, env=HANG)
+    pg_stop()
+    try:
+        result = pg_cluster.evalctl("reconcile", "--once", check=False)
+        plan = pg_cluster.evalctl("plan", check=False)
+    finally:
+        pg_start()
+    assert result.returncode == 1 and "Traceback" not in result.stderr + result.stdout
+    assert pg_cluster.scheduler.observe() == ()
+    assert "Unknown" in plan.stdout and "127.0.0.1" in plan.stdout, plan.stdout

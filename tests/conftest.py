@@ -23,7 +23,7 @@ import pytest
 from tests.fixtures.evalctl import wait_until
 
 # Fixtures of the real parts some suites need; each starts its service only when a test asks for it.
-pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.postgrest"]
+pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.postgrest", "tests.fixtures.mlflow_server"]
 
 REPO = Path(__file__).resolve().parents[1]
 SESSION_MARKER = "EVALRUN_TEST_SESSION"

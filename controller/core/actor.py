@@ -21,8 +21,10 @@ from typing import Any
 
 from controller.core.errors import ErrorClasses
 from controller.core.metrics import run_metrics
-from controller.core.ports import NewRow, Scheduler, StoreUnavailable, SubmitRequest
+from controller.core.planner import DB_VERIFIED, TRACK_ERROR, TRACKED
+from controller.core.ports import NewRow, ObservationError, Scheduler, StoreUnavailable, SubmitRequest, Tracker
 from controller.core.store import Store
+from controller.core.tracking import Analysis, differences, tracker_record
 from controller.core.types import (
     Action,
     ActionKind,
@@ -83,13 +85,16 @@ class Actor:
         scheduler: Scheduler,
         launcher: JobLauncher,
         cell_env: Callable[[Cell, Action], Mapping[str, str]],
-        analyze: Callable[[RunDirFacts], None],
+        analyze: Callable[[RunDirFacts], Analysis],
         errors: ErrorClasses,
         now: Callable[[], datetime],
+        tracker: tuple[Tracker, str] | None = None,
     ):
+        """`tracker`: where results are logged and read back (the tracker and its experiment), if anywhere."""
         self.results, self.state, self.scheduler = store.results, store.state, scheduler
         self.launcher, self.cell_env, self.analyze_dir = launcher, cell_env, analyze
-        self.errors, self.now = errors, now
+        self.errors, self.now, self.tracker = errors, now, tracker
+        self._analyses: dict[str, Analysis] = {}  # this pass's reports, by run tag, for the upload that follows
 
     def act(self, plan: Plan) -> list[Outcome]:
         outcomes: list[Outcome] = []
@@ -147,10 +152,18 @@ class Actor:
         facts = cell_plan.run_dir
         assert facts is not None, "analyze/upload are only planned for a run dir"
         if action.kind == ActionKind.ANALYZE:
-            self.analyze_dir(facts)
+            self._analyses[facts.run_tag] = self.analyze_dir(facts)
             return f"post-eval report written for {facts.run_tag}"
         if action.kind == ActionKind.UPLOAD:
-            return self._upload(cell_plan.cell, action, facts)
+            memory = dict(cell_plan.memory)
+            try:
+                message = self._upload(cell_plan.cell, action, facts, memory)
+                if self.tracker is not None:
+                    message += "; " + self._track(cell_plan.cell, facts, memory)
+            finally:  # what was verified (or why not) is what `explain` and the next pass show
+                if memory != cell_plan.memory:
+                    self.state.remember(cell_plan.cell.key, memory)
+            return message
         raise ValueError(f"unknown action {action.kind}")
 
     def _submit(self, cell: Cell, action: Action) -> str:
@@ -194,7 +207,7 @@ class Actor:
                       benchmark_name=cell.benchmark_name, job_status=RowStatus.PENDING, submitted_at=now,
                       n_rep_eval=cell.n_attempts, config=row_config(cell, run_tag))
 
-    def _upload(self, cell: Cell, action: Action, facts: RunDirFacts) -> str:
+    def _upload(self, cell: Cell, action: Action, facts: RunDirFacts, memory: dict[str, Any]) -> str:
         result = run_metrics(facts, self.errors)
         accuracy = result.score
         if accuracy is None:
@@ -210,9 +223,31 @@ class Actor:
         if landed is None or landed.job_status != RowStatus.FINISHED or not _same_metrics(landed.metrics,
                                                                                            result.metrics):
             raise UploadNotVerified(f"row {row_id} does not show the uploaded metrics")
+        memory[DB_VERIFIED] = f"row {row_id} read back with accuracy={accuracy:.4f} ({facts.run_tag})"
         if not written:
             return f"accuracy={accuracy:.4f} for {facts.run_tag} was already in row {row_id} (verified, not rewritten)"
         return f"uploaded accuracy={accuracy:.4f} for {facts.run_tag} (row {row_id}, verified)"
+
+
+    def _track(self, cell: Cell, facts: RunDirFacts, memory: dict[str, Any]) -> str:
+        """Log to the tracker, read the run back, compare; `memory` gets the outcome, so the planner can say it."""
+        assert self.tracker is not None
+        tracker, experiment = self.tracker
+        analysis = self._analyses.get(facts.run_tag) or self.analyze_dir(facts)
+        record = tracker_record(cell, facts, run_metrics(facts, self.errors), analysis, self.errors)
+        memory.pop(TRACKED, None)
+        memory.pop(TRACK_ERROR, None)
+        try:
+            tracker.log(experiment, record)
+            wrong = differences(record, tracker.read_back(experiment, facts.run_tag))
+        except (StoreUnavailable, ObservationError) as exc:
+            wrong = [str(exc)]
+        if wrong:
+            reason = f"MLflow: {'; '.join(wrong[:3])}" + (f" (+{len(wrong) - 3} more)" if len(wrong) > 3 else "")
+            memory[TRACK_ERROR] = reason
+            raise UploadNotVerified(reason)
+        memory[TRACKED] = facts.run_tag
+        return f"MLflow run {facts.run_tag} in {experiment!r} verified ({len(record.metrics)} metrics)"
 
 
 def row_config(cell: Cell, run_tag: str) -> dict[str, Any]:

@@ -131,9 +131,9 @@ def observe_cells(
         if jobs_dir_missing and _expects_run_dirs(rows, subs, cell_jobs):
             cell_dirs = None
             reason = "; ".join(r for r in (unknown_reason, jobs_dir_missing) if r)
-        observations.append(
-            Observation(rows=rows, submissions=subs, jobs=cell_jobs, run_dirs=cell_dirs, unknown_reason=reason)
-        )
+        memory = snapshot.cell_memory.get(cell.key, {}) if snapshot else {}
+        observations.append(Observation(rows=rows, submissions=subs, jobs=cell_jobs, run_dirs=cell_dirs,
+                                        unknown_reason=reason, memory=memory))
     return observations
 
 

@@ -15,6 +15,8 @@ import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
+from pydantic import Field
+
 from controller.core.dedup import DEDUP_TABLE, RowCase, newest, row_case
 from controller.core.metrics import accuracy
 from controller.core.resume import RESUME_TABLE, DirClass, Next, classify
@@ -46,6 +48,13 @@ MUTATING = frozenset({ActionKind.SUBMIT, ActionKind.RESUME, ActionKind.CANCEL, A
 LAUNCHING = frozenset({ActionKind.SUBMIT, ActionKind.RESUME})
 
 
+# What the cell's memory says about the tracker: the run tag whose MLflow run was read back, or why not.
+TRACKED = "tracked_run_tag"
+TRACK_ERROR = "track_error"
+DB_VERIFIED = "db_verified"  # the last upload to the results DB that read back as written
+UPLOAD_NOT_VERIFIED = "UploadNotVerified"
+
+
 class Policy(Frozen):
     """The knobs of one EvalRun on its cluster, in the units the rules use."""
 
@@ -63,6 +72,7 @@ class Policy(Frozen):
     settle: timedelta = timedelta(minutes=60)
     zombie_grace: timedelta = timedelta(minutes=10)
     upload_db: bool = True
+    track: bool = Field(False, description="log to the tracker (MLflow); Completed needs its read-back")
     min_completed_fraction: float = 0.5
     max_submissions_per_pass: int = 6
     tunnel_pairs: tuple[str, ...] = ()
@@ -191,6 +201,7 @@ class _CellView:
             d.run_tag: d for d in obs.run_dirs if not policy.force_eval or d.run_tag in own_tags
         }
         self.jobs = obs.jobs
+        self.memory = obs.memory
         self.adoptions = [
             RowUpdate(submission_name=s.name, job_id=job.job_id, row_id=s.row_id)
             for s in self.subs
@@ -310,8 +321,24 @@ class _CellView:
                 return self._result(Phase.FAILED, [Action(kind=ActionKind.HOLD, reason=reason, row_id=row.id)],
                                     reason, f"REFERENCE §4: {cls} → no resume, upload as is", facts=facts,
                                     score=score)
+        if self._needs_tracking(row, facts):
+            assert facts is not None
+            why = self.memory.get(TRACK_ERROR) or "not logged to MLflow yet"
+            reason = f"{UPLOAD_NOT_VERIFIED}: {why}"
+            analyze = Action(kind=ActionKind.ANALYZE, run_tag=facts.run_tag, row_id=row.id,
+                             reason=f"post-eval report for {facts.run_tag}")
+            upload = Action(kind=ActionKind.UPLOAD, run_tag=facts.run_tag, row_id=row.id,
+                            attempt=self._attempt_of(facts.run_tag), reason=f"{reason}: log and read back")
+            return self._result(Phase.EVALUATED, [analyze, upload], reason,
+                                "REFERENCE §5: verify, don't trust exit codes → Completed only once read back",
+                                facts=facts, score=score)
         return self._result(Phase.COMPLETED, [Action(kind=ActionKind.SKIP, reason="job finished", row_id=row.id)],
                             "job finished", rule, facts=facts, score=score)
+
+    def _needs_tracking(self, row: ObservedRow, facts: RunDirFacts | None) -> bool:
+        """Our finished run whose MLflow run has not been read back yet. Other users' rows are theirs to log."""
+        return (self.policy.track and row.username == self.policy.username and facts is not None
+                and not facts.unreadable and self.memory.get(TRACKED) != facts.run_tag)
 
     def _own_row_without_live_job(self, row: ObservedRow) -> CellPlan:
         """Our Pending/Started row and nothing of ours in the queue: the job ended, died or never started."""
@@ -452,7 +479,8 @@ class _CellView:
         if score is None and facts is not None:
             score = accuracy(facts)
         return CellPlan(cell=self.cell, phase=phase, actions=tuple(actions), reason=reason, rule=rule,
-                        row_updates=(*self.adoptions, *(updates or ())), run_dir=facts, score=score)
+                        row_updates=(*self.adoptions, *(updates or ())), run_dir=facts, score=score,
+                        memory=self.memory)
 
 
 # ---------------------------------------------------------------------- caps

@@ -10,6 +10,7 @@ import hashlib
 import re
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -278,6 +279,7 @@ class Observation(Frozen):
     jobs: tuple[ObservedJob, ...] | None
     run_dirs: tuple[RunDirFacts, ...] | None
     unknown_reason: str = ""
+    memory: dict[str, Any] = Field(default_factory=dict, description="what earlier passes remembered for this cell")
 
 
 # --------------------------------------------------------------------------- the plan
@@ -344,6 +346,7 @@ class CellPlan(Frozen):
     row_updates: tuple[RowUpdate, ...] = ()
     run_dir: RunDirFacts | None = None
     score: float | None = None
+    memory: dict[str, Any] = Field(default_factory=dict, description="the cell's memory as observed this pass")
 
 
 class Plan(Frozen):

@@ -114,6 +114,8 @@ def explain(cell: CellPlan, console: Console) -> None:
         console.print(f"  action: {action.render()}", highlight=False)
     for update in cell.row_updates:
         console.print(f"  record: {update.model_dump(exclude_none=True)}", highlight=False)
+    for key, value in sorted(cell.memory.items()):
+        console.print(f"  remembered {key}: {value}", highlight=False)
     if cell.run_dir is not None:
         d = cell.run_dir
         console.print(f"  run dir {d.path or d.run_tag}: {d.n_completed}/{d.n_total if d.n_total is not None else '?'} "

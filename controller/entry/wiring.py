@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from fsspec import AbstractFileSystem
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
-from controller.adapters.rundirs.report import write_post_eval_report
+from controller.adapters.rundirs.report import post_eval_analysis, write_post_eval_report
 from controller.adapters.scheduler.commands import LocalCommands
 from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
@@ -23,9 +23,10 @@ from controller.adapters.secrets import SecretMask
 from controller.core.actor import Actor, JobLauncher
 from controller.core.job_env import job_environment
 from controller.core.planner import Policy
-from controller.core.ports import Scheduler
+from controller.core.ports import ObservationError, Scheduler, StoreUnavailable, TrackedRun, Tracker, TrackerRecord
 from controller.core.reconcile import ClusterPorts, RunTarget
 from controller.core.store import Store
+from controller.core.tracking import Analysis
 from controller.core.types import Action, Cell, RunDirFacts
 from controller.entry.secrets import EnvironmentSecrets, SecretSource
 from controller.spec.catalog import Catalog
@@ -62,6 +63,7 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster) -> Policy:
         pre_walltime=timedelta(minutes=spec.monitor.pre_walltime_minutes),
         settle=timedelta(minutes=spec.monitor.settle_minutes),
         upload_db=spec.upload.db,
+        track=spec.upload.mlflow,
         min_completed_fraction=spec.upload.min_completed_fraction,
         max_submissions_per_pass=cspec.max_submissions_per_pass,
         tunnel_pairs=tuple(pair.name for pair in spec.pinggy.pairs),
@@ -113,15 +115,48 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog,
                     infra_error_threshold=run.run.spec.resume.infra_error_threshold)
                 return env | (pinggy_env(run, action.tunnel, secrets) if action.tunnel else {})
 
-            def analyze(facts: RunDirFacts) -> None:
+            def analyze(facts: RunDirFacts) -> Analysis:
                 remote = run_dirs_fs(cluster, jobs_dir)
-                write_post_eval_report(facts.path, facts, errors, fs=remote() if remote else None)
+                _, summary = write_post_eval_report(facts.path, facts, errors, fs=remote() if remote else None)
+                return post_eval_analysis(summary, facts, errors)
 
-            return Actor(store, scheduler, launcher, cell_env, analyze, errors, utc_now)
+            return Actor(store, scheduler, launcher, cell_env, analyze, errors, utc_now, tracker=tracker_for(run))
 
         ports[name] = ClusterPorts(scheduler=scheduler, run_dirs=run_dirs, actor_for=actor_for,
                                    submissions_per_minute=cspec.scheduler.submissions_per_minute)
     return ports
+
+
+def tracker_for(run: LoadedRun) -> tuple[Tracker, str] | None:
+    """The EvalRun's MLflow server and experiment when `upload.mlflow` is on (mlflow loads only then)."""
+    upload = run.run.spec.upload
+    if not upload.mlflow:
+        return None
+    experiment = upload.mlflow_experiment or run.run.metadata.name
+    uri = upload.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        return NoTracker("no MLflow tracking URI: set spec.upload.mlflowTrackingUri or $MLFLOW_TRACKING_URI"), experiment
+    return _mlflow(uri), experiment
+
+
+@functools.cache
+def _mlflow(uri: str) -> Tracker:
+    from controller.adapters.tracker.mlflow import MlflowTracker
+
+    return MlflowTracker(uri)
+
+
+class NoTracker:
+    """`upload.mlflow` without a server: every upload fails with the reason, so the cell says what to set."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def log(self, experiment: str, record: TrackerRecord) -> str:
+        raise StoreUnavailable(self.reason)
+
+    def read_back(self, experiment: str, run_tag: str) -> TrackedRun | None:
+        raise ObservationError(self.reason)
 
 
 def scheduler_for(cluster: LoadedCluster, logs_dir: str, mask: SecretMask) -> Scheduler:

@@ -308,7 +308,14 @@ class UploadPolicy(SpecModel):
     """Where results go once a cell is evaluated."""
 
     db: bool = Field(True, description="Write metrics to the results store.")
-    mlflow: bool = Field(False, description="Log metrics to MLflow and verify them.")
+    mlflow: bool = Field(False, description="Log metrics to MLflow and verify them: a cell is Completed only once "
+                                            "its MLflow run reads back what was logged.")
+    mlflow_tracking_uri: str | None = Field(
+        None, max_length=2048, pattern=r"^(https?|sqlite|databricks|postgresql|mysql)://[^@\s]*$",
+        description="MLflow tracking server (default $MLFLOW_TRACKING_URI). Credentials never go here: "
+                    "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD / MLFLOW_TRACKING_TOKEN in the environment.")
+    mlflow_experiment: str | None = Field(None, min_length=1, max_length=250,
+                                          description="MLflow experiment (default: the EvalRun's name).")
     min_completed_fraction: float = Field(0.5, ge=0, le=1, description="Upload only with this share of trials done.")
 
 

@@ -21,6 +21,7 @@ from fsspec.implementations.local import LocalFileSystem
 from controller.adapters.rundirs.tree import is_trial_dir_name, read_local
 from controller.core.errors import ErrorClasses, ErrorKind
 from controller.core.metrics import run_metrics
+from controller.core.tracking import Analysis
 from controller.core.types import Frozen, RunDirFacts
 
 REPORT_NAME = "post_eval_report.txt"
@@ -200,3 +201,11 @@ def _kind_label(name: str, errors: ErrorClasses) -> str:
     if name in errors.infra:
         return ErrorKind.INFRA.value
     return ErrorKind.BENIGN.value if name in errors.benign | errors.benign_with_reward else ErrorKind.OTHER.value
+
+
+def post_eval_analysis(summary: PostEvalSummary, facts: RunDirFacts, errors: ErrorClasses) -> Analysis:
+    """The report as the tracker logs it: its text, and the step statistics as metrics."""
+    steps = summary.steps
+    stats = {} if steps is None else {"n_trajectories": float(steps.n_trajectories), "steps_mean": steps.mean,
+                                      "steps_median": steps.median, "steps_max": float(steps.max)}
+    return Analysis(report=render(summary, facts, errors), step_stats=stats)

@@ -1,0 +1,293 @@
+"""MLflow as the `Tracker`: one run per cell attempt, found again by its run tag and never duplicated.
+
+On the server: experiment <name> (created when missing) → one run named <run tag>, tagged
+`evalrun.run_tag=<run tag>` and `evalrun.<key>` for each record tag; params as params; metrics at step 0
+(the newest value is the run's, so a re-analysis replaces what dashboards show); the report as the
+artifact `post_eval_report.txt`; the run left FINISHED. Re-analysis attaches to the same run (REFERENCE §5).
+
+Params are immutable in MLflow: logging a param again with the same value is a no-op, a different value is
+refused (INVALID_PARAMETER_VALUE) and the whole batch with it. A re-analysis with changed settings (max
+retries ×2, another browser backend) keeps the first value as the param and records the new one as tag
+`evalrun.param.<name>`; `read_back` reports that tag's value as the param, i.e. what the LAST analysis used,
+which is what the core compares against what it logged. No logged value is ever deleted or rewritten.
+
+`log` returning proves nothing: a proxy or rate limiter can answer 200 and drop the write (REFERENCE §5,
+"verify, don't trust exit codes"). `read_back` reads the server afresh so the core can compare.
+
+Timeouts: mlflow's HTTP client retries 7 times with exponential backoff (minutes) and waits 120 s per request
+by default, and 3.17 has no per-client knob: it reads MLFLOW_HTTP_REQUEST_TIMEOUT / _MAX_RETRIES /
+_BACKOFF_FACTOR from the environment at every request. The constructor sets those that are unset, so a stopped
+server fails in about 3 s; values the operator exported win, and the first tracker of a process sets them for
+every tracker (and any other mlflow use) in it. Messages state the effective values. It also forces
+MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT: mlflow otherwise prints each finished run's URL, password included.
+
+Credentials come from the tracking URI (user:password@host) or MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN, which
+mlflow reads itself. They never reach a message: URLs lose their userinfo, and those values are masked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from urllib.parse import unquote, urlsplit
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, Run, RunTag
+from mlflow.exceptions import MlflowException, RestException
+
+from controller.core.ports import ObservationError, StoreUnavailable, TrackedRun, TrackerRecord
+
+log = logging.getLogger("evalctl.tracker")
+
+TAG_PREFIX = "evalrun."
+RUN_TAG = f"{TAG_PREFIX}run_tag"
+PARAM_OVERRIDE = f"{TAG_PREFIX}param."  # a param's value from a later analysis (params are immutable)
+REPORT_ARTIFACT = "post_eval_report.txt"
+SECRET_ENV = ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+TIMEOUT_ENV, RETRIES_ENV, BACKOFF_ENV = (
+    "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
+QUIET_ENV = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
+BACKOFF_FACTOR = 1  # mlflow wants an int: sleeps 0 s, 2 s, 4 s … between attempts (its default 2 doubles that)
+# log-batch limits of the REST API: 1000 metrics, 100 params, 100 tags, 1000 entities in all per request.
+BATCH_METRICS, BATCH_PARAMS, BATCH_TAGS = 800, 100, 100
+SEARCH_LIMIT = 100  # runs per run tag; more than one only after a race, so this is never reached
+MESSAGE_MAX = 400
+
+_ENV_LOCK = threading.Lock()
+_USERINFO = re.compile(r"(?<=://)[^/\s]*@")  # up to the LAST @ of the authority: a password may hold one
+_STATUS_RETRIES = re.compile(r"too many (\d{3}) error responses")
+
+
+class _Refused(Exception):
+    """The server answered, but not in a way this adapter can log through (deleted experiment, no run id)."""
+
+
+_FAILURES = (MlflowException, OSError, json.JSONDecodeError, _Refused)  # OSError covers requests' errors
+
+
+class MlflowTracker:
+    """`Tracker` on an MLflow tracking server, through its REST API (`MlflowClient`, no global mlflow state)."""
+
+    def __init__(self, tracking_uri: str, *, timeout_s: float = 30.0, retries: int = 2) -> None:
+        """`timeout_s` per request and `retries` after the first attempt, unless MLFLOW_HTTP_REQUEST_* are set."""
+        self._where = strip_credentials(tracking_uri)
+        self._secrets = _secrets(tracking_uri)
+        _configure_http(timeout_s, retries)
+        try:
+            self._client = MlflowClient(tracking_uri=tracking_uri)
+        except MlflowException as exc:  # an unsupported scheme: its message repeats the URI, credentials included
+            raise StoreUnavailable(self._one_line("cannot use this tracking URI", exc)) from None
+
+    # ------------------------------------------------------------------ the port
+
+    def log(self, experiment: str, record: TrackerRecord) -> str:
+        """Find or create the run tagged `record.run_tag`, log everything to it, mark it FINISHED; its id.
+
+        Safe to repeat: the run is looked up by tag every time, params already stored are skipped, tags and
+        metrics are overwritten. Raises `StoreUnavailable` (one line) when the server cannot be reached or
+        refuses the write.
+        """
+        _check_tag_keys(record)
+        try:
+            run = self._run_for(self._experiment_for_writing(experiment), record.run_tag)
+            self._log_to(run, record)
+        except _FAILURES as exc:
+            raise StoreUnavailable(
+                self._one_line(f"cannot log run {record.run_tag!r} in experiment {experiment!r}", exc)) from None
+        return str(run.info.run_id)
+
+    def read_back(self, experiment: str, run_tag: str) -> TrackedRun | None:
+        """The run as the server holds it now (three fresh reads: experiment, runs, artifacts), or None if none.
+
+        Speaks the record's vocabulary: `tags` are the record tags this adapter wrote (prefix removed), `params`
+        the values of the latest analysis, `metrics` the latest value of each, `artifacts` the top-level paths.
+        Raises `ObservationError` (one line) when the server cannot be read.
+        """
+        try:
+            found = self._client.get_experiment_by_name(experiment)
+            if found is None or found.lifecycle_stage == "deleted":
+                return None
+            runs = self._runs_tagged(str(found.experiment_id), run_tag)
+            if not runs:
+                return None
+            artifacts = tuple(sorted(info.path for info in self._client.list_artifacts(runs[0].info.run_id)))
+        except _FAILURES as exc:
+            raise ObservationError(
+                self._one_line(f"cannot read run {run_tag!r} in experiment {experiment!r}", exc)) from None
+        return _tracked(runs[0], artifacts)
+
+    # ------------------------------------------------------------------ steps
+
+    def _experiment_for_writing(self, name: str) -> str:
+        """The id of the live experiment `name`, created when missing."""
+        found = self._client.get_experiment_by_name(name)
+        if found is None:
+            try:
+                created = self._client.create_experiment(name)
+            except RestException as exc:
+                if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                found = self._client.get_experiment_by_name(name)  # another process created it meanwhile
+                if found is None:
+                    raise
+            else:
+                if not created:
+                    raise _Refused("the server answered create-experiment without an id (a proxy dropping writes?)")
+                return str(created)
+        if found.lifecycle_stage == "deleted":
+            raise _Refused(f"experiment {name!r} is deleted on the server; restore it "
+                           "(mlflow experiments restore) or name another experiment")
+        return str(found.experiment_id)
+
+    def _runs_tagged(self, experiment_id: str, run_tag: str) -> list[Run]:
+        """The live runs carrying `run_tag`, oldest first (ties broken by id, so racing writers agree)."""
+        runs = self._client.search_runs([experiment_id], filter_string=tag_filter(RUN_TAG, run_tag),
+                                        max_results=SEARCH_LIMIT, order_by=["attributes.start_time ASC"])
+        exact = [run for run in runs if run.data.tags.get(RUN_TAG) == run_tag]  # LIKE matches more, see tag_filter
+        exact.sort(key=lambda run: (run.info.start_time or 0, run.info.run_id))
+        if len(exact) > 1:
+            log.warning("%d MLflow runs carry run tag %r (an earlier race); using the oldest, %s",
+                        len(exact), run_tag, exact[0].info.run_id)
+        return exact
+
+    def _run_for(self, experiment_id: str, run_tag: str) -> Run:
+        """The run of `run_tag`, created if absent. Two writers racing both create one; both then pick the oldest
+        and each deletes its own newer one, so one run remains."""
+        runs = self._runs_tagged(experiment_id, run_tag)
+        if runs:
+            return runs[0]
+        created = self._client.create_run(experiment_id, tags={RUN_TAG: run_tag}, run_name=run_tag)
+        if not created.info.run_id:
+            raise _Refused("the server answered create-run without a run id (a proxy dropping writes?)")
+        runs = self._runs_tagged(experiment_id, run_tag)
+        oldest = runs[0] if runs else created
+        if oldest.info.run_id != created.info.run_id:
+            self._client.delete_run(created.info.run_id)
+            log.warning("another writer created MLflow run %s for run tag %r at the same time; logging to it and "
+                        "deleting ours, %s", oldest.info.run_id, run_tag, created.info.run_id)
+        return oldest
+
+    def _log_to(self, run: Run, record: TrackerRecord) -> None:
+        run_id = run.info.run_id
+        stored_params, stored_tags = run.data.params, run.data.tags
+        params: list[Param] = []
+        tags = [RunTag(RUN_TAG, record.run_tag), *(RunTag(TAG_PREFIX + k, v) for k, v in record.tags.items())]
+        for name, value in record.params.items():
+            if name not in stored_params:
+                params.append(Param(name, value))
+            elif stored_params[name] != value or PARAM_OVERRIDE + name in stored_tags:
+                tags.append(RunTag(PARAM_OVERRIDE + name, value))  # immutable param: the new value goes here
+        now_ms = int(time.time() * 1000)
+        metrics = [Metric(name, float(value), now_ms, 0) for name, value in record.metrics.items()]
+        for metric_batch, param_batch, tag_batch in _batches(metrics, params, tags):
+            # synchronous: with MLFLOW_ENABLE_ASYNC_LOGGING set, a failed write would otherwise only be logged
+            self._client.log_batch(run_id, metrics=metric_batch, params=param_batch, tags=tag_batch, synchronous=True)
+        self._client.log_text(run_id, record.report, REPORT_ARTIFACT)
+        self._client.set_terminated(run_id, "FINISHED")
+
+    # ------------------------------------------------------------------ messages
+
+    def _one_line(self, doing: str, exc: BaseException) -> str:
+        """`MLflow at <uri without credentials>: <doing>: <why>; <what to check>`, masked, on one line."""
+        text = f"MLflow at {self._where}: {doing}: {self._reason(exc)}"
+        text = _USERINFO.sub("", " ".join(text.split()))
+        for secret in self._secrets + tuple(os.environ.get(name, "") for name in SECRET_ENV):
+            if len(secret) >= 3:
+                text = text.replace(secret, "***")
+        return text if len(text) <= MESSAGE_MAX else text[: MESSAGE_MAX - 1] + "…"
+
+    def _reason(self, exc: BaseException) -> str:
+        retries, timeout_s = _setting(RETRIES_ENV, 7), _setting(TIMEOUT_ENV, 120)  # as mlflow read them (defaults)
+        attempts = f"{retries + 1} attempt{'s' if retries else ''}"
+        message = str(exc)
+        if isinstance(exc, RestException):  # the server answered with an error of its own
+            denied = exc.error_code in ("UNAUTHENTICATED", "PERMISSION_DENIED")
+            hint = "; check the credentials (MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN)" if denied else ""
+            return f"refused: {message.partition(chr(10))[0]}{hint}"  # the message starts with the error code
+        if isinstance(exc, _Refused):
+            return message
+        if status_code := _STATUS_RETRIES.search(message):
+            return f"answered HTTP {status_code.group(1)} to {attempts}; check the server's log"
+        if "connection refused" in message.lower() or "failed to establish" in message.lower():
+            return f"unreachable ({attempts}, connection refused); check that the server is running on that address"
+        if "timeout" in message.lower() or "timed out" in message.lower():
+            return f"no answer within {timeout_s} s ({attempts}); check that the server is up and not overloaded"
+        if isinstance(exc, json.JSONDecodeError):
+            return "answered with something that is not JSON (a proxy or login page in between?)"
+        return f"{type(exc).__name__}: {message}"
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def strip_credentials(uri: str) -> str:
+    """The URI without user:password@, for messages and logs."""
+    return _USERINFO.sub("", uri)
+
+
+def tag_filter(key: str, value: str) -> str:
+    """A search filter matching tag `key` = `value`. MLflow's filter grammar has no escapes: a value is quoted
+    with whichever quote it lacks; one holding both is matched with LIKE, quotes as `_` (callers re-check)."""
+    if "'" not in value:
+        return f"tags.`{key}` = '{value}'"
+    if '"' not in value:
+        return f'tags.`{key}` = "{value}"'
+    return f"tags.`{key}` LIKE '{value.replace(chr(39), '_').replace(chr(34), '_')}'"
+
+
+def _configure_http(timeout_s: float, retries: int) -> None:
+    """Set mlflow's HTTP timeout, retries and backoff for this process where unset."""
+    wanted = {TIMEOUT_ENV: str(max(1, math.ceil(timeout_s))), RETRIES_ENV: str(max(0, retries)),
+              BACKOFF_ENV: str(BACKOFF_FACTOR)}
+    with _ENV_LOCK:
+        for name, value in wanted.items():
+            os.environ.setdefault(name, value)
+        # set_terminated otherwise writes "🏃 View run … at: <tracking URI>" to stdout: credentials included, and
+        # in the middle of whatever the CLI prints there (plan -o json). Forced, whatever the environment says.
+        os.environ[QUIET_ENV] = "true"
+
+
+def _setting(name: str, default: int) -> int:
+    """One of mlflow's integer HTTP settings as it reads them, for messages."""
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _secrets(uri: str) -> tuple[str, ...]:
+    """The password in the URI, raw and decoded, to mask wherever it might still appear."""
+    try:
+        password = urlsplit(uri).password
+    except ValueError:
+        return ()
+    return tuple({password, unquote(password)}) if password else ()
+
+
+def _check_tag_keys(record: TrackerRecord) -> None:
+    """Record tags share the `evalrun.` namespace with the run tag and param overrides; keep them apart."""
+    clashes = [key for key in record.tags if TAG_PREFIX + key == RUN_TAG or (TAG_PREFIX + key).startswith(PARAM_OVERRIDE)]
+    if clashes:
+        raise ValueError(f"record tags {clashes} clash with the tracker's own tags ({RUN_TAG}, {PARAM_OVERRIDE}*)")
+
+
+def _batches(metrics: Sequence[Metric], params: Sequence[Param],
+             tags: Sequence[RunTag]) -> Iterator[tuple[Sequence[Metric], Sequence[Param], Sequence[RunTag]]]:
+    """Slices within the REST API's per-request limits; usually one."""
+    while metrics or params or tags:
+        yield metrics[:BATCH_METRICS], params[:BATCH_PARAMS], tags[:BATCH_TAGS]
+        metrics, params, tags = metrics[BATCH_METRICS:], params[BATCH_PARAMS:], tags[BATCH_TAGS:]
+
+
+def _tracked(run: Run, artifacts: tuple[str, ...]) -> TrackedRun:
+    ours = {key.removeprefix(TAG_PREFIX): value for key, value in run.data.tags.items() if key.startswith(TAG_PREFIX)}
+    overrides = {key.removeprefix("param."): value for key, value in ours.items() if key.startswith("param.")}
+    tags = {key: value for key, value in ours.items() if key != "run_tag" and not key.startswith("param.")}
+    return TrackedRun(run_id=run.info.run_id, tags=tags, params={**run.data.params, **overrides},
+                      metrics=dict(run.data.metrics), artifacts=artifacts)

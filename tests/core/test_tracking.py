@@ -1,0 +1,82 @@
+"""Verify before claiming: with `upload.mlflow`, a finished cell is Completed only once its MLflow run read back."""
+
+from __future__ import annotations
+
+from controller.core.errors import ErrorClasses
+from controller.core.metrics import run_metrics
+from controller.core.planner import TRACK_ERROR, TRACKED, plan_cell
+from controller.core.ports import TrackedRun
+from controller.core.tracking import Analysis, differences, tracker_record
+from controller.core.types import ActionKind, Phase
+from tests.core.builders import NOW, POLICY, SCORED, cell, facts, obs, row, sub
+
+TRACKING = POLICY.model_copy(update={"track": True})
+CELL = cell()
+TAG = CELL.run_tag(1)
+
+
+def finished(memory: dict | None = None, *, user: str = "alice"):
+    observed = obs(rows=(row("Finished", metrics=SCORED, job_name=TAG, user=user),), subs=(sub(CELL),),
+                   dirs=(facts(TAG),))
+    return observed.model_copy(update={"memory": memory or {}})
+
+
+def test_a_finished_row_not_yet_read_back_from_mlflow_is_evaluated_and_logged_again() -> None:
+    decided = plan_cell(CELL, finished(), TRACKING, NOW)
+
+    assert decided.phase == Phase.EVALUATED
+    assert [a.kind for a in decided.actions] == [ActionKind.ANALYZE, ActionKind.UPLOAD]
+    assert decided.reason.startswith("UploadNotVerified: not logged to MLflow yet")
+
+
+def test_the_last_failure_is_the_reason_until_a_read_back_matches() -> None:
+    failed = plan_cell(CELL, finished({TRACK_ERROR: "MLflow: metric accuracy: logged 0.5, server has nothing"}),
+                       TRACKING, NOW)
+    verified = plan_cell(CELL, finished({TRACKED: TAG}), TRACKING, NOW)
+
+    assert failed.phase == Phase.EVALUATED and "server has nothing" in failed.reason
+    assert verified.phase == Phase.COMPLETED and [a.kind for a in verified.actions] == [ActionKind.SKIP]
+
+
+def test_a_read_back_of_another_attempt_does_not_count() -> None:
+    assert plan_cell(CELL, finished({TRACKED: CELL.run_tag(2)}), TRACKING, NOW).phase == Phase.EVALUATED
+
+
+def test_other_users_rows_and_runs_without_tracking_are_completed_as_before() -> None:
+    assert plan_cell(CELL, finished(user="bob"), TRACKING, NOW).phase == Phase.COMPLETED
+    assert plan_cell(CELL, finished(), POLICY, NOW).phase == Phase.COMPLETED
+
+
+ERRORS = ErrorClasses(infra=("DaytonaError", "CancelledError"), benign=("AgentTimeoutError",))
+ANALYSIS = Analysis(report="report", step_stats={"steps_mean": 12.5, "steps_median": 12.0, "steps_max": 30.0,
+                                                 "n_trajectories": 10.0})
+
+
+def record_for(breakdown: dict[str, int]):
+    run = facts(TAG).model_copy(update={"error_breakdown": breakdown})
+    return tracker_record(CELL, run, run_metrics(run, ERRORS), ANALYSIS, ERRORS)
+
+
+def test_every_run_has_the_same_metric_names_whatever_its_errors() -> None:
+    clean, noisy = record_for({}), record_for({"DaytonaError": 3, "SomethingNew": 1})
+
+    assert set(clean.metrics) == set(noisy.metrics)
+    assert clean.metrics["errors.DaytonaError"] == 0 and noisy.metrics["errors.DaytonaError"] == 3
+    assert clean.metrics["errors.other"] == 0 and noisy.metrics["errors.other"] == 1
+    assert {"accuracy", "steps_mean", "steps_median", "steps_max"} <= set(clean.metrics)
+
+
+def test_differences_name_whatever_did_not_land() -> None:
+    record = record_for({"DaytonaError": 2})
+    exact = TrackedRun(run_id="r", tags=record.tags, params=record.params, metrics=dict(record.metrics),
+                       artifacts=("post_eval_report.txt",))
+    lost_bucket = exact.model_copy(update={"metrics": {k: v for k, v in record.metrics.items()
+                                                       if k != "errors.DaytonaError"}})
+    other_score = exact.model_copy(update={"metrics": {**record.metrics, "accuracy": 0.25}})
+
+    assert differences(record, exact) == []
+    assert differences(record, None) == [f"no MLflow run tagged {TAG}"]
+    assert differences(record, lost_bucket) == ["metric errors.DaytonaError: logged 2, server has nothing"]
+    assert differences(record, other_score) == ["metric accuracy: logged 0.5, server has 0.25"]
+    assert differences(record, exact.model_copy(update={"artifacts": ()})) == [
+        "artifact post_eval_report.txt missing"]

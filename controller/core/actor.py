@@ -113,6 +113,8 @@ class Actor:
         outcomes = []
         try:
             self._bookkeeping(cell_plan)
+            if cell_plan.remember is not None:  # before acting: a cancel to upload as is must never look unexplained
+                self.state.remember(cell_plan.cell.key, cell_plan.remember)
         except Exception as exc:  # the store failed: this cell does nothing more this pass
             log.warning("bookkeeping failed", extra={"cell": label, "error": str(exc)})
             return [Outcome(cell=label, action="bookkeeping", ok=False, message=str(exc))]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from pydantic import Field
 
@@ -52,6 +53,9 @@ LAUNCHING = frozenset({ActionKind.SUBMIT, ActionKind.RESUME})
 TRACKED = "tracked_run_tag"
 TRACK_ERROR = "track_error"
 DB_VERIFIED = "db_verified"  # the last upload to the results DB that read back as written
+# The monitor's memory: a run tag it cancelled to upload as is (never resumed), and the first stuck-general reading.
+UPLOAD_AS_IS = "upload_as_is"
+STALL_READING = "stall_reading"
 UPLOAD_NOT_VERIFIED = "UploadNotVerified"
 
 
@@ -248,24 +252,50 @@ class _CellView:
             last = facts.last_progress_at or job.started_at
             quiet = self.now - last if last is not None else timedelta(0)
             if facts.n_completed >= facts.n_total and quiet >= self.policy.zombie_grace:
-                actions.append(Action(kind=ActionKind.CANCEL, job_id=job.job_id,
-                                      reason=f"zombie: every trial has a result ({progress}) but the job still runs"))
-                return self._result(Phase.STALLED, actions, "zombie job", "REFERENCE §5: zombie → cancel, upload",
-                                    updates, facts)
+                return self._cancel_to_upload(job, facts, actions, updates, "zombie job", "REFERENCE §5: zombie → "
+                                              f"cancel, upload; every trial has a result ({progress}) but the job "
+                                              "still runs")
             near = math.ceil(self.policy.near_complete_fraction * facts.n_total)
             if facts.n_scored >= near and quiet >= self.policy.stale_near:
-                actions.append(Action(kind=ActionKind.CANCEL, job_id=job.job_id,
-                                      reason=f"stuck near complete: {progress}, no new score for {_minutes(quiet)}"))
-                return self._result(Phase.STALLED, actions, "stuck near complete",
-                                    "REFERENCE §5: stuck near complete → cancel, post-eval", updates, facts)
+                return self._cancel_to_upload(job, facts, actions, updates, "stuck near complete",
+                                              f"REFERENCE §5: stuck near complete → cancel, post-eval; {progress}, "
+                                              f"no new score for {_minutes(quiet)}")
             if quiet >= self.policy.stale_general:
-                actions.append(Action(kind=ActionKind.WAIT, job_id=job.job_id,
-                                      reason=f"no new score for {_minutes(quiet)} ({progress})"))
-                return self._result(Phase.STALLED, actions, f"stalled: no progress for {_minutes(quiet)}",
-                                    "REFERENCE §5: stuck general → report Stalled", updates, facts)
+                return self._stuck_general(job, facts, actions, updates, quiet)
         actions.append(Action(kind=ActionKind.WAIT, job_id=job.job_id, reason=f"job {job.job_id} running"))
+        moving = {k: v for k, v in self.memory.items() if k != STALL_READING}  # progress ends a stall reading
         return self._result(Phase.RUNNING, actions, f"job running ({progress})",
-                            "REFERENCE §4: IN_FLIGHT → wait", updates, facts)
+                            "REFERENCE §4: IN_FLIGHT → wait", updates, facts,
+                            remember=moving if moving != self.memory else None)
+
+    def _stuck_general(self, job: ObservedJob, facts: RunDirFacts, actions: list[Action], updates: list[RowUpdate],
+                       quiet: timedelta) -> CellPlan:
+        """Long retry tails are normal: the first reading only reports; a second one, a whole `stale_general`
+        later with still no new score, cancels and uploads what is there (the seed's 'second consecutive')."""
+        progress = _progress(facts)
+        reading = self.memory.get(STALL_READING) or {}
+        same = reading.get("run_tag") == facts.run_tag and reading.get("scored") == facts.n_scored
+        first_at = _parse_time(reading.get("at")) if same else None
+        if first_at is not None and self.now - first_at >= self.policy.stale_general:
+            return self._cancel_to_upload(job, facts, actions, updates, "stuck general, second reading",
+                                          f"REFERENCE §5: stuck general, second consecutive reading → cancel, "
+                                          f"post-eval; {progress}, no new score since {first_at:%Y-%m-%d %H:%M}")
+        actions.append(Action(kind=ActionKind.WAIT, job_id=job.job_id,
+                              reason=f"no new score for {_minutes(quiet)} ({progress})"))
+        remember = None if first_at is not None else {
+            **self.memory, STALL_READING: {"run_tag": facts.run_tag, "scored": facts.n_scored,
+                                           "at": self.now.isoformat()}}
+        return self._result(Phase.STALLED, actions, f"stalled: no progress for {_minutes(quiet)}"
+                            + (f" (first reading {first_at:%H:%M}; cancelled if still stuck a "
+                               f"{_minutes(self.policy.stale_general)} after it)" if first_at else " (first reading)"),
+                            "REFERENCE §5: stuck general → report Stalled", updates, facts, remember=remember)
+
+    def _cancel_to_upload(self, job: ObservedJob, facts: RunDirFacts, actions: list[Action],
+                          updates: list[RowUpdate], what: str, rule: str) -> CellPlan:
+        """Cancel, and remember that this run dir is to be uploaded as it is once it settles, never resumed."""
+        actions.append(Action(kind=ActionKind.CANCEL, job_id=job.job_id, reason=f"{what}: {_progress(facts)}"))
+        remember = {k: v for k, v in self.memory.items() if k != STALL_READING} | {UPLOAD_AS_IS: facts.run_tag}
+        return self._result(Phase.STALLED, actions, what, rule, updates, facts, remember=remember)
 
     def _bookkeeping(self, job: ObservedJob) -> list[RowUpdate]:
         """Move our Pending row to Started once its job runs."""
@@ -377,6 +407,16 @@ class _CellView:
             reason = f"{verdict.reason} ({_progress(facts)})"
             return self._result(Phase.SETTLING, [Action(kind=ActionKind.WAIT, reason=reason)], reason, rule,
                                 facts=facts)
+        cancelled_at = job.ended_at if job is not None and self.memory.get(UPLOAD_AS_IS) == facts.run_tag else None
+        if cancelled_at is not None and self.now - cancelled_at < self.policy.settle:
+            reason = f"cancelled at {cancelled_at:%H:%M:%S}; its sandboxes may write until " \
+                     f"{cancelled_at + self.policy.settle:%H:%M:%S} ({_progress(facts)}): upload after that"
+            return self._result(Phase.SETTLING, [Action(kind=ActionKind.WAIT, reason=reason)], reason,
+                                "REFERENCE §3: after a kill, sandboxes keep writing → settling, not finished",
+                                facts=facts)
+        if verdict.next == Next.RESUME and self.memory.get(UPLOAD_AS_IS) == facts.run_tag:
+            return self._upload(facts, row_id, cls, f"REFERENCE §5: the monitor cancelled it ({cls}) → post-eval, "
+                                                    "upload as is, no resume")
         if verdict.next == Next.RESUME:
             reason = f"{why}; {cls}: {verdict.reason} ({_progress(facts)}) → resume, fire {fires + 1} of " \
                      f"{self.policy.max_total_fires}"
@@ -475,12 +515,13 @@ class _CellView:
         updates: list[RowUpdate] | None = None,
         facts: RunDirFacts | None = None,
         score: float | None = None,
+        remember: dict[str, Any] | None = None,
     ) -> CellPlan:
         if score is None and facts is not None:
             score = accuracy(facts)
         return CellPlan(cell=self.cell, phase=phase, actions=tuple(actions), reason=reason, rule=rule,
                         row_updates=(*self.adoptions, *(updates or ())), run_dir=facts, score=score,
-                        memory=self.memory)
+                        memory=self.memory, remember=remember)
 
 
 # ---------------------------------------------------------------------- caps
@@ -563,6 +604,14 @@ def _last_job_note(jobs: Sequence[ObservedJob] | None) -> str:
     if job is None:
         return ""
     return f"; last job {job.job_id} {job.state.value}" + (f": {job.reason}" if job.reason else "")
+
+
+def _parse_time(value: object) -> datetime | None:
+    """A time the planner wrote into the cell's memory (ISO 8601); anything else is no reading."""
+    try:
+        return datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
 
 
 def _minutes(delta: timedelta) -> str:

@@ -347,6 +347,8 @@ class CellPlan(Frozen):
     run_dir: RunDirFacts | None = None
     score: float | None = None
     memory: dict[str, Any] = Field(default_factory=dict, description="the cell's memory as observed this pass")
+    remember: dict[str, Any] | None = Field(None, description="the cell's memory after this pass, written once "
+                                                              "its actions succeeded (None: unchanged)")
 
 
 class Plan(Frozen):

@@ -62,6 +62,7 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster) -> Policy:
         stale_general=timedelta(minutes=spec.monitor.stale_general_minutes),
         pre_walltime=timedelta(minutes=spec.monitor.pre_walltime_minutes),
         settle=timedelta(minutes=spec.monitor.settle_minutes),
+        zombie_grace=timedelta(minutes=spec.monitor.zombie_grace_minutes),
         upload_db=spec.upload.db,
         track=spec.upload.mlflow,
         min_completed_fraction=spec.upload.min_completed_fraction,

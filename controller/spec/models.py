@@ -302,6 +302,9 @@ class MonitorPolicy(SpecModel):
     settle_minutes: Minutes = Field(
         60, description="A killed job's sandboxes may keep writing this long; wait until the dir is quiet."
     )
+    zombie_grace_minutes: Minutes = Field(
+        10, description="Every trial has a result but the job still runs this long after the last one → cancel."
+    )
 
 
 class UploadPolicy(SpecModel):

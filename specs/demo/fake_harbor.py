@@ -13,9 +13,11 @@ attempt). By default ~1 in 8 trials hit AgentTimeoutError (graded, reward 0.0) a
 DaytonaError (no reward), capped below the default infra threshold of 10.
 
 Fault modes (env): FAKE_HARBOR_TRIAL_SECONDS (0.05 per trial), FAKE_HARBOR_HANG_AFTER=N (hang after
-N trials), FAKE_HARBOR_EXIT_CODE=N (exit N right after config.json), FAKE_HARBOR_INFRA_ERRORS=N
+N trials; N ≥ all trials: a zombie that hangs once every trial has a result), FAKE_HARBOR_EXIT_CODE=N (exit N
+right after config.json), FAKE_HARBOR_INFRA_ERRORS=N
 (exactly N infra errors on a fresh run, none on resume), FAKE_HARBOR_WRITE_AFTER_KILL=N (on SIGTERM
-a detached child keeps writing N trial dirs, like Daytona sandboxes after a SLURM kill).
+a detached child keeps writing N trial dirs, like Daytona sandboxes after a SLURM kill, one every
+FAKE_HARBOR_LATE_TRIAL_SECONDS).
 """
 
 from __future__ import annotations
@@ -270,7 +272,9 @@ def detach_and_keep_writing(job: FakeJob, n: int) -> None:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    pause = float(os.environ.get("FAKE_HARBOR_LATE_TRIAL_SECONDS", "0"))
     for i in range(n):
+        time.sleep(pause)
         job.run_trial(job.tasks[i % len(job.tasks)] if job.tasks else f"late-{i:03d}", job.n_attempts + i, infra=False)
     os._exit(0)
 
@@ -332,6 +336,9 @@ def main(argv: list[str]) -> int:
         n_infra += infra
         job.results.append(job.run_trial(task, attempt, infra))
         job.write_job_result(finished=False)
+    if hang_after is not None and hang_after >= len(job.results):  # a zombie: every trial done, the job runs on
+        while True:
+            time.sleep(3600)
     job.write_job_result(finished=True)
     return 0
 

@@ -78,6 +78,9 @@ class Policy(Frozen):
     upload_db: bool = True
     track: bool = Field(False, description="log to the tracker (MLflow); Completed needs its read-back")
     min_completed_fraction: float = 0.5
+    max_infra_error_fraction: float | None = None
+    overlong: timedelta | None = None
+    force_upload: bool = Field(False, description="the gates' holds are released by a human")
     max_submissions_per_pass: int = 6
     tunnel_pairs: tuple[str, ...] = ()
 
@@ -427,11 +430,10 @@ class _CellView:
 
     def _upload(self, facts: RunDirFacts, row_id: str | None, cls: DirClass, rule: str) -> CellPlan:
         verdict = RESUME_TABLE[cls]
-        total = facts.n_total or facts.n_completed
-        fraction = facts.n_completed / total if total else 0.0
-        if fraction < self.policy.min_completed_fraction or facts.n_completed == 0:
-            reason = f"{verdict.reason}; only {_progress(facts)} completed, below minCompletedFraction " \
-                     f"{self.policy.min_completed_fraction:g}: not uploading"
+        held = self._gates(facts)
+        if held and (facts.n_completed == 0 or not self.policy.force_upload):
+            release = "" if facts.n_completed == 0 else "; set upload.forceUpload to upload it anyway"
+            reason = f"{verdict.reason}; upload gate: {'; '.join(held)}: not uploading{release}"
             return self._result(Phase.FAILED, [Action(kind=ActionKind.HOLD, reason=reason, row_id=row_id)], reason,
                                 rule, facts=facts)
         analyze = Action(kind=ActionKind.ANALYZE, run_tag=facts.run_tag, row_id=row_id,
@@ -443,6 +445,26 @@ class _CellView:
                         reason=f"{verdict.reason} ({_progress(facts)}): upload metrics")
         return self._result(Phase.EVALUATED, [analyze, upload], f"{verdict.reason}: analyze and upload", rule,
                             facts=facts)
+
+    def _gates(self, facts: RunDirFacts) -> list[str]:
+        """Why this run's numbers should not reach the leaderboard unreviewed, with the numbers."""
+        policy, held = self.policy, []
+        total = facts.n_total or facts.n_completed
+        fraction = facts.n_completed / total if total else 0.0
+        if fraction < policy.min_completed_fraction or facts.n_completed == 0:
+            held.append(f"only {facts.n_completed}/{total or '?'} completed ({fraction:.0%}), below "
+                        f"minCompletedFraction {policy.min_completed_fraction:g}")
+        if policy.max_infra_error_fraction is not None and facts.n_completed:
+            infra = facts.n_infra_errors / facts.n_completed
+            if infra > policy.max_infra_error_fraction:
+                held.append(f"{facts.n_infra_errors} infra errors in {facts.n_completed} completed ({infra:.0%}), above "
+                            f"maxInfraErrorFraction {policy.max_infra_error_fraction:g}")
+        end = facts.finished_at or facts.last_progress_at
+        if policy.overlong is not None and facts.started_at is not None and end is not None \
+                and end - facts.started_at > policy.overlong:
+            held.append(f"ran {_minutes(end - facts.started_at)}, longer than overlongHours "
+                        f"{policy.overlong.total_seconds() / 3600:g} (is_overlong)")
+        return held
 
     # ------------------------------------------------------------------ helpers
 

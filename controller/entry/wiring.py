@@ -66,6 +66,9 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster) -> Policy:
         upload_db=spec.upload.db,
         track=spec.upload.mlflow,
         min_completed_fraction=spec.upload.min_completed_fraction,
+        max_infra_error_fraction=spec.upload.max_infra_error_fraction,
+        overlong=None if spec.upload.overlong_hours is None else timedelta(hours=spec.upload.overlong_hours),
+        force_upload=spec.upload.force_upload,
         max_submissions_per_pass=cspec.max_submissions_per_pass,
         tunnel_pairs=tuple(pair.name for pair in spec.pinggy.pairs),
     )

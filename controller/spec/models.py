@@ -320,6 +320,13 @@ class UploadPolicy(SpecModel):
     mlflow_experiment: str | None = Field(None, min_length=1, max_length=250,
                                           description="MLflow experiment (default: the EvalRun's name).")
     min_completed_fraction: float = Field(0.5, ge=0, le=1, description="Upload only with this share of trials done.")
+    max_infra_error_fraction: float | None = Field(
+        None, ge=0, le=1, description="Hold a run whose infra errors exceed this share of its completed trials "
+                                      "(a score from too few valid trials); none: no such gate.")
+    overlong_hours: float | None = Field(
+        None, gt=0, le=10_000, description="Hold a run that took longer than this (is_overlong): its trials may "
+                                           "have hit a slow provider; none: no such gate.")
+    force_upload: bool = Field(False, description="Upload what the gates hold (a human looked at the numbers).")
 
 
 class SandboxOverrides(SpecModel):

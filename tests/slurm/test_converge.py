@@ -69,3 +69,27 @@ def test_four_cells_converge_with_real_harbor_then_a_pass_takes_no_action(cluste
     assert cluster.rows() == final_rows
     assert cluster.submissions() == subs
     assert cluster.our_queued_jobs() == []
+
+
+@pytest.mark.postgres
+def test_the_lab_converges_on_a_postgres_store(cluster, eval_env, pg_url):
+    """The same lab, the store in PostgreSQL: real Harbor under real SLURM, rows in the lab's tables."""
+    import psycopg
+
+    cluster.store = pg_url
+    models, datasets = [cluster.model(1)], [cluster.tiny_dataset("tinya")]
+    cluster.write(models=models, datasets=datasets, env={"EVAL_ENV": str(eval_env)}, time_limit="10",
+                  extra_run="  monitor: {preWalltimeMinutes: 1, settleMinutes: 0}")
+
+    def converged() -> bool:
+        cluster.reconcile()
+        return cluster.status()["counts"] == {"Completed": 1}
+
+    wait_until(converged, "the cell Completed", timeout_s=600, step_s=1.0)
+
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute("SELECT job_status, metrics->0->>'value', slurm_job_id FROM sandbox_jobs").fetchall()
+        [(job_id,)] = conn.execute("SELECT job_id FROM evalrun_submissions").fetchall()
+    assert [(status, float(score)) for status, score, _ in rows] == [("Finished", pytest.approx(TINY_ACCURACY))]
+    assert rows[0][2] == job_id
+    assert "0 action(s) done" in cluster.reconcile().stdout

@@ -66,7 +66,7 @@ def _passes(log: Path) -> int:
     return log.read_text(errors="replace").count("e2e:")
 
 
-def test_two_loops_on_one_store_never_double_submit_and_take_over_an_expired_lease(pg_cluster: Cluster) -> None:
+def test_two_loops_on_one_store_never_double_submit_and_take_over_a_lease(pg_cluster: Cluster) -> None:
     pg_cluster.write(models=MODELS, datasets=DATASETS, env=HANG)
     open_store(pg_cluster.store).close()  # a writable open migrates: the controller tables exist
     # a reconciler on another host held the EvalRun's lease and died: only the database's clock can free it
@@ -80,11 +80,24 @@ def test_two_loops_on_one_store_never_double_submit_and_take_over_an_expired_lea
         taken_over = [_passes(log) for log in logs]
         wait_until(lambda: all(_passes(log) >= n + 20 for log, n in zip(logs, taken_over, strict=True)),
                    "20 more passes of each loop", timeout_s=180)
+        # kill -9 whichever loop holds the lease right now, in the middle of its pass
+        pids = {str(loop.pid): loop for loop in loops}
+        holder = wait_until(lambda: next((pids[h.split(":")[1]] for (h,) in query(
+            pg_cluster.store, "SELECT holder FROM evalrun_leases WHERE name = 'evalrun/e2e'")
+            if h.split(":")[1] in pids), None), "a loop to hold the lease", timeout_s=60, step_s=0.01)
+        assert isinstance(holder, subprocess.Popen)
+        holder.kill()
+        survivor_log = logs[1 - loops.index(holder)]
+        before = _passes(survivor_log)
+        wait_until(lambda: _passes(survivor_log) >= before + 10, "10 passes of the survivor", timeout_s=120)
+        last = survivor_log.read_text().split("e2e:")[-3:]
+        assert not any("holds the lease" in text for text in last), "the survivor acts again (the holder is dead)"
     finally:
         for loop in loops:
-            loop.send_signal(signal.SIGTERM)
-        codes = [loop.wait(timeout=60) for loop in loops]
-    assert codes == [143, 143], [log.read_text()[-2000:] for log in logs]
+            if loop.poll() is None:
+                loop.send_signal(signal.SIGTERM)
+        codes = sorted(loop.wait(timeout=60) for loop in loops)
+    assert codes == [-signal.SIGKILL, 143], [log.read_text()[-2000:] for log in logs]
     output = "".join(log.read_text() for log in logs)
     assert "another reconciler holds the lease; planned only" in output, "the foreign lease was respected first"
     submissions = query(pg_cluster.store, "SELECT cell_key, count(*) FROM evalrun_submissions GROUP BY cell_key")

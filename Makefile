@@ -1,5 +1,5 @@
 # The two commands of the README, and a few helpers. Every target installs what it needs itself.
-.PHONY: demo slurm-demo test bench bench-slurm bench-operator bench-store crds clean-demo kube-up kube-down
+.PHONY: demo slurm-demo test bench bench-slurm bench-operator bench-store bench-incremental crds clean-demo kube-up kube-down
 
 # Set up, then converge the local demo (3 models × 2 benchmarks) and print the grid.
 demo:
@@ -36,6 +36,11 @@ bench-slurm:
 bench-store:
 	./scripts/bootstrap.sh
 	.venv/bin/python bench/store_pass.py
+
+# Cold and warm run-dir observation over 1,000 run dirs × 100 trials (1% running), against their floors.
+bench-incremental:
+	./scripts/bootstrap.sh
+	.venv/bin/python bench/incremental_pass.py
 
 # Operator figures on the lab API server: apply → first submission, and a 200 EvalRuns × 10 cells fleet.
 bench-operator:

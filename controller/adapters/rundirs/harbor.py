@@ -12,11 +12,12 @@ whole observation an `ObservationError`.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from fsspec import AbstractFileSystem
 
@@ -24,17 +25,21 @@ from controller.adapters.rundirs.harbor_format import (
     FormatError,
     JobConfigFacts,
     MetaFacts,
+    TrialOutcome,
     dataset_basename,
     job_config_facts,
     job_result_facts,
     meta_env_facts,
     trial_outcome,
 )
+from controller.adapters.rundirs.memo import JobsDirMemo, memo_for, signature
 from controller.adapters.rundirs.tree import (
     TRIAL_RESULT,
     Content,
     JobsTree,
+    LocalTree,
     RunScan,
+    StatKey,
     TrialRead,
     Unreadable,
     describe,
@@ -64,10 +69,14 @@ class HarborRunDirs:
         self.errors = errors
         self._fs_factory: Callable[[], AbstractFileSystem] | None = None
         self._tree: JobsTree | None = None
+        self._memo: JobsDirMemo | None = None
         if fs is None or isinstance(fs, AbstractFileSystem):
             self._tree = open_tree(jobs_dir, fs)
         else:
             self._fs_factory = fs
+        if isinstance(self._tree, LocalTree):  # over sftp every read is a round trip anyway: no memo there yet
+            self._memo = memo_for(self._tree.root)
+            self._tree.recall = self._memo.recall
 
     def observe(self) -> tuple[RunDirFacts, ...]:
         tree = self._open_tree()
@@ -91,8 +100,13 @@ class HarborRunDirs:
     def _observe_run(self, tree: JobsTree, run_tag: str) -> RunDirFacts | None:
         """The run dir's facts; None for another tool's dir that cannot be listed (we cannot tell whose cell)."""
         location = tree.location(run_tag)
+        memo = self._memo if tree is self._tree else None
+        sig = signature(location) if memo is not None else None
+        if memo is not None and (kept := memo.finished(location, sig)) is not None:
+            return kept
+        remember = functools.partial(memo.remember_trial, location) if memo is not None else None
         try:
-            facts = run_dir_facts(run_tag, location, tree.scan(run_tag), self.errors)
+            facts = run_dir_facts(run_tag, location, tree.scan(run_tag), self.errors, remember)
         except Exception as exc:
             if not isinstance(exc, OSError) or not is_path_error(exc):  # the transport failing: the whole read
                 raise ObservationError(f"cannot read run dir {location}: {exc}") from exc  # is unknown, not "absent"
@@ -102,6 +116,8 @@ class HarborRunDirs:
             facts = RunDirFacts(run_tag=run_tag, path=location, unreadable=f"{location}: {describe(exc)}")
         if facts.unreadable:
             log.warning("run dir %s cannot be read (its cell is Unknown): %s", location, facts.unreadable)
+        if memo is not None:
+            memo.settle(location, sig, facts)
         return facts
 
 
@@ -127,8 +143,9 @@ class _Reader:
         return None
 
 
-def run_dir_facts(run_tag: str, path: str, scan: RunScan, errors: ErrorClasses) -> RunDirFacts:
-    """Reduce one run dir's files to facts (pure over its inputs).
+def run_dir_facts(run_tag: str, path: str, scan: RunScan, errors: ErrorClasses,
+                  remember: Callable[[str, StatKey, TrialOutcome], None] | None = None) -> RunDirFacts:
+    """Reduce one run dir's files to facts (pure over its inputs; `remember` is told each trial it parsed).
 
     A dir with a file that cannot be read keeps only what matching needs (which model and benchmark it is)
     and `unreadable`: its other numbers are not data. Trials are read no further than the first bad one.
@@ -140,7 +157,7 @@ def run_dir_facts(run_tag: str, path: str, scan: RunScan, errors: ErrorClasses) 
     identity = _identity(meta, config or JobConfigFacts())
     if reader.problem:
         return RunDirFacts(run_tag=run_tag, path=path, unreadable=reader.problem, **identity)
-    tally = _tally(scan.trials, errors, reader)
+    tally = _tally(scan.trials, errors, reader, remember)
     if reader.problem:
         return RunDirFacts(run_tag=run_tag, path=path, unreadable=reader.problem, **identity)
     return RunDirFacts(
@@ -171,7 +188,8 @@ def _identity(meta: MetaFacts, config: JobConfigFacts) -> dict[str, Any]:
     }
 
 
-def _tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: _Reader) -> dict[str, Any]:
+def _tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: _Reader,
+           remember: Callable[[str, StatKey, TrialOutcome], None] | None = None) -> dict[str, Any]:
     """Per-trial counts. Reward sums cover valid (non-infra) trials only, so metrics can use them directly.
 
     Stops at the first trial result `reader` cannot read: the counts are then not data anyway.
@@ -183,9 +201,14 @@ def _tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: _Reader) -
     classes: Counter[str] = Counter()
     for trial in trials:
         n_dirs += 1
-        outcome = reader.parse(f"{trial.name}/{TRIAL_RESULT}", trial.result, trial_outcome)
-        if reader.problem:
-            break
+        if trial.known is not None:
+            outcome: TrialOutcome | None = cast(TrialOutcome, trial.known)
+        else:
+            outcome = reader.parse(f"{trial.name}/{TRIAL_RESULT}", trial.result, trial_outcome)
+            if reader.problem:
+                break
+            if outcome is not None and remember is not None and trial.key is not None:
+                remember(trial.name, trial.key, outcome)
         if outcome is None:
             continue  # no result yet: the trial is running
         if trial.mtime is not None and (newest is None or trial.mtime > newest):

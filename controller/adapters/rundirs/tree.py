@@ -17,7 +17,7 @@ import errno
 import os
 import posixpath
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import NamedTuple, Protocol
 
@@ -45,10 +45,19 @@ class Unreadable(NamedTuple):
 Content = bytes | Unreadable
 
 
+StatKey = tuple[int, int]  # (st_mtime_ns, st_size): a file unchanged since it was read has the same key
+
+
 class TrialRead(NamedTuple):
     name: str
-    result: Content | None  # None: no result.json (the trial is still running)
+    result: Content | None  # None: no result.json (the trial is still running), or `known` is set
     mtime: float | None  # POSIX seconds of the result file, when it was read
+    known: object = None  # what an earlier pass parsed from this very file (same StatKey), instead of reading it
+    key: StatKey | None = None  # the file's StatKey when it was read, for remembering what it says
+
+
+# Given a run dir path, a trial name and the StatKey of its result.json: what was parsed from it before, if kept.
+Recall = Callable[[str, str, StatKey], object]
 
 
 class RunScan(NamedTuple):
@@ -107,8 +116,12 @@ def _path_error(exc: OSError) -> Unreadable:
 
 
 class LocalTree:
-    def __init__(self, root: str) -> None:
+    """`recall` (set by an observer that keeps what it parsed): a trial result whose mtime and size are those of
+    a file parsed before is not read again, only stat-ed."""
+
+    def __init__(self, root: str, recall: Recall | None = None) -> None:
         self.root = root
+        self.recall = recall
 
     def run_tags(self) -> list[str]:
         with os.scandir(self.root) as entries:
@@ -134,11 +147,28 @@ class LocalTree:
                  if (content := read_local(os.path.join(run, name), TOP_FILE_CAP)[0]) is not None}
         return RunScan(files, no_resume, self._results(run, sorted(trials)))
 
-    @staticmethod
-    def _results(run: str, trials: list[str]) -> Iterator[TrialRead]:
+    def _results(self, run: str, trials: list[str]) -> Iterator[TrialRead]:
         for name in trials:
-            data, mtime = read_local(os.path.join(run, name, TRIAL_RESULT), TRIAL_RESULT_CAP)
-            yield TrialRead(name, data, mtime)
+            path = os.path.join(run, name, TRIAL_RESULT)
+            key = None
+            if self.recall is not None:
+                key = stat_key(path)
+                known = None if key is None else self.recall(run, name, key)
+                if known is not None:
+                    assert key is not None
+                    yield TrialRead(name, None, key[0] / 1e9, known, key)
+                    continue
+            data, mtime = read_local(path, TRIAL_RESULT_CAP)
+            yield TrialRead(name, data, mtime, None, key)
+
+
+def stat_key(path: str) -> StatKey | None:
+    """A regular file's StatKey; None for anything else (missing, not a regular file, unreadable)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size) if stat.S_ISREG(st.st_mode) else None
 
 
 def _is_run_dir_entry(entry: os.DirEntry[str]) -> bool:

@@ -1,0 +1,122 @@
+"""Bench: a pass costs what is active. 1,000 run dirs × 100 trials, 1% of them running.
+
+Usage: python bench/incremental_pass.py [--root DIR] [--dirs 1000] [--trials 100]
+In one process (the memo is per process, as in `reconcile --loop` and the operator), measures:
+- cold pass: `HarborRunDirs.observe()` with the page cache dropped, against its floor, reading every trial
+  `result.json` once (page cache dropped too);
+- warm pass: the next `observe()` after a trial landed in each running dir, against its floor, `stat`-ing the
+  running dirs' trial results, plus the fixed cost of a pass: listing the jobs dir and stat-ing each run dir and
+  its three job files.
+Prints figures and ratios; asserts nothing about time. Dropping the page cache needs root (else it says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from controller.adapters.rundirs.harbor import HarborRunDirs  # noqa: E402
+from controller.adapters.rundirs.memo import JOB_FILES  # noqa: E402
+from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_synthetic_run_dir, write_trial  # noqa: E402
+
+
+def build(root: Path, dirs: int, trials: int) -> list[Path]:
+    if root.exists():
+        shutil.rmtree(root)
+    running = []
+    for i in range(dirs):
+        is_running = i % 100 == 0
+        run = root / f"ev_bench_{i:04d}"
+        write_synthetic_run_dir(run, trials - 1 if is_running else trials, n_total=trials, finished=not is_running,
+                                infra_every=17, benign_every=9)
+        if is_running:
+            write_trial(run, "pending__zzzzzzz", result=False)
+            running.append(run)
+    return running
+
+
+def drop_page_cache() -> bool:
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def timed(work) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+def read_every_trial(root: Path) -> None:
+    for run in os.scandir(root):
+        for trial in os.scandir(run.path):
+            if "__" in trial.name:
+                try:
+                    with open(os.path.join(trial.path, "result.json"), "rb") as f:
+                        f.read()
+                except FileNotFoundError:
+                    pass
+
+
+def stat_running_trials(running: list[Path]) -> None:
+    for run in running:
+        for trial in os.scandir(run):
+            if "__" in trial.name:
+                try:
+                    os.stat(os.path.join(trial.path, "result.json"))
+                except FileNotFoundError:
+                    pass
+
+
+def fixed_cost(root: Path) -> None:
+    for run in sorted(e.path for e in os.scandir(root)):
+        os.stat(run)
+        for name in JOB_FILES:
+            os.stat(os.path.join(run, name))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=Path("/tmp/evalrun-bench-incremental"))
+    parser.add_argument("--dirs", type=int, default=1000)
+    parser.add_argument("--trials", type=int, default=100)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    running = build(args.root, args.dirs, args.trials)
+    print(f"fleet: {args.dirs} run dirs × {args.trials} trials, {len(running)} running "
+          f"(built in {time.perf_counter() - started:.0f} s)")
+
+    cold_is_cold = drop_page_cache()
+    floor_cold = timed(lambda: read_every_trial(args.root))
+    drop_page_cache()
+    cold = timed(lambda: HarborRunDirs(str(args.root), REFERENCE_ERRORS).observe())
+    warm_runs, floors = [], []
+    for round_ in range(5):
+        for run in running:  # a trial lands in each running dir between passes
+            write_trial(run, f"landed{round_}__aaaaaaa", reward=1.0)
+        warm_runs.append(timed(lambda: HarborRunDirs(str(args.root), REFERENCE_ERRORS).observe()))
+        floors.append(timed(lambda: stat_running_trials(running)) + timed(lambda: fixed_cost(args.root)))
+    warm, floor_warm = statistics.median(warm_runs), statistics.median(floors)
+    fixed = statistics.median(timed(lambda: fixed_cost(args.root)) for _ in range(5))
+
+    note = "" if cold_is_cold else " (page cache NOT dropped: not root)"
+    print(f"cold pass: {cold:.2f} s; floor, reading every trial result.json once: {floor_cold:.2f} s; "
+          f"ratio {cold / floor_cold:.2f}{note}")
+    print(f"warm pass (median of 5): {warm * 1000:.1f} ms; floor, stat-ing the running dirs' trials plus the fixed "
+          f"cost: {floor_warm * 1000:.1f} ms (fixed cost alone: {fixed * 1000:.1f} ms, listing the jobs dir and "
+          f"stat-ing {len(JOB_FILES) + 1} paths per run dir); ratio {warm / floor_warm:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""A pass costs what is active: a finished run dir is read once per process, a running one only for its new or
+changed trials. Counted at the one place files are read (`tree.read_local`), on real files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from controller.adapters.rundirs import tree
+from controller.adapters.rundirs.harbor import HarborRunDirs
+from controller.core.types import RunDirFacts
+from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_job_result, write_synthetic_run_dir, write_trial
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every file path read from disk, in order."""
+    seen: list[str] = []
+    real = tree.read_local
+
+    def counting(path: str, cap: int):
+        seen.append(path)
+        return real(path, cap)
+
+    monkeypatch.setattr(tree, "read_local", counting)
+    return seen
+
+
+def a_pass(jobs: Path) -> dict[str, RunDirFacts]:
+    """Like a reconcile pass: the adapter is built anew, only the process is the same."""
+    return {f.run_tag: f for f in HarborRunDirs(str(jobs), REFERENCE_ERRORS).observe()}
+
+
+def trial_reads(reads: list[str]) -> list[str]:
+    return [p for p in reads if os.path.basename(os.path.dirname(p)).count("__")]
+
+
+def test_a_finished_run_dir_is_read_once_then_only_stat_ed(tmp_path: Path, reads: list[str]) -> None:
+    write_synthetic_run_dir(tmp_path / "jobs" / "ev_done", 20)
+
+    first = a_pass(tmp_path / "jobs")
+    reads.clear()
+    again = a_pass(tmp_path / "jobs")
+
+    assert reads == [], "nothing of a finished, unchanged run dir is read again"
+    assert again == first and first["ev_done"].n_completed == 20
+
+
+def test_a_running_dir_reads_only_its_new_trials(tmp_path: Path, reads: list[str]) -> None:
+    run = tmp_path / "jobs" / "ev_running"
+    write_synthetic_run_dir(run, 10, n_total=20, finished=False)
+    write_trial(run, "late__xxxxxxx", result=False)  # no result yet: running
+
+    first = a_pass(tmp_path / "jobs")
+    reads.clear()
+    write_trial(run, "late__xxxxxxx", reward=1.0)  # it finishes
+    write_trial(run, "new__yyyyyyy", reward=0.0)  # and another one lands
+    again = a_pass(tmp_path / "jobs")
+
+    assert sorted(os.path.basename(os.path.dirname(p)) for p in trial_reads(reads)) == ["late__xxxxxxx",
+                                                                                      "new__yyyyyyy"]
+    assert (first["ev_running"].n_completed, again["ev_running"].n_completed) == (10, 12)
+    assert again == a_pass(tmp_path / "jobs"), "the remembered trials give the same facts as reading them"
+
+
+def test_a_resume_of_a_finished_dir_is_seen(tmp_path: Path, reads: list[str]) -> None:
+    run = tmp_path / "jobs" / "ev_resumed"
+    write_synthetic_run_dir(run, 10, n_total=20)
+    assert a_pass(tmp_path / "jobs")["ev_resumed"].finished_at is not None
+
+    write_job_result(run, 20, finished=False, n_completed=10)  # `harbor jobs resume` rewrites the job result
+    again = a_pass(tmp_path / "jobs")["ev_resumed"]
+
+    assert again.finished_at is None and again.n_completed == 10
+
+
+def test_a_changed_trial_result_of_a_running_dir_is_read_again(tmp_path: Path, reads: list[str]) -> None:
+    run = tmp_path / "jobs" / "ev_running"
+    write_synthetic_run_dir(run, 4, n_total=10, finished=False)
+    trial = write_trial(run, "flaky__zzzzzzz", reward=0.0)
+    assert a_pass(tmp_path / "jobs")["ev_running"].n_scored == 5
+
+    write_trial(run, "flaky__zzzzzzz", exception="DaytonaError")  # rewritten: now an infra error, no reward
+    stat = os.stat(trial / "result.json")
+    os.utime(trial / "result.json", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    reads.clear()
+    again = a_pass(tmp_path / "jobs")["ev_running"]
+
+    assert [os.path.basename(os.path.dirname(p)) for p in trial_reads(reads)] == ["flaky__zzzzzzz"]
+    assert again.n_scored == 4 and again.n_infra_errors == 1

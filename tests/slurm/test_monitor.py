@@ -58,3 +58,30 @@ def test_a_general_stall_is_reported_then_scancelled_on_the_second_reading(clust
     assert cluster.job_state(sub["job_id"]) == "CANCELLED"
     [row] = cluster.rows()
     assert row["stats"]["n_trials"] == 6, row["stats"]
+
+
+def test_a_zombie_is_scancelled_and_uploaded(cluster):
+    cluster.write(models=[cluster.model(1)], datasets=["DCAgent/hangbench"], script=cluster.fake_harbor_script(),
+                  env={"FAKE_HARBOR_TASKS": "6", "FAKE_HARBOR_HANG_AFTER": "6", "FAKE_HARBOR_INFRA_ERRORS": "0"},
+                  extra_run="  monitor: {zombieGraceMinutes: 0.05, settleMinutes: 0.02}")
+
+    _, text = completed_after_passes(cluster)
+
+    assert "zombie" in text and "resume" not in text, text[-3000:]
+    [sub] = cluster.submissions()
+    assert cluster.job_state(sub["job_id"]) == "CANCELLED"
+    [row] = cluster.rows()
+    assert row["stats"]["n_trials"] == 6, row["stats"]
+
+
+def test_trials_landing_after_the_scancel_are_waited_for_and_counted(cluster):
+    cluster.write(models=[cluster.model(1)], datasets=["DCAgent/hangbench"], script=cluster.fake_harbor_script(),
+                  env={"FAKE_HARBOR_TASKS": "50", "FAKE_HARBOR_HANG_AFTER": "48", "FAKE_HARBOR_INFRA_ERRORS": "0",
+                       "FAKE_HARBOR_WRITE_AFTER_KILL": "2", "FAKE_HARBOR_LATE_TRIAL_SECONDS": "1"},
+                  extra_run="  monitor: {nearCompleteFraction: 0.95, staleNearMinutes: 0.05, settleMinutes: 0.15}")
+
+    _, text = completed_after_passes(cluster)
+
+    assert "stuck near complete" in text and text.count(": upload: ") == 1, text[-3000:]
+    [row] = cluster.rows()
+    assert row["stats"]["n_trials"] == 50, "the 2 trials written after the scancel were waited for"

@@ -16,7 +16,7 @@ from typing import Any
 
 from controller.adapters.kube import KubeApi, KubernetesSecrets
 from controller.adapters.process import identity_is_dead
-from controller.adapters.store import is_embedded, open_store
+from controller.adapters.store import open_store, shareable_across_threads
 from controller.core.actor import Outcome
 from controller.core.reconcile import live_jobs_of, reconcile_pass
 from controller.core.status import RunStatus, summarize
@@ -47,9 +47,8 @@ class PassReport(Frozen):
 
 
 class Stores:
-    """The operator's store. A database server's store is opened once and shared by every handler thread (its
-    connection pool is thread-safe); an embedded SQLite file is opened per pass, as its connection belongs to
-    the thread that opened it."""
+    """The operator's store. One on database servers only is opened once and shared by every handler thread
+    (their clients are thread-safe); one with a SQLite half is opened per pass, in the handler's thread."""
 
     def __init__(self, config: OperatorConfig) -> None:
         self.config = config
@@ -58,8 +57,13 @@ class Stores:
 
     @contextmanager
     def open(self) -> Iterator[Store]:
-        if all(is_embedded(url) for url in (self.config.store_url, self.config.state_url) if url is not None):
-            store = open_store(self.config.store_url, state_url=self.config.state_url)
+        with self._guard:
+            shared = self._shared
+        if shared is not None:
+            yield shared
+            return
+        store = open_store(self.config.store_url, state_url=self.config.state_url)
+        if not shareable_across_threads(store):
             try:
                 yield store
             finally:
@@ -67,8 +71,11 @@ class Stores:
             return
         with self._guard:
             if self._shared is None:
-                self._shared = open_store(self.config.store_url, state_url=self.config.state_url)
-        yield self._shared
+                self._shared = store
+            elif self._shared is not store:  # another thread opened one first: use that, drop this one
+                store.close()
+            shared = self._shared
+        yield shared
 
     def close(self) -> None:
         with self._guard:

@@ -73,9 +73,10 @@ def _open_sql(url: str, *, readonly: bool, busy_timeout_s: float) -> SqlBackend:
     )
 
 
-def is_embedded(url: str) -> bool:
-    """A SQLite file: cheap to open, and its connection belongs to one thread."""
-    return url.startswith(SQLITE_PREFIX)
+def shareable_across_threads(store: Store) -> bool:
+    """No half is a SQLite file, whose connection belongs to the thread that opened it (both halves of a
+    `supabase://` store with its default state, or of a PostgreSQL store with `--state sqlite:///…`, count)."""
+    return not any(isinstance(half, SqliteStore) for half in (store.results, store.state))
 
 
 def redact(url: str) -> str:

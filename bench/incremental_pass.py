@@ -23,6 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from fleet import drop_page_cache  # noqa: E402
+
 from controller.adapters.rundirs.harbor import HarborRunDirs  # noqa: E402
 from controller.adapters.rundirs.memo import JOB_FILES  # noqa: E402
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_synthetic_run_dir, write_trial  # noqa: E402
@@ -41,15 +43,6 @@ def build(root: Path, dirs: int, trials: int) -> list[Path]:
             write_trial(run, "pending__zzzzzzz", result=False)
             running.append(run)
     return running
-
-
-def drop_page_cache() -> bool:
-    try:
-        os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def timed(work) -> float:

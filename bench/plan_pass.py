@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from fleet import drop_page_cache, write_fleet_spec  # noqa: E402
 
 
 def build(root: Path, models: int, datasets: int, trials: int) -> None:
@@ -37,21 +38,7 @@ def build(root: Path, models: int, datasets: int, trials: int) -> None:
     if stamp.exists() and json.loads(stamp.read_text()) == wanted:
         return
     root.mkdir(parents=True, exist_ok=True)
-    spec = root / "fleet.yaml"
-    spec.write_text(f"""apiVersion: evalrun.io/v1alpha1
-kind: EvalCluster
-metadata: {{name: bench}}
-spec: {{scheduler: {{type: local}}, jobsDir: {root}/jobs, logsDir: {root}/logs, jobScript: /bin/true, username: bench,
-        maxSubmissionsPerPass: 6}}
----
-apiVersion: evalrun.io/v1alpha1
-kind: EvalRun
-metadata: {{name: fleet}}
-spec:
-  cluster: bench
-  models: {[f"org/model-{i:03d}-8B" for i in range(models)]}
-  datasets: {[f"DCAgent/bench_set_{j:03d}" for j in range(datasets)]}
-""")
+    spec = write_fleet_spec(root, models, datasets)
     [target] = targets_for(load_specs([spec], load_catalog()), load_catalog())
     store = SqliteStore(root / "store.db")
     now = datetime.now(UTC)
@@ -100,15 +87,6 @@ def measure(root: Path) -> dict:
         phases[cell.phase.value] = phases.get(cell.phase.value, 0) + 1
     return {"seconds": round(elapsed, 2), "store_queries": sqlite.queries, "cells": len(result.plan.cells),
             "phases": phases}
-
-
-def drop_page_cache() -> bool:
-    try:
-        os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def main() -> None:

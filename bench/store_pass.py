@@ -23,6 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from fleet import write_fleet_spec  # noqa: E402
+
 from controller.adapters.store import open_store  # noqa: E402
 from controller.adapters.store.postgres import PostgresStore  # noqa: E402
 from controller.core.actor import row_config, row_id_for  # noqa: E402
@@ -36,21 +38,7 @@ from controller.spec.loader import SpecSet, load_specs  # noqa: E402
 
 
 def fleet(root: Path, models: int, datasets: int) -> tuple[SpecSet, RunTarget]:
-    spec = root / "fleet.yaml"
-    spec.write_text(f"""apiVersion: evalrun.io/v1alpha1
-kind: EvalCluster
-metadata: {{name: bench}}
-spec: {{scheduler: {{type: local}}, jobsDir: {root}/jobs, logsDir: {root}/logs, jobScript: /bin/true, username: bench}}
----
-apiVersion: evalrun.io/v1alpha1
-kind: EvalRun
-metadata: {{name: fleet}}
-spec:
-  cluster: bench
-  suspend: true
-  models: {[f"org/model-{i:03d}-8B" for i in range(models)]}
-  datasets: {[f"DCAgent/bench_set_{j:03d}" for j in range(datasets)]}
-""")
+    spec = write_fleet_spec(root, models, datasets, suspend=True)
     (root / "jobs").mkdir(exist_ok=True)
     catalog = load_catalog()
     specs = load_specs([spec], catalog)

@@ -1,6 +1,6 @@
 """The eval-monitor rules on the real SLURM cluster, with the fake Harbor under sbatch and the windows shrunk
-to seconds: a hang at 98% is scancelled, analysed and uploaded as is; a general stall is reported first and
-scancelled on the second reading. One job each, no resume."""
+to seconds: a hang at 98%, a general stall, a zombie and trials landing after the scancel. Each is scancelled,
+analysed and uploaded as it is: one job, no resume."""
 
 from __future__ import annotations
 
@@ -11,77 +11,73 @@ from tests.fixtures.evalctl import wait_until
 pytestmark = pytest.mark.slurm
 
 
-def completed_after_passes(cluster, timeout_s: float = 240) -> tuple[dict, str]:
-    outputs: list[str] = []
+def write(cluster, env: dict[str, str], monitor: str) -> None:
+    cluster.write(models=[cluster.model(1)], datasets=["DCAgent/hangbench"], script=cluster.fake_harbor_script(),
+                  env={"FAKE_HARBOR_INFRA_ERRORS": "0", **env}, extra_run=f"  monitor: {monitor}")
 
-    def done() -> dict | None:
+
+def passes_until(cluster, phase: str, outputs: list[str], timeout_s: float = 240) -> dict:
+    """Acting passes until the cell is in `phase`; each pass's output goes to `outputs`."""
+
+    def reached() -> dict | None:
         outputs.append(cluster.reconcile(check=False).stdout)
         [cell] = cluster.status()["cells"]
-        return cell if cell["phase"] == "Completed" else None
+        return cell if cell["phase"] == phase else None
 
-    cell = wait_until(done, "the cell to be Completed", timeout_s=timeout_s, step_s=1.0)
+    cell = wait_until(reached, f"the cell to be {phase}", timeout_s=timeout_s, step_s=0.5)
     assert isinstance(cell, dict)
-    return cell, "".join(outputs)
+    return cell
 
 
-def test_a_hang_at_98_percent_is_scancelled_and_uploaded_with_the_partial_score(cluster):
-    cluster.write(models=[cluster.model(1)], datasets=["DCAgent/hangbench"], script=cluster.fake_harbor_script(),
-                  env={"FAKE_HARBOR_TASKS": "50", "FAKE_HARBOR_HANG_AFTER": "49", "FAKE_HARBOR_INFRA_ERRORS": "0"},
-                  extra_run="  monitor: {nearCompleteFraction: 0.97, staleNearMinutes: 0.05, settleMinutes: 0.05}")
-
-    cell, text = completed_after_passes(cluster)
-
-    assert "stuck near complete" in text and "resume" not in text, text[-3000:]
+def assert_scancelled_and_uploaded(cluster, outputs: list[str], rule: str, n_trials: int) -> None:
+    text = "".join(outputs)
+    assert rule in text and "resume" not in text, text[-3000:]
     [sub] = cluster.submissions()
     assert cluster.job_state(sub["job_id"]) == "CANCELLED"
     [row] = cluster.rows()
-    assert row["job_status"] == "Finished" and row["stats"]["n_trials"] == 49, row["stats"]
+    assert row["job_status"] == "Finished" and row["stats"]["n_trials"] == n_trials, row["stats"]
+    assert text.count(": upload: ") == 1, "uploaded once"
+
+
+def test_a_hang_at_98_percent_is_scancelled_and_uploaded_with_the_partial_score(cluster):
+    write(cluster, {"FAKE_HARBOR_TASKS": "50", "FAKE_HARBOR_HANG_AFTER": "49"},
+          "{nearCompleteFraction: 0.97, staleNearMinutes: 0.05, settleMinutes: 0.05}")
+    outputs: list[str] = []
+
+    cell = passes_until(cluster, "Completed", outputs)
+
+    assert_scancelled_and_uploaded(cluster, outputs, "stuck near complete", 49)
     assert cell["score"] is not None
 
 
 def test_a_general_stall_is_reported_then_scancelled_on_the_second_reading(cluster):
-    cluster.write(models=[cluster.model(1)], datasets=["DCAgent/hangbench"], script=cluster.fake_harbor_script(),
-                  env={"FAKE_HARBOR_TASKS": "10", "FAKE_HARBOR_HANG_AFTER": "6", "FAKE_HARBOR_INFRA_ERRORS": "0"},
-                  extra_run="  monitor: {staleGeneralMinutes: 0.05, settleMinutes: 0.02}")
+    write(cluster, {"FAKE_HARBOR_TASKS": "10", "FAKE_HARBOR_HANG_AFTER": "6"},
+          "{staleGeneralMinutes: 0.05, settleMinutes: 0.02}")
+    outputs: list[str] = []
 
-    def stalled() -> dict | None:
-        cluster.reconcile(check=False)
-        [cell] = cluster.status()["cells"]
-        return cell if cell["phase"] == "Stalled" else None
+    first = passes_until(cluster, "Stalled", outputs, timeout_s=120)
+    passes_until(cluster, "Completed", outputs)
 
-    first = wait_until(stalled, "the first stall reading", timeout_s=120, step_s=0.5)
-    _, text = completed_after_passes(cluster)
-
-    assert isinstance(first, dict) and "first reading" in first["reason"], first
-    assert "stuck general, second reading" in text and "resume" not in text, text[-3000:]
-    [sub] = cluster.submissions()
-    assert cluster.job_state(sub["job_id"]) == "CANCELLED"
-    [row] = cluster.rows()
-    assert row["stats"]["n_trials"] == 6, row["stats"]
+    assert "first reading" in first["reason"], first
+    assert_scancelled_and_uploaded(cluster, outputs, "stuck general, second reading", 6)
 
 
 def test_a_zombie_is_scancelled_and_uploaded(cluster):
-    cluster.write(models=[cluster.model(1)], datasets=["DCAgent/hangbench"], script=cluster.fake_harbor_script(),
-                  env={"FAKE_HARBOR_TASKS": "6", "FAKE_HARBOR_HANG_AFTER": "6", "FAKE_HARBOR_INFRA_ERRORS": "0"},
-                  extra_run="  monitor: {zombieGraceMinutes: 0.05, settleMinutes: 0.02}")
+    write(cluster, {"FAKE_HARBOR_TASKS": "6", "FAKE_HARBOR_HANG_AFTER": "6"},
+          "{zombieGraceMinutes: 0.05, settleMinutes: 0.02}")
+    outputs: list[str] = []
 
-    _, text = completed_after_passes(cluster)
+    passes_until(cluster, "Completed", outputs)
 
-    assert "zombie" in text and "resume" not in text, text[-3000:]
-    [sub] = cluster.submissions()
-    assert cluster.job_state(sub["job_id"]) == "CANCELLED"
-    [row] = cluster.rows()
-    assert row["stats"]["n_trials"] == 6, row["stats"]
+    assert_scancelled_and_uploaded(cluster, outputs, "zombie", 6)
 
 
 def test_trials_landing_after_the_scancel_are_waited_for_and_counted(cluster):
-    cluster.write(models=[cluster.model(1)], datasets=["DCAgent/hangbench"], script=cluster.fake_harbor_script(),
-                  env={"FAKE_HARBOR_TASKS": "50", "FAKE_HARBOR_HANG_AFTER": "48", "FAKE_HARBOR_INFRA_ERRORS": "0",
-                       "FAKE_HARBOR_WRITE_AFTER_KILL": "2", "FAKE_HARBOR_LATE_TRIAL_SECONDS": "1"},
-                  extra_run="  monitor: {nearCompleteFraction: 0.95, staleNearMinutes: 0.05, settleMinutes: 0.15}")
+    write(cluster, {"FAKE_HARBOR_TASKS": "50", "FAKE_HARBOR_HANG_AFTER": "48", "FAKE_HARBOR_WRITE_AFTER_KILL": "2",
+                    "FAKE_HARBOR_LATE_TRIAL_SECONDS": "1"},
+          "{nearCompleteFraction: 0.95, staleNearMinutes: 0.05, settleMinutes: 0.15}")
+    outputs: list[str] = []
 
-    _, text = completed_after_passes(cluster)
+    passes_until(cluster, "Completed", outputs)
 
-    assert "stuck near complete" in text and text.count(": upload: ") == 1, text[-3000:]
-    [row] = cluster.rows()
-    assert row["stats"]["n_trials"] == 50, "the 2 trials written after the scancel were waited for"
+    assert_scancelled_and_uploaded(cluster, outputs, "stuck near complete", 50)  # 48 + the 2 written after

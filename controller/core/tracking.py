@@ -20,7 +20,7 @@ class Analysis(Frozen):
     """A post-eval analysis as the actor hands it on: the report's text and its step statistics."""
 
     report: str
-    step_stats: dict[str, float]  # n_trajectories, steps_mean, steps_median, steps_max; empty without trajectories
+    step_stats: dict[str, float]  # steps_* (and tokens_* where reported) per trial; empty without trajectories
 
 
 def tracker_record(cell: Cell, facts: RunDirFacts, result: RunMetrics, analysis: Analysis,

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
-from controller.adapters.rundirs.report import REPORT_NAME, write_post_eval_report
+from controller.adapters.rundirs.report import REPORT_NAME, post_eval_analysis, write_post_eval_report
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_job_result, write_meta_env, write_trial
 
 
@@ -25,7 +26,7 @@ def test_report_has_score_histogram_and_steps(tmp_path: Path) -> None:
     assert path == run / REPORT_NAME and path.is_file()
     assert summary.mean_score == 1 / 3 and (summary.n_scored, summary.n_total, summary.n_valid) == (3, 5, 3)
     assert summary.steps is not None
-    assert summary.steps.model_dump() == {"n_trajectories": 3, "mean": 7.0, "median": 7, "max": 10}
+    assert summary.steps.model_dump() == {"n_trajectories": 3, "mean": 7.0, "median": 7, "max": 10, "tokens": None}
     assert set(summary.error_histogram) == set(REFERENCE_ERRORS.known)
     assert summary.error_histogram["DaytonaError"] == 1 and summary.error_histogram["CancelledError"] == 0
     text = path.read_text()
@@ -36,6 +37,48 @@ def test_report_has_score_histogram_and_steps(tmp_path: Path) -> None:
                int(name in {"DaytonaError", "AgentTimeoutError"}))
         for name in REFERENCE_ERRORS.known}
     assert "steps per trial (n=3): mean 7.00  median 7  max 10" in text
+    assert "tokens per trial: not reported by the trajectories" in text
+
+
+def _atif(path: Path, steps: list[dict[str, object]], final: dict[str, object] | None = None) -> None:
+    doc: dict[str, object] = {"schema_version": "ATIF-v1.4", "steps": steps}
+    if final is not None:
+        doc["final_metrics"] = final
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+
+
+def test_tokens_come_from_final_metrics_else_from_the_steps(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    write_job_result(run, n_total=4)
+    for name in ("a__aaaaaaa", "b__bbbbbbb", "c__ccccccc", "d__ddddddd"):
+        write_trial(run, name, reward=1.0)
+    agent = "agent/trajectory.json"
+    # final_metrics wins over the steps' own metrics (which here disagree with it)
+    _atif(run / "a__aaaaaaa" / agent, [{"step_id": 1, "metrics": {"prompt_tokens": 1, "completion_tokens": 1}}] * 2,
+          {"total_prompt_tokens": 1000, "total_completion_tokens": 200, "total_steps": 2})
+    # no final_metrics: the steps' metrics are summed; a step without metrics (the user's) adds nothing
+    _atif(run / "b__bbbbbbb" / agent, [{"step_id": 1, "source": "user"},
+                                       {"step_id": 2, "metrics": {"prompt_tokens": 300, "completion_tokens": 50}},
+                                       {"step_id": 3, "metrics": {"prompt_tokens": 500, "completion_tokens": 50}}])
+    # no token counts anywhere (and junk that must not count): steps only
+    _atif(run / "c__ccccccc" / agent, [{"step_id": 1, "metrics": {"prompt_tokens": True, "completion_tokens": -5}}],
+          {"total_prompt_tokens": None})
+    (facts,) = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe()
+
+    _, summary = write_post_eval_report(run, facts, REFERENCE_ERRORS)
+
+    assert summary.steps is not None and (summary.steps.n_trajectories, summary.steps.max) == (3, 3)
+    tokens = summary.steps.tokens
+    assert tokens is not None
+    assert tokens.model_dump() == {"n_trajectories": 2, "prompt_mean": 900.0, "completion_mean": 150.0,
+                                   "total_mean": 1050.0, "total_median": 1050.0, "total_max": 1200}
+    assert "tokens per trial (n=2): mean 1050.0 (prompt 900.0, completion 150.0)  median 1050  max 1200" in (
+        run / REPORT_NAME).read_text()
+    analysis = post_eval_analysis(summary, facts, REFERENCE_ERRORS)
+    assert {k: v for k, v in analysis.step_stats.items() if k.startswith("tokens_")} == {
+        "tokens_n_trajectories": 2.0, "tokens_prompt_mean": 900.0, "tokens_completion_mean": 150.0,
+        "tokens_mean": 1050.0, "tokens_median": 1050.0, "tokens_max": 1200.0}
 
 
 def test_report_on_an_empty_dir_says_none(tmp_path: Path) -> None:

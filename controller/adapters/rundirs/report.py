@@ -12,7 +12,7 @@ import os
 import posixpath
 import statistics
 from pathlib import Path, PurePosixPath
-from typing import overload
+from typing import NamedTuple, overload
 
 import fsspec
 from fsspec import AbstractFileSystem
@@ -31,11 +31,30 @@ TRAJECTORY_CAP = 64 << 20  # a long agent run's ATIF trajectory is a few MiB
 _CAT_BATCH = 256
 
 
+class TokenStats(Frozen):
+    """LLM tokens per trial, over the trajectories that report them (prompt includes cached tokens, as in ATIF)."""
+
+    n_trajectories: int
+    prompt_mean: float
+    completion_mean: float
+    total_mean: float
+    total_median: float
+    total_max: int
+
+
 class StepStats(Frozen):
     n_trajectories: int
     mean: float
     median: float
     max: int
+    tokens: TokenStats | None = None
+
+
+class _Trajectory(NamedTuple):
+    """What one `agent/trajectory.json` contributes: its step count and, when reported, its token counts."""
+
+    steps: int
+    tokens: tuple[int, int] | None  # (prompt, completion)
 
 
 class PostEvalSummary(Frozen):
@@ -110,65 +129,95 @@ def _summary(facts: RunDirFacts, errors: ErrorClasses, steps: StepStats | None) 
 
 
 def step_stats(run_dir: str | os.PathLike[str], fs: AbstractFileSystem | None = None) -> StepStats | None:
-    """Steps per trial from `agent/trajectory.json` (ATIF `steps`, or a bare list); bad files are skipped.
+    """Steps (and LLM tokens) per trial from `agent/trajectory.json` (ATIF, or a bare step list); bad files are
+    skipped. Tokens come from ATIF `final_metrics`, else from the sum of the steps' `metrics`.
 
     Local run dirs (no `fs`) are read with scandir/open; through `fs` with one listing and batched `cat`s.
     """
     if fs is None:
-        counts = _local_step_counts(os.fspath(run_dir))
+        trajectories = _local_trajectories(os.fspath(run_dir))
     else:
-        counts = _fs_step_counts(fs, fs._strip_protocol(os.fspath(run_dir)).rstrip("/"))
-    if not counts:
+        trajectories = _fs_trajectories(fs, fs._strip_protocol(os.fspath(run_dir)).rstrip("/"))
+    if not trajectories:
         return None
+    counts = [t.steps for t in trajectories]
     return StepStats(
-        n_trajectories=len(counts), mean=statistics.fmean(counts), median=statistics.median(counts), max=max(counts)
+        n_trajectories=len(counts), mean=statistics.fmean(counts), median=statistics.median(counts), max=max(counts),
+        tokens=_token_stats([t.tokens for t in trajectories if t.tokens is not None]),
     )
 
 
-def _local_step_counts(run_dir: str) -> list[int]:
-    counts: list[int] = []
+def _token_stats(tokens: list[tuple[int, int]]) -> TokenStats | None:
+    if not tokens:
+        return None
+    totals = [prompt + completion for prompt, completion in tokens]
+    return TokenStats(
+        n_trajectories=len(tokens), prompt_mean=statistics.fmean(p for p, _ in tokens),
+        completion_mean=statistics.fmean(c for _, c in tokens), total_mean=statistics.fmean(totals),
+        total_median=statistics.median(totals), total_max=max(totals),
+    )
+
+
+def _local_trajectories(run_dir: str) -> list[_Trajectory]:
     with os.scandir(run_dir) as entries:
         trial_dirs = [e.path for e in entries if is_trial_dir_name(e.name) and e.is_dir()]
-    for trial_dir in trial_dirs:
-        n_steps = _n_steps(os.path.join(trial_dir, TRAJECTORY))
-        if n_steps is not None:
-            counts.append(n_steps)
-    return counts
+    found = (_read_trajectory(os.path.join(trial_dir, TRAJECTORY)) for trial_dir in trial_dirs)
+    return [t for t in found if t is not None]
 
 
-def _fs_step_counts(fs: AbstractFileSystem, run_dir: str) -> list[int]:
+def _fs_trajectories(fs: AbstractFileSystem, run_dir: str) -> list[_Trajectory]:
     entries = fs.ls(run_dir, detail=True)  # a missing run dir raises, as scandir does locally
     trial_dirs = sorted(
         name for e in entries
         if e.get("type") == "directory" and is_trial_dir_name(name := posixpath.basename(e["name"].rstrip("/")))
     )
-    counts: list[int] = []
+    found: list[_Trajectory] = []
     for start in range(0, len(trial_dirs), _CAT_BATCH):
         paths = [f"{run_dir}/{name}/{TRAJECTORY_POSIX}" for name in trial_dirs[start : start + _CAT_BATCH]]
         # per-file errors (a trial with no trajectory) come back as values; cap + 1 bytes tells an oversize file
         got = fs.cat(paths, on_error="return", end=TRAJECTORY_CAP + 1)
         for data in got.values():
-            n_steps = _steps_in(data) if isinstance(data, bytes) and len(data) <= TRAJECTORY_CAP else None
-            if n_steps is not None:
-                counts.append(n_steps)
-    return counts
+            trajectory = _parse_trajectory(data) if isinstance(data, bytes) and len(data) <= TRAJECTORY_CAP else None
+            if trajectory is not None:
+                found.append(trajectory)
+    return found
 
 
-def _n_steps(path: str) -> int | None:
+def _read_trajectory(path: str) -> _Trajectory | None:
     try:
         data, _ = read_local(path, TRAJECTORY_CAP)  # a FIFO or /dev/zero there must not hang or fill memory
     except OSError:
         return None
-    return _steps_in(data) if isinstance(data, bytes) else None
+    return _parse_trajectory(data) if isinstance(data, bytes) else None
 
 
-def _steps_in(data: bytes) -> int | None:
+def _parse_trajectory(data: bytes) -> _Trajectory | None:
     try:
         doc = json.loads(data)
     except (ValueError, RecursionError):  # RecursionError: nested too deeply
         return None
     steps = doc.get("steps") if isinstance(doc, dict) else doc
-    return len(steps) if isinstance(steps, list) else None
+    if not isinstance(steps, list):
+        return None
+    final = doc.get("final_metrics") if isinstance(doc, dict) else None
+    tokens = _token_pair(final, "total_prompt_tokens", "total_completion_tokens") if isinstance(final, dict) else None
+    if tokens is None:
+        per_step = [_token_pair(step.get("metrics"), "prompt_tokens", "completion_tokens")
+                    for step in steps if isinstance(step, dict)]
+        reported = [pair for pair in per_step if pair is not None]
+        tokens = (sum(p for p, _ in reported), sum(c for _, c in reported)) if reported else None
+    return _Trajectory(len(steps), tokens)
+
+
+def _token_pair(metrics: object, prompt_key: str, completion_key: str) -> tuple[int, int] | None:
+    """(prompt, completion) when at least one is a non-negative integer; a missing one counts as 0."""
+    if not isinstance(metrics, dict):
+        return None
+    pair = [metrics.get(prompt_key), metrics.get(completion_key)]
+    counts = [v if type(v) is int and v >= 0 else None for v in pair]  # bool is no count; neither is -1
+    if counts == [None, None]:
+        return None
+    return counts[0] or 0, counts[1] or 0
 
 
 def render(summary: PostEvalSummary, facts: RunDirFacts, errors: ErrorClasses) -> str:
@@ -194,6 +243,10 @@ def render(summary: PostEvalSummary, facts: RunDirFacts, errors: ErrorClasses) -
         lines.append(
             f"steps per trial (n={s.n_trajectories}): mean {s.mean:.2f}  median {s.median:g}  max {s.max}"
         )
+        t = s.tokens
+        lines.append("tokens per trial: not reported by the trajectories" if t is None else
+                     f"tokens per trial (n={t.n_trajectories}): mean {t.total_mean:.1f} (prompt {t.prompt_mean:.1f}, "
+                     f"completion {t.completion_mean:.1f})  median {t.total_median:g}  max {t.total_max}")
     return "\n".join(lines) + "\n"
 
 
@@ -208,4 +261,8 @@ def post_eval_analysis(summary: PostEvalSummary, facts: RunDirFacts, errors: Err
     steps = summary.steps
     stats = {} if steps is None else {"n_trajectories": float(steps.n_trajectories), "steps_mean": steps.mean,
                                       "steps_median": steps.median, "steps_max": float(steps.max)}
+    if steps is not None and (tokens := steps.tokens) is not None:
+        stats |= {"tokens_n_trajectories": float(tokens.n_trajectories), "tokens_prompt_mean": tokens.prompt_mean,
+                  "tokens_completion_mean": tokens.completion_mean, "tokens_mean": tokens.total_mean,
+                  "tokens_median": tokens.total_median, "tokens_max": float(tokens.total_max)}
     return Analysis(report=render(summary, facts, errors), step_stats=stats)

@@ -21,7 +21,7 @@ from typing import Any
 
 from controller.core.errors import ErrorClasses
 from controller.core.metrics import run_metrics
-from controller.core.planner import DB_VERIFIED, TRACK_ERROR, TRACKED
+from controller.core.planner import ANALYZED, DB_VERIFIED, TRACK_ERROR, TRACKED
 from controller.core.ports import NewRow, ObservationError, Scheduler, StoreUnavailable, SubmitRequest, Tracker
 from controller.core.store import Store
 from controller.core.tracking import Analysis, differences, tracker_record
@@ -118,11 +118,12 @@ class Actor:
         except Exception as exc:  # the store failed: this cell does nothing more this pass
             log.warning("bookkeeping failed", extra={"cell": label, "error": str(exc)})
             return [Outcome(cell=label, action="bookkeeping", ok=False, message=str(exc))]
+        memory = dict(cell_plan.memory if cell_plan.remember is None else cell_plan.remember)
         for action in cell_plan.actions:
             if action.kind in (ActionKind.WAIT, ActionKind.SKIP, ActionKind.HOLD):
                 continue
             try:
-                message = self._do(cell_plan, action)
+                message = self._do_remembering(cell_plan, action, memory)
             except Exception as exc:  # one cell's failure must not stop the others
                 log.warning("action failed", extra={"cell": label, "action": action.kind.value, "error": str(exc)})
                 outcomes.append(Outcome(cell=label, action=action.kind.value, ok=False, message=str(exc)))
@@ -130,6 +131,16 @@ class Actor:
             log.info("action done", extra={"cell": label, "action": action.kind.value, "detail": message})
             outcomes.append(Outcome(cell=label, action=action.kind.value, ok=True, message=message))
         return outcomes
+
+    def _do_remembering(self, cell_plan: CellPlan, action: Action, memory: dict[str, Any]) -> str:
+        """Act; what the action learnt (verified, or why not) is stored even when it fails, for `explain` and
+        the next pass."""
+        before = dict(memory)
+        try:
+            return self._do(cell_plan, action, memory)
+        finally:
+            if memory != before:
+                self.state.remember(cell_plan.cell.key, memory)
 
     def _bookkeeping(self, cell_plan: CellPlan) -> None:
         for update in cell_plan.row_updates:
@@ -144,7 +155,7 @@ class Actor:
         if row_id is not None:
             self.results.update_row(row_id, owner=self.launcher.username, slurm_job_id=job_id)
 
-    def _do(self, cell_plan: CellPlan, action: Action) -> str:
+    def _do(self, cell_plan: CellPlan, action: Action, memory: dict[str, Any]) -> str:
         if action.kind == ActionKind.CANCEL:
             assert action.job_id is not None
             self.scheduler.cancel(action.job_id)
@@ -152,20 +163,16 @@ class Actor:
         if action.kind in (ActionKind.SUBMIT, ActionKind.RESUME):
             return self._submit(cell_plan.cell, action)
         facts = cell_plan.run_dir
-        assert facts is not None, "analyze/upload are only planned for a run dir"
+        assert facts is not None, "analyze/upload/track are only planned for a run dir"
         if action.kind == ActionKind.ANALYZE:
             self._analyses[facts.run_tag] = self.analyze_dir(facts)
+            memory[ANALYZED] = facts.run_tag
             return f"post-eval report written for {facts.run_tag}"
         if action.kind == ActionKind.UPLOAD:
-            memory = dict(cell_plan.memory)
-            try:
-                message = self._upload(cell_plan.cell, action, facts, memory)
-                if self.tracker is not None:
-                    message += "; " + self._track(cell_plan.cell, facts, memory)
-            finally:  # what was verified (or why not) is what `explain` and the next pass show
-                if memory != cell_plan.memory:
-                    self.state.remember(cell_plan.cell.key, memory)
-            return message
+            message = self._upload(cell_plan.cell, action, facts, memory)
+            return message if self.tracker is None else f"{message}; {self._track(cell_plan.cell, facts, memory)}"
+        if action.kind == ActionKind.TRACK:
+            return self._track(cell_plan.cell, facts, memory)
         raise ValueError(f"unknown action {action.kind}")
 
     def _submit(self, cell: Cell, action: Action) -> str:
@@ -233,10 +240,14 @@ class Actor:
 
     def _track(self, cell: Cell, facts: RunDirFacts, memory: dict[str, Any]) -> str:
         """Log to the tracker, read the run back, compare; `memory` gets the outcome, so the planner can say it."""
-        assert self.tracker is not None
+        if self.tracker is None:
+            raise UploadNotVerified("upload.mlflow is on but this pass has no tracker configured")
         tracker, experiment = self.tracker
+        result = run_metrics(facts, self.errors)
+        if result.score is None:
+            raise UploadNotVerified(f"{facts.run_tag}: no score could be computed (no valid trials): not logged")
         analysis = self._analyses.get(facts.run_tag) or self.analyze_dir(facts)
-        record = tracker_record(cell, facts, run_metrics(facts, self.errors), analysis, self.errors)
+        record = tracker_record(cell, facts, result, analysis, self.errors)
         memory.pop(TRACKED, None)
         memory.pop(TRACK_ERROR, None)
         try:

@@ -53,6 +53,7 @@ LAUNCHING = frozenset({ActionKind.SUBMIT, ActionKind.RESUME})
 TRACKED = "tracked_run_tag"
 TRACK_ERROR = "track_error"
 DB_VERIFIED = "db_verified"  # the last upload to the results DB that read back as written
+ANALYZED = "analyzed_run_tag"  # the run tag whose post-eval report was last written
 # The monitor's memory: a run tag it cancelled to upload as is (never resumed), and the first stuck-general reading.
 UPLOAD_AS_IS = "upload_as_is"
 STALL_READING = "stall_reading"
@@ -439,12 +440,33 @@ class _CellView:
         analyze = Action(kind=ActionKind.ANALYZE, run_tag=facts.run_tag, row_id=row_id,
                          reason=f"post-eval report for {facts.run_tag}")
         if not self.policy.upload_db:
-            return self._result(Phase.EVALUATED, [analyze], "trials done; upload.db is off", rule, facts=facts)
+            return self._without_db_upload(facts, analyze, rule)
         upload = Action(kind=ActionKind.UPLOAD, run_tag=facts.run_tag, row_id=row_id,
                         attempt=self._attempt_of(facts.run_tag),
                         reason=f"{verdict.reason} ({_progress(facts)}): upload metrics")
         return self._result(Phase.EVALUATED, [analyze, upload], f"{verdict.reason}: analyze and upload", rule,
                             facts=facts)
+
+    def _without_db_upload(self, facts: RunDirFacts, analyze: Action, rule: str) -> CellPlan:
+        """upload.db off: done once the report is written, or, with MLflow on, once its run reads back."""
+        tag = facts.run_tag
+        if self.policy.track and self.memory.get(TRACKED) == tag:
+            reason = f"MLflow run {tag} read back as logged; upload.db is off"
+            return self._result(Phase.COMPLETED, [Action(kind=ActionKind.SKIP, reason=reason)], reason, rule,
+                                facts=facts)
+        if self.policy.track:
+            reason = f"{UPLOAD_NOT_VERIFIED}: {self.memory.get(TRACK_ERROR) or 'not logged to MLflow yet'}"
+            track = Action(kind=ActionKind.TRACK, run_tag=tag, attempt=self._attempt_of(tag),
+                           reason=f"{reason}: log and read back (upload.db is off)")
+            return self._result(Phase.EVALUATED, [analyze, track], reason,
+                                "REFERENCE §5: verify, don't trust exit codes → Completed only once read back",
+                                facts=facts)
+        if self.memory.get(ANALYZED) == tag:
+            reason = f"post-eval report written for {tag}; upload.db and upload.mlflow are off"
+            return self._result(Phase.COMPLETED, [Action(kind=ActionKind.SKIP, reason=reason)], reason, rule,
+                                facts=facts)
+        return self._result(Phase.EVALUATED, [analyze], "trials done; upload.db is off: post-eval report only",
+                            rule, facts=facts)
 
     def _gates(self, facts: RunDirFacts) -> list[str]:
         """Why this run's numbers should not reach the leaderboard unreviewed, with the numbers."""

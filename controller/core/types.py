@@ -302,7 +302,8 @@ class ActionKind(StrEnum):
     RESUME = "resume"
     CANCEL = "cancel"
     ANALYZE = "analyze"
-    UPLOAD = "upload"
+    UPLOAD = "upload"  # to the results DB, then (with a tracker) to MLflow; each read back
+    TRACK = "track"  # to MLflow only, read back (upload.db off)
     WAIT = "wait"
     SKIP = "skip"
     HOLD = "hold"

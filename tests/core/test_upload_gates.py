@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from controller.core.planner import plan_cell
+from controller.core.planner import ANALYZED, TRACK_ERROR, TRACKED, plan_cell
 from controller.core.types import JobState, Phase
 from tests.core.builders import NOW, POLICY, ago, cell, facts, job, obs, row, sub
 
@@ -55,3 +55,31 @@ def test_nothing_completed_is_never_uploaded_even_when_forced() -> None:
     decided = plan_cell(C, finished_run(n_completed=0, n_scored=0, n_trial_dirs=0, finished_at=None), forced, NOW)
 
     assert decided.phase == Phase.FAILED and "forceUpload" not in decided.reason
+
+
+NO_DB = POLICY.model_copy(update={"upload_db": False})
+
+
+def test_without_db_upload_the_report_is_the_goal() -> None:
+    first = plan_cell(C, finished_run(), NO_DB, NOW)
+    analysed = plan_cell(C, finished_run().model_copy(update={"memory": {ANALYZED: TAG}}), NO_DB, NOW)
+    older = plan_cell(C, finished_run().model_copy(update={"memory": {ANALYZED: C.run_tag(0)}}), NO_DB, NOW)
+
+    assert first.phase == Phase.EVALUATED and [a.kind.value for a in first.actions] == ["analyze"]
+    assert analysed.phase == Phase.COMPLETED and "upload.db and upload.mlflow are off" in analysed.reason
+    assert older.phase == Phase.EVALUATED, "another run's report does not count"
+
+
+def test_without_db_upload_mlflow_alone_decides_completed() -> None:
+    tracked = NO_DB.model_copy(update={"track": True})
+
+    first = plan_cell(C, finished_run().model_copy(update={"memory": {ANALYZED: TAG}}), tracked, NOW)
+    failed = plan_cell(C, finished_run().model_copy(update={"memory": {TRACK_ERROR: "MLflow: metric accuracy: …"}}),
+                       tracked, NOW)
+    verified = plan_cell(C, finished_run().model_copy(update={"memory": {TRACKED: TAG}}), tracked, NOW)
+
+    assert first.phase == Phase.EVALUATED and [a.kind.value for a in first.actions] == ["analyze", "track"]
+    assert "UploadNotVerified" in first.reason, "a written report is not a verified upload"
+    assert failed.phase == Phase.EVALUATED and "MLflow: metric accuracy" in failed.reason
+    assert verified.phase == Phase.COMPLETED and "upload.db is off" in verified.reason
+    assert verified.score is not None, "a Completed cell shows its score"

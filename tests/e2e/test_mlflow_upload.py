@@ -99,3 +99,45 @@ def test_a_server_that_does_not_store_leaves_cells_evaluated_until_it_does(
 
     assert all(phase == "Completed" for phase, _ in phases(cluster).values())
     assert len(runs(mlflow_server, experiment)) == len(MODELS)
+
+
+def test_a_stopped_server_leaves_cells_evaluated_until_it_is_back(cluster: Cluster,
+                                                                   mlflow_server: MlflowServer) -> None:
+    experiment = setup(cluster, mlflow_server.url)
+    cluster.evalctl("reconcile", "--once")  # submits while the server is up
+    mlflow_server.stop()
+    try:
+        def evaluated_and_unverified() -> bool:
+            cluster.evalctl("reconcile", "--once", check=False)
+            seen = phases(cluster)
+            return all(phase == "Evaluated" and "UploadNotVerified" in reason for phase, reason in seen.values())
+
+        wait_until(evaluated_and_unverified, "both cells to be Evaluated with UploadNotVerified", timeout_s=120)
+        failed = cluster.evalctl("reconcile", "--once", check=False)
+        assert failed.returncode == 1, "an upload that could not be verified is a failed action"
+        explained = cluster.evalctl("explain", MODELS[0], DATASETS[0]).stdout
+        assert "remembered track_error: MLflow:" in explained and "remembered db_verified: row" in explained
+    finally:
+        mlflow_server.start()
+
+    cluster.evalctl("reconcile", "--once")
+
+    assert all(phase == "Completed" for phase, _ in phases(cluster).values())
+    assert len(runs(mlflow_server, experiment)) == len(MODELS)
+
+
+def test_with_db_upload_off_mlflow_read_back_alone_completes_a_cell(cluster: Cluster,
+                                                                     mlflow_server: MlflowServer) -> None:
+    experiment = f"e2e-{uuid.uuid4().hex[:8]}"
+    cluster.write(models=MODELS, datasets=DATASETS, env=FAST,
+                  extra_run=f"  upload: {{db: false, mlflow: true, mlflowTrackingUri: '{mlflow_server.url}', "
+                            f"mlflowExperiment: {experiment}}}")
+
+    cluster.evalctl("reconcile", "--loop", "--interval", "0.5", "--until-done")
+
+    assert db_scores(cluster) == {}, "upload.db off: no row is Finished by us"
+    tracked = runs(mlflow_server, experiment)
+    assert len(tracked) == len(MODELS) and all(run.data.metrics["accuracy"] >= 0 for run in tracked)
+    seen = phases(cluster)
+    assert all(phase == "Completed" and "read back as logged; upload.db is off" in reason
+               for phase, reason in seen.values()), seen

@@ -122,7 +122,7 @@ def test_report_through_fs_matches_local(remote: tuple[MemoryFileSystem, str, Pa
     assert path == PurePosixPath(root, "r", REPORT_NAME) and isinstance(local_path, Path)
     assert summary == local_summary
     assert summary.steps is not None and summary.steps.model_dump() == {
-        "n_trajectories": 2, "mean": 7.0, "median": 7.0, "max": 10}
+        "n_trajectories": 2, "mean": 7.0, "median": 7.0, "max": 10, "tokens": None}
     assert fs.cat_file(str(path)).decode() == local_path.read_text()
     write_post_eval_report(facts.path, facts, REFERENCE_ERRORS, fs=fs)  # repeatable: replaced, no tmp left
     names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{root}/r", detail=False))

@@ -5,6 +5,8 @@
   resume rewrites `result.json` and `meta.env`, a new or removed trial dir changes the dir's mtime.
 - A trial result of an unfinished dir is kept as what it says, with its mtime and size: a pass stats each
   trial's `result.json` and reads only the new or changed ones. A dir's trials are dropped once it finishes.
+- A run dir the memo does not know at all was never read by this process: the cold pass reads many of those in
+  worker processes (`harbor`), which hand back what the memo keeps.
 
 Process-wide, per jobs dir: the adapters are rebuilt every pass, and it is `--loop` and the operator that live
 long. A one-shot `reconcile --once` starts cold. Entries are replaced whole, so threads observing the same
@@ -32,6 +34,10 @@ class JobsDirMemo:
         kept = self._finished.get(run)
         return kept[1] if kept is not None and signature is not None and kept[0] == signature else None
 
+    def knows(self, run: str) -> bool:
+        """Whether a pass of this process read the run dir (and it was not forgotten since)."""
+        return run in self._finished or run in self._trials
+
     def recall(self, run: str, name: str, key: StatKey) -> object:
         kept = self._trials.get(run, {}).get(name)
         return kept[1] if kept is not None and kept[0] == key else None
@@ -40,12 +46,14 @@ class JobsDirMemo:
         self._trials.setdefault(run, {})[name] = (key, outcome)
 
     def settle(self, run: str, signature: Signature | None, facts: RunDirFacts) -> None:
-        """After a full read: keep a finished dir's facts (and forget its trials), or forget an unfinished one's."""
+        """After a full read: keep a finished dir's facts (and forget its trials), or forget an unfinished one's
+        facts, keeping it known (even with no trial result yet) so that it is not taken for a cold dir."""
         if facts.finished_at is not None and not facts.unreadable and signature is not None:
             self._finished[run] = (signature, facts)
             self._trials.pop(run, None)
         else:
             self._finished.pop(run, None)
+            self._trials.setdefault(run, {})
 
 
 def signature(run: str) -> Signature | None:

@@ -1,0 +1,261 @@
+"""A scripted, OpenAI-compatible chat-completions server on 127.0.0.1: the LLM for real Harbor agent runs in tests.
+
+Why: post-eval analysis reads each trial's `agent/trajectory.json` (Harbor's ATIF), and only an LLM agent writes
+one (`oracle` and `nop` do not). No real LLM can run on the test machines (no GPU, no network), so Harbor's real
+`terminus-2` agent is pointed at this server instead. It is the ONLY fake in such a run: Harbor, terminus-2, its
+litellm client, its response parser, the tmux session and `host_env.py` are all real, and the trajectories are
+written by Harbor's own code (per-step `metrics` and `final_metrics` come from the `usage` blocks sent here).
+
+How: a task's instruction names its script (`fake-llm-script: NAME`, see `eval/harbor/agent-dataset/`). The
+server is stateless per conversation: the reply to a request is the script's entry number "assistant messages
+already in the request", so concurrent trials never mix. Each reply is a terminus-2 JSON answer plus a `usage`
+block with the script's token counts; every request served is recorded (`FakeLLM.calls`, with its script and
+turn: one conversation per script as long as each task runs once).
+
+Stdlib only, so the reconciler's Python 3.11 (tests, in a thread) and the eval env's 3.12 (CLI) both run it:
+
+    python eval/harbor/fake_llm.py [--port N]    # prints "fake-llm listening on http://127.0.0.1:PORT/v1"
+    harbor run ... -a terminus-2 -m openai/fake-model --ak api_base=http://127.0.0.1:PORT/v1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+MODEL = "fake-model"
+SCRIPT_TAG = re.compile(r"fake-llm-script:\s*([\w-]+)")
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One assistant turn: the text terminus-2 parses, and the token counts reported for it."""
+
+    content: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Call:
+    """One chat-completions request served."""
+
+    script: str
+    turn: int  # index into the script (= assistant messages already in the conversation)
+    model: str
+    reply: Reply
+
+
+def terminus_json(plan: str, commands: list[str] | tuple[str, ...] = (), task_complete: bool = False,
+                  duration: float = 0.2) -> str:
+    """A reply in terminus-2's JSON format (harbor/agents/terminus_2/templates/terminus-json-plain.txt)."""
+    return json.dumps({
+        "analysis": f"Scripted by fake_llm: {plan.lower()}",
+        "plan": plan,
+        "commands": [{"keystrokes": keys, "duration": duration} for keys in commands],
+        "task_complete": task_complete,
+    }, indent=2)
+
+
+# terminus-2 finishes only when `task_complete: true` comes twice in a row (the second confirms after Harbor
+# shows the terminal again), so every script ends with two of them. A trajectory has one user step (the
+# initial prompt) and then one agent step per reply: steps = 1 + len(script).
+SCRIPTS: dict[str, tuple[Reply, ...]] = {
+    # solves it at once, then confirms: 3 steps, reward 1
+    "quick": (
+        Reply(terminus_json("Write the file and finish.", ["echo hello > hello.txt\n"], task_complete=True), 812, 61),
+        Reply(terminus_json("Confirm completion.", task_complete=True), 1003, 17, cached_tokens=768),
+    ),
+    # looks around first, checks its work, then finishes: 5 steps, reward 1
+    "steps": (
+        Reply(terminus_json("Look at the working directory.", ["ls -la\n"]), 820, 45),
+        Reply(terminus_json("Write the file and show it.", ["echo hello > hello.txt\n", "cat hello.txt\n"]), 1240, 88,
+              cached_tokens=800),
+        Reply(terminus_json("The file says hello: done.", task_complete=True), 1533, 29, cached_tokens=1200),
+        Reply(terminus_json("Confirm completion.", task_complete=True), 1710, 15, cached_tokens=1500),
+    ),
+    # an unparsable answer (Harbor records it and asks again), a wrong file, a withdrawn completion: 6 steps,
+    # reward 0
+    "wrong": (
+        Reply("I think I should write a file.", 805, 9),
+        Reply(terminus_json("Write the file and finish.", ["echo goodbye > hello.txt\n"], task_complete=True), 990, 57),
+        Reply(terminus_json("Check the file once more before confirming.", ["cat hello.txt\n"]), 1320, 33,
+              cached_tokens=960),
+        Reply(terminus_json("Finish.", task_complete=True), 1610, 14, cached_tokens=1300),
+        Reply(terminus_json("Confirm completion.", task_complete=True), 1790, 12, cached_tokens=1600),
+    ),
+}
+
+
+def expected_steps(script: str) -> int:
+    """Steps of the trajectory terminus-2 writes for a run of `script` (its user step + one per reply)."""
+    return 1 + len(SCRIPTS[script])
+
+
+def expected_tokens(script: str) -> tuple[int, int]:
+    """(prompt, completion) tokens a full run of `script` reports."""
+    replies = SCRIPTS[script]
+    return sum(r.prompt_tokens for r in replies), sum(r.completion_tokens for r in replies)
+
+
+class FakeLLM:
+    """The server, in a daemon thread: `with FakeLLM() as llm: ... llm.base_url ... llm.calls`."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0,
+                 scripts: dict[str, tuple[Reply, ...]] | None = None) -> None:
+        self.scripts = SCRIPTS if scripts is None else scripts
+        self._lock = threading.Lock()
+        self._calls: list[Call] = []
+        self._errors: list[str] = []
+        self._server = ThreadingHTTPServer((host, port), _handler(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-llm", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/v1"
+
+    @property
+    def calls(self) -> list[Call]:
+        with self._lock:
+            return list(self._calls)
+
+    @property
+    def errors(self) -> list[str]:
+        """Requests answered with an error (unknown script, script exhausted, malformed request)."""
+        with self._lock:
+            return list(self._errors)
+
+    def start(self) -> FakeLLM:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()  # waits for serve_forever to return
+        self._server.server_close()
+        self._thread.join()
+
+    def __enter__(self) -> FakeLLM:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """HTTP status and JSON body for one chat-completions request."""
+        messages = body.get("messages")
+        if body.get("stream"):
+            return self._error(400, "streaming is not supported by fake_llm")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            return self._error(400, "messages must be a non-empty list of objects")
+        first_user = next((m for m in messages if m.get("role") == "user"), None)
+        match = SCRIPT_TAG.search(_text(first_user.get("content"))) if first_user else None
+        if match is None or match.group(1) not in self.scripts:
+            return self._error(404, f"no known 'fake-llm-script: NAME' in the first user message ({match and match[1]})")
+        script = match.group(1)
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        replies = self.scripts[script]
+        if turn >= len(replies):
+            return self._error(409, f"script {script!r} has {len(replies)} replies; asked for reply {turn + 1}")
+        reply = replies[turn]
+        model = str(body.get("model") or MODEL)
+        with self._lock:
+            self._calls.append(Call(script, turn, model, reply))
+        usage: dict[str, Any] = {
+            "prompt_tokens": reply.prompt_tokens,
+            "completion_tokens": reply.completion_tokens,
+            "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+        }
+        if reply.cached_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
+        return 200, {
+            "id": f"chatcmpl-fake-{script}-{turn}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": reply.content},
+                         "finish_reason": "stop"}],
+            "usage": usage,
+        }
+
+    def _error(self, status: int, message: str) -> tuple[int, dict[str, Any]]:
+        with self._lock:
+            self._errors.append(message)
+        return status, {"error": {"message": message, "type": "invalid_request_error", "code": status}}
+
+
+def _text(content: object) -> str:
+    """A message's text: a string, or the text parts of a list of content parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as OpenAI clients expect
+
+        def do_GET(self) -> None:  # readiness probe, and what `GET /v1/models` answers
+            if self.path.rstrip("/") == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "fake"}]})
+            else:
+                self._send(404, {"error": {"message": f"no route {self.path}"}})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length)
+            if self.path.rstrip("/") != "/v1/chat/completions":
+                self._send(404, {"error": {"message": f"no route {self.path}"}})
+                return
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                self._send(400, {"error": {"message": "body is not JSON"}})
+                return
+            if not isinstance(body, dict):
+                self._send(400, {"error": {"message": "body is not a JSON object"}})
+                return
+            status, answer = llm.answer(body)
+            self._send(status, answer)
+
+        def _send(self, status: int, doc: dict[str, Any]) -> None:
+            data = json.dumps(doc).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return  # quiet: tests read `calls`/`errors` instead
+
+    return Handler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0: a free port (printed)")
+    args = parser.parse_args()
+    llm = FakeLLM(args.host, args.port)
+    print(f"fake-llm listening on {llm.base_url}", flush=True)
+    try:
+        llm._server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        llm._server.server_close()
+
+
+if __name__ == "__main__":
+    main()

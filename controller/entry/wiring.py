@@ -124,30 +124,54 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog,
                 _, summary = write_post_eval_report(facts.path, facts, errors, fs=remote() if remote else None)
                 return post_eval_analysis(summary, facts, errors)
 
-            return Actor(store, scheduler, launcher, cell_env, analyze, errors, utc_now, tracker=tracker_for(run))
+            return Actor(store, scheduler, launcher, cell_env, analyze, errors, utc_now,
+                         tracker=tracker_for(run, cluster, secrets))
 
         ports[name] = ClusterPorts(scheduler=scheduler, run_dirs=run_dirs, actor_for=actor_for,
                                    submissions_per_minute=cspec.scheduler.submissions_per_minute)
     return ports
 
 
-def tracker_for(run: LoadedRun) -> tuple[Tracker, str] | None:
-    """The EvalRun's MLflow server and experiment when `upload.mlflow` is on (mlflow loads only then)."""
+def tracker_for(run: LoadedRun, cluster: LoadedCluster | None = None,
+                secrets: SecretSource | None = None) -> tuple[Tracker, str] | None:
+    """The EvalRun's MLflow server and experiment when `upload.mlflow` is on (mlflow loads only then).
+
+    Server and credentials: the EvalRun's, else its EvalCluster's, else the environment's."""
     upload = run.run.spec.upload
     if not upload.mlflow:
         return None
     experiment = upload.mlflow_experiment or run.run.metadata.name
-    uri = upload.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    cspec = cluster.cluster.spec if cluster is not None else None
+    uri = upload.mlflow_tracking_uri or (cspec and cspec.mlflow_tracking_uri) or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
-        return NoTracker("no MLflow tracking URI: set spec.upload.mlflowTrackingUri or $MLFLOW_TRACKING_URI"), experiment
-    return _mlflow(uri), experiment
+        return NoTracker("no MLflow tracking URI: set spec.upload.mlflowTrackingUri (EvalRun), "
+                         "spec.mlflowTrackingUri (EvalCluster) or $MLFLOW_TRACKING_URI"), experiment
+    secret = upload.mlflow_credentials_secret or (cspec and cspec.mlflow_credentials_secret)
+    if not secret:
+        return _mlflow(uri), experiment
+    try:
+        credentials = mlflow_credentials(secret, secrets or EnvironmentSecrets())
+    except MissingSecret as exc:
+        return NoTracker(str(exc)), experiment
+    return _mlflow(uri, tuple(sorted(credentials.items()))), experiment
+
+
+def mlflow_credentials(secret: str, secrets: SecretSource) -> dict[str, str]:
+    """MLFLOW_TRACKING_* values from the Secret's `username` + `password`, or `token`."""
+    refs = {key: SecretRef(name=secret, key=key) for key in ("username", "password", "token")}
+    found = {key: value for key, ref in refs.items() if (value := secrets.get(ref))}
+    if not ("token" in found or {"username", "password"} <= found.keys()):
+        raise MissingSecret(f"MLflow credentials: secret {secret!r} needs keys username and password, or token: "
+                            f"{secrets.where(refs['username'])} and {secrets.where(refs['password'])}, "
+                            f"or {secrets.where(refs['token'])}")
+    return {f"MLFLOW_TRACKING_{key.upper()}": value for key, value in found.items()}
 
 
 @functools.cache
-def _mlflow(uri: str) -> Tracker:
+def _mlflow(uri: str, credentials: tuple[tuple[str, str], ...] | None = None) -> Tracker:
     from controller.adapters.tracker.mlflow import MlflowTracker
 
-    return MlflowTracker(uri)
+    return MlflowTracker(uri, credentials=dict(credentials) if credentials is not None else None)
 
 
 class NoTracker:

@@ -185,6 +185,12 @@ class SchedulerSpec(SpecModel):
         return self
 
 
+MlflowTrackingUri = Annotated[str, Field(max_length=2048,
+                                         pattern=r"^(https?|sqlite|databricks|postgresql|mysql)://[^@\s]*$")]
+MLFLOW_CREDENTIALS = ("Secret with the MLflow server's credentials: keys `username` and `password`, or `token` "
+                      "(CLI: EVALCTL_SECRET_<NAME>_<KEY>).")
+
+
 class EvalClusterSpec(SpecModel):
     """Cluster particulars, written once per cluster and shared by every EvalRun on it."""
 
@@ -211,6 +217,10 @@ class EvalClusterSpec(SpecModel):
                                      description="Extra non-secret environment for every job.")
     secret_env: list[SecretEnv] = Field(default_factory=list, max_length=POOL_MAX,
                                         description="Secret environment, by reference only.")
+    mlflow_tracking_uri: MlflowTrackingUri | None = Field(
+        None, description="MLflow tracking server of this cluster's EvalRuns that do not name one "
+                          "(default $MLFLOW_TRACKING_URI).")
+    mlflow_credentials_secret: Name | None = Field(None, description=MLFLOW_CREDENTIALS)
 
     @field_validator("time_limit")
     @classmethod
@@ -313,10 +323,12 @@ class UploadPolicy(SpecModel):
     db: bool = Field(True, description="Write metrics to the results store.")
     mlflow: bool = Field(False, description="Log metrics to MLflow and verify them: a cell is Completed only once "
                                             "its MLflow run reads back what was logged.")
-    mlflow_tracking_uri: str | None = Field(
-        None, max_length=2048, pattern=r"^(https?|sqlite|databricks|postgresql|mysql)://[^@\s]*$",
-        description="MLflow tracking server (default $MLFLOW_TRACKING_URI). Credentials never go here: "
-                    "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD / MLFLOW_TRACKING_TOKEN in the environment.")
+    mlflow_tracking_uri: MlflowTrackingUri | None = Field(
+        None, description="MLflow tracking server (default: the EvalCluster's, else $MLFLOW_TRACKING_URI). "
+                          "Credentials never go here: see mlflowCredentialsSecret.")
+    mlflow_credentials_secret: Name | None = Field(
+        None, description=f"{MLFLOW_CREDENTIALS} Default: the EvalCluster's, else MLFLOW_TRACKING_USERNAME / "
+                          "MLFLOW_TRACKING_PASSWORD / MLFLOW_TRACKING_TOKEN of the controller's environment.")
     mlflow_experiment: str | None = Field(None, min_length=1, max_length=250,
                                           description="MLflow experiment (default: the EvalRun's name).")
     min_completed_fraction: float = Field(0.5, ge=0, le=1, description="Upload only with this share of trials done.")

@@ -7,7 +7,9 @@ credentials, and a write the server never got shows up in `read_back` (the core'
 
 from __future__ import annotations
 
+import base64
 import logging
+import os
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -252,3 +254,41 @@ def test_credentials_never_reach_a_message(mlflow_server: MlflowServer, mlflow_p
     for text in [*messages, printed.out, printed.err]:
         assert PASSWORD not in text and "alice" not in text
     assert "127.0.0.1" in messages[1]
+
+
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_own_credentials_sign_every_call_and_leave_the_environment_as_it_was(
+        mlflow_server: MlflowServer, mlflow_proxy: MlflowProxy, experiment: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "env-user")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "env-password-xyz")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.delenv("MLFLOW_TRACKING_TOKEN", raising=False)
+    mlflow_proxy.require_auth = _basic("alice", PASSWORD)
+    own = MlflowTracker(mlflow_proxy.url, credentials={"MLFLOW_TRACKING_USERNAME": "alice",
+                                                       "MLFLOW_TRACKING_PASSWORD": PASSWORD})
+
+    own.log(experiment, record())
+    tracked = own.read_back(experiment, record().run_tag)
+
+    assert tracked is not None and "post_eval_report.txt" in tracked.artifacts, "artifact calls are signed too"
+    assert any("/artifacts/" in call for call in mlflow_proxy.authorized)
+    assert (os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]) == (
+        "env-user", "env-password-xyz"), "the environment is restored after each call"
+    assert "MLFLOW_TRACKING_TOKEN" not in os.environ
+    with pytest.raises(StoreUnavailable) as with_env:  # a tracker without its own uses the environment's: refused
+        MlflowTracker(mlflow_proxy.url).log(experiment, record())
+    wrong = MlflowTracker(mlflow_proxy.url, credentials={"MLFLOW_TRACKING_TOKEN": "tok-wrong-" + PASSWORD})
+    with pytest.raises(ObservationError) as with_wrong:
+        wrong.read_back(experiment, record().run_tag)
+    for message in (str(with_env.value), str(with_wrong.value)):
+        assert "401" in message or "credentials" in message.lower() or "unauthorized" in message.lower(), message
+        assert PASSWORD not in message and "env-password-xyz" not in message
+
+
+def test_credentials_are_only_mlflow_tracking_names() -> None:
+    with pytest.raises(ValueError, match="unknown names"):
+        MlflowTracker("http://127.0.0.1:9", credentials={"AWS_SECRET_ACCESS_KEY": "x"})

@@ -32,15 +32,18 @@ class CommandRunner(Protocol):
 
 
 OWN_VARIABLES = "EVALCTL_"  # the reconciler's settings and every secret it holds (EVALCTL_SECRET_*)
+# the reconciler's own MLflow login: it uploads, jobs never do
+OWN_CREDENTIALS = frozenset({"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"})
 
 
 def inherited_environment() -> dict[str, str]:
-    """This process's environment minus the reconciler's own variables.
+    """This process's environment minus the reconciler's own variables and credentials.
 
     Jobs inherit what their submitter had (`sbatch --export=ALL`, the local runner): without this, every
     job would carry every secret the reconciler can read, not just the ones meant for it.
     """
-    return {name: value for name, value in os.environ.items() if not name.startswith(OWN_VARIABLES)}
+    return {name: value for name, value in os.environ.items()
+            if not name.startswith(OWN_VARIABLES) and name not in OWN_CREDENTIALS}
 
 
 class LocalCommands:

@@ -21,12 +21,16 @@ server fails in about 3 s; values the operator exported win, and the first track
 every tracker (and any other mlflow use) in it. Messages state the effective values. It also forces
 MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT: mlflow otherwise prints each finished run's URL, password included.
 
-Credentials come from the tracking URI (user:password@host) or MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN, which
-mlflow reads itself. They never reach a message: URLs lose their userinfo, and those values are masked.
+Credentials: the tracker's own (`credentials`, from an EvalRun's or EvalCluster's Secret), else the tracking URI's
+user:password@, else MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN of the environment. mlflow reads the environment
+at every request, tracking and artifact calls alike, and has no per-client setting: so every call of every
+tracker holds one process-wide lock, and a tracker with its own credentials puts them in the environment only
+for that call (never another server's). They never reach a message: URLs lose their userinfo, values are masked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -34,7 +38,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from urllib.parse import unquote, urlsplit
 
 from mlflow import MlflowClient
@@ -49,7 +53,8 @@ TAG_PREFIX = "evalrun."
 RUN_TAG = f"{TAG_PREFIX}run_tag"
 PARAM_OVERRIDE = f"{TAG_PREFIX}param."  # a param's value from a later analysis (params are immutable)
 REPORT_ARTIFACT = "post_eval_report.txt"
-SECRET_ENV = ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+CREDENTIAL_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+SECRET_ENV = CREDENTIAL_ENV[1:]
 TIMEOUT_ENV, RETRIES_ENV, BACKOFF_ENV = (
     "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR")
 QUIET_ENV = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
@@ -60,6 +65,7 @@ SEARCH_LIMIT = 100  # runs per run tag; more than one only after a race, so this
 MESSAGE_MAX = 400
 
 _ENV_LOCK = threading.Lock()
+_CALL_LOCK = threading.Lock()  # one MLflow call at a time per process: credentials live in the environment
 _USERINFO = re.compile(r"(?<=://)[^/\s]*@")  # up to the LAST @ of the authority: a password may hold one
 _STATUS_RETRIES = re.compile(r"too many (\d{3}) error responses")
 
@@ -74,10 +80,17 @@ _FAILURES = (MlflowException, OSError, json.JSONDecodeError, _Refused)  # OSErro
 class MlflowTracker:
     """`Tracker` on an MLflow tracking server, through its REST API (`MlflowClient`, no global mlflow state)."""
 
-    def __init__(self, tracking_uri: str, *, timeout_s: float = 30.0, retries: int = 2) -> None:
-        """`timeout_s` per request and `retries` after the first attempt, unless MLFLOW_HTTP_REQUEST_* are set."""
+    def __init__(self, tracking_uri: str, *, timeout_s: float = 30.0, retries: int = 2,
+                 credentials: Mapping[str, str] | None = None) -> None:
+        """`timeout_s` per request and `retries` after the first attempt, unless MLFLOW_HTTP_REQUEST_* are set.
+        `credentials`: values for CREDENTIAL_ENV names, replacing all three of the environment's during calls."""
+        unknown = set(credentials or {}) - set(CREDENTIAL_ENV)
+        if unknown:
+            raise ValueError(f"credentials: unknown names {sorted(unknown)}; expected some of {CREDENTIAL_ENV}")
         self._where = strip_credentials(tracking_uri)
-        self._secrets = _secrets(tracking_uri)
+        self._credentials = dict(credentials) if credentials is not None else None
+        self._secrets = _secrets(tracking_uri) + tuple(
+            value for name, value in (credentials or {}).items() if name in SECRET_ENV)
         _configure_http(timeout_s, retries)
         try:
             self._client = MlflowClient(tracking_uri=tracking_uri)
@@ -95,8 +108,9 @@ class MlflowTracker:
         """
         _check_tag_keys(record)
         try:
-            run = self._run_for(self._experiment_for_writing(experiment), record.run_tag)
-            self._log_to(run, record)
+            with self._authenticated():
+                run = self._run_for(self._experiment_for_writing(experiment), record.run_tag)
+                self._log_to(run, record)
         except _FAILURES as exc:
             raise StoreUnavailable(
                 self._one_line(f"cannot log run {record.run_tag!r} in experiment {experiment!r}", exc)) from None
@@ -110,17 +124,34 @@ class MlflowTracker:
         Raises `ObservationError` (one line) when the server cannot be read.
         """
         try:
-            found = self._client.get_experiment_by_name(experiment)
-            if found is None or found.lifecycle_stage == "deleted":
-                return None
-            runs = self._runs_tagged(str(found.experiment_id), run_tag)
-            if not runs:
-                return None
-            artifacts = tuple(sorted(info.path for info in self._client.list_artifacts(runs[0].info.run_id)))
+            with self._authenticated():
+                found = self._client.get_experiment_by_name(experiment)
+                if found is None or found.lifecycle_stage == "deleted":
+                    return None
+                runs = self._runs_tagged(str(found.experiment_id), run_tag)
+                if not runs:
+                    return None
+                artifacts = tuple(sorted(info.path for info in self._client.list_artifacts(runs[0].info.run_id)))
         except _FAILURES as exc:
             raise ObservationError(
                 self._one_line(f"cannot read run {run_tag!r} in experiment {experiment!r}", exc)) from None
         return _tracked(runs[0], artifacts)
+
+    @contextlib.contextmanager
+    def _authenticated(self) -> Iterator[None]:
+        """Hold the call lock; with credentials of its own, the environment carries exactly those meanwhile."""
+        with _CALL_LOCK:
+            if self._credentials is None:
+                yield
+                return
+            saved = {name: os.environ.get(name) for name in CREDENTIAL_ENV}
+            try:
+                for name in CREDENTIAL_ENV:
+                    _set_env(name, self._credentials.get(name))
+                yield
+            finally:
+                for name, value in saved.items():
+                    _set_env(name, value)
 
     # ------------------------------------------------------------------ steps
 
@@ -224,6 +255,13 @@ class MlflowTracker:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _set_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def strip_credentials(uri: str) -> str:

@@ -1,0 +1,101 @@
+"""Which MLflow server and credentials an EvalRun's uploads use: the EvalRun's, else its EvalCluster's, else the
+environment's; a named Secret that is not there says how to set it, never a value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controller.entry.wiring import NoTracker, mlflow_credentials, tracker_for
+from controller.spec.loader import load_specs
+from controller.spec.models import SecretRef
+
+PASSWORD = "pw-not-for-messages"
+
+
+def loaded(tmp_path: Path, cluster_extra: str = "", upload: str = "mlflow: true"):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"""
+apiVersion: evalrun.io/v1alpha1
+kind: EvalCluster
+metadata: {{name: local}}
+spec: {{scheduler: {{type: local}}, jobsDir: {tmp_path}/jobs, logsDir: {tmp_path}/logs, jobScript: /bin/true
+        {cluster_extra}}}
+---
+apiVersion: evalrun.io/v1alpha1
+kind: EvalRun
+metadata: {{name: nightly}}
+spec: {{cluster: local, models: [org/m1-8B], datasets: [DCAgent/tiny], upload: {{{upload}}}}}
+""")
+    specs = load_specs([spec])
+    return specs.evalruns[0], specs.clusters["local"]
+
+
+class Secrets:
+    def __init__(self, values: dict[tuple[str, str], str]) -> None:
+        self.values = values
+
+    def get(self, ref: SecretRef) -> str | None:
+        return self.values.get((ref.name, ref.key))
+
+    def where(self, ref: SecretRef) -> str:
+        return f"add key {ref.key!r} to Secret {ref.name!r}"
+
+
+@pytest.mark.parametrize(("cluster_extra", "upload", "env", "expected"), [
+    ("", "mlflow: true, mlflowTrackingUri: 'http://run:5000'", "http://env:5000", "http://run:5000"),
+    (", mlflowTrackingUri: 'http://cluster:5000'", "mlflow: true, mlflowTrackingUri: 'http://run:5000'", None,
+     "http://run:5000"),
+    (", mlflowTrackingUri: 'http://cluster:5000'", "mlflow: true", "http://env:5000", "http://cluster:5000"),
+    ("", "mlflow: true", "http://env:5000", "http://env:5000"),
+])
+def test_the_tracking_uri_comes_from_the_run_then_the_cluster_then_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster_extra: str, upload: str, env: str | None,
+        expected: str) -> None:
+    if env is None:
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    else:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", env)
+    run, cluster = loaded(tmp_path, cluster_extra, upload)
+
+    tracker = tracker_for(run, cluster, Secrets({}))
+
+    assert tracker is not None and tracker[1] == "nightly"
+    assert getattr(tracker[0], "_where", None) == expected
+
+
+def test_no_uri_anywhere_fails_every_upload_saying_where_to_set_one(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run, cluster = loaded(tmp_path)
+
+    tracker = tracker_for(run, cluster, Secrets({}))
+
+    assert tracker is not None and isinstance(tracker[0], NoTracker)
+    assert "spec.mlflowTrackingUri (EvalCluster)" in tracker[0].reason
+
+
+def test_the_runs_secret_wins_over_the_clusters(tmp_path: Path) -> None:
+    run, cluster = loaded(tmp_path, ", mlflowTrackingUri: 'http://c:5000', mlflowCredentialsSecret: cluster-ml",
+                          "mlflow: true, mlflowCredentialsSecret: run-ml")
+    secrets = Secrets({("run-ml", "token"): "tok-" + PASSWORD, ("cluster-ml", "username"): "bob",
+                       ("cluster-ml", "password"): PASSWORD})
+
+    tracker = tracker_for(run, cluster, secrets)
+
+    assert tracker is not None
+    assert getattr(tracker[0], "_credentials", None) == {"MLFLOW_TRACKING_TOKEN": "tok-" + PASSWORD}
+    assert mlflow_credentials("cluster-ml", secrets) == {"MLFLOW_TRACKING_USERNAME": "bob",
+                                                         "MLFLOW_TRACKING_PASSWORD": PASSWORD}
+
+
+def test_a_missing_or_half_secret_says_where_to_add_it_and_shows_no_value(tmp_path: Path) -> None:
+    run, cluster = loaded(tmp_path, ", mlflowTrackingUri: 'http://c:5000'", "mlflow: true, mlflowCredentialsSecret: ml")
+
+    tracker = tracker_for(run, cluster, Secrets({("ml", "username"): "bob-user-name"}))  # no password, no token
+
+    assert tracker is not None and isinstance(tracker[0], NoTracker)
+    reason = tracker[0].reason
+    assert "add key 'password' to Secret 'ml'" in reason and "add key 'token' to Secret 'ml'" in reason
+    assert "bob-user-name" not in reason

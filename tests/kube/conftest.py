@@ -61,8 +61,12 @@ def kube() -> Kube:
                              check=True)
     env = dict(line.split("=", 1) for line in sourced.stdout.split("\0") if "=" in line)
     the_kube = Kube(env)
+    # CRDs first: on a fresh server, one apply of CRDs and the peering object that uses them can race
+    # ("no matches for kind ClusterKopfPeering … ensure CRDs are installed first")
+    the_kube.kubectl("apply", "-k", str(REPO / "crds"))
+    the_kube.kubectl("wait", "--for=condition=Established", "crd/evalruns.evalrun.io", "crd/evalclusters.evalrun.io",
+                     "crd/clusterkopfpeerings.zalando.org", "crd/kopfpeerings.zalando.org")
     the_kube.kubectl("apply", "-k", str(REPO / "manifests"))  # CRDs, namespace, service account, RBAC, peering
-    the_kube.kubectl("wait", "--for=condition=Established", "crd/evalruns.evalrun.io", "crd/evalclusters.evalrun.io")
     return the_kube
 
 

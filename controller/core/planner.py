@@ -357,8 +357,7 @@ class _CellView:
                                     score=score)
         if self._needs_tracking(row, facts):
             assert facts is not None
-            why = self.memory.get(TRACK_ERROR) or "not logged to MLflow yet"
-            reason = f"{UPLOAD_NOT_VERIFIED}: {why}"
+            reason = self._not_verified()
             analyze = Action(kind=ActionKind.ANALYZE, run_tag=facts.run_tag, row_id=row.id,
                              reason=f"post-eval report for {facts.run_tag}")
             upload = Action(kind=ActionKind.UPLOAD, run_tag=facts.run_tag, row_id=row.id,
@@ -373,6 +372,9 @@ class _CellView:
         """Our finished run whose MLflow run has not been read back yet. Other users' rows are theirs to log."""
         return (self.policy.track and row.username == self.policy.username and facts is not None
                 and not facts.unreadable and self.memory.get(TRACKED) != facts.run_tag)
+
+    def _not_verified(self) -> str:
+        return f"{UPLOAD_NOT_VERIFIED}: {self.memory.get(TRACK_ERROR) or 'not logged to MLflow yet'}"
 
     def _own_row_without_live_job(self, row: ObservedRow) -> CellPlan:
         """Our Pending/Started row and nothing of ours in the queue: the job ended, died or never started."""
@@ -455,7 +457,7 @@ class _CellView:
             return self._result(Phase.COMPLETED, [Action(kind=ActionKind.SKIP, reason=reason)], reason, rule,
                                 facts=facts)
         if self.policy.track:
-            reason = f"{UPLOAD_NOT_VERIFIED}: {self.memory.get(TRACK_ERROR) or 'not logged to MLflow yet'}"
+            reason = self._not_verified()
             track = Action(kind=ActionKind.TRACK, run_tag=tag, attempt=self._attempt_of(tag),
                            reason=f"{reason}: log and read back (upload.db is off)")
             return self._result(Phase.EVALUATED, [analyze, track], reason,

@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from controller.core.types import ObservedRow, RowStatus
+from controller.core.vocabulary import Rule
 
 
 class RowCase(StrEnum):
@@ -25,20 +26,22 @@ class RowCase(StrEnum):
 
 class Dedup(NamedTuple):
     start: bool
-    cancel_first: bool
     reason: str
+    rule: Rule
 
 
+# "cancel its SLURM job, then start" of a stale Pending row is Rule.QUEUED_STALE: only a job we see can be cancelled.
 DEDUP_TABLE: dict[RowCase, Dedup] = {
-    RowCase.NONE: Dedup(start=True, cancel_first=False, reason="no existing job"),
-    RowCase.FINISHED: Dedup(start=False, cancel_first=False, reason="job finished"),
-    RowCase.METRICS_CLEARED: Dedup(start=True, cancel_first=False, reason="finished but metrics cleared"),
-    RowCase.STARTED_FRESH: Dedup(start=False, cancel_first=False, reason="job in progress"),
-    RowCase.STARTED_STALE: Dedup(start=True, cancel_first=False, reason="stale started"),
-    RowCase.PENDING_FRESH: Dedup(start=False, cancel_first=False, reason="job pending"),
-    RowCase.PENDING_STALE: Dedup(start=True, cancel_first=True, reason="stale pending"),
+    RowCase.NONE: Dedup(start=True, reason="no existing job", rule=Rule.NO_EXISTING_JOB),
+    RowCase.FINISHED: Dedup(start=False, reason="job finished", rule=Rule.JOB_FINISHED),
+    RowCase.METRICS_CLEARED: Dedup(start=True, reason="finished but metrics cleared", rule=Rule.METRICS_CLEARED),
+    RowCase.STARTED_FRESH: Dedup(start=False, reason="job in progress", rule=Rule.STARTED_FRESH),
+    RowCase.STARTED_STALE: Dedup(start=True, reason="stale started", rule=Rule.STARTED_STALE),
+    RowCase.PENDING_FRESH: Dedup(start=False, reason="job pending", rule=Rule.PENDING_FRESH),
+    RowCase.PENDING_STALE: Dedup(start=True, reason="stale pending", rule=Rule.PENDING_STALE),
     # Not in the old listener: a status we cannot read is not evidence that nothing runs.
-    RowCase.UNRECOGNISED: Dedup(start=False, cancel_first=False, reason="unrecognised job_status; a human decides"),
+    RowCase.UNRECOGNISED: Dedup(start=False, reason="unrecognised job_status; a human decides",
+                                rule=Rule.UNRECOGNISED_STATUS),
 }
 
 

@@ -18,6 +18,7 @@ from controller.core.ports import NamedRow, SandboxJobRow, StoreSnapshot
 from controller.core.types import (
     RUN_TAG_PREFIX,
     Cell,
+    CellMemory,
     JobState,
     Observation,
     ObservedJob,
@@ -77,7 +78,7 @@ def run_dir_matches(facts: RunDirFacts, cell: Cell, model_names: frozenset[str],
     return facts.timeout_multiplier is None or facts.timeout_multiplier == cell.timeout_multiplier
 
 
-def observe_cells(
+def join_cells(
     cells: Sequence[Cell],
     snapshot: StoreSnapshot | None,
     jobs: Sequence[ObservedJob] | None,
@@ -131,9 +132,9 @@ def observe_cells(
         if jobs_dir_missing and _expects_run_dirs(rows, subs, cell_jobs):
             cell_dirs = None
             reason = "; ".join(r for r in (unknown_reason, jobs_dir_missing) if r)
-        memory = snapshot.cell_memory.get(cell.key, {}) if snapshot else {}
+        memory = snapshot.cell_memory.get(cell.key) if snapshot else None
         observations.append(Observation(rows=rows, submissions=subs, jobs=cell_jobs, run_dirs=cell_dirs,
-                                        unknown_reason=reason, memory=memory))
+                                        unknown_reason=reason, memory=memory or CellMemory()))
     return observations
 
 

@@ -8,10 +8,11 @@ caller must treat it as a failed analysis, never as a score.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from datetime import datetime
 
-from controller.core.errors import ErrorClasses
 from controller.core.ports import ResultUpload
+from controller.core.trial_errors import ErrorClasses
 from controller.core.types import Frozen, Metric, RunDirFacts
 
 
@@ -66,6 +67,12 @@ def run_metrics(facts: RunDirFacts, errors: ErrorClasses) -> RunMetrics:
             n_errors_by_class=errors.breakdown(facts.error_breakdown),
         ),
     )
+
+
+def same_metrics(stored: Iterable[Metric] | None, written: Iterable[Metric]) -> bool:
+    """Does a row hold exactly these metrics (names and values)? How an upload is verified and found done."""
+    expected = {metric.name: metric.value for metric in written}
+    return bool(expected) and {metric.name: metric.value for metric in stored or ()} == expected
 
 
 def _stderr(total: float, sq_total: float, n: int) -> float | None:

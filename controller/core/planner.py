@@ -1,12 +1,18 @@
 """plan(): the whole controller decision, as a pure function of observed data.
 
 No I/O, no clock, no randomness: `now` is an argument and every fact arrives in an Observation.
-Per cell, in order:
-  1. a source could not be read          → Unknown, no action;
-  2. a job of the cell is queued/running → watch it (stale queue, walltime, stuck, zombie);
-  3. otherwise the newest matching row decides (REFERENCE §2), and where that row is ours or
-     missing, the cell's run dir is classified (§4) — a dir on disk is worth more than a fresh start.
-Then the caps: at most `budget` submit/resume actions, and `suspend` turns every action into a hold.
+Per cell, the first rule that applies decides (each names its `Rule`):
+  1. its newest job FAILED / ran out of memory and the run dir cannot be seen  → hold for a human;
+  2. a source could not be read                                                 → Unknown, no action;
+  3. a run dir of the cell cannot be read and no job of it is live               → Unknown, no action;
+  4. a job of the cell is queued or running → watch it: duplicate, stale queue, pre-walltime, zombie,
+     stuck near complete, stuck general (REFERENCE §2, §5);
+  5. otherwise the newest matching row decides (REFERENCE §2); where that row is ours or missing, an
+     interrupted submission is finished first, then the cell's run dir is classified (§4): a dir on disk
+     is worth more than a fresh start; a finished run is verified (§5) and its upload gated.
+Then, for the whole EvalRun: cells another EvalRun owns only watch; pinggy leases whose job is over are
+released; launches share the submission budget and the free pinggy pairs in cell order; `suspend` turns
+every mutation into a hold.
 """
 
 from __future__ import annotations
@@ -14,7 +20,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 from pydantic import Field
 
@@ -22,41 +27,42 @@ from controller.core.dedup import DEDUP_TABLE, RowCase, newest, row_case
 from controller.core.metrics import accuracy
 from controller.core.resume import RESUME_TABLE, DirClass, Next, classify
 from controller.core.types import (
-    Action,
-    ActionKind,
     Cell,
-    CellPlan,
+    CellMemory,
+    EvalRunRef,
     Frozen,
     JobState,
     Observation,
     ObservedJob,
     ObservedRow,
-    Phase,
-    Plan,
     RowStatus,
-    RowUpdate,
     RunDirFacts,
+    StallReading,
     Submission,
     TunnelLease,
     run_tag_of,
-    submission_name,
+)
+from controller.core.vocabulary import (
+    Action,
+    Analyze,
+    Cancel,
+    CellPlan,
+    Hold,
+    Launch,
+    Mutation,
+    Phase,
+    Plan,
+    Resume,
+    RowUpdate,
+    Rule,
+    Skip,
+    Submit,
+    Track,
+    Upload,
+    Wait,
 )
 
-STALE_PENDING_CANCEL = "stale pending: cancel the queued job first"
-OWNED_ELSEWHERE = "DESIGN: one cell, one owner; another EvalRun claimed it first → observe only"
 OVER_BUDGET = "submission budget used up (maxSubmissionsPerPass / submissionsPerMinute); next pass"
-MUTATING = frozenset({ActionKind.SUBMIT, ActionKind.RESUME, ActionKind.CANCEL, ActionKind.ANALYZE, ActionKind.UPLOAD})
-LAUNCHING = frozenset({ActionKind.SUBMIT, ActionKind.RESUME})
-
-
-# What the cell's memory says about the tracker: the run tag whose MLflow run was read back, or why not.
-TRACKED = "tracked_run_tag"
-TRACK_ERROR = "track_error"
-DB_VERIFIED = "db_verified"  # the last upload to the results DB that read back as written
-ANALYZED = "analyzed_run_tag"  # the run tag whose post-eval report was last written
-# The monitor's memory: a run tag it cancelled to upload as is (never resumed), and the first stuck-general reading.
-UPLOAD_AS_IS = "upload_as_is"
-STALL_READING = "stall_reading"
 UPLOAD_NOT_VERIFIED = "UploadNotVerified"
 
 
@@ -84,10 +90,11 @@ class Policy(Frozen):
     force_upload: bool = Field(False, description="the gates' holds are released by a human")
     max_submissions_per_pass: int = 6
     tunnel_pairs: tuple[str, ...] = ()
+    cancel_on_delete: bool = Field(False, description="deletionPolicy Cancel: deleting the EvalRun cancels its jobs")
 
 
 def plan(
-    evalrun: str,
+    evalrun: EvalRunRef,
     cells: Sequence[Cell],
     observations: Sequence[Observation],
     policy: Policy,
@@ -95,7 +102,7 @@ def plan(
     budget: int | None = None,
     tunnel_leases: Sequence[TunnelLease] = (),
     live_job_names: frozenset[str] | None = None,
-    owners: Mapping[str, str] | None = None,
+    owners: Mapping[str, EvalRunRef] | None = None,
 ) -> Plan:
     """Decide every cell, then share out what is scarce: launches (`budget`, default the policy's
     per-pass cap) and pinggy pairs (`policy.tunnel_pairs` minus those leased to live jobs).
@@ -110,38 +117,60 @@ def plan(
     remaining = policy.max_submissions_per_pass if budget is None else budget
     planned = []
     for cell_plan in decided:
-        launch = next((a for a in cell_plan.actions if a.kind in LAUNCHING), None)
+        launch = launch_of(cell_plan)
         if launch is not None:
             pair = _pair_for(launch, policy, holders) if cell_plan.cell.needs_pinggy else None
             if cell_plan.cell.needs_pinggy and pair is None:
                 cell_plan = _without_launch(cell_plan, _no_pair(policy, holders))
             elif remaining <= 0:
-                cell_plan = _without_launch(cell_plan, Action(kind=ActionKind.WAIT, reason=OVER_BUDGET))
+                cell_plan = _without_launch(cell_plan, Wait(reason=OVER_BUDGET))
             else:
                 remaining -= 1
                 if pair is not None:
-                    holders[pair] = _holder(launch)
-                    cell_plan = _with_tunnel(cell_plan, pair)
+                    holders[pair] = launch.submission_name
+                    cell_plan = _with_tunnel(cell_plan, launch, pair)
         if policy.suspend:
             cell_plan = _suspended(cell_plan)
         planned.append(cell_plan)
     return Plan(evalrun=evalrun, cells=tuple(planned), suspended=policy.suspend, tunnel_releases=released)
 
 
-def owned_elsewhere(cell_plan: CellPlan, owner: str) -> CellPlan:
+def plan_deletion(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Observation],
+                  owners: Mapping[str, EvalRunRef]) -> Plan:
+    """deletionPolicy Cancel: cancel every queued or running job of the cells this EvalRun owns; nothing else."""
+    planned = []
+    for cell, obs in zip(cells, observations, strict=True):
+        live = [job for job in obs.jobs or () if job.state.active]
+        if cell.key in owners or not live:
+            continue
+        cancels = tuple(Cancel(job_id=job.job_id, reason=f"EvalRun {evalrun} deleted with deletionPolicy Cancel")
+                        for job in live)
+        phase = Phase.RUNNING if any(job.state == JobState.RUNNING for job in live) else Phase.SUBMITTED
+        planned.append(CellPlan(cell=cell, phase=phase, actions=cancels, reason="EvalRun deleted",
+                                rule=Rule.DELETION_CANCEL, memory=obs.memory))
+    return Plan(evalrun=evalrun, cells=tuple(planned))
+
+
+def launch_of(cell_plan: CellPlan) -> Launch | None:
+    return next((a for a in cell_plan.actions if isinstance(a, Submit | Resume)), None)
+
+
+def owned_elsewhere(cell_plan: CellPlan, owner: EvalRunRef) -> CellPlan:
     """Another EvalRun acts for this cell: keep what was observed (phase, reason, score), do nothing."""
     reason = f"owned by EvalRun {owner}"
     return cell_plan.model_copy(update={
-        "actions": (Action(kind=ActionKind.SKIP, reason=reason),), "row_updates": (),
-        "reason": f"{cell_plan.reason} ({reason})", "rule": OWNED_ELSEWHERE})
+        "actions": (Skip(reason=reason),), "row_updates": (), "remember": None,
+        "reason": f"{cell_plan.reason} ({reason})", "rule": Rule.OWNED_ELSEWHERE})
 
 
-def ended_leases(evalrun: str, leases: Sequence[TunnelLease], observations: Sequence[Observation],
+def ended_leases(evalrun: EvalRunRef, leases: Sequence[TunnelLease], observations: Sequence[Observation],
                  live_job_names: frozenset[str] | None) -> tuple[TunnelLease, ...]:
     """This EvalRun's leases whose holder is no live job and will not be launched by a repair.
 
     A lease whose submission never reached sbatch (a crash between intent and sbatch) is kept: the repair
     reuses it. A lease whose submission no cell knows any more (the spec changed) goes once its job is over.
+    A lease stamped with the bare name of a namespaced EvalRun (versions before 0.2) is this EvalRun's when
+    its holder is a submission of one of its cells.
     """
     if live_job_names is None:
         return ()
@@ -149,7 +178,8 @@ def ended_leases(evalrun: str, leases: Sequence[TunnelLease], observations: Sequ
     jobs = [job for obs in observations for job in obs.jobs or ()]
     ended = []
     for lease in leases:
-        if lease.evalrun != evalrun or lease.holder in live_job_names:
+        ours = lease.evalrun == evalrun or (evalrun.known_as(lease.evalrun) and lease.holder in subs)
+        if not ours or lease.holder in live_job_names:
             continue
         sub = subs.get(lease.holder)
         awaiting_repair = sub is not None and sub.job_id is None and not any(
@@ -164,37 +194,39 @@ def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime) -> Ce
     if failed is not None and obs.rows is not None and obs.submissions is not None:
         # A hold changes nothing: a job that failed needs a human whether or not its run dir can be seen.
         reason = f"job {failed.job_id} {_failure(failed)} (run dir not observed: {obs.unknown_reason})"
-        return CellPlan(cell=cell, phase=Phase.FAILED, actions=(Action(kind=ActionKind.HOLD, reason=reason),),
-                        reason=reason, rule="issue: FAILED / OUT_OF_MEMORY, run dir not visible → hold for a human")
+        return CellPlan(cell=cell, phase=Phase.FAILED, actions=(Hold(reason=reason),), reason=reason,
+                        rule=Rule.JOB_FAILED_DIR_UNSEEN, memory=obs.memory)
     if obs.rows is None or obs.submissions is None or obs.jobs is None or obs.run_dirs is None:
         # Only the run dirs unseen: a job found by its name is still recorded (bookkeeping of what was read).
         adoptions = () if obs.rows is None or obs.submissions is None or obs.jobs is None else tuple(
-            _CellView(cell, obs.model_copy(update={"run_dirs": ()}), policy, now).adoptions)
+            _CellRules(cell, obs.model_copy(update={"run_dirs": ()}), policy, now).adoptions)
         return CellPlan(
             cell=cell,
             phase=Phase.UNKNOWN,
             actions=(),
             reason=f"not observed: {obs.unknown_reason or 'a source could not be read'}{_last_job_note(obs.jobs)}",
-            rule="DESIGN: observation failed → Unknown; nothing is submitted or cancelled",
+            rule=Rule.OBSERVATION_FAILED,
             row_updates=adoptions,
+            memory=obs.memory,
         )
-    view = _CellView(cell, obs, policy, now)
+    rules = _CellRules(cell, obs, policy, now)
     live = [job for job in obs.jobs if job.state.active]
-    broken = next((d for d in view.dirs.values() if d.unreadable), None)
+    broken = next((d for d in rules.dirs.values() if d.unreadable), None)
     if broken is not None and not live:  # with a live job, the walltime and queue rules need no trial data
         return CellPlan(
             cell=cell,
             phase=Phase.UNKNOWN,
             actions=(),
             reason=f"not observed: run dir {broken.run_tag} cannot be read: {broken.unreadable}",
-            rule="DESIGN: unreadable run dir → Unknown; no upload, resume or submit until it can be read",
+            rule=Rule.RUN_DIR_UNREADABLE,
             run_dir=broken,
+            memory=obs.memory,
         )
-    return view.in_flight(live) if live else view.settled()
+    return rules.in_flight(live) if live else rules.settled()
 
 
-class _CellView:
-    """Derived views of one cell's observation, and the decisions that read them."""
+class _CellRules:
+    """The rules of one cell over derived views of its observation (its own submissions, rows, dirs, jobs)."""
 
     def __init__(self, cell: Cell, obs: Observation, policy: Policy, now: datetime):
         assert obs.rows is not None and obs.submissions is not None
@@ -222,9 +254,8 @@ class _CellView:
     def in_flight(self, live: list[ObservedJob]) -> CellPlan:
         live = sorted(live, key=lambda j: (_job_order(j.job_id), j.job_id))
         job, duplicates = live[0], live[1:]
-        actions = [
-            Action(kind=ActionKind.CANCEL, reason=f"duplicate live job for one cell (keeping {job.job_id})",
-                   job_id=dup.job_id)
+        actions: list[Action] = [
+            Cancel(reason=f"duplicate live job for one cell (keeping {job.job_id})", job_id=dup.job_id)
             for dup in duplicates
         ]
         updates = self._bookkeeping(job)
@@ -235,41 +266,36 @@ class _CellView:
             if queued_since is not None and self.now - queued_since >= self.policy.stale_pending:
                 attempt = self._next_attempt()
                 actions += [
-                    Action(kind=ActionKind.CANCEL, reason=STALE_PENDING_CANCEL,
-                           job_id=job.job_id),
+                    Cancel(reason="stale pending: cancel the queued job first", job_id=job.job_id,
+                           clears_way_for_launch=True),
                     self._submit(attempt, f"stale pending: queued since {queued_since:%Y-%m-%d %H:%M}; new attempt"),
                 ]
-                return self._result(Phase.SUBMITTED, actions, f"stale pending (job {job.job_id})",
-                                    "REFERENCE §2: Pending, older than stalePendingHours → cancel, then start",
+                return self._result(Phase.SUBMITTED, actions, f"stale pending (job {job.job_id})", Rule.QUEUED_STALE,
                                     updates, facts)
-            actions.append(Action(kind=ActionKind.WAIT, reason=f"job {job.job_id} queued", job_id=job.job_id))
-            return self._result(Phase.SUBMITTED, actions, f"job pending (job {job.job_id} queued)",
-                                "REFERENCE §2: Pending, younger than stalePendingHours → skip", updates, facts)
+            actions.append(Wait(reason=f"job {job.job_id} queued"))
+            return self._result(Phase.SUBMITTED, actions, f"job pending (job {job.job_id} queued)", Rule.QUEUED,
+                                updates, facts)
 
         progress = _progress(facts)
         if job.time_left_s is not None and job.time_left_s <= self.policy.pre_walltime.total_seconds():
-            actions.append(Action(kind=ActionKind.CANCEL, job_id=job.job_id,
+            actions.append(Cancel(job_id=job.job_id,
                                   reason=f"{job.time_left_s // 60} min of walltime left; cancel now, resume later"))
-            return self._result(Phase.RUNNING, actions, "pre-walltime cancel", "REFERENCE §5: pre-walltime",
-                                updates, facts)
+            return self._result(Phase.RUNNING, actions, "pre-walltime cancel", Rule.PRE_WALLTIME, updates, facts)
         if facts is not None and facts.n_total and not facts.unreadable:  # zombie and stuck rules count trials
             last = facts.last_progress_at or job.started_at
             quiet = self.now - last if last is not None else timedelta(0)
             if facts.n_completed >= facts.n_total and quiet >= self.policy.zombie_grace:
-                return self._cancel_to_upload(job, facts, actions, updates, "zombie job", "REFERENCE §5: zombie → "
-                                              f"cancel, upload; every trial has a result ({progress}) but the job "
-                                              "still runs")
+                return self._cancel_to_upload(job, facts, actions, updates, "zombie job", Rule.ZOMBIE,
+                                              f"every trial has a result ({progress}) but the job still runs")
             near = math.ceil(self.policy.near_complete_fraction * facts.n_total)
             if facts.n_scored >= near and quiet >= self.policy.stale_near:
                 return self._cancel_to_upload(job, facts, actions, updates, "stuck near complete",
-                                              f"REFERENCE §5: stuck near complete → cancel, post-eval; {progress}, "
-                                              f"no new score for {_minutes(quiet)}")
+                                              Rule.STUCK_NEAR_COMPLETE, f"{progress}, no new score for {_minutes(quiet)}")
             if quiet >= self.policy.stale_general:
                 return self._stuck_general(job, facts, actions, updates, quiet)
-        actions.append(Action(kind=ActionKind.WAIT, job_id=job.job_id, reason=f"job {job.job_id} running"))
-        moving = {k: v for k, v in self.memory.items() if k != STALL_READING}  # progress ends a stall reading
-        return self._result(Phase.RUNNING, actions, f"job running ({progress})",
-                            "REFERENCE §4: IN_FLIGHT → wait", updates, facts,
+        actions.append(Wait(reason=f"job {job.job_id} running"))
+        moving = self.memory.model_copy(update={"stall_reading": None})  # progress ends a stall reading
+        return self._result(Phase.RUNNING, actions, f"job running ({progress})", Rule.IN_FLIGHT, updates, facts,
                             remember=moving if moving != self.memory else None)
 
     def _stuck_general(self, job: ObservedJob, facts: RunDirFacts, actions: list[Action], updates: list[RowUpdate],
@@ -277,29 +303,27 @@ class _CellView:
         """Long retry tails are normal: the first reading only reports; a second one, a whole `stale_general`
         later with still no new score, cancels and uploads what is there (the seed's 'second consecutive')."""
         progress = _progress(facts)
-        reading = self.memory.get(STALL_READING) or {}
-        same = reading.get("run_tag") == facts.run_tag and reading.get("scored") == facts.n_scored
-        first_at = _parse_time(reading.get("at")) if same else None
+        reading = self.memory.stall_reading
+        same = reading is not None and reading.run_tag == facts.run_tag and reading.scored == facts.n_scored
+        first_at = reading.at if reading is not None and same else None
         if first_at is not None and self.now - first_at >= self.policy.stale_general:
             return self._cancel_to_upload(job, facts, actions, updates, "stuck general, second reading",
-                                          f"REFERENCE §5: stuck general, second consecutive reading → cancel, "
-                                          f"post-eval; {progress}, no new score since {first_at:%Y-%m-%d %H:%M}")
-        actions.append(Action(kind=ActionKind.WAIT, job_id=job.job_id,
-                              reason=f"no new score for {_minutes(quiet)} ({progress})"))
-        remember = None if first_at is not None else {
-            **self.memory, STALL_READING: {"run_tag": facts.run_tag, "scored": facts.n_scored,
-                                           "at": self.now.isoformat()}}
+                                          Rule.STUCK_GENERAL_AGAIN,
+                                          f"{progress}, no new score since {first_at:%Y-%m-%d %H:%M}")
+        actions.append(Wait(reason=f"no new score for {_minutes(quiet)} ({progress})"))
+        remember = None if first_at is not None else self.memory.model_copy(update={
+            "stall_reading": StallReading(run_tag=facts.run_tag, scored=facts.n_scored, at=self.now)})
         return self._result(Phase.STALLED, actions, f"stalled: no progress for {_minutes(quiet)}"
                             + (f" (first reading {first_at:%H:%M}; cancelled if still stuck a "
                                f"{_minutes(self.policy.stale_general)} after it)" if first_at else " (first reading)"),
-                            "REFERENCE §5: stuck general → report Stalled", updates, facts, remember=remember)
+                            Rule.STUCK_GENERAL, updates, facts, remember=remember)
 
     def _cancel_to_upload(self, job: ObservedJob, facts: RunDirFacts, actions: list[Action],
-                          updates: list[RowUpdate], what: str, rule: str) -> CellPlan:
+                          updates: list[RowUpdate], what: str, rule: Rule, why: str) -> CellPlan:
         """Cancel, and remember that this run dir is to be uploaded as it is once it settles, never resumed."""
-        actions.append(Action(kind=ActionKind.CANCEL, job_id=job.job_id, reason=f"{what}: {_progress(facts)}"))
-        remember = {k: v for k, v in self.memory.items() if k != STALL_READING} | {UPLOAD_AS_IS: facts.run_tag}
-        return self._result(Phase.STALLED, actions, what, rule, updates, facts, remember=remember)
+        actions.append(Cancel(job_id=job.job_id, reason=f"{what}: {_progress(facts)}"))
+        remember = self.memory.model_copy(update={"stall_reading": None, "upload_as_is": facts.run_tag})
+        return self._result(Phase.STALLED, actions, f"{what}: {why}", rule, updates, facts, remember=remember)
 
     def _bookkeeping(self, job: ObservedJob) -> list[RowUpdate]:
         """Move our Pending row to Started once its job runs."""
@@ -316,7 +340,6 @@ class _CellView:
         case = row_case(row, stale_started=self.policy.stale_started,
                         stale_pending=self.policy.stale_pending, now=self.now)
         dedup = DEDUP_TABLE[case]
-        rule = f"REFERENCE §2: {case.value} → {'start' if dedup.start else 'skip'} ({dedup.reason})"
 
         if case == RowCase.NONE:
             if self.subs and (repair := self._finish_interrupted(self.subs[-1], row=None)) is not None:
@@ -324,15 +347,17 @@ class _CellView:
             orphan = self._orphan_dir()
             if orphan is not None:
                 return self._from_dir(orphan, row=None, why="orphan run dir (no row points at it)")
-            return self._result(Phase.PENDING, [self._submit(self._next_attempt(), dedup.reason)], dedup.reason, rule)
+            return self._result(Phase.PENDING, [self._submit(self._next_attempt(), dedup.reason)], dedup.reason,
+                                dedup.rule)
         assert row is not None
         if case == RowCase.FINISHED:
-            return self._finished(row, rule)
+            return self._finished(row, dedup.rule)
         if case == RowCase.UNRECOGNISED:
-            hold = Action(kind=ActionKind.HOLD, reason=f"row {row.id}: job_status {row.job_status!r}", row_id=row.id)
-            return self._result(Phase.FAILED, [hold], dedup.reason, rule)
+            hold = Hold(reason=f"row {row.id}: job_status {row.job_status!r}")
+            return self._result(Phase.FAILED, [hold], dedup.reason, dedup.rule)
         if case == RowCase.METRICS_CLEARED:
-            return self._result(Phase.PENDING, [self._submit(self._next_attempt(), dedup.reason)], dedup.reason, rule)
+            return self._result(Phase.PENDING, [self._submit(self._next_attempt(), dedup.reason)], dedup.reason,
+                                dedup.rule)
 
         if row.username == self.policy.username:
             return self._own_row_without_live_job(row)
@@ -341,40 +366,36 @@ class _CellView:
             since = row.started_at if case == RowCase.STARTED_FRESH else row.submitted_at
             phase = Phase.RUNNING if case == RowCase.STARTED_FRESH else Phase.SUBMITTED
             reason = f"{dedup.reason} (row of {row.username or 'unknown user'} since {_when(since)})"
-            return self._result(phase, [Action(kind=ActionKind.SKIP, reason=reason, row_id=row.id)], reason, rule)
+            return self._result(phase, [Skip(reason=reason)], reason, dedup.rule)
         return self._result(Phase.PENDING, [self._submit(self._next_attempt(), f"{dedup.reason} (row of "
-                                                         f"{row.username or 'unknown user'})")], dedup.reason, rule)
+                                                         f"{row.username or 'unknown user'})")], dedup.reason,
+                            dedup.rule)
 
-    def _finished(self, row: ObservedRow, rule: str) -> CellPlan:
+    def _finished(self, row: ObservedRow, rule: Rule) -> CellPlan:
         score = _metric(row, "accuracy")
         facts = self.dirs.get(row.job_name or "")
         if facts is not None and facts.n_total and facts.n_completed < facts.n_total:
             cls = self._classify(facts, job=None)
             if cls in (DirClass.AT_RESUME_LIMIT, DirClass.REJECTED):
                 reason = f"uploaded as is: {RESUME_TABLE[cls].reason} ({_progress(facts)})"
-                return self._result(Phase.FAILED, [Action(kind=ActionKind.HOLD, reason=reason, row_id=row.id)],
-                                    reason, f"REFERENCE §4: {cls} → no resume, upload as is", facts=facts,
-                                    score=score)
+                return self._result(Phase.FAILED, [Hold(reason=reason)], reason, RESUME_TABLE[cls].rule,
+                                    facts=facts, score=score)
         if self._needs_tracking(row, facts):
             assert facts is not None
             reason = self._not_verified()
-            analyze = Action(kind=ActionKind.ANALYZE, run_tag=facts.run_tag, row_id=row.id,
-                             reason=f"post-eval report for {facts.run_tag}")
-            upload = Action(kind=ActionKind.UPLOAD, run_tag=facts.run_tag, row_id=row.id,
-                            attempt=self._attempt_of(facts.run_tag), reason=f"{reason}: log and read back")
-            return self._result(Phase.EVALUATED, [analyze, upload], reason,
-                                "REFERENCE §5: verify, don't trust exit codes → Completed only once read back",
+            upload = Upload(facts=facts, row_id=row.id, reason=f"{reason}: log and read back")
+            return self._result(Phase.EVALUATED, [self._analyze(facts), upload], reason, Rule.VERIFY_UPLOAD,
                                 facts=facts, score=score)
-        return self._result(Phase.COMPLETED, [Action(kind=ActionKind.SKIP, reason="job finished", row_id=row.id)],
-                            "job finished", rule, facts=facts, score=score)
+        return self._result(Phase.COMPLETED, [Skip(reason="job finished")], "job finished", rule, facts=facts,
+                            score=score)
 
     def _needs_tracking(self, row: ObservedRow, facts: RunDirFacts | None) -> bool:
         """Our finished run whose MLflow run has not been read back yet. Other users' rows are theirs to log."""
         return (self.policy.track and row.username == self.policy.username and facts is not None
-                and not facts.unreadable and self.memory.get(TRACKED) != facts.run_tag)
+                and not facts.unreadable and self.memory.tracked_run_tag != facts.run_tag)
 
     def _not_verified(self) -> str:
-        return f"{UPLOAD_NOT_VERIFIED}: {self.memory.get(TRACK_ERROR) or 'not logged to MLflow yet'}"
+        return f"{UPLOAD_NOT_VERIFIED}: {self.memory.track_error or 'not logged to MLflow yet'}"
 
     def _own_row_without_live_job(self, row: ObservedRow) -> CellPlan:
         """Our Pending/Started row and nothing of ours in the queue: the job ended, died or never started."""
@@ -390,85 +411,71 @@ class _CellView:
         submission (steps 2–3), writing its row if the crash came before it."""
         if last.job_id is not None or any(last.may_have_launched(j) for j in self._jobs_named(last.name)):
             return None
-        action = Action(kind=ActionKind.SUBMIT if last.fire == 1 else ActionKind.RESUME, run_tag=last.run_tag,
-                        attempt=last.attempt, fire=last.fire, row_id=row.id if row is not None else last.row_id,
-                        intent_at=last.created_at,
-                        reason=f"intent {last.name} recorded but no job has that name: finish the submission")
-        return self._result(Phase.PENDING, [action], "submission interrupted before sbatch",
-                            "DESIGN: create-pending protocol, step 2–3 repair")
+        reason = f"intent {last.name} recorded but no job has that name: finish the submission"
+        row_id = row.id if row is not None else last.row_id
+        action: Launch = (Submit(run_tag=last.run_tag, attempt=last.attempt, row_id=row_id, intent_at=last.created_at,
+                                 reason=reason) if last.fire == 1 else
+                          Resume(run_tag=last.run_tag, attempt=last.attempt, fire=last.fire, row_id=row_id,
+                                 intent_at=last.created_at, reason=reason))
+        return self._result(Phase.PENDING, [action], "submission interrupted before sbatch", Rule.SUBMISSION_REPAIR)
 
     def _from_dir(self, facts: RunDirFacts, row: ObservedRow | None, why: str) -> CellPlan:
         job = self._last_job(facts.run_tag)
         cls = self._classify(facts, job)
         verdict = RESUME_TABLE[cls]
-        rule = f"REFERENCE §4: {cls} → {verdict.next.value}"
         fires = self._fires(facts)
         row_id = row.id if row is not None else None
         if job is not None and job.state in (JobState.FAILED, JobState.OUT_OF_MEMORY) and cls == DirClass.EARLY_KILL:
             what = "ran out of memory" if job.state == JobState.OUT_OF_MEMORY else "failed before any trial ran"
             reason = f"job {job.job_id} {what}" + (f": {job.reason}" if job.reason else "")
-            return self._result(Phase.FAILED, [Action(kind=ActionKind.HOLD, reason=reason, row_id=row_id)], reason,
-                                "issue: FAILED at start / OUT_OF_MEMORY → hold for a human", facts=facts)
+            return self._result(Phase.FAILED, [Hold(reason=reason)], reason, Rule.JOB_FAILED_AT_START, facts=facts)
         if verdict.next == Next.WAIT:
             reason = f"{verdict.reason} ({_progress(facts)})"
-            return self._result(Phase.SETTLING, [Action(kind=ActionKind.WAIT, reason=reason)], reason, rule,
-                                facts=facts)
-        cancelled_at = job.ended_at if job is not None and self.memory.get(UPLOAD_AS_IS) == facts.run_tag else None
+            return self._result(Phase.SETTLING, [Wait(reason=reason)], reason, verdict.rule, facts=facts)
+        cancelled_at = job.ended_at if job is not None and self.memory.upload_as_is == facts.run_tag else None
         if cancelled_at is not None and self.now - cancelled_at < self.policy.settle:
             reason = f"cancelled at {cancelled_at:%H:%M:%S}; its sandboxes may write until " \
                      f"{cancelled_at + self.policy.settle:%H:%M:%S} ({_progress(facts)}): upload after that"
-            return self._result(Phase.SETTLING, [Action(kind=ActionKind.WAIT, reason=reason)], reason,
-                                "REFERENCE §3: after a kill, sandboxes keep writing → settling, not finished",
-                                facts=facts)
-        if verdict.next == Next.RESUME and self.memory.get(UPLOAD_AS_IS) == facts.run_tag:
-            return self._upload(facts, row_id, cls, f"REFERENCE §5: the monitor cancelled it ({cls}) → post-eval, "
-                                                    "upload as is, no resume")
+            return self._result(Phase.SETTLING, [Wait(reason=reason)], reason, Rule.SETTLE_AFTER_CANCEL, facts=facts)
+        if verdict.next == Next.RESUME and self.memory.upload_as_is == facts.run_tag:
+            return self._upload(facts, row_id, cls, Rule.MONITOR_CANCELLED)
         if verdict.next == Next.RESUME:
             reason = f"{why}; {cls}: {verdict.reason} ({_progress(facts)}) → resume, fire {fires + 1} of " \
                      f"{self.policy.max_total_fires}"
-            action = Action(kind=ActionKind.RESUME, reason=reason, run_tag=facts.run_tag,
-                            attempt=self._attempt_of(facts.run_tag), fire=fires + 1, row_id=row_id)
-            return self._result(Phase.PENDING, [action], reason, rule, facts=facts)
-        return self._upload(facts, row_id, cls, rule)
+            action = Resume(reason=reason, run_tag=facts.run_tag, attempt=self._attempt_of(facts.run_tag),
+                            fire=fires + 1, row_id=row_id)
+            return self._result(Phase.PENDING, [action], reason, verdict.rule, facts=facts)
+        return self._upload(facts, row_id, cls, verdict.rule)
 
-    def _upload(self, facts: RunDirFacts, row_id: str | None, cls: DirClass, rule: str) -> CellPlan:
+    def _upload(self, facts: RunDirFacts, row_id: str | None, cls: DirClass, rule: Rule) -> CellPlan:
         verdict = RESUME_TABLE[cls]
         held = self._gates(facts)
         if held and (facts.n_completed == 0 or not self.policy.force_upload):
             release = "" if facts.n_completed == 0 else "; set upload.forceUpload to upload it anyway"
             reason = f"{verdict.reason}; upload gate: {'; '.join(held)}: not uploading{release}"
-            return self._result(Phase.FAILED, [Action(kind=ActionKind.HOLD, reason=reason, row_id=row_id)], reason,
-                                rule, facts=facts)
-        analyze = Action(kind=ActionKind.ANALYZE, run_tag=facts.run_tag, row_id=row_id,
-                         reason=f"post-eval report for {facts.run_tag}")
+            return self._result(Phase.FAILED, [Hold(reason=reason)], reason, Rule.UPLOAD_GATE, facts=facts)
         if not self.policy.upload_db:
-            return self._without_db_upload(facts, analyze, rule)
-        upload = Action(kind=ActionKind.UPLOAD, run_tag=facts.run_tag, row_id=row_id,
-                        attempt=self._attempt_of(facts.run_tag),
-                        reason=f"{verdict.reason} ({_progress(facts)}): upload metrics")
-        return self._result(Phase.EVALUATED, [analyze, upload], f"{verdict.reason}: analyze and upload", rule,
-                            facts=facts)
+            return self._without_db_upload(facts, rule)
+        upload = Upload(facts=facts, row_id=row_id, reason=f"{verdict.reason} ({_progress(facts)}): upload metrics")
+        return self._result(Phase.EVALUATED, [self._analyze(facts), upload], f"{verdict.reason}: analyze and upload",
+                            rule, facts=facts)
 
-    def _without_db_upload(self, facts: RunDirFacts, analyze: Action, rule: str) -> CellPlan:
+    def _without_db_upload(self, facts: RunDirFacts, rule: Rule) -> CellPlan:
         """upload.db off: done once the report is written, or, with MLflow on, once its run reads back."""
         tag = facts.run_tag
-        if self.policy.track and self.memory.get(TRACKED) == tag:
+        if self.policy.track and self.memory.tracked_run_tag == tag:
             reason = f"MLflow run {tag} read back as logged; upload.db is off"
-            return self._result(Phase.COMPLETED, [Action(kind=ActionKind.SKIP, reason=reason)], reason, rule,
-                                facts=facts)
+            return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts)
         if self.policy.track:
             reason = self._not_verified()
-            track = Action(kind=ActionKind.TRACK, run_tag=tag, attempt=self._attempt_of(tag),
-                           reason=f"{reason}: log and read back (upload.db is off)")
-            return self._result(Phase.EVALUATED, [analyze, track], reason,
-                                "REFERENCE §5: verify, don't trust exit codes → Completed only once read back",
+            track = Track(facts=facts, reason=f"{reason}: log and read back (upload.db is off)")
+            return self._result(Phase.EVALUATED, [self._analyze(facts), track], reason, Rule.VERIFY_UPLOAD,
                                 facts=facts)
-        if self.memory.get(ANALYZED) == tag:
+        if self.memory.analyzed_run_tag == tag:
             reason = f"post-eval report written for {tag}; upload.db and upload.mlflow are off"
-            return self._result(Phase.COMPLETED, [Action(kind=ActionKind.SKIP, reason=reason)], reason, rule,
-                                facts=facts)
-        return self._result(Phase.EVALUATED, [analyze], "trials done; upload.db is off: post-eval report only",
-                            rule, facts=facts)
+            return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts)
+        return self._result(Phase.EVALUATED, [self._analyze(facts)],
+                            "trials done; upload.db is off: post-eval report only", rule, facts=facts)
 
     def _gates(self, facts: RunDirFacts) -> list[str]:
         """Why this run's numbers should not reach the leaderboard unreviewed, with the numbers."""
@@ -548,20 +555,23 @@ class _CellView:
     def _attempt_of(self, run_tag: str) -> int:
         return self.cell.attempt_of(run_tag) or next((s.attempt for s in self.subs if s.run_tag == run_tag), 0)
 
-    def _submit(self, attempt: int, reason: str) -> Action:
-        return Action(kind=ActionKind.SUBMIT, reason=reason, run_tag=self.cell.run_tag(attempt), attempt=attempt,
-                      fire=1)
+    def _submit(self, attempt: int, reason: str) -> Submit:
+        return Submit(reason=reason, run_tag=self.cell.run_tag(attempt), attempt=attempt)
+
+    @staticmethod
+    def _analyze(facts: RunDirFacts) -> Analyze:
+        return Analyze(facts=facts, reason=f"post-eval report for {facts.run_tag}")
 
     def _result(
         self,
         phase: Phase,
         actions: list[Action],
         reason: str,
-        rule: str,
+        rule: Rule,
         updates: list[RowUpdate] | None = None,
         facts: RunDirFacts | None = None,
         score: float | None = None,
-        remember: dict[str, Any] | None = None,
+        remember: CellMemory | None = None,
     ) -> CellPlan:
         if score is None and facts is not None:
             score = accuracy(facts)
@@ -574,44 +584,34 @@ class _CellView:
 
 
 def _without_launch(cell_plan: CellPlan, instead: Action) -> CellPlan:
-    """Keep the cell's phase; replace its launch (and the cancel that would precede it) by `instead`."""
-    kept = [a for a in cell_plan.actions if a.kind not in LAUNCHING and a.reason != STALE_PENDING_CANCEL]
+    """Keep the cell's phase; replace its launch (and the cancel that only made room for it) by `instead`."""
+    kept = [a for a in cell_plan.actions if not isinstance(a, Submit | Resume)
+            and not (isinstance(a, Cancel) and a.clears_way_for_launch)]
     return cell_plan.model_copy(update={"actions": (*kept, instead)})
 
 
-def _holder(launch: Action) -> str:
-    assert launch.run_tag is not None and launch.fire is not None
-    return submission_name(launch.run_tag, launch.fire)
-
-
-def _pair_for(launch: Action, policy: Policy, holders: dict[str, str]) -> str | None:
+def _pair_for(launch: Launch, policy: Policy, holders: dict[str, str]) -> str | None:
     """The pair this submission already holds (a repaired submission), else the first free one."""
-    holder = _holder(launch)
-    own = next((pair for pair, held_by in holders.items() if held_by == holder and pair in policy.tunnel_pairs),
-               None)
+    own = next((pair for pair, held_by in holders.items()
+                if held_by == launch.submission_name and pair in policy.tunnel_pairs), None)
     return own or next((pair for pair in policy.tunnel_pairs if pair not in holders), None)
 
 
 def _no_pair(policy: Policy, holders: dict[str, str]) -> Action:
     if not policy.tunnel_pairs:
-        return Action(kind=ActionKind.HOLD, reason="installed-agent harness needs a pinggy pair; "
-                                                   "add spec.pinggy.pairs to the EvalRun")
+        return Hold(reason="installed-agent harness needs a pinggy pair; add spec.pinggy.pairs to the EvalRun")
     busy = sum(1 for pair in policy.tunnel_pairs if pair in holders)
-    return Action(kind=ActionKind.WAIT, reason=f"waiting for a free pinggy pair ({busy} of "
-                                               f"{len(policy.tunnel_pairs)} in use by running jobs)")
+    return Wait(reason=f"waiting for a free pinggy pair ({busy} of {len(policy.tunnel_pairs)} in use by running jobs)")
 
 
-def _with_tunnel(cell_plan: CellPlan, pair: str) -> CellPlan:
-    actions = tuple(a.model_copy(update={"tunnel": pair}) if a.kind in LAUNCHING else a for a in cell_plan.actions)
+def _with_tunnel(cell_plan: CellPlan, launch: Launch, pair: str) -> CellPlan:
+    actions = tuple(a.model_copy(update={"tunnel": pair}) if a is launch else a for a in cell_plan.actions)
     return cell_plan.model_copy(update={"actions": actions})
 
 
 def _suspended(cell_plan: CellPlan) -> CellPlan:
-    held = tuple(
-        Action(kind=ActionKind.HOLD, reason=f"suspended; would {a.render()}", run_tag=a.run_tag, job_id=a.job_id,
-               row_id=a.row_id) if a.kind in MUTATING else a
-        for a in cell_plan.actions
-    )
+    held = tuple(Hold(reason=f"suspended; would {a.render()}") if isinstance(a, Mutation) else a
+                 for a in cell_plan.actions)
     return cell_plan.model_copy(update={"actions": held, "row_updates": ()})
 
 
@@ -650,14 +650,6 @@ def _last_job_note(jobs: Sequence[ObservedJob] | None) -> str:
     if job is None:
         return ""
     return f"; last job {job.job_id} {job.state.value}" + (f": {job.reason}" if job.reason else "")
-
-
-def _parse_time(value: object) -> datetime | None:
-    """A time the planner wrote into the cell's memory (ISO 8601); anything else is no reading."""
-    try:
-        return datetime.fromisoformat(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
 
 
 def _minutes(delta: timedelta) -> str:

@@ -1,8 +1,9 @@
-"""The adapter contracts (crossplane-style): observe never mutates, every mutation is safe to repeat.
+"""The adapter contracts (crossplane-style): observe never mutates; each mutation says whether it is safe to repeat.
 
 The core imports these Protocols, never a backend. Each observe method is ONE batched read per
 pass and raises `ObservationError` when the source cannot be read: callers turn that into
-Unknown, never into "absent".
+Unknown, never into "absent". Every mutation is idempotent but one, `Scheduler.submit`: the
+submission protocol's find-first step is what keeps it from running twice.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Any, Protocol
 from pydantic import Field
 
 from controller.core.types import (
+    CellMemory,
     CellOwner,
+    EvalRunRef,
     Frozen,
     Metric,
     ObservedJob,
@@ -87,7 +90,7 @@ class StateSnapshot(Frozen):
     submissions: tuple[Submission, ...] = ()
     tunnel_leases: tuple[TunnelLease, ...] = Field((), description="every pinggy lease, of every EvalRun")
     cell_owners: tuple[CellOwner, ...] = Field((), description="live claims on the named cells, whoever holds them")
-    cell_memory: dict[str, dict[str, Any]] = Field(default_factory=dict, description="what rules remembered per cell")
+    cell_memory: dict[str, CellMemory] = Field(default_factory=dict, description="what rules remembered per cell")
 
 
 class StoreSnapshot(Frozen):
@@ -99,7 +102,7 @@ class StoreSnapshot(Frozen):
     submissions: tuple[Submission, ...]
     tunnel_leases: tuple[TunnelLease, ...] = ()
     cell_owners: tuple[CellOwner, ...] = ()
-    cell_memory: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    cell_memory: dict[str, CellMemory] = Field(default_factory=dict)
 
 
 class NewRow(Frozen):
@@ -169,7 +172,7 @@ class ResultsDB(Protocol):
 class ControllerState(Protocol):
     """The reconciler's own bookkeeping. Expiry is decided by the database's clock, never a client's."""
 
-    def read_state(self, evalrun: str, cell_keys: list[str], owner_ttl_s: float) -> StateSnapshot:
+    def read_state(self, evalrun: EvalRunRef, cell_keys: list[str], owner_ttl_s: float) -> StateSnapshot:
         """Submissions of this EvalRun and of the named cells (whichever EvalRun made them: a cell's history is
         the cell's), every tunnel lease, the claims on the named cells renewed within `owner_ttl_s`, and their
         memory. One read transaction."""
@@ -183,14 +186,14 @@ class ControllerState(Protocol):
         """Step 3: remember the scheduler's id. Idempotent."""
         ...
 
-    def claim_cells(self, evalrun: str, cell_keys: list[str], ttl_s: float) -> dict[str, str]:
+    def claim_cells(self, evalrun: EvalRunRef, cell_keys: list[str], ttl_s: float) -> dict[str, EvalRunRef]:
         """Make `evalrun` the owner of each named cell that is free, its own, or whose owner has not renewed
         its claim within `ttl_s`; drop its claims on cells it no longer names. One transaction, so two
         reconcilers never both own a cell. Returns the owner of every named cell afterwards."""
         ...
 
-    def remember(self, cell_key: str, memory: dict[str, Any]) -> None:
-        """Replace what the rules remember about a cell (readings across passes)."""
+    def remember(self, cell_key: str, memory: CellMemory) -> None:
+        """Replace what the rules remember about a cell (readings across passes). Idempotent."""
         ...
 
     def try_lease(self, name: str, holder: str, ttl_s: float) -> bool:

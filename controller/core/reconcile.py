@@ -2,7 +2,8 @@
 
 Each source is read once per pass (the scheduler and run dirs once per cluster, the store once per
 EvalRun). A source that fails to read makes its cells Unknown; the planner then does nothing for
-them. Acting needs the EvalRun's lease: a second reconciler that runs at the same time only plans.
+them. Acting needs the EvalRun's lease and its claims on its cells, both taken before planning, so the
+plan that is printed is the plan that is executed: a second reconciler that runs at the same time only plans.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from typing import TypeVar
 
 from pydantic import Field
 
-from controller.core.actor import Actor, Outcome
-from controller.core.match import observe_cells
-from controller.core.planner import LAUNCHING, Policy, owned_elsewhere, plan
+from controller.core.actor import Actor
+from controller.core.match import join_cells
+from controller.core.planner import Policy, launch_of, plan, plan_deletion
 from controller.core.ports import (
     JobsDirMissing,
     ObservationError,
@@ -26,8 +27,10 @@ from controller.core.ports import (
     StoreSnapshot,
     StoreUnavailable,
 )
+from controller.core.status import RunStatus, summarize
 from controller.core.store import CELL_OWNER_TTL, Store
-from controller.core.types import Cell, Frozen, Observation, ObservedJob, Plan, RunDirFacts
+from controller.core.types import Cell, ClusterRef, EvalRunRef, Frozen, Observation, ObservedJob
+from controller.core.vocabulary import Outcome, Plan
 
 log = logging.getLogger("evalctl.reconcile")
 T = TypeVar("T")
@@ -38,15 +41,17 @@ RATE_WINDOW = timedelta(minutes=1)
 class RunTarget(Frozen):
     """An EvalRun ready to reconcile: its resolved cells, its policy, and the cluster it runs on."""
 
-    evalrun: str
-    cluster: str
+    evalrun: EvalRunRef
+    cluster: ClusterRef
     cells: tuple[Cell, ...]
     policy: Policy
+    generation: int | None = Field(None, description="the object's metadata.generation (operator), for status")
 
 
 class PassResult(Frozen):
-    evalrun: str
+    evalrun: EvalRunRef
     plan: Plan
+    status: RunStatus
     outcomes: tuple[Outcome, ...] = ()
     acted: bool = False
     note: str = ""
@@ -62,10 +67,51 @@ class ClusterPorts:
         self.submissions_per_minute = submissions_per_minute
 
 
+class ClusterView:
+    """One pass's reads of a cluster (queue and accounting, run dirs), and the launches it still allows."""
+
+    def __init__(self, ports: ClusterPorts, max_per_pass: int, now: datetime):
+        self.jobs = _read(ports.scheduler.observe)
+        self.dirs = _read(ports.run_dirs.observe)
+        self.budget = min(rate_budget(self.jobs, ports.submissions_per_minute, now), max_per_pass)
+
+    @property
+    def live_job_names(self) -> frozenset[str] | None:
+        """Every queued or running job on the cluster; None when the queue could not be read."""
+        if isinstance(self.jobs, ObservationError):
+            return None
+        return frozenset(job.name for job in self.jobs if job.state.active)
+
+    def spend(self, the_plan: Plan) -> None:
+        self.budget -= sum(1 for cell in the_plan.cells if launch_of(cell) is not None)
+
+
+class Observed(Frozen):
+    """What one EvalRun's pass saw: the store, and every cell's share of the three sources."""
+
+    snapshot: StoreSnapshot | None = Field(description="None: the store could not be read")
+    cells: tuple[Observation, ...]
+
+    def other_owners(self, evalrun: EvalRunRef) -> dict[str, EvalRunRef]:
+        """Cells another EvalRun claimed and still renews (by the store's clock): this one only watches them."""
+        if self.snapshot is None:
+            return {}
+        return {o.cell_key: o.evalrun for o in self.snapshot.cell_owners if o.evalrun != evalrun}
+
+
+class Acting(Frozen):
+    """Whether this pass acts for the EvalRun, and the owners of its cells it plans with."""
+
+    granted: bool
+    owners: dict[str, EvalRunRef] = Field(description="cell key → the OTHER EvalRun that acts for it")
+    note: str = ""
+    blocked: bool = False
+
+
 def reconcile_pass(
     targets: Sequence[RunTarget],
     store: Store,
-    clusters: dict[str, ClusterPorts],
+    clusters: dict[ClusterRef, ClusterPorts],
     now: datetime,
     *,
     act: bool,
@@ -77,64 +123,71 @@ def reconcile_pass(
     by a reconciler that died without releasing it.
 
     A lease whose holder `holder_is_dead` says has died (a killed reconciler on this host) is taken over.
+    The clusters' submission budgets are shared by their EvalRuns, in the order of `targets`.
     """
-    jobs: dict[str, tuple[ObservedJob, ...] | ObservationError] = {}
-    dirs: dict[str, tuple[RunDirFacts, ...] | ObservationError] = {}
-    budgets: dict[str, int] = {}  # per-cluster submission budget, shared by the EvalRuns on it
+    views: dict[ClusterRef, ClusterView] = {}
     results = []
     for target in targets:
         ports = clusters[target.cluster]
-        if target.cluster not in jobs:
-            jobs[target.cluster] = _read(ports.scheduler.observe)
-            dirs[target.cluster] = _read(ports.run_dirs.observe)
-            budgets[target.cluster] = min(rate_budget(jobs[target.cluster], ports.submissions_per_minute, now),
-                                          target.policy.max_submissions_per_pass)  # a cluster field: same for all
-        snapshot = _read(functools.partial(store.observe, target.evalrun, _models(target), _benchmarks(target),
-                                           _keys(target)))
-        observations = _observe(target, snapshot, jobs[target.cluster], dirs[target.cluster])
-        budget = budgets[target.cluster]
-        leases = snapshot.tunnel_leases if isinstance(snapshot, StoreSnapshot) else ()
-        cluster_jobs = jobs[target.cluster]
-        live = None if isinstance(cluster_jobs, ObservationError) else frozenset(
-            job.name for job in cluster_jobs if job.state.active)
-        the_plan = plan(target.evalrun, target.cells, observations, target.policy, now, budget=budget,
-                        tunnel_leases=leases, live_job_names=live, owners=_other_owners(target, snapshot))
-        budgets[target.cluster] -= sum(1 for c in the_plan.cells for a in c.actions if a.kind in LAUNCHING)
-        if not act or the_plan.suspended:
-            results.append(PassResult(evalrun=target.evalrun, plan=the_plan, note="suspended" if act else "plan"))
-            continue
+        if target.cluster not in views:  # max_submissions_per_pass is a cluster field: the same for every run on it
+            views[target.cluster] = ClusterView(ports, target.policy.max_submissions_per_pass, now)
+        view = views[target.cluster]
+        observed = observe(target, store, view)
+        acting = _acting(target, store, observed, act, holder, holder_is_dead, lease_ttl)
         lease = f"evalrun/{target.evalrun}"
         try:
-            if not _take_lease(store, lease, holder, holder_is_dead, lease_ttl.total_seconds()):
-                results.append(PassResult(evalrun=target.evalrun, plan=the_plan,
-                                          note="another reconciler holds the lease; planned only"))
-                continue
-            the_plan = _keep_claimed(the_plan, store.state.claim_cells(target.evalrun, _keys(target),
-                                                                        CELL_OWNER_TTL.total_seconds()))
-        except StoreUnavailable as exc:  # nothing was done: the next pass tries again
-            log.warning("store unavailable", extra={"error": str(exc)})
-            results.append(PassResult(evalrun=target.evalrun, plan=the_plan, note=f"planned only: {exc}",
-                                      blocked=True))
-            continue
-        try:
-            outcomes = ports.actor_for(target).act(the_plan)
+            the_plan = plan(target.evalrun, target.cells, observed.cells, target.policy, now, budget=view.budget,
+                            tunnel_leases=observed.snapshot.tunnel_leases if observed.snapshot else (),
+                            live_job_names=view.live_job_names, owners=acting.owners)
+            view.spend(the_plan)
+            outcomes = tuple(ports.actor_for(target).act(the_plan)) if acting.granted else ()
         finally:
-            _release(store, lease, holder)
-        results.append(PassResult(evalrun=target.evalrun, plan=the_plan, outcomes=tuple(outcomes), acted=True))
+            if acting.granted:
+                _release(store, lease, holder)
+        results.append(PassResult(evalrun=target.evalrun, plan=the_plan, outcomes=outcomes, acted=acting.granted,
+                                  status=summarize(the_plan, outcomes, target.generation), note=acting.note,
+                                  blocked=acting.blocked))
     return results
 
 
-def live_jobs_of(target: RunTarget, store: Store, ports: ClusterPorts) -> list[ObservedJob]:
-    """Queued and running jobs of the cells `target` owns (what `deletionPolicy: Cancel` cancels).
+def release_pass(target: RunTarget, store: Store, ports: ClusterPorts) -> list[Outcome]:
+    """The EvalRun is being deleted. With `policy.cancel_on_delete`, cancel the live jobs of the cells it owns, as
+    a plan the Actor executes; then drop its claims on its cells.
 
-    Raises ObservationError when the queue or the store cannot be read: never "no jobs" by default.
+    Raises ObservationError when the queue or the store cannot be read (never "no jobs" by default) and
+    RuntimeError when a cancel failed, so the caller tries again before letting the EvalRun go.
     """
-    jobs = ports.scheduler.observe()
-    snapshot = store.observe(target.evalrun, _models(target), _benchmarks(target), _keys(target))
-    others = _other_owners(target, snapshot)
-    observed = observe_cells(target.cells, snapshot, jobs, ())
-    return [job for cell, seen in zip(target.cells, observed, strict=True) if cell.key not in others
-            for job in seen.jobs or () if job.state.active]
+    if target.policy.cancel_on_delete:
+        jobs = ports.scheduler.observe()
+        snapshot = store.observe(target.evalrun, _models(target), _benchmarks(target), _keys(target))
+        observed = Observed(snapshot=snapshot, cells=tuple(join_cells(target.cells, snapshot, jobs, ())))
+        the_plan = plan_deletion(target.evalrun, target.cells, observed.cells, observed.other_owners(target.evalrun))
+        outcomes = ports.actor_for(target).act(the_plan)
+        failed = [f"{o.cell}: {o.message}" for o in outcomes if not o.ok]
+        if failed:
+            raise RuntimeError(f"could not cancel every job: {'; '.join(failed)}")
+    else:
+        outcomes = []
+    store.state.claim_cells(target.evalrun, [], CELL_OWNER_TTL.total_seconds())
+    return outcomes
+
+
+def observe(target: RunTarget, store: Store, view: ClusterView) -> Observed:
+    """The store (one read for the EvalRun) joined with its cluster's reads: one Observation per cell."""
+    read = _read(functools.partial(store.observe, target.evalrun, _models(target), _benchmarks(target),
+                                   _keys(target)))
+    snapshot = None if isinstance(read, ObservationError) else read
+    missing = str(view.dirs) if isinstance(view.dirs, JobsDirMissing) else ""
+    failures = [str(x) for x in (read, view.jobs, view.dirs) if isinstance(x, ObservationError) and str(x) != missing]
+    cells = join_cells(
+        target.cells,
+        snapshot,
+        None if isinstance(view.jobs, ObservationError) else view.jobs,
+        () if missing else None if isinstance(view.dirs, ObservationError) else view.dirs,
+        unknown_reason="; ".join(failures),
+        jobs_dir_missing=missing,
+    )
+    return Observed(snapshot=snapshot, cells=tuple(cells))
 
 
 def rate_budget(jobs: tuple[ObservedJob, ...] | ObservationError, per_minute: int, now: datetime) -> int:
@@ -146,6 +199,30 @@ def rate_budget(jobs: tuple[ObservedJob, ...] | ObservationError, per_minute: in
         return 0  # its cells are Unknown: nothing is launched anyway
     recent = sum(1 for job in jobs if job.submitted_at is not None and now - job.submitted_at < RATE_WINDOW)
     return max(per_minute - recent, 0)
+
+
+def _acting(target: RunTarget, store: Store, observed: Observed, act: bool, holder: str,
+            holder_is_dead: Callable[[str], bool], lease_ttl: timedelta) -> Acting:
+    """Take the EvalRun's lease and claim its cells, or say why this pass only plans."""
+    watching = observed.other_owners(target.evalrun)
+    if not act:
+        return Acting(granted=False, owners=watching, note="plan")
+    if target.policy.suspend:
+        return Acting(granted=False, owners=watching, note="suspended")
+    lease = f"evalrun/{target.evalrun}"
+    try:
+        if not _take_lease(store, lease, holder, holder_is_dead, lease_ttl.total_seconds()):
+            return Acting(granted=False, owners=watching, note="another reconciler holds the lease; planned only")
+        try:
+            owners = store.state.claim_cells(target.evalrun, _keys(target), CELL_OWNER_TTL.total_seconds())
+        except BaseException:
+            _release(store, lease, holder)
+            raise
+    except StoreUnavailable as exc:  # nothing was done: the next pass tries again
+        log.warning("store unavailable", extra={"error": str(exc)})
+        return Acting(granted=False, owners=watching, note=f"planned only: {exc}", blocked=True)
+    # A cell another EvalRun won since this pass observed it (a race) is watched, not acted on.
+    return Acting(granted=True, owners={key: owner for key, owner in owners.items() if owner != target.evalrun})
 
 
 def _take_lease(store: Store, lease: str, holder: str, holder_is_dead: Callable[[str], bool], ttl: float) -> bool:
@@ -172,35 +249,6 @@ def _read(observe: Callable[[], T]) -> T | ObservationError:
     except ObservationError as exc:  # a missing jobs dir is also how every fresh cluster starts: not a warning
         (log.info if isinstance(exc, JobsDirMissing) else log.warning)("observation failed", extra={"error": str(exc)})
         return exc
-
-
-def _observe(target: RunTarget, snapshot: StoreSnapshot | ObservationError,
-             jobs: tuple[ObservedJob, ...] | ObservationError,
-             dirs: tuple[RunDirFacts, ...] | ObservationError) -> list[Observation]:
-    missing = str(dirs) if isinstance(dirs, JobsDirMissing) else ""
-    failures = [str(x) for x in (snapshot, jobs, dirs) if isinstance(x, ObservationError) and str(x) != missing]
-    return observe_cells(
-        target.cells,
-        snapshot if isinstance(snapshot, StoreSnapshot) else None,
-        None if isinstance(jobs, ObservationError) else jobs,
-        () if missing else None if isinstance(dirs, ObservationError) else dirs,
-        unknown_reason="; ".join(failures),
-        jobs_dir_missing=missing,
-    )
-
-
-def _other_owners(target: RunTarget, snapshot: StoreSnapshot | ObservationError) -> dict[str, str]:
-    """Cells another EvalRun claimed and still renews (by the store's clock): this one only watches them."""
-    if not isinstance(snapshot, StoreSnapshot):
-        return {}
-    return {o.cell_key: o.evalrun for o in snapshot.cell_owners if o.evalrun != target.evalrun}
-
-
-def _keep_claimed(the_plan: Plan, owners: dict[str, str]) -> Plan:
-    """Cells whose claim another EvalRun won since this pass observed them (a race) are not acted on."""
-    cells = tuple(owned_elsewhere(c, owners[c.cell.key])
-                  if owners.get(c.cell.key, the_plan.evalrun) != the_plan.evalrun else c for c in the_plan.cells)
-    return the_plan.model_copy(update={"cells": cells})
 
 
 def _keys(target: RunTarget) -> list[str]:

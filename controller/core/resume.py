@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from controller.core.types import RunDirFacts
+from controller.core.vocabulary import Rule
 
 
 class DirClass(StrEnum):
@@ -38,19 +39,20 @@ class Next(StrEnum):
 class Verdict(NamedTuple):
     next: Next
     reason: str
+    rule: Rule
 
 
 RESUME_TABLE: dict[DirClass, Verdict] = {
-    DirClass.IN_FLIGHT: Verdict(Next.WAIT, "its job is queued or running"),
-    DirClass.SETTLING: Verdict(Next.WAIT, "trials still landing; waiting for the dir to settle"),
-    DirClass.REJECTED: Verdict(Next.UPLOAD_AS_IS, ".no-resume marker present"),
-    DirClass.AT_RESUME_LIMIT: Verdict(Next.UPLOAD_AS_IS, "at resume limit"),
-    DirClass.EARLY_KILL: Verdict(Next.RESUME, "killed before any trial ran"),
-    DirClass.INCOMPLETE: Verdict(Next.RESUME, "incomplete and not finished"),
-    DirClass.PARTIAL: Verdict(Next.RESUME, "finished partial with too many infra errors"),
-    DirClass.PARTIAL_OK: Verdict(Next.UPLOAD, "finished partial, infra errors within threshold"),
-    DirClass.DONE_WITH_ERRORS: Verdict(Next.RESUME, "done but too many infra errors"),
-    DirClass.DONE: Verdict(Next.UPLOAD, "done"),
+    DirClass.IN_FLIGHT: Verdict(Next.WAIT, "its job is queued or running", Rule.IN_FLIGHT),
+    DirClass.SETTLING: Verdict(Next.WAIT, "trials still landing; waiting for the dir to settle", Rule.DIR_SETTLING),
+    DirClass.REJECTED: Verdict(Next.UPLOAD_AS_IS, ".no-resume marker present", Rule.DIR_REJECTED),
+    DirClass.AT_RESUME_LIMIT: Verdict(Next.UPLOAD_AS_IS, "at resume limit", Rule.DIR_AT_RESUME_LIMIT),
+    DirClass.EARLY_KILL: Verdict(Next.RESUME, "killed before any trial ran", Rule.DIR_EARLY_KILL),
+    DirClass.INCOMPLETE: Verdict(Next.RESUME, "incomplete and not finished", Rule.DIR_INCOMPLETE),
+    DirClass.PARTIAL: Verdict(Next.RESUME, "finished partial with too many infra errors", Rule.DIR_PARTIAL),
+    DirClass.PARTIAL_OK: Verdict(Next.UPLOAD, "finished partial, infra errors within threshold", Rule.DIR_PARTIAL_OK),
+    DirClass.DONE_WITH_ERRORS: Verdict(Next.RESUME, "done but too many infra errors", Rule.DIR_DONE_WITH_ERRORS),
+    DirClass.DONE: Verdict(Next.UPLOAD, "done", Rule.DIR_DONE),
 }
 
 

@@ -13,8 +13,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from controller.core.actor import Outcome
-from controller.core.types import CellPlan, Frozen, Phase, Plan
+from controller.core.types import EvalRunRef, Frozen
+from controller.core.vocabulary import CellPlan, Outcome, Phase, Plan
 
 ATTENTION_LIMIT = 20  # a status is read by people and stored in etcd: the full table lives in `evalctl status`
 IN_FLIGHT = frozenset({Phase.PENDING, Phase.SUBMITTED, Phase.RUNNING, Phase.SETTLING, Phase.EVALUATED})
@@ -39,7 +39,7 @@ class AttentionItem(Frozen):
 
 
 class RunStatus(Frozen):
-    evalrun: str
+    evalrun: EvalRunRef
     observed_generation: int | None = None
     total: int
     counts: dict[Phase, int] = Field(description="every phase, zeros included")

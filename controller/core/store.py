@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from controller.core.ports import ControllerState, ObservationError, ResultsDB, StoreSnapshot
+from controller.core.types import EvalRunRef
 
 # An EvalRun keeps the cells it claimed while it renews them (every acting pass); one that stopped naming a
 # cell hands it over at once, one that stopped running hands it over after this. Far longer than a pass.
@@ -17,7 +18,7 @@ class Store:
     def __init__(self, results: ResultsDB, state: ControllerState):
         self.results, self.state = results, state
 
-    def observe(self, evalrun: str, model_names: list[str], benchmark_names: list[str],
+    def observe(self, evalrun: EvalRunRef, model_names: list[str], benchmark_names: list[str],
                 cell_keys: list[str] | None = None, owner_ttl_s: float = CELL_OWNER_TTL.total_seconds()) -> StoreSnapshot:
         """Results first, then state: the protocol writes in the opposite order (submission, then its row), so
         every row of ours seen here has its submission in the later read. A submission recorded in between is

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 
-from controller.core.errors import ErrorClasses
 from controller.core.metrics import RunMetrics
 from controller.core.ports import TrackedRun, TrackerRecord
+from controller.core.trial_errors import ErrorClasses
 from controller.core.types import Cell, Frozen, RunDirFacts
 
 REPORT_ARTIFACT = "post_eval_report.txt"
@@ -40,7 +40,7 @@ def tracker_record(cell: Cell, facts: RunDirFacts, result: RunMetrics, analysis:
     return TrackerRecord(
         run_tag=facts.run_tag,
         tags={"cell_key": cell.key, "model": cell.model, "benchmark": cell.benchmark_name, "dataset": cell.dataset,
-              "cluster": cell.cluster, "evalrun": cell.evalrun},
+              "cluster": cell.cluster, "evalrun": str(cell.evalrun)},
         params={"agent": cell.agent, "harbor_config": cell.harbor_config,
                 "timeout_multiplier": f"{cell.timeout_multiplier:g}", "n_attempts": str(cell.n_attempts),
                 "fingerprint": cell.fingerprint},

@@ -1,7 +1,7 @@
-"""Values that cross module boundaries: desired cells, observed facts, and the plan.
+"""Values that cross module boundaries: identities, desired cells and observed facts.
 
-Everything here is a frozen pydantic model so the planner can stay a pure function of data:
-adapters produce these, the planner consumes them, the actor executes what the plan says.
+Everything here is a frozen pydantic model so the planner can stay a pure function of data: adapters
+produce these, the planner consumes them. The words a plan is written in are in `vocabulary.py`.
 """
 
 from __future__ import annotations
@@ -10,13 +10,58 @@ import hashlib
 import re
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --------------------------------------------------------------------------- identities
+
+
+class ObjectRef(Frozen):
+    """A resource as Kubernetes names it: `namespace/name`, or `name` for a spec file without a namespace.
+
+    Stored and shown as that one string (it round-trips: a Kubernetes name cannot hold '/'), so the store,
+    status, events and logs never know one object by two names.
+    """
+
+    namespace: str | None = None
+    name: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_text(cls, value: object) -> object:
+        if isinstance(value, str):
+            namespace, slash, name = value.partition("/")
+            return {"namespace": namespace, "name": name} if slash else {"name": value}
+        return value
+
+    @model_serializer
+    def _as_text(self) -> str:
+        return str(self)
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+    @classmethod
+    def parse(cls, text: str) -> Self:
+        return cls.model_validate(text)
+
+
+class EvalRunRef(ObjectRef):
+    """One EvalRun, in cells, submissions, leases, claims, plans, status and events."""
+
+    def known_as(self, stored: EvalRunRef) -> bool:
+        """Is `stored` this EvalRun? Also its bare name, which versions before 0.2 wrote for a namespaced one."""
+        return stored == self or (self.namespace is not None and stored == EvalRunRef(name=self.name))
+
+
+class ClusterRef(ObjectRef):
+    """One EvalCluster. An EvalRun's `spec.cluster` names one in the EvalRun's own namespace."""
 
 
 # --------------------------------------------------------------------------- desired state
@@ -33,8 +78,8 @@ class EnvironmentOverrides(Frozen):
 class Cell(Frozen):
     """One (model, benchmark) of an EvalRun with every parameter resolved."""
 
-    evalrun: str
-    cluster: str
+    evalrun: EvalRunRef
+    cluster: str = Field(description="the EvalCluster's name, as the results DB's `config.env` records it")
     model: str
     benchmark: str = Field(description="what the user wrote: a preset name or a dataset")
     dataset: str = Field(description="dataset repo or path, e.g. DCAgent2/terminal_bench_2")
@@ -42,7 +87,6 @@ class Cell(Frozen):
     agent: str
     n_concurrent: int
     n_attempts: int = 1
-    expected_trials: int | None = None
     harbor_config: str
     timeout_multiplier: float
     overrides: EnvironmentOverrides = EnvironmentOverrides()
@@ -233,7 +277,7 @@ class Submission(Frozen):
 
     name: str
     run_tag: str
-    evalrun: str
+    evalrun: EvalRunRef
     cell_key: str
     attempt: int
     fire: int
@@ -259,7 +303,7 @@ class TunnelLease(Frozen):
 
     pair: str
     holder: str = Field(description="submission name of the job that uses the pair")
-    evalrun: str
+    evalrun: EvalRunRef
     leased_at: datetime
 
 
@@ -267,8 +311,52 @@ class CellOwner(Frozen):
     """Which EvalRun acts for a cell. One cell, one job, whatever EvalRuns name it: the others only watch."""
 
     cell_key: str
-    evalrun: str
+    evalrun: EvalRunRef
     renewed_at: datetime
+
+
+class StallReading(Frozen):
+    """The first stuck-general reading of a run: escalated only if a later one finds the same score count."""
+
+    run_tag: str
+    scored: int
+    at: datetime
+
+
+class CellMemory(BaseModel):
+    """What the rules remember about a cell between passes (kept in the controller state, per cell key).
+
+    The planner says what it becomes (`CellPlan.remember`); the actor records what its actions learnt.
+    Stored as JSON without its empty fields; keys it does not know (a newer version's) are ignored.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    analyzed_run_tag: str | None = Field(None, description="the run tag whose post-eval report was last written")
+    db_verified: str | None = Field(None, description="the last results-DB upload that read back as written")
+    tracked_run_tag: str | None = Field(None, description="the run tag whose MLflow run read back as logged")
+    track_error: str | None = Field(None, description="why the last MLflow upload did not read back")
+    upload_as_is: str | None = Field(None, description="a run tag the monitor cancelled: upload it as is, never resume")
+    stall_reading: StallReading | None = None
+
+    def stored(self) -> dict[str, Any]:
+        """The JSON the controller state keeps (the key names of every earlier version)."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    @classmethod
+    def from_stored(cls, data: object) -> CellMemory:
+        """Field by field: a value that does not decode is no reading (as an unknown key is), not a failed pass."""
+        if not isinstance(data, dict):
+            return cls()
+        kept = {}
+        for name, value in data.items():
+            if name in cls.model_fields:
+                try:
+                    cls.model_validate({name: value})
+                except ValidationError:
+                    continue
+                kept[name] = value
+        return cls.model_validate(kept)
 
 
 class Observation(Frozen):
@@ -279,81 +367,4 @@ class Observation(Frozen):
     jobs: tuple[ObservedJob, ...] | None
     run_dirs: tuple[RunDirFacts, ...] | None
     unknown_reason: str = ""
-    memory: dict[str, Any] = Field(default_factory=dict, description="what earlier passes remembered for this cell")
-
-
-# --------------------------------------------------------------------------- the plan
-
-
-class Phase(StrEnum):
-    PENDING = "Pending"
-    SUBMITTED = "Submitted"
-    RUNNING = "Running"
-    STALLED = "Stalled"
-    SETTLING = "Settling"
-    EVALUATED = "Evaluated"
-    COMPLETED = "Completed"
-    FAILED = "Failed"
-    UNKNOWN = "Unknown"
-
-
-class ActionKind(StrEnum):
-    SUBMIT = "submit"
-    RESUME = "resume"
-    CANCEL = "cancel"
-    ANALYZE = "analyze"
-    UPLOAD = "upload"  # to the results DB, then (with a tracker) to MLflow; each read back
-    TRACK = "track"  # to MLflow only, read back (upload.db off)
-    WAIT = "wait"
-    SKIP = "skip"
-    HOLD = "hold"
-
-
-class Action(Frozen):
-    kind: ActionKind
-    reason: str
-    run_tag: str | None = None
-    attempt: int | None = None
-    fire: int | None = None
-    job_id: str | None = None
-    row_id: str | None = None
-    tunnel: str | None = Field(None, description="pinggy pair the launched job uses (installed-agent cells)")
-    intent_at: datetime | None = Field(None, description="when the intent being repaired was recorded")
-
-    def render(self) -> str:
-        return f"{self.kind.value}: {self.reason}"
-
-
-class RowUpdate(Frozen):
-    """Bookkeeping that brings our records in line with what was observed (not an action on the world).
-
-    Either moves our row along Pending → Started, or records the id of a job found by its name
-    (the repair of a crash between `sbatch` and step 3 of the submission protocol), or both.
-    """
-
-    row_id: str | None = None
-    status: RowStatus | None = None
-    started_at: datetime | None = None
-    submission_name: str | None = None
-    job_id: str | None = None
-
-
-class CellPlan(Frozen):
-    cell: Cell
-    phase: Phase
-    actions: tuple[Action, ...]
-    reason: str
-    rule: str = Field(description="the REFERENCE.md row that decided, for `evalctl explain`")
-    row_updates: tuple[RowUpdate, ...] = ()
-    run_dir: RunDirFacts | None = None
-    score: float | None = None
-    memory: dict[str, Any] = Field(default_factory=dict, description="the cell's memory as observed this pass")
-    remember: dict[str, Any] | None = Field(None, description="the cell's memory after this pass, written once "
-                                                              "its actions succeeded (None: unchanged)")
-
-
-class Plan(Frozen):
-    evalrun: str
-    cells: tuple[CellPlan, ...]
-    suspended: bool = False
-    tunnel_releases: tuple[TunnelLease, ...] = Field((), description="pinggy leases whose job is over")
+    memory: CellMemory = Field(CellMemory(), description="what earlier passes remembered for this cell")

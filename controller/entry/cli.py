@@ -25,9 +25,8 @@ from controller.adapters.process import identity_is_dead, process_identity
 from controller.adapters.store import UnsupportedStoreURL, open_store
 from controller.core.db_check import check_results
 from controller.core.reconcile import PassResult, reconcile_pass
-from controller.core.status import summarize
 from controller.core.store import Store
-from controller.core.types import Plan
+from controller.core.vocabulary import Plan
 from controller.entry import render
 from controller.entry.logs import configure_logging
 from controller.entry.wiring import cluster_ports, targets_for, utc_now
@@ -433,7 +432,7 @@ def crds() -> None:
 
 def _settled(results: list[PassResult]) -> bool:
     """Nothing in flight: every cell Completed or Failed (a human's turn)."""
-    return all(summarize(r.plan).settled for r in results)
+    return all(r.status.settled for r in results)
 
 
 def main() -> None:

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-from controller.core.actor import Outcome
 from controller.core.status import Condition, RunStatus
 from controller.core.types import Frozen
+from controller.core.vocabulary import Outcome, Step
 
 EVENT_SAMPLES = 5  # cells named in one aggregated Event; the rest are counted
 EVENT_MESSAGE_MAX = 1000  # the API server refuses messages over 1 KiB in events.k8s.io
@@ -70,7 +70,7 @@ def conditions_patch(conditions: Sequence[Condition], previous: Mapping[str, Any
 
 def aggregate_events(outcomes: Sequence[Outcome]) -> list[EventNote]:
     """One Event per action kind and result per pass, not one per cell: a 1,000-cell fleet must not flood."""
-    groups: dict[tuple[str, bool], list[Outcome]] = defaultdict(list)
+    groups: dict[tuple[Step, bool], list[Outcome]] = defaultdict(list)
     for outcome in outcomes:
         groups[(outcome.action, outcome.ok)].append(outcome)
     notes = []
@@ -78,7 +78,7 @@ def aggregate_events(outcomes: Sequence[Outcome]) -> list[EventNote]:
         sample = "; ".join(f"{o.cell}: {o.message}" for o in group[:EVENT_SAMPLES])
         more = f" (+{len(group) - EVENT_SAMPLES} more)" if len(group) > EVENT_SAMPLES else ""
         message = f"{len(group)} cell(s): {sample}{more}"
-        reason = "".join(word.capitalize() for word in action.split()) + ("" if ok else "Failed")
+        reason = action.event_reason + ("" if ok else "Failed")
         notes.append(EventNote(type="Normal" if ok else "Warning", reason=reason,
                                message=_clip(message, EVENT_MESSAGE_MAX)))
     return notes

@@ -67,14 +67,14 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
     def evalrun_deleted(body: kopf.Body, memo: Memo, retry: int, namespace: str | None, name: str, **_: Any) -> None:
         with memo.passes.lock(body.metadata.uid):
             try:
-                cancelled = release_object(memo.api, memo.config, memo.stores, body)
+                events = release_object(memo.api, memo.config, memo.stores, body)
             except Exception as exc:
                 if retry + 1 >= DELETE_RETRIES:
                     kopf.warn(body, reason="ReleaseGivenUp", message=f"left as is after {DELETE_RETRIES} tries: {exc}")
                     return
                 raise kopf.TemporaryError(f"cannot release yet: {exc}", delay=15) from exc
-        if cancelled:
-            kopf.info(body, reason="Cancelled", message=f"deletionPolicy Cancel: cancelled jobs {', '.join(cancelled)}")
+        for note in events:
+            kopf.event(body, type=note.type, reason=note.reason, message=note.message)
         prometheus.forget(namespace or "", name)
 
     @kopf.on.create(*EVALCLUSTERS, registry=registry, id="cluster-apply")

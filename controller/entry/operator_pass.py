@@ -17,11 +17,11 @@ from typing import Any
 from controller.adapters.kube import KubeApi, KubernetesSecrets
 from controller.adapters.process import identity_is_dead
 from controller.adapters.store import open_store, shareable_across_threads
-from controller.core.actor import Outcome
-from controller.core.reconcile import live_jobs_of, reconcile_pass
-from controller.core.status import RunStatus, summarize
-from controller.core.store import CELL_OWNER_TTL, Store
+from controller.core.reconcile import reconcile_pass, release_pass
+from controller.core.status import RunStatus
+from controller.core.store import Store
 from controller.core.types import Frozen
+from controller.core.vocabulary import Outcome
 from controller.entry.kube_status import EventNote, aggregate_events, invalid_spec_patch, status_patch
 from controller.entry.wiring import cluster_ports, targets_for
 from controller.spec.catalog import load_catalog
@@ -112,29 +112,23 @@ def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body:
         [result] = reconcile_pass(targets_for(specs, catalog), store,
                                   cluster_ports(specs, store, catalog, KubernetesSecrets(api, meta["namespace"])),
                                   now, act=True, holder=config.holder, holder_is_dead=identity_is_dead)
-    summary = summarize(result.plan, result.outcomes, generation)
     requested = (meta.get("annotations") or {}).get(REQUESTED_AT)
-    return PassReport(status=status_patch(summary, previous, now, requested_at=requested, note=result.note),
-                      events=tuple(aggregate_events(result.outcomes)), summary=summary, outcomes=result.outcomes)
+    return PassReport(status=status_patch(result.status, previous, now, requested_at=requested, note=result.note),
+                      events=tuple(aggregate_events(result.outcomes)), summary=result.status, outcomes=result.outcomes)
 
 
-def release_object(api: KubeApi, config: OperatorConfig, stores: Stores, body: Mapping[str, Any]) -> list[str]:
+def release_object(api: KubeApi, config: OperatorConfig, stores: Stores, body: Mapping[str, Any]) -> list[EventNote]:
     """The EvalRun is being deleted: cancel its live jobs if `deletionPolicy: Cancel`, and give up its cells.
+    Returns the Events of the cancels.
 
-    Raises when the queue cannot be read, so the finalizer stays and the deletion is retried.
+    Raises when the queue cannot be read or a cancel failed, so the finalizer stays and the deletion is retried.
     """
     specs = _specs(api, config, body)
     catalog = load_catalog()
     [target] = targets_for(specs, catalog)
     with stores.open() as store:
         ports = cluster_ports(specs, store, catalog, KubernetesSecrets(api, body["metadata"]["namespace"]))
-        cancelled = []
-        if specs.evalruns[0].run.spec.deletion_policy == "Cancel":
-            for job in live_jobs_of(target, store, ports[target.cluster]):
-                ports[target.cluster].scheduler.cancel(job.job_id)
-                cancelled.append(job.job_id)
-        store.state.claim_cells(target.evalrun, [], CELL_OWNER_TTL.total_seconds())
-        return cancelled
+        return aggregate_events(release_pass(target, store, ports[target.cluster]))
 
 
 def _specs(api: KubeApi, config: OperatorConfig, body: Mapping[str, Any]) -> SpecSet:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from controller.core.types import Phase
+from controller.core.vocabulary import Phase
 
 if TYPE_CHECKING:
     from controller.entry.operator_pass import PassReport

@@ -13,7 +13,7 @@ from rich.table import Table
 from controller.core.db_check import Finding
 from controller.core.reconcile import PassResult
 from controller.core.status import RunStatus, summarize
-from controller.core.types import CellPlan, Phase, Plan
+from controller.core.vocabulary import CellPlan, Phase, Plan
 
 PHASE_STYLE = {
     Phase.COMPLETED: "green", Phase.EVALUATED: "cyan", Phase.RUNNING: "blue", Phase.SUBMITTED: "blue",
@@ -24,7 +24,7 @@ PHASE_STYLE = {
 
 def plan_json(plans: Sequence[Plan]) -> str:
     return json.dumps({"evalruns": [
-        {"name": p.evalrun, "suspended": p.suspended, "cells": [_cell_json(c) for c in p.cells]} for p in plans
+        {"name": str(p.evalrun), "suspended": p.suspended, "cells": [_cell_json(c) for c in p.cells]} for p in plans
     ]}, indent=2)
 
 
@@ -36,6 +36,7 @@ def _cell_json(cell: CellPlan) -> dict[str, Any]:
         "phase": cell.phase.value,
         "actions": [{"kind": a.kind.value, "reason": a.reason} for a in cell.actions],
         "reason": cell.reason,
+        "rule": cell.rule.value,
         "score": cell.score,
     }
 
@@ -74,7 +75,7 @@ def status_json(plans: Sequence[Plan]) -> str:
 
 def _status_json(plan: Plan, summary: RunStatus) -> dict[str, Any]:
     return {
-        "name": plan.evalrun,
+        "name": str(plan.evalrun),
         "counts": {phase.value: n for phase, n in summary.counts.items() if n},
         "conditions": [c.model_dump(mode="json", exclude_none=True) for c in summary.conditions],
         "attention": [a.model_dump(mode="json") for a in summary.attention],
@@ -108,13 +109,13 @@ def explain(cell: CellPlan, console: Console) -> None:
                   f"timeout ×{c.timeout_multiplier:g}, n_concurrent {c.n_concurrent}", highlight=False)
     console.print(f"  cell key {c.key}", highlight=False)
     console.print(f"  phase:  {_phase(cell.phase)}")
-    console.print(f"  rule:   {cell.rule}", highlight=False)
+    console.print(f"  rule:   {cell.rule.citation}", highlight=False)
     console.print(f"  reason: {cell.reason}", highlight=False)
     for action in cell.actions:
         console.print(f"  action: {action.render()}", highlight=False)
     for update in cell.row_updates:
         console.print(f"  record: {update.model_dump(exclude_none=True)}", highlight=False)
-    for key, value in sorted(cell.memory.items()):
+    for key, value in sorted(cell.memory.stored().items()):
         console.print(f"  remembered {key}: {value}", highlight=False)
     if cell.run_dir is not None:
         d = cell.run_dir

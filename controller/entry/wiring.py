@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import getpass
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
@@ -21,13 +21,15 @@ from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
 from controller.adapters.secrets import SecretMask
 from controller.core.actor import Actor, JobLauncher
-from controller.core.job_env import job_environment
+from controller.core.job_env import JobSecrets, JobSettings
+from controller.core.metrics import RunMetrics
 from controller.core.planner import Policy
 from controller.core.ports import ObservationError, Scheduler, StoreUnavailable, TrackedRun, Tracker, TrackerRecord
 from controller.core.reconcile import ClusterPorts, RunTarget
 from controller.core.store import Store
 from controller.core.tracking import Analysis
-from controller.core.types import Action, Cell, RunDirFacts
+from controller.core.types import ClusterRef, EvalRunRef, RunDirFacts
+from controller.core.vocabulary import Launch
 from controller.entry.secrets import EnvironmentSecrets, SecretSource
 from controller.spec.catalog import Catalog
 from controller.spec.loader import LoadedCluster, LoadedRun, SpecSet
@@ -71,13 +73,8 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster) -> Policy:
         force_upload=spec.upload.force_upload,
         max_submissions_per_pass=cspec.max_submissions_per_pass,
         tunnel_pairs=tuple(pair.name for pair in spec.pinggy.pairs),
+        cancel_on_delete=spec.deletion_policy == "Cancel",
     )
-
-
-def evalrun_id(run: LoadedRun) -> str:
-    """How the store knows an EvalRun: its name, qualified by its namespace when it has one (the operator)."""
-    meta = run.run.metadata
-    return f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name
 
 
 def targets_for(specs: SpecSet, catalog: Catalog) -> list[RunTarget]:
@@ -85,19 +82,19 @@ def targets_for(specs: SpecSet, catalog: Catalog) -> list[RunTarget]:
     for run in specs.evalruns:
         cluster = specs.cluster_of(run)
         cells = resolve(run.run, cluster.cluster, catalog)
-        targets.append(RunTarget(evalrun=evalrun_id(run), cluster=cluster.cluster.metadata.name,
-                                 cells=tuple(cells), policy=policy_for(run, cluster)))
+        targets.append(RunTarget(evalrun=run.ref, cluster=cluster.ref, cells=tuple(cells),
+                                 policy=policy_for(run, cluster), generation=run.run.metadata.generation))
     return targets
 
 
 def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog,
-                  secrets: SecretSource | None = None) -> dict[str, ClusterPorts]:
+                  secrets: SecretSource | None = None) -> dict[ClusterRef, ClusterPorts]:
     """Each cluster's adapters; `secrets` (default: the environment) gives secretRefs their values."""
     secrets = secrets or EnvironmentSecrets()
     errors = catalog.error_classes
-    runs_by_name = {evalrun_id(r): r for r in specs.evalruns}
+    runs: dict[EvalRunRef, LoadedRun] = {r.ref: r for r in specs.evalruns}
     ports = {}
-    for name, cluster in specs.clusters.items():
+    for ref, cluster in specs.clusters.items():
         cspec = cluster.cluster.spec
         jobs_dir = cluster.path(cspec.jobs_dir)
         logs_dir = cluster.path(cspec.logs_dir)
@@ -106,28 +103,28 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog,
 
         def actor_for(target: RunTarget, cluster: LoadedCluster = cluster, scheduler: Scheduler = scheduler,
                       jobs_dir: str = jobs_dir, logs_dir: str = logs_dir) -> Actor:
-            run = runs_by_name[target.evalrun]
+            run = runs[target.evalrun]
             cspec = cluster.cluster.spec
+            settings = JobSettings(jobs_dir=jobs_dir, username=username_of(cluster),
+                                   gpu_memory_util=cspec.gpu_memory_util,
+                                   infra_error_threshold=run.run.spec.resume.infra_error_threshold, env=dict(cspec.env))
             launcher = JobLauncher(script=cluster.job_script, logs_dir=logs_dir, time_limit=cspec.time_limit,
-                                   username=username_of(cluster),
-                                   env=dict(cspec.env))
+                                   settings=settings)
 
-            def cell_env(cell: Cell, action: Action) -> Mapping[str, str]:
+            def job_secrets(launch: Launch) -> JobSecrets:
                 """Read at submit time: a missing secret fails that submission, not the whole pass."""
-                env = resolve_secret_env(cluster, secrets) | job_environment(
-                    cell, jobs_dir=jobs_dir, username=username_of(cluster), gpu_memory_util=cspec.gpu_memory_util,
-                    infra_error_threshold=run.run.spec.resume.infra_error_threshold)
-                return env | (pinggy_env(run, action.tunnel, secrets) if action.tunnel else {})
+                found = JobSecrets(env=resolve_secret_env(cluster, secrets))
+                return found if launch.tunnel is None else pinggy_secrets(run, launch.tunnel, secrets, found)
 
-            def analyze(facts: RunDirFacts) -> Analysis:
+            def analyze(facts: RunDirFacts, metrics: RunMetrics) -> Analysis:
                 remote = run_dirs_fs(cluster, jobs_dir)
-                _, summary = write_post_eval_report(facts.path, facts, errors, fs=remote() if remote else None)
+                _, summary = write_post_eval_report(facts.path, facts, errors, metrics, fs=remote() if remote else None)
                 return post_eval_analysis(summary, facts, errors)
 
-            return Actor(store, scheduler, launcher, cell_env, analyze, errors, utc_now,
+            return Actor(store, scheduler, launcher, job_secrets, analyze, errors, utc_now,
                          tracker=tracker_for(run, cluster, secrets))
 
-        ports[name] = ClusterPorts(scheduler=scheduler, run_dirs=run_dirs, actor_for=actor_for,
+        ports[ref] = ClusterPorts(scheduler=scheduler, run_dirs=run_dirs, actor_for=actor_for,
                                    submissions_per_minute=cspec.scheduler.submissions_per_minute)
     return ports
 
@@ -222,13 +219,13 @@ def run_dirs_fs(cluster: LoadedCluster, jobs_dir: str) -> Callable[[], AbstractF
     return functools.partial(sftp_filesystem, ssh, config_file=ssh_config_of(cluster))
 
 
-def pinggy_env(run: LoadedRun, pair_name: str, secrets: SecretSource) -> dict[str, str]:
-    """EVAL_PINGGY_URL / EVAL_PINGGY_TOKEN of the leased pair; the token is read only now, at submit."""
+def pinggy_secrets(run: LoadedRun, pair_name: str, secrets: SecretSource, found: JobSecrets) -> JobSecrets:
+    """The leased pair's URL and token (EVAL_PINGGY_URL / EVAL_PINGGY_TOKEN); the token is read only now, at submit."""
     pair = next((p for p in run.run.spec.pinggy.pairs if p.name == pair_name), None)
     if pair is None:  # the planner hands out pool pairs only; this would be a bug, said plainly
-        raise MissingSecret(f"pinggy pair {pair_name} is not in spec.pinggy.pairs of {run.run.metadata.name}")
+        raise MissingSecret(f"pinggy pair {pair_name} is not in spec.pinggy.pairs of {run.ref}")
     token = secret_value(secrets, pair.secret_ref, f"pinggy pair {pair.name}")
-    return {"EVAL_PINGGY_URL": pair.url or "", "EVAL_PINGGY_TOKEN": token}
+    return found.model_copy(update={"pinggy_url": pair.url, "pinggy_token": token})
 
 
 def secret_value(secrets: SecretSource, ref: SecretRef, what: str) -> str:
@@ -241,9 +238,8 @@ def secret_value(secrets: SecretSource, ref: SecretRef, what: str) -> str:
 def secret_mask(cluster: LoadedCluster, specs: SpecSet, secrets: SecretSource) -> SecretMask:
     """Every secret the cluster's jobs can see (its secretEnv, the pinggy tokens of its EvalRuns): what a job
     prints is masked with all of them, or withheld when one is not available here."""
-    name = cluster.cluster.metadata.name
     refs = [item.secret_ref for item in cluster.cluster.spec.secret_env]
-    refs += [pair.secret_ref for run in specs.evalruns if run.run.spec.cluster == name
+    refs += [pair.secret_ref for run in specs.evalruns if run.cluster_ref == cluster.ref
              for pair in run.run.spec.pinggy.pairs]
     values = {secrets.where(ref): secrets.get(ref) for ref in refs}
     return SecretMask(values=[v for v in values.values() if v is not None],

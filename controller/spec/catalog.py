@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from controller.core.errors import ErrorClasses
+from controller.core.trial_errors import ErrorClasses
 from controller.spec.diagnose import validate
 from controller.spec.errors import SpecError, SpecErrors
 from controller.spec.models import PositiveInt, entry_error

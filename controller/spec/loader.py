@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from controller.core.types import walltime_seconds
+from controller.core.types import ClusterRef, EvalRunRef, walltime_seconds
 from controller.spec.catalog import Catalog, load_catalog
 from controller.spec.diagnose import validate
 from controller.spec.errors import SpecError, SpecErrors, clip, format_errors
@@ -57,6 +57,10 @@ class LoadedCluster(Loaded):
     cluster: EvalCluster
 
     @property
+    def ref(self) -> ClusterRef:
+        return ClusterRef(namespace=self.cluster.metadata.namespace, name=self.cluster.metadata.name)
+
+    @property
     def job_script(self) -> str:
         return self.path(self.cluster.spec.job_script)
 
@@ -64,17 +68,31 @@ class LoadedCluster(Loaded):
 class LoadedRun(Loaded):
     run: EvalRun
 
+    @property
+    def ref(self) -> EvalRunRef:
+        """How the store, status and events know it: `namespace/name`, or `name` without a namespace."""
+        return EvalRunRef(namespace=self.run.metadata.namespace, name=self.run.metadata.name)
+
+    @property
+    def cluster_ref(self) -> ClusterRef:
+        """`spec.cluster` names an EvalCluster in the EvalRun's own namespace (as Kubernetes references do)."""
+        return cluster_named(self.run)
+
 
 class SpecSet(BaseModel):
     """Everything `-f` named, validated and cross-checked: every run's cluster is in `clusters`."""
 
     model_config = ConfigDict(frozen=True)
 
-    clusters: dict[str, LoadedCluster]
+    clusters: dict[ClusterRef, LoadedCluster]
     evalruns: list[LoadedRun]
 
     def cluster_of(self, run: LoadedRun) -> LoadedCluster:
-        return self.clusters[run.run.spec.cluster]
+        return self.clusters[run.cluster_ref]
+
+
+def cluster_named(run: EvalRun) -> ClusterRef:
+    return ClusterRef(namespace=run.metadata.namespace, name=run.spec.cluster)
 
 
 def load_specs(paths: Sequence[Path], catalog: Catalog | None = None) -> SpecSet:
@@ -82,7 +100,7 @@ def load_specs(paths: Sequence[Path], catalog: Catalog | None = None) -> SpecSet
     catalog = catalog or load_catalog()
     errors: list[SpecError] = []
     parsed: list[tuple[EvalCluster | EvalRun, Document, Path]] = []
-    declared: set[str] | None = set()  # cluster names, valid or not; None once a document could not be read
+    declared: set[ClusterRef] | None = set()  # clusters, valid or not; None once a document could not be read
     files = _files(paths, errors)
     for file in files:
         documents, read_errors = read_documents(file, str(file))
@@ -96,9 +114,9 @@ def load_specs(paths: Sequence[Path], catalog: Catalog | None = None) -> SpecSet
             resource = _parse(document, errors)
             if resource is not None:
                 parsed.append((resource, document, file))
-            name = _declared_cluster(document)
-            if declared is not None and name:
-                declared.add(name)
+            ref = _declared_cluster(document)
+            if declared is not None and ref:
+                declared.add(ref)
     errors += _cross_check(parsed, catalog, declared)
     if errors:
         order = {str(file): index for index, file in enumerate(files)}
@@ -112,15 +130,15 @@ def load_objects(objects: Sequence[Mapping[str, Any]], base_dir: Path, catalog: 
     catalog = catalog or load_catalog()
     errors: list[SpecError] = []
     parsed: list[tuple[EvalCluster | EvalRun, Document, Path]] = []
-    declared: set[str] = set()
+    declared: set[ClusterRef] = set()
     for data in objects:
         document = Document(_label(data), data, 1, 1)
         resource = _parse(document, errors)
         if resource is not None:
             parsed.append((resource, document, base_dir / "resource"))
-        name = _declared_cluster(document)
-        if name:
-            declared.add(name)
+        ref = _declared_cluster(document)
+        if ref:
+            declared.add(ref)
     errors += _cross_check(parsed, catalog, declared)
     if errors:
         raise SpecErrors(errors)
@@ -180,17 +198,18 @@ def _parse(document: Document, errors: list[SpecError]) -> EvalCluster | EvalRun
     return result
 
 
-def _declared_cluster(document: Document) -> str | None:
-    """The name an EvalCluster document declares, even if it is invalid (its errors are reported already)."""
+def _declared_cluster(document: Document) -> ClusterRef | None:
+    """The EvalCluster a document declares, even if it is invalid (its errors are reported already)."""
     data = document.data
     if isinstance(data, Mapping) and data.get("kind") == "EvalCluster" and isinstance(data.get("metadata"), Mapping):
-        name = data["metadata"].get("name")
-        return name if isinstance(name, str) else None
+        name, namespace = data["metadata"].get("name"), data["metadata"].get("namespace")
+        if isinstance(name, str) and (namespace is None or isinstance(namespace, str)):
+            return ClusterRef(namespace=namespace, name=name)
     return None
 
 
 def _cross_check(
-    parsed: list[tuple[EvalCluster | EvalRun, Document, Path]], catalog: Catalog, declared: set[str] | None
+    parsed: list[tuple[EvalCluster | EvalRun, Document, Path]], catalog: Catalog, declared: set[ClusterRef] | None
 ) -> list[SpecError]:
     """Duplicate names, cluster references (skipped when some document was unreadable) and preset names."""
     errors: list[SpecError] = []
@@ -205,13 +224,15 @@ def _cross_check(
             )
             errors.append(document.error(("metadata", "name"), message))
         first.setdefault(key, document)
-    clusters = {r.metadata.name: r for r, _, _ in parsed if isinstance(r, EvalCluster)}
+    clusters = {ClusterRef(namespace=r.metadata.namespace, name=r.metadata.name): r
+                for r, _, _ in parsed if isinstance(r, EvalCluster)}
     for resource, document, _ in parsed:
         if isinstance(resource, EvalRun):
             errors += _check_run(resource, document, declared, catalog)
-            if resource.spec.cluster in clusters:
-                errors += _check_walltime(resource, document, clusters[resource.spec.cluster])
-                errors += _check_cells(resource, document, clusters[resource.spec.cluster], catalog)
+            cluster = clusters.get(cluster_named(resource))
+            if cluster is not None:
+                errors += _check_walltime(resource, document, cluster)
+                errors += _check_cells(resource, document, cluster, catalog)
     errors += identity_collisions([(r, d) for r, d, _ in parsed if isinstance(r, EvalRun)], catalog)
     return errors
 
@@ -238,17 +259,11 @@ def _check_walltime(run: EvalRun, document: Document, cluster: EvalCluster) -> l
     return [document.error(("spec", "monitor", "preWalltimeMinutes"), message)]
 
 
-def _check_run(run: EvalRun, document: Document, declared: set[str] | None, catalog: Catalog) -> list[SpecError]:
+def _check_run(run: EvalRun, document: Document, declared: set[ClusterRef] | None,
+               catalog: Catalog) -> list[SpecError]:
     errors: list[SpecError] = []
-    clusters = sorted(declared or ())
-    if declared is not None and run.spec.cluster not in declared:
-        known = f"; loaded clusters: {', '.join(clusters)}" if clusters else "; no EvalCluster was loaded"
-        suggestion = _suggest(run.spec.cluster, clusters)
-        message = (
-            f"cluster {run.spec.cluster} is not defined by any loaded file{suggestion}{known}; "
-            "pass the file that defines the EvalCluster with -f"
-        )
-        errors.append(document.error(("spec", "cluster"), message))
+    if declared is not None and cluster_named(run) not in declared:
+        errors.append(document.error(("spec", "cluster"), _missing_cluster(run, declared)))
     seen: dict[str, str] = {}
     for index, name in enumerate(run.spec.presets or []):
         expanded = catalog.presets.expand(name)
@@ -269,6 +284,20 @@ def _check_run(run: EvalRun, document: Document, declared: set[str] | None, cata
     return errors
 
 
+def _missing_cluster(run: EvalRun, declared: set[ClusterRef]) -> str:
+    namespace = run.metadata.namespace
+    where = f" in namespace {namespace}" if namespace else ""
+    here = sorted(ref.name for ref in declared if ref.namespace == namespace)
+    elsewhere = sorted(str(ref) if ref.namespace else f"{ref.name} (no namespace)"
+                       for ref in declared if ref.name == run.spec.cluster and ref.namespace != namespace)
+    if elsewhere:
+        return (f"cluster {run.spec.cluster} is not defined{where} by any loaded file, only {', '.join(elsewhere)}: an "
+                "EvalRun uses the EvalCluster of its own namespace; give both the same metadata.namespace")
+    known = f"; loaded clusters{where}: {', '.join(here)}" if here else f"; no EvalCluster{where} was loaded"
+    return (f"cluster {run.spec.cluster} is not defined{where} by any loaded file{_suggest(run.spec.cluster, here)}"
+            f"{known}; pass the file that defines the EvalCluster with -f")
+
+
 def _describe(catalog: Catalog) -> str:
     aliases = [f"{alias} (= {'+'.join(names)})" for alias, names in catalog.presets.aliases.items()]
     return ", ".join([*catalog.presets.presets, *aliases])
@@ -280,12 +309,13 @@ def _suggest(name: str, known: Sequence[str] | Mapping[str, object]) -> str:
 
 
 def _spec_set(parsed: list[tuple[EvalCluster | EvalRun, Document, Path]]) -> SpecSet:
-    clusters: dict[str, LoadedCluster] = {}
+    clusters: dict[ClusterRef, LoadedCluster] = {}
     runs: list[LoadedRun] = []
     for resource, _, file in parsed:
         directory = file.resolve().parent
         if isinstance(resource, EvalCluster):
-            clusters[resource.metadata.name] = LoadedCluster(cluster=resource, file=file, directory=directory)
+            loaded = LoadedCluster(cluster=resource, file=file, directory=directory)
+            clusters[loaded.ref] = loaded
         else:
             runs.append(LoadedRun(run=resource, file=file, directory=directory))
     return SpecSet(clusters=clusters, evalruns=runs)

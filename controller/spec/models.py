@@ -23,6 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from controller.core.job_env import is_reserved
 from controller.core.types import walltime_seconds
 
 API_VERSION = "evalrun.io/v1alpha1"
@@ -106,6 +107,10 @@ EnvValue = Annotated[str, Field(max_length=ENV_VALUE_MAX), AfterValidator(_env_v
 Model = Annotated[str, Field(min_length=1, max_length=MODEL_MAX), AfterValidator(_visible)]
 Dataset = Annotated[str, Field(min_length=1, max_length=DATASET_MAX), AfterValidator(_visible),
                     AfterValidator(_dataset_name)]
+
+
+RESERVED_ENV = ("{what} {name} is a name the reconciler or the scheduler sets for every job (the EVAL_* contract "
+                "of REFERENCE §7, SLURM_*), and would be overridden; remove it, or name your variable differently")
 
 
 def entry_error(at: tuple[str | int, ...], kind: str, message: str, **ctx: Any) -> PydanticCustomError:
@@ -252,6 +257,8 @@ class EvalClusterSpec(SpecModel):
             if not ENV_NAME.fullmatch(name) or len(name) > ENV_NAME_MAX:
                 raise entry_error((name, "[key]"), "env_name", "this env name is not an environment variable "
                                   f"name: letters, digits and '_' (at most {ENV_NAME_MAX}), not starting with a digit")
+            if is_reserved(name):
+                raise entry_error((name, "[key]"), "reserved_env", RESERVED_ENV, what="env", name=name)
             if SECRET_LOOKING_ENV.search(name):
                 raise entry_error(
                     (name, "[key]"),
@@ -277,6 +284,9 @@ class EvalClusterSpec(SpecModel):
         index = _first_duplicate([entry.name for entry in value])
         if index is not None:
             raise entry_error((index, "name"), "duplicate", "secretEnv {name} is listed twice", name=value[index].name)
+        index = next((i for i, entry in enumerate(value) if is_reserved(entry.name)), None)
+        if index is not None:
+            raise entry_error((index, "name"), "reserved_env", RESERVED_ENV, what="secretEnv", name=value[index].name)
         return value
 
 

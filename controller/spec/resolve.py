@@ -16,7 +16,7 @@ from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict
 
-from controller.core.types import Cell, EnvironmentOverrides
+from controller.core.types import Cell, EnvironmentOverrides, EvalRunRef
 from controller.spec.catalog import Catalog, ServeSettings
 from controller.spec.models import EvalCluster, EvalRun
 
@@ -29,7 +29,6 @@ class Benchmark(BaseModel):
     name: str
     dataset: str
     n_concurrent: int
-    tasks: int | None = None
 
 
 def resolve(run: EvalRun, cluster: EvalCluster, catalog: Catalog) -> tuple[Cell, ...]:
@@ -59,7 +58,7 @@ def benchmarks(run: EvalRun, cluster: EvalCluster, catalog: Catalog) -> tuple[Be
     ceiling = cluster.spec.max_concurrent_trials
     if run.spec.datasets:
         return tuple(
-            Benchmark(name=dataset, dataset=dataset, n_concurrent=ceiling, tasks=_tasks(catalog, dataset))
+            Benchmark(name=dataset, dataset=dataset, n_concurrent=ceiling)
             for dataset in run.spec.datasets
         )
     found = []
@@ -71,7 +70,6 @@ def benchmarks(run: EvalRun, cluster: EvalCluster, catalog: Catalog) -> tuple[Be
                     name=preset_name,
                     dataset=preset.dataset,
                     n_concurrent=min(preset.n_concurrent, ceiling),
-                    tasks=preset.tasks,
                 )
             )
     return tuple(found)
@@ -116,7 +114,7 @@ def _cell(run: EvalRun, cluster: EvalCluster, catalog: Catalog, model: str, benc
         override_storage_mb=spec.overrides.storage_mb,
     )
     return Cell(
-        evalrun=run.metadata.name,
+        evalrun=EvalRunRef(namespace=run.metadata.namespace, name=run.metadata.name),
         cluster=cluster.metadata.name,
         model=model,
         benchmark=benchmark.name,
@@ -125,7 +123,6 @@ def _cell(run: EvalRun, cluster: EvalCluster, catalog: Catalog, model: str, benc
         agent=spec.agent,
         n_concurrent=benchmark.n_concurrent,
         n_attempts=spec.n_attempts,
-        expected_trials=benchmark.tasks * spec.n_attempts if benchmark.tasks else None,
         harbor_config=harbor_config,
         timeout_multiplier=multiplier,
         overrides=overrides,
@@ -143,7 +140,3 @@ def _cell(run: EvalRun, cluster: EvalCluster, catalog: Catalog, model: str, benc
 def _settings(catalog: Catalog, model: str, cluster: EvalCluster) -> ServeSettings:
     return catalog.models.settings(model, cluster.spec.hardware_profile) or ServeSettings()
 
-
-def _tasks(catalog: Catalog, dataset: str) -> int | None:
-    preset = catalog.presets.by_dataset(dataset)
-    return preset.tasks if preset else None

@@ -8,11 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.core.match import observe_cells
+from controller.core.match import join_cells
 from controller.core.planner import plan
 from controller.core.ports import StoreSnapshot
-from controller.core.types import ActionKind, JobState, Phase
-from tests.core.builders import NOW, POLICY, cell, job, obs
+from controller.core.types import JobState
+from controller.core.vocabulary import ActionKind, Phase
+from tests.core.builders import NOW, POLICY, RUN, cell, job, obs
 
 # Pairs of cells whose old run tags (slug of model and benchmark name + fingerprint) were equal.
 COLLIDING = {
@@ -34,7 +35,7 @@ def test_cells_that_slug_alike_get_distinct_tags_and_never_claim_each_other(pair
     assert second.attempt_of(first.run_tag(1)) is None and first.attempt_of(second.run_tag(1)) is None
     # the job of the first cell is seen by the first cell only
     running = job(first.run_tag(1), JobState.RUNNING)
-    seen = observe_cells([first, second], StoreSnapshot(models=(), benchmarks=(), rows=(), submissions=()),
+    seen = join_cells([first, second], StoreSnapshot(models=(), benchmarks=(), rows=(), submissions=()),
                          [running], [])
     assert seen[0].jobs == (running,) and seen[1].jobs == ()
 
@@ -51,7 +52,7 @@ def test_run_tags_are_injective_and_stay_file_names(names):
 
 def test_a_cell_owned_by_another_evalrun_is_shown_but_not_acted_on():
     mine, theirs = cell(model="org/a"), cell(model="org/b")
-    decided = plan("run1", [mine, theirs], [obs(), obs()], POLICY, NOW, budget=1, owners={theirs.key: "other"})
+    decided = plan(RUN, [mine, theirs], [obs(), obs()], POLICY, NOW, budget=1, owners={theirs.key: "other"})
     owned = decided.cells[1]
     assert [a.kind for a in owned.actions] == [ActionKind.SKIP] and "owned by EvalRun other" in owned.reason
     assert owned.phase == Phase.PENDING and owned.row_updates == ()

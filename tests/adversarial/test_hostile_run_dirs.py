@@ -28,7 +28,7 @@ import pytest
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.report import StepStats, step_stats
 from controller.adapters.rundirs.tree import TOP_FILE_CAP, TRIAL_RESULT_CAP
-from controller.core.match import observe_cells, run_dir_matches
+from controller.core.match import join_cells, run_dir_matches
 from controller.core.planner import plan
 from controller.core.ports import (
     JobsDirMissing,
@@ -37,7 +37,8 @@ from controller.core.ports import (
     SandboxJobRow,
     StoreSnapshot,
 )
-from controller.core.types import CellPlan, JobState, Phase, RunDirFacts
+from controller.core.types import JobState, RunDirFacts
+from controller.core.vocabulary import CellPlan, Phase
 from tests.core.builders import ME, NOW, POLICY, ago, cell, job, obs, row, sub
 from tests.e2e.conftest import Cluster
 from tests.fixtures.evalctl import wait_until
@@ -391,7 +392,7 @@ def test_a_missing_jobs_dir_is_not_an_empty_one(jobs: Path) -> None:
         submissions=(sub(OWN),),
     )
     seen = (job(TAG, JobState.COMPLETED, started=ago(hours=4), ended=ago(hours=2)),)
-    observations = observe_cells([OWN, fresh], snapshot, seen, (), jobs_dir_missing=str(raised))
+    observations = join_cells([OWN, fresh], snapshot, seen, (), jobs_dir_missing=str(raised))
     held, new = plan(OWN.evalrun, [OWN, fresh], observations, POLICY, NOW).cells
     assert_held_unknown(held, jobs)
     assert [a.kind.value for a in new.actions] == ["submit"]

@@ -15,7 +15,8 @@ from controller.adapters.store.sqlite import SqliteStore
 from controller.core.ports import ObservationError, StoreUnavailable
 from controller.core.reconcile import ClusterPorts, RunTarget, reconcile_pass
 from controller.core.store import Store
-from controller.core.types import Phase
+from controller.core.types import ClusterRef
+from controller.core.vocabulary import Phase
 from tests.core.builders import POLICY, cell
 from tests.fixtures.evalctl import run_evalctl
 
@@ -107,7 +108,8 @@ def test_a_lock_held_longer_than_the_busy_timeout_means_planned_only(store_path:
         ports = ClusterPorts(scheduler=fake, run_dirs=fake, actor_for=fake.actor_for,  # type: ignore[arg-type]
                              submissions_per_minute=6)
         target = RunTarget(evalrun="r", cluster="c1", cells=(cell(),), policy=POLICY)
-        [result] = reconcile_pass([target], Store(store, store), {"c1": ports}, NOW, act=True, holder="me")
+        [result] = reconcile_pass([target], Store(store, store), {ClusterRef(name="c1"): ports}, NOW, act=True,
+                                  holder="me")
     finally:
         holder.execute("ROLLBACK")
         store.close()

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from controller.core.planner import Policy
 from controller.core.types import (
     Cell,
+    EvalRunRef,
     JobState,
     Metric,
     Observation,
@@ -17,6 +18,7 @@ from controller.core.types import (
 )
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+RUN = EvalRunRef(name="run1")
 ME = "alice"
 POLICY = Policy(username=ME)
 
@@ -26,7 +28,7 @@ def ago(**delta: float) -> datetime:
 
 
 def cell(model: str = "laion/Qwen3-8B-sft", benchmark_name: str = "terminal_bench_2", **changes: object) -> Cell:
-    values = dict(evalrun="run1", cluster="c1", model=model, benchmark="tb2",
+    values = dict(evalrun=RUN, cluster="c1", model=model, benchmark="tb2",
                   dataset=f"DCAgent2/{benchmark_name}", benchmark_name=benchmark_name, agent="terminus-2",
                   n_concurrent=8, harbor_config="dcagent_eval_defaults.yaml", timeout_multiplier=2.0,
                   fingerprint="0123456789abcdef")

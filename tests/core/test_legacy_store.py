@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 from controller.adapters.store import open_store
-from controller.core.match import observe_cells
+from controller.core.match import join_cells
 from controller.core.planner import plan
-from controller.core.types import Phase
-from tests.core.builders import NOW, POLICY, ago, cell
+from controller.core.vocabulary import Phase
+from tests.core.builders import NOW, POLICY, RUN, ago, cell
 from tests.fixtures.legacy_db import build_families, terminus_config
 
 V2 = cell(model="laion/Qwen3-8B-sft-v3", benchmark_name="dev_set_v2", dataset="DCAgent/dev_set_v2", benchmark="v2")
@@ -29,7 +29,7 @@ def plan_against(path: Path, cells):
     snapshot = store.observe("run1", sorted({c.model for c in cells}), sorted({c.benchmark_name for c in cells}))
     store.close()
     return {(c.cell.model, c.cell.benchmark_name): c
-            for c in plan("run1", cells, observe_cells(cells, snapshot, (), ()), POLICY, NOW).cells}
+            for c in plan(RUN, cells, join_cells(cells, snapshot, (), ()), POLICY, NOW).cells}
 
 
 def test_families_other_users_and_config_match(tmp_path):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from controller.core.match import observe_cells
+from controller.core.match import join_cells
 from controller.core.planner import plan_cell
 from controller.core.ports import NamedRow, SandboxJobRow, StoreSnapshot
-from controller.core.types import ActionKind, JobState, Metric, Phase
+from controller.core.types import JobState, Metric
+from controller.core.vocabulary import ActionKind, Phase
 from tests.core.builders import NOW, POLICY, ago, cell, job, sub
 
 C = cell()
@@ -37,7 +38,7 @@ CASES = {
 @pytest.mark.parametrize(("rows", "subs", "jobs", "unknown"), CASES.values(), ids=CASES.keys())
 def test_only_cells_whose_history_says_a_dir_exists_are_unknown(rows, subs, jobs, unknown):
     snapshot = StoreSnapshot(models=(MODEL,), benchmarks=(BENCH,), rows=rows, submissions=subs)
-    [seen] = observe_cells([C], snapshot, jobs, (), jobs_dir_missing="jobs dir /x does not exist")
+    [seen] = join_cells([C], snapshot, jobs, (), jobs_dir_missing="jobs dir /x does not exist")
     assert (seen.run_dirs is None) == unknown
     assert ("jobs dir /x does not exist" in seen.unknown_reason) == unknown
 
@@ -48,7 +49,7 @@ def test_a_failed_job_is_held_for_a_human_even_when_its_run_dir_cannot_be_seen(s
     failed = job(TAG, state, job_id="7", started=ago(minutes=5), ended=ago(minutes=4), reason="no harbor")
     snapshot = StoreSnapshot(models=(MODEL,), benchmarks=(BENCH,), rows=(row("Pending", job_id="7"),),
                              submissions=(sub(C, job_id="7"),))
-    [seen] = observe_cells([C], snapshot, (failed,), (), jobs_dir_missing="jobs dir /x does not exist")
+    [seen] = join_cells([C], snapshot, (failed,), (), jobs_dir_missing="jobs dir /x does not exist")
     decided = plan_cell(C, seen, POLICY, NOW)
     assert decided.phase == Phase.FAILED and [a.kind for a in decided.actions] == [ActionKind.HOLD]
     assert f"job 7 {words}" in decided.reason and "jobs dir /x does not exist" in decided.reason
@@ -58,7 +59,7 @@ def test_a_job_found_by_its_name_is_still_recorded_while_the_run_dirs_are_unseen
     running = job(TAG, JobState.RUNNING, job_id="9", started=ago(minutes=1))
     snapshot = StoreSnapshot(models=(MODEL,), benchmarks=(BENCH,), rows=(row("Pending"),),
                              submissions=(sub(C, job_id=None, created=ago(minutes=2)),))
-    [seen] = observe_cells([C], snapshot, (running,), (), jobs_dir_missing="jobs dir /x does not exist")
+    [seen] = join_cells([C], snapshot, (running,), (), jobs_dir_missing="jobs dir /x does not exist")
     decided = plan_cell(C, seen, POLICY, NOW)
     assert decided.phase == Phase.UNKNOWN and decided.actions == ()
     assert [(u.submission_name, u.job_id) for u in decided.row_updates] == [(TAG, "9")], "the crash repair"

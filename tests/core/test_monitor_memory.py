@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from controller.core.planner import STALL_READING, UPLOAD_AS_IS, plan_cell
-from controller.core.types import JobState, Phase
+from controller.core.planner import plan_cell
+from controller.core.types import CellMemory, JobState, StallReading
+from controller.core.vocabulary import Phase, Rule
 from tests.core.builders import NOW, POLICY, ago, cell, facts, job, obs, row, sub
 
 C = cell()
 TAG = C.run_tag(1)
 
 
-def running(memory: dict, *, scored: int = 100, quiet_min: float = 91):
+def running(memory: CellMemory, *, scored: int = 100, quiet_min: float = 91):
     dir_ = facts(TAG, total=300, completed=scored, scored=scored, finished=False, last_progress=ago(minutes=quiet_min))
     observed = obs(subs=(sub(C),), rows=(row("Started", job_name=TAG),),
                    jobs=(job(TAG, JobState.RUNNING, started=ago(hours=5)),), dirs=(dir_,))
@@ -25,23 +26,23 @@ def kinds(decided) -> list[str]:
 
 
 def test_the_first_stuck_general_reading_reports_and_is_remembered() -> None:
-    decided = plan_cell(C, running({}), POLICY, NOW)
+    decided = plan_cell(C, running(CellMemory()), POLICY, NOW)
 
     assert decided.phase == Phase.STALLED and kinds(decided) == ["wait"] and "first reading" in decided.reason
-    assert decided.remember == {STALL_READING: {"run_tag": TAG, "scored": 100, "at": NOW.isoformat()}}
+    assert decided.remember == CellMemory(stall_reading=StallReading(run_tag=TAG, scored=100, at=NOW))
 
 
 def test_a_second_reading_a_whole_window_later_without_a_new_score_cancels_to_upload() -> None:
-    first = {STALL_READING: {"run_tag": TAG, "scored": 100, "at": (NOW - timedelta(minutes=90)).isoformat()}}
+    first = CellMemory(stall_reading=StallReading(run_tag=TAG, scored=100, at=NOW - timedelta(minutes=90)))
 
     decided = plan_cell(C, running(first, quiet_min=181), POLICY, NOW)
 
     assert kinds(decided) == ["cancel"] and "second reading" in decided.reason
-    assert decided.remember == {UPLOAD_AS_IS: TAG}
+    assert decided.remember == CellMemory(upload_as_is=TAG)
 
 
 def test_readings_closer_than_a_window_only_report() -> None:
-    first = {STALL_READING: {"run_tag": TAG, "scored": 100, "at": (NOW - timedelta(minutes=30)).isoformat()}}
+    first = CellMemory(stall_reading=StallReading(run_tag=TAG, scored=100, at=NOW - timedelta(minutes=30)))
 
     decided = plan_cell(C, running(first, quiet_min=121), POLICY, NOW)
 
@@ -49,26 +50,26 @@ def test_readings_closer_than_a_window_only_report() -> None:
 
 
 def test_a_new_score_since_the_first_reading_starts_over() -> None:
-    first = {STALL_READING: {"run_tag": TAG, "scored": 90, "at": (NOW - timedelta(minutes=200)).isoformat()}}
+    first = CellMemory(stall_reading=StallReading(run_tag=TAG, scored=90, at=NOW - timedelta(minutes=200)))
 
     decided = plan_cell(C, running(first), POLICY, NOW)
 
     assert kinds(decided) == ["wait"] and decided.remember is not None
-    assert decided.remember[STALL_READING]["scored"] == 100
+    assert decided.remember.stall_reading is not None and decided.remember.stall_reading.scored == 100
 
 
 def test_progress_ends_the_reading() -> None:
-    first = {STALL_READING: {"run_tag": TAG, "scored": 90, "at": ago(minutes=100).isoformat()}, "other": 1}
+    first = CellMemory(stall_reading=StallReading(run_tag=TAG, scored=90, at=ago(minutes=100)), db_verified="row 1")
 
     decided = plan_cell(C, running(first, quiet_min=5), POLICY, NOW)
 
-    assert decided.phase == Phase.RUNNING and decided.remember == {"other": 1}
+    assert decided.phase == Phase.RUNNING and decided.remember == CellMemory(db_verified="row 1")
 
 
 def test_near_complete_and_zombie_cancels_are_remembered_as_upload_as_is() -> None:
-    near = plan_cell(C, running({}, scored=292, quiet_min=61), POLICY, NOW)
+    near = plan_cell(C, running(CellMemory(), scored=292, quiet_min=61), POLICY, NOW)
 
-    assert kinds(near) == ["cancel"] and near.remember == {UPLOAD_AS_IS: TAG}
+    assert kinds(near) == ["cancel"] and near.remember == CellMemory(upload_as_is=TAG)
 
 
 def test_a_run_the_monitor_cancelled_is_uploaded_as_it_is_not_resumed() -> None:
@@ -77,18 +78,18 @@ def test_a_run_the_monitor_cancelled_is_uploaded_as_it_is_not_resumed() -> None:
                    jobs=(job(TAG, JobState.CANCELLED, started=ago(hours=5), ended=ago(hours=2)),), dirs=(killed,))
 
     without = plan_cell(C, observed, POLICY, NOW)
-    remembered = plan_cell(C, observed.model_copy(update={"memory": {UPLOAD_AS_IS: TAG}}), POLICY, NOW)
+    remembered = plan_cell(C, observed.model_copy(update={"memory": CellMemory(upload_as_is=TAG)}), POLICY, NOW)
 
     assert kinds(without) == ["resume"]
     assert remembered.phase == Phase.EVALUATED and kinds(remembered) == ["analyze", "upload"]
-    assert "no resume" in remembered.rule
+    assert remembered.rule == Rule.MONITOR_CANCELLED
 
 
 def test_trials_still_landing_after_the_cancel_are_waited_for_first() -> None:
     landing = facts(TAG, total=300, completed=293, scored=293, finished=False, last_progress=ago(minutes=2))
     observed = obs(subs=(sub(C),), rows=(row("Started", job_name=TAG),),
                    jobs=(job(TAG, JobState.CANCELLED, started=ago(hours=5), ended=ago(minutes=10)),),
-                   dirs=(landing,)).model_copy(update={"memory": {UPLOAD_AS_IS: TAG}})
+                   dirs=(landing,)).model_copy(update={"memory": CellMemory(upload_as_is=TAG)})
 
     decided = plan_cell(C, observed, POLICY, NOW)
 
@@ -99,7 +100,7 @@ def test_a_run_the_monitor_cancelled_waits_a_settle_window_for_late_trials() -> 
     just_killed = facts(TAG, total=300, completed=292, scored=292, finished=False, last_progress=ago(hours=2))
     observed = obs(subs=(sub(C),), rows=(row("Started", job_name=TAG),),
                    jobs=(job(TAG, JobState.CANCELLED, started=ago(hours=5), ended=ago(minutes=20)),),
-                   dirs=(just_killed,)).model_copy(update={"memory": {UPLOAD_AS_IS: TAG}})
+                   dirs=(just_killed,)).model_copy(update={"memory": CellMemory(upload_as_is=TAG)})
 
     decided = plan_cell(C, observed, POLICY, NOW)
 

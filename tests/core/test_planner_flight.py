@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.core.planner import plan, plan_cell
-from controller.core.types import ActionKind, JobState, Observation, Phase, RowStatus
-from tests.core.builders import NOW, POLICY, ago, cell, facts, job, obs, row, sub
+from controller.core.types import JobState, Observation, RowStatus
+from controller.core.vocabulary import ActionKind, Phase
+from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, job, obs, row, sub
 
 C = cell()
 TAG = C.run_tag(1)
@@ -131,7 +132,7 @@ def test_our_row_whose_job_vanished_is_dead_now():
 
 def test_submission_budget_caps_launches_per_pass():
     cells = [cell(model=f"org/m{i}") for i in range(10)]
-    the_plan = plan("run1", cells, [obs() for _ in cells], POLICY.model_copy(update={"max_submissions_per_pass": 3}),
+    the_plan = plan(RUN, cells, [obs() for _ in cells], POLICY.model_copy(update={"max_submissions_per_pass": 3}),
                     NOW)
     launched = [c for c in the_plan.cells if "submit" in kinds(c)]
     assert len(launched) == 3
@@ -139,7 +140,7 @@ def test_submission_budget_caps_launches_per_pass():
 
 
 def test_suspend_turns_every_mutation_into_a_hold():
-    the_plan = plan("run1", [C], [obs()], POLICY.model_copy(update={"suspend": True}), NOW)
+    the_plan = plan(RUN, [C], [obs()], POLICY.model_copy(update={"suspend": True}), NOW)
     [decided] = the_plan.cells
     assert kinds(decided) == ["hold"] and "would submit" in decided.actions[0].reason
 
@@ -201,7 +202,7 @@ def test_over_budget_stale_pending_keeps_its_job_instead_of_cancelling_it():
     """The cancel of a stale-pending job only makes sense with the resubmission it precedes."""
     stale = obs(rows=(row("Pending", job_name=TAG, submitted=ago(hours=7)),), subs=(sub(C, created=ago(hours=7)),),
                 jobs=(job(TAG, JobState.QUEUED),))
-    [decided] = plan("run1", [C], [stale], POLICY, NOW, budget=0).cells
+    [decided] = plan(RUN, [C], [stale], POLICY, NOW, budget=0).cells
     assert kinds(decided) == ["wait"] and "budget used up" in decided.actions[0].reason
 
 

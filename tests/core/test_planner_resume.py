@@ -7,7 +7,8 @@ from datetime import timedelta
 import pytest
 
 from controller.core.planner import plan_cell
-from controller.core.types import JobState, Phase, submission_name
+from controller.core.types import JobState, submission_name
+from controller.core.vocabulary import Phase
 from tests.core.builders import NOW, POLICY, ago, cell, facts, job, obs, row, sub
 
 C = cell()
@@ -116,7 +117,7 @@ def test_orphan_done_dir_is_uploaded_without_a_row():
     legacy = facts("old-listener-tag", completed=10, model=C.model, benchmark_name=C.benchmark_name)
     decided = plan_cell(C, obs(dirs=(legacy,)), POLICY, NOW)
     assert [a.kind.value for a in decided.actions] == ["analyze", "upload"]
-    assert decided.actions[1].row_id is None and decided.actions[1].run_tag == "old-listener-tag"
+    assert decided.actions[1].row_id is None and decided.actions[1].facts.run_tag == "old-listener-tag"
 
 
 def test_orphan_incomplete_dir_is_resumed_not_restarted():

@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 from controller.core.planner import Policy, plan
-from controller.core.types import (
-    Action,
-    ActionKind,
-    CellPlan,
-    JobState,
-    TunnelLease,
-    submission_name,
-)
-from tests.core.builders import ME, NOW, SCORED, ago, cell, job, obs, row, sub
+from controller.core.types import JobState, TunnelLease, submission_name
+from controller.core.vocabulary import Action, ActionKind, CellPlan
+from tests.core.builders import ME, NOW, RUN, SCORED, ago, cell, job, obs, row, sub
 
 POOL = Policy(username=ME, tunnel_pairs=("pair-a", "pair-b"))
 AGENTS = [cell(model=f"org/m{i}", agent="openhands", needs_pinggy=True) for i in range(3)]
@@ -26,7 +20,7 @@ def lease(pair: str, holder: str) -> TunnelLease:
 
 
 def test_three_installed_agent_cells_and_two_pairs_two_launch_one_waits_for_a_pair():
-    cells = plan("run1", AGENTS, [obs() for _ in AGENTS], POOL, NOW).cells
+    cells = plan(RUN, AGENTS, [obs() for _ in AGENTS], POOL, NOW).cells
     tunnels = [launch(c).tunnel for c in cells if launch(c) is not None]
     assert tunnels == ["pair-a", "pair-b"]
     [waiting] = [c for c in cells if launch(c) is None]
@@ -39,7 +33,7 @@ def test_a_pair_leased_to_a_live_job_is_not_handed_out_again():
     name = submission_name(running.run_tag(1), 1)
     observations = [obs(rows=(row("Started", job_name=running.run_tag(1)),), subs=(sub(running),),
                         jobs=(job(name, JobState.RUNNING, started=ago(minutes=5)),)), obs(), obs()]
-    the_plan = plan("run1", AGENTS, observations, POOL, NOW, tunnel_leases=[lease("pair-a", name)],
+    the_plan = plan(RUN, AGENTS, observations, POOL, NOW, tunnel_leases=[lease("pair-a", name)],
                     live_job_names=frozenset({name}))
     assert the_plan.tunnel_releases == ()
     assert launch(the_plan.cells[1]).tunnel == "pair-b"
@@ -52,7 +46,7 @@ def test_the_pair_of_an_ended_job_is_released_and_reused_in_the_same_pass():
     observations = [obs(rows=(row("Finished", job_name=done.run_tag(1), metrics=SCORED),), subs=(sub(done),),
                         jobs=(job(name, JobState.COMPLETED, ended=ago(minutes=1)),)), obs(), obs()]
     other = TunnelLease(pair="pair-b", holder="ev_other_run_job", evalrun="run2", leased_at=ago(hours=1))
-    the_plan = plan("run1", AGENTS, observations, POOL, NOW, tunnel_leases=[lease("pair-a", name), other],
+    the_plan = plan(RUN, AGENTS, observations, POOL, NOW, tunnel_leases=[lease("pair-a", name), other],
                     live_job_names=frozenset())
     assert the_plan.tunnel_releases == (lease("pair-a", name),), "another EvalRun's lease is its own business"
     assert [launch(c).tunnel if launch(c) else None for c in the_plan.cells[1:]] == ["pair-a", None]
@@ -61,9 +55,9 @@ def test_the_pair_of_an_ended_job_is_released_and_reused_in_the_same_pass():
 def test_a_lease_no_cell_knows_any_more_is_released_once_its_job_is_over():
     """The spec changed (another fingerprint, a removed model): nothing else would ever free the pair."""
     orphan = lease("pair-a", "ev_removed_model__tiny__0123abcd__a1")
-    the_plan = plan("run1", AGENTS[:1], [obs()], POOL, NOW, tunnel_leases=[orphan], live_job_names=frozenset())
+    the_plan = plan(RUN, AGENTS[:1], [obs()], POOL, NOW, tunnel_leases=[orphan], live_job_names=frozenset())
     assert the_plan.tunnel_releases == (orphan,)
-    still_running = plan("run1", AGENTS[:1], [obs()], POOL, NOW, tunnel_leases=[orphan],
+    still_running = plan(RUN, AGENTS[:1], [obs()], POOL, NOW, tunnel_leases=[orphan],
                          live_job_names=frozenset({orphan.holder}))
     assert still_running.tunnel_releases == ()
     assert launch(still_running.cells[0]).tunnel == "pair-b"
@@ -71,7 +65,7 @@ def test_a_lease_no_cell_knows_any_more_is_released_once_its_job_is_over():
 
 def test_nothing_is_released_when_the_queue_could_not_be_read():
     orphan = lease("pair-a", "ev_removed_model__tiny__0123abcd__a1")
-    assert plan("run1", AGENTS[:1], [obs()], POOL, NOW, tunnel_leases=[orphan]).tunnel_releases == ()
+    assert plan(RUN, AGENTS[:1], [obs()], POOL, NOW, tunnel_leases=[orphan]).tunnel_releases == ()
 
 
 def test_an_interrupted_submission_keeps_its_pair_and_its_repair_reuses_it():
@@ -80,7 +74,7 @@ def test_an_interrupted_submission_keeps_its_pair_and_its_repair_reuses_it():
     name = submission_name(first.run_tag(1), 1)
     observations = [obs(rows=(row("Pending", job_name=first.run_tag(1), submitted=ago(minutes=2)),),
                         subs=(sub(first, job_id=None),)), obs(), obs()]
-    the_plan = plan("run1", AGENTS, observations, POOL, NOW, tunnel_leases=[lease("pair-b", name)],
+    the_plan = plan(RUN, AGENTS, observations, POOL, NOW, tunnel_leases=[lease("pair-b", name)],
                     live_job_names=frozenset())
     assert the_plan.tunnel_releases == ()
     assert [launch(c).tunnel if launch(c) else None for c in the_plan.cells] == ["pair-b", "pair-a", None]
@@ -91,26 +85,26 @@ def test_a_pair_removed_from_the_pool_is_not_reused_by_its_repair():
     name = submission_name(first.run_tag(1), 1)
     observations = [obs(rows=(row("Pending", job_name=first.run_tag(1), submitted=ago(minutes=2)),),
                         subs=(sub(first, job_id=None),))]
-    [decided] = plan("run1", AGENTS[:1], observations, POOL, NOW, tunnel_leases=[lease("pair-gone", name)],
+    [decided] = plan(RUN, AGENTS[:1], observations, POOL, NOW, tunnel_leases=[lease("pair-gone", name)],
                      live_job_names=frozenset()).cells
     assert launch(decided).tunnel == "pair-a"
 
 
 def test_cells_without_an_installed_agent_never_take_a_pair():
     plain = [cell(model="org/plain")]
-    [decided] = plan("run1", plain, [obs()], POOL.model_copy(update={"tunnel_pairs": ()}), NOW).cells
+    [decided] = plan(RUN, plain, [obs()], POOL.model_copy(update={"tunnel_pairs": ()}), NOW).cells
     assert launch(decided).tunnel is None
 
 
 def test_an_installed_agent_cell_with_an_empty_pool_is_held_with_the_fix():
-    [decided] = plan("run1", AGENTS[:1], [obs()], Policy(username=ME), NOW).cells
+    [decided] = plan(RUN, AGENTS[:1], [obs()], Policy(username=ME), NOW).cells
     assert [a.kind for a in decided.actions] == [ActionKind.HOLD]
     assert "spec.pinggy.pairs" in decided.actions[0].reason
 
 
 def test_waiting_for_a_pair_does_not_use_up_the_submission_budget():
     cells = [*AGENTS, cell(model="org/plain")]
-    decided = plan("run1", cells, [obs() for _ in cells], POOL.model_copy(update={"max_submissions_per_pass": 3}),
+    decided = plan(RUN, cells, [obs() for _ in cells], POOL.model_copy(update={"max_submissions_per_pass": 3}),
                    NOW).cells
     assert [launch(c) is not None for c in decided] == [True, True, False, True]
 
@@ -119,6 +113,6 @@ def test_suspend_releases_nothing():
     done = AGENTS[0]
     name = submission_name(done.run_tag(1), 1)
     observations = [obs(subs=(sub(done),), jobs=(job(name, JobState.COMPLETED, ended=ago(minutes=1)),))]
-    the_plan = plan("run1", AGENTS[:1], observations, POOL.model_copy(update={"suspend": True}), NOW,
+    the_plan = plan(RUN, AGENTS[:1], observations, POOL.model_copy(update={"suspend": True}), NOW,
                     tunnel_leases=[lease("pair-a", name)], live_job_names=frozenset())
     assert the_plan.tunnel_releases == ()

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from controller.core.actor import Outcome
 from controller.core.status import ATTENTION_LIMIT, summarize
-from controller.core.types import CellPlan, Phase, Plan
+from controller.core.vocabulary import CellPlan, Outcome, Phase, Plan, Rule, Step
 from tests.core.builders import cell
 
 
 def plan_of(*phases: Phase, suspended: bool = False) -> Plan:
-    cells = tuple(CellPlan(cell=cell(model=f"org/m{i}"), phase=phase, actions=(), reason=f"why {i}", rule="r")
-                  for i, phase in enumerate(phases))
+    cells = tuple(CellPlan(cell=cell(model=f"org/m{i}"), phase=phase, actions=(), reason=f"why {i}",
+                           rule=Rule.IN_FLIGHT) for i, phase in enumerate(phases))
     return Plan(evalrun="run1", cells=cells, suspended=suspended)
 
 
@@ -50,7 +49,7 @@ def test_counts_include_every_phase_and_the_columns_add_up():
 
 def test_a_failed_action_stalls_and_puts_its_cell_on_the_attention_list():
     the_plan = plan_of(R, R)
-    outcome = Outcome(cell=the_plan.cells[1].cell.label, action="submit", ok=False, message="sbatch: error")
+    outcome = Outcome(cell=the_plan.cells[1].cell.label, action=Step.SUBMIT, ok=False, message="sbatch: error")
     status = summarize(the_plan, [outcome])
     stalled = status.condition("Stalled")
     assert stalled is not None and stalled.reason == "ActionsFailed" and status.failed_actions == 1

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from controller.core.errors import ErrorClasses
 from controller.core.metrics import run_metrics
-from controller.core.planner import TRACK_ERROR, TRACKED, plan_cell
+from controller.core.planner import plan_cell
 from controller.core.ports import TrackedRun
 from controller.core.tracking import Analysis, differences, tracker_record
-from controller.core.types import ActionKind, Phase
+from controller.core.trial_errors import ErrorClasses
+from controller.core.types import CellMemory
+from controller.core.vocabulary import ActionKind, Phase
 from tests.core.builders import NOW, POLICY, SCORED, cell, facts, obs, row, sub
 
 TRACKING = POLICY.model_copy(update={"track": True})
@@ -15,10 +16,10 @@ CELL = cell()
 TAG = CELL.run_tag(1)
 
 
-def finished(memory: dict | None = None, *, user: str = "alice"):
+def finished(memory: CellMemory | None = None, *, user: str = "alice"):
     observed = obs(rows=(row("Finished", metrics=SCORED, job_name=TAG, user=user),), subs=(sub(CELL),),
                    dirs=(facts(TAG),))
-    return observed.model_copy(update={"memory": memory or {}})
+    return observed.model_copy(update={"memory": memory or CellMemory()})
 
 
 def test_a_finished_row_not_yet_read_back_from_mlflow_is_evaluated_and_logged_again() -> None:
@@ -30,16 +31,16 @@ def test_a_finished_row_not_yet_read_back_from_mlflow_is_evaluated_and_logged_ag
 
 
 def test_the_last_failure_is_the_reason_until_a_read_back_matches() -> None:
-    failed = plan_cell(CELL, finished({TRACK_ERROR: "MLflow: metric accuracy: logged 0.5, server has nothing"}),
+    failed = plan_cell(CELL, finished(CellMemory(track_error="MLflow: metric accuracy: logged 0.5, server has nothing")),
                        TRACKING, NOW)
-    verified = plan_cell(CELL, finished({TRACKED: TAG}), TRACKING, NOW)
+    verified = plan_cell(CELL, finished(CellMemory(tracked_run_tag=TAG)), TRACKING, NOW)
 
     assert failed.phase == Phase.EVALUATED and "server has nothing" in failed.reason
     assert verified.phase == Phase.COMPLETED and [a.kind for a in verified.actions] == [ActionKind.SKIP]
 
 
 def test_a_read_back_of_another_attempt_does_not_count() -> None:
-    assert plan_cell(CELL, finished({TRACKED: CELL.run_tag(2)}), TRACKING, NOW).phase == Phase.EVALUATED
+    assert plan_cell(CELL, finished(CellMemory(tracked_run_tag=CELL.run_tag(2))), TRACKING, NOW).phase == Phase.EVALUATED
 
 
 def test_other_users_rows_and_runs_without_tracking_are_completed_as_before() -> None:

@@ -7,8 +7,9 @@ from datetime import timedelta
 
 import pytest
 
-from controller.core.planner import ANALYZED, TRACK_ERROR, TRACKED, plan_cell
-from controller.core.types import JobState, Phase
+from controller.core.planner import plan_cell
+from controller.core.types import CellMemory, JobState
+from controller.core.vocabulary import Phase
 from tests.core.builders import NOW, POLICY, ago, cell, facts, job, obs, row, sub
 
 C = cell()
@@ -62,8 +63,8 @@ NO_DB = POLICY.model_copy(update={"upload_db": False})
 
 def test_without_db_upload_the_report_is_the_goal() -> None:
     first = plan_cell(C, finished_run(), NO_DB, NOW)
-    analysed = plan_cell(C, finished_run().model_copy(update={"memory": {ANALYZED: TAG}}), NO_DB, NOW)
-    older = plan_cell(C, finished_run().model_copy(update={"memory": {ANALYZED: C.run_tag(0)}}), NO_DB, NOW)
+    analysed = plan_cell(C, finished_run().model_copy(update={"memory": CellMemory(analyzed_run_tag=TAG)}), NO_DB, NOW)
+    older = plan_cell(C, finished_run().model_copy(update={"memory": CellMemory(analyzed_run_tag=C.run_tag(0))}), NO_DB, NOW)
 
     assert first.phase == Phase.EVALUATED and [a.kind.value for a in first.actions] == ["analyze"]
     assert analysed.phase == Phase.COMPLETED and "upload.db and upload.mlflow are off" in analysed.reason
@@ -73,10 +74,10 @@ def test_without_db_upload_the_report_is_the_goal() -> None:
 def test_without_db_upload_mlflow_alone_decides_completed() -> None:
     tracked = NO_DB.model_copy(update={"track": True})
 
-    first = plan_cell(C, finished_run().model_copy(update={"memory": {ANALYZED: TAG}}), tracked, NOW)
-    failed = plan_cell(C, finished_run().model_copy(update={"memory": {TRACK_ERROR: "MLflow: metric accuracy: …"}}),
+    first = plan_cell(C, finished_run().model_copy(update={"memory": CellMemory(analyzed_run_tag=TAG)}), tracked, NOW)
+    failed = plan_cell(C, finished_run().model_copy(update={"memory": CellMemory(track_error="MLflow: metric accuracy: …")}),
                        tracked, NOW)
-    verified = plan_cell(C, finished_run().model_copy(update={"memory": {TRACKED: TAG}}), tracked, NOW)
+    verified = plan_cell(C, finished_run().model_copy(update={"memory": CellMemory(tracked_run_tag=TAG)}), tracked, NOW)
 
     assert first.phase == Phase.EVALUATED and [a.kind.value for a in first.actions] == ["analyze", "track"]
     assert "UploadNotVerified" in first.reason, "a written report is not a verified upload"

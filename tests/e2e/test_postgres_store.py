@@ -16,7 +16,7 @@ import pytest
 from controller.adapters.store import open_store
 from controller.core.reconcile import reconcile_pass
 from controller.core.store import Store
-from controller.core.types import Phase
+from controller.core.vocabulary import Phase
 from controller.entry.wiring import cluster_ports, targets_for, utc_now
 from controller.spec.catalog import load_catalog
 from controller.spec.loader import load_specs

@@ -20,6 +20,7 @@ from controller.adapters.rundirs.tree import (
     LocalTree,
     open_tree,
 )
+from controller.core.metrics import run_metrics
 from controller.core.ports import JobsDirMissing, ObservationError
 from tests.fixtures.harbor_dirs import (
     REFERENCE_ERRORS,
@@ -116,15 +117,17 @@ def test_report_through_fs_matches_local(remote: tuple[MemoryFileSystem, str, Pa
     (facts,) = HarborRunDirs(root, REFERENCE_ERRORS, fs=fs).observe()
     (local_facts,) = HarborRunDirs(str(local), REFERENCE_ERRORS).observe()
 
-    path, summary = write_post_eval_report(facts.path, facts, REFERENCE_ERRORS, fs=fs)
-    local_path, local_summary = write_post_eval_report(local_facts.path, local_facts, REFERENCE_ERRORS)
+    path, summary = write_post_eval_report(facts.path, facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS), fs=fs)
+    local_path, local_summary = write_post_eval_report(local_facts.path, local_facts, REFERENCE_ERRORS,
+                                                       run_metrics(local_facts, REFERENCE_ERRORS))
 
     assert path == PurePosixPath(root, "r", REPORT_NAME) and isinstance(local_path, Path)
     assert summary == local_summary
     assert summary.steps is not None and summary.steps.model_dump() == {
         "n_trajectories": 2, "mean": 7.0, "median": 7.0, "max": 10, "tokens": None}
     assert fs.cat_file(str(path)).decode() == local_path.read_text()
-    write_post_eval_report(facts.path, facts, REFERENCE_ERRORS, fs=fs)  # repeatable: replaced, no tmp left
+    # repeatable: replaced, no tmp left
+    write_post_eval_report(facts.path, facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS), fs=fs)
     names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{root}/r", detail=False))
     assert REPORT_NAME in names and not [n for n in names if n.endswith(".tmp")]
 
@@ -133,7 +136,7 @@ def test_report_on_a_url_run_dir(remote: tuple[MemoryFileSystem, str, Path]) -> 
     fs, root, _ = remote
     (facts,) = HarborRunDirs(f"memory://{root}", REFERENCE_ERRORS).observe()
     assert facts.path == f"memory://{root}/r"
-    path, summary = write_post_eval_report(facts.path, facts, REFERENCE_ERRORS)
+    path, summary = write_post_eval_report(facts.path, facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))
     assert str(path) == f"{root}/r/{REPORT_NAME}" and summary.steps is not None
     assert b"steps per trial (n=2)" in fs.cat_file(f"{root}/r/{REPORT_NAME}")
 

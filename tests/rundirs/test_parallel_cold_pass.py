@@ -20,8 +20,8 @@ import pytest
 
 from controller.adapters.rundirs import harbor, memo, parallel, tree
 from controller.adapters.rundirs.harbor import HarborRunDirs
-from controller.core.errors import ErrorClasses
 from controller.core.ports import ObservationError
+from controller.core.trial_errors import ErrorClasses
 from controller.core.types import RunDirFacts
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_synthetic_run_dir, write_trial
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.report import REPORT_NAME, post_eval_analysis, write_post_eval_report
+from controller.core.metrics import run_metrics
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_job_result, write_meta_env, write_trial
 
 
@@ -21,7 +22,7 @@ def test_report_has_score_histogram_and_steps(tmp_path: Path) -> None:
     (corrupt / "agent" / "trajectory.json").write_text("[{")
     (facts,) = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe()
 
-    path, summary = write_post_eval_report(run, facts, REFERENCE_ERRORS)
+    path, summary = write_post_eval_report(run, facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))
 
     assert path == run / REPORT_NAME and path.is_file()
     assert summary.mean_score == 1 / 3 and (summary.n_scored, summary.n_total, summary.n_valid) == (3, 5, 3)
@@ -66,7 +67,7 @@ def test_tokens_come_from_final_metrics_else_from_the_steps(tmp_path: Path) -> N
           {"total_prompt_tokens": None})
     (facts,) = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe()
 
-    _, summary = write_post_eval_report(run, facts, REFERENCE_ERRORS)
+    _, summary = write_post_eval_report(run, facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))
 
     assert summary.steps is not None and (summary.steps.n_trajectories, summary.steps.max) == (3, 3)
     tokens = summary.steps.tokens
@@ -84,10 +85,10 @@ def test_tokens_come_from_final_metrics_else_from_the_steps(tmp_path: Path) -> N
 def test_report_on_an_empty_dir_says_none(tmp_path: Path) -> None:
     write_meta_env(tmp_path / "r", MODEL="m")
     (facts,) = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe()
-    path, summary = write_post_eval_report(tmp_path / "r", facts, REFERENCE_ERRORS)
+    path, summary = write_post_eval_report(tmp_path / "r", facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))
     assert summary.mean_score is None and summary.steps is None
     assert "mean score: none" in path.read_text()
-    write_post_eval_report(tmp_path / "r", facts, REFERENCE_ERRORS)  # repeatable
+    write_post_eval_report(tmp_path / "r", facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))  # repeatable
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["meta.env", REPORT_NAME]
 
 

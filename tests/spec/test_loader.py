@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
+from controller.core.types import ClusterRef
 from controller.spec.loader import SpecError, SpecErrors, format_errors, load_specs, parse_resource
 from controller.spec.models import EvalRunSpec
 
@@ -29,7 +30,7 @@ def errors_of(*paths: Path) -> list[SpecError]:
 
 def test_example_loads_cleanly() -> None:
     specs = load_specs([EXAMPLE])
-    cluster = specs.clusters["leonardo"]
+    cluster = specs.clusters[ClusterRef(name="leonardo")]
     assert cluster.cluster.spec.scheduler.type == "slurm"
     assert cluster.job_script == "/leonardo_work/evals/eval/leonardo/eval_harbor.sbatch", "a login-node path, as is"
     [run] = specs.evalruns
@@ -47,7 +48,7 @@ def test_directory_walk_finds_yaml_and_yml_below_sorted(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text(cluster_doc)
     (tmp_path / "notes.txt").write_text("not a spec")
     specs = load_specs([tmp_path])
-    assert list(specs.clusters) == ["leonardo"]
+    assert list(specs.clusters) == [ClusterRef(name="leonardo")]
     assert specs.evalruns[0].file == tmp_path / "b" / "run.yml"
     assert specs.evalruns[0].directory == tmp_path / "b"
 

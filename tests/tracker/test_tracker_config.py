@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.core.types import ClusterRef
 from controller.entry.wiring import NoTracker, mlflow_credentials, tracker_for
 from controller.spec.loader import load_specs
 from controller.spec.models import SecretRef
@@ -29,7 +30,7 @@ metadata: {{name: nightly}}
 spec: {{cluster: local, models: [org/m1-8B], datasets: [DCAgent/tiny], upload: {{{upload}}}}}
 """)
     specs = load_specs([spec])
-    return specs.evalruns[0], specs.clusters["local"]
+    return specs.evalruns[0], specs.clusters[ClusterRef(name="local")]
 
 
 class Secrets:

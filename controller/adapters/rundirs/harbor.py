@@ -52,8 +52,8 @@ from controller.adapters.rundirs.tree import (
     is_path_error,
     open_tree,
 )
-from controller.core.errors import ErrorClasses, ErrorKind
 from controller.core.ports import JobsDirMissing, ObservationError
+from controller.core.trial_errors import ErrorClasses, ErrorKind
 from controller.core.types import RUN_TAG_PREFIX, RunDirFacts
 
 log = logging.getLogger(__name__)

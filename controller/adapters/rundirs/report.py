@@ -19,9 +19,9 @@ from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from controller.adapters.rundirs.tree import is_trial_dir_name, read_local
-from controller.core.errors import ErrorClasses, ErrorKind
-from controller.core.metrics import run_metrics
+from controller.core.metrics import RunMetrics
 from controller.core.tracking import Analysis
+from controller.core.trial_errors import ErrorClasses, ErrorKind
 from controller.core.types import Frozen, RunDirFacts
 
 REPORT_NAME = "post_eval_report.txt"
@@ -71,18 +71,20 @@ class PostEvalSummary(Frozen):
 
 @overload
 def write_post_eval_report(
-    run_dir_path: str | os.PathLike[str], facts: RunDirFacts, errors: ErrorClasses, fs: None = None
+    run_dir_path: str | os.PathLike[str], facts: RunDirFacts, errors: ErrorClasses, metrics: RunMetrics,
+    fs: None = None,
 ) -> tuple[Path, PostEvalSummary]: ...
 
 
 @overload
 def write_post_eval_report(
-    run_dir_path: str | os.PathLike[str], facts: RunDirFacts, errors: ErrorClasses, fs: AbstractFileSystem
+    run_dir_path: str | os.PathLike[str], facts: RunDirFacts, errors: ErrorClasses, metrics: RunMetrics,
+    fs: AbstractFileSystem,
 ) -> tuple[PurePosixPath, PostEvalSummary]: ...
 
 
 def write_post_eval_report(
-    run_dir_path: str | os.PathLike[str], facts: RunDirFacts, errors: ErrorClasses,
+    run_dir_path: str | os.PathLike[str], facts: RunDirFacts, errors: ErrorClasses, metrics: RunMetrics,
     fs: AbstractFileSystem | None = None,
 ) -> tuple[Path | PurePosixPath, PostEvalSummary]:
     """Write `post_eval_report.txt` in the run dir; safe to repeat (the file is replaced).
@@ -97,14 +99,14 @@ def write_post_eval_report(
             fs, run_dir_path = None, root
     if fs is None:
         run_dir = Path(run_dir_path)
-        summary = _summary(facts, errors, step_stats(run_dir))
+        summary = _summary(facts, errors, metrics, step_stats(run_dir))
         path = run_dir / REPORT_NAME
         tmp = path.with_name(f".{REPORT_NAME}.tmp")
         tmp.write_text(render(summary, facts, errors))
         tmp.replace(path)
         return path, summary
     remote = fs._strip_protocol(os.fspath(run_dir_path)).rstrip("/")
-    summary = _summary(facts, errors, step_stats(remote, fs))
+    summary = _summary(facts, errors, metrics, step_stats(remote, fs))
     target = f"{remote}/{REPORT_NAME}"
     tmp_name = f"{remote}/.{REPORT_NAME}.tmp"
     fs.pipe_file(tmp_name, render(summary, facts, errors).encode())
@@ -112,8 +114,7 @@ def write_post_eval_report(
     return PurePosixPath(target), summary
 
 
-def _summary(facts: RunDirFacts, errors: ErrorClasses, steps: StepStats | None) -> PostEvalSummary:
-    computed = run_metrics(facts, errors)
+def _summary(facts: RunDirFacts, errors: ErrorClasses, computed: RunMetrics, steps: StepStats | None) -> PostEvalSummary:
     values = {m.name: m.value for m in computed.metrics}
     return PostEvalSummary(
         run_tag=facts.run_tag,

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from controller.core.metrics import same_metrics
 from controller.core.ports import SandboxJobRow, WriteRefused
 from controller.core.types import Metric
 
@@ -110,14 +111,13 @@ def decode_rows(records: Iterable[dict[str, Any]]) -> tuple[tuple[SandboxJobRow,
     return tuple(rows), tuple(undecodable)
 
 
-def same_metrics(stored: object, written: Iterable[Metric]) -> bool:
-    """Does the stored metrics value (raw or decoded) hold exactly these metrics? Undecodable → no."""
+def stored_metrics_are(stored: object, written: Iterable[Metric]) -> bool:
+    """Does a stored metrics value (raw or decoded) hold exactly these metrics? Undecodable → no."""
     try:
         decoded = stored if isinstance(stored, tuple) else parse_metrics(stored)
     except ValueError:
         return False
-    expected = {metric.name: metric.value for metric in written}
-    return bool(expected) and {metric.name: metric.value for metric in decoded or ()} == expected
+    return same_metrics(decoded, written)
 
 
 def check_owner(row_id: str, username: object, owner: str) -> None:

@@ -30,7 +30,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from controller.adapters.store import postgres_sql as sql
-from controller.adapters.store.codec import check_owner, decode_rows, parse_timestamp, same_metrics, sandbox_job_row
+from controller.adapters.store.codec import check_owner, decode_rows, parse_timestamp, sandbox_job_row, stored_metrics_are
 from controller.adapters.store.errors import StoreUnavailable, WriteRefused
 from controller.core.ports import (
     NamedRow,
@@ -41,7 +41,7 @@ from controller.core.ports import (
     SandboxJobRow,
     StateSnapshot,
 )
-from controller.core.types import CellOwner, RowStatus, Submission, TunnelLease
+from controller.core.types import CellMemory, CellOwner, EvalRunRef, RowStatus, Submission, TunnelLease
 
 Params = Sequence[Any] | Mapping[str, Any] | None
 Statement = tuple[str, Params]
@@ -188,7 +188,7 @@ class PostgresStore:
                 raise LookupError(f"sandbox_jobs row {row_id} does not exist")
             username, status, metrics = found
             check_owner(row_id, username, owner)
-            if status == RowStatus.FINISHED.value and same_metrics(metrics, result.metrics):
+            if status == RowStatus.FINISHED.value and stored_metrics_are(metrics, result.metrics):
                 self._round(conn, (COMMIT, None))
                 return False
             self._round(conn, (sql.SET_ROW_RESULT, {
@@ -200,9 +200,9 @@ class PostgresStore:
 
     # ----------------------------------------------------------------------- controller state
 
-    def read_state(self, evalrun: str, cell_keys: list[str], owner_ttl_s: float) -> StateSnapshot:
+    def read_state(self, evalrun: EvalRunRef, cell_keys: list[str], owner_ttl_s: float) -> StateSnapshot:
         """Up to four statements in one read-only snapshot and one round trip; a table not created yet is empty."""
-        named = {"evalrun": evalrun, "cell_keys": list(cell_keys), "owner_ttl_s": float(owner_ttl_s)}
+        named = {"evalrun": str(evalrun), "cell_keys": list(cell_keys), "owner_ttl_s": float(owner_ttl_s)}
         wanted = {
             "evalrun_submissions": sql.SUBMISSIONS_OF_EVALRUN_AND_CELLS,
             "evalrun_cell_owners": sql.LIVE_OWNERS_OF_CELLS,
@@ -225,7 +225,8 @@ class PostgresStore:
                                         for record in found.get("evalrun_tunnel_leases", [])),
                     cell_owners=tuple(CellOwner(**{**record, "renewed_at": parse_timestamp(record["renewed_at"])})
                                       for record in found.get("evalrun_cell_owners", [])),
-                    cell_memory={record["cell_key"]: record["memory"] for record in found.get("evalrun_cell_memory", [])},
+                    cell_memory={record["cell_key"]: CellMemory.from_stored(record["memory"])
+                                 for record in found.get("evalrun_cell_memory", [])},
                 )
             except ValueError as error:
                 raise ObservationError(f"store {self.name}: controller state: {_first_line(error)}") from None
@@ -238,17 +239,17 @@ class PostgresStore:
         with self._writing() as conn:
             self._round(conn, (sql.SET_SUBMISSION_JOB_ID, (job_id, submission_name)))
 
-    def remember(self, cell_key: str, memory: dict[str, Any]) -> None:
+    def remember(self, cell_key: str, memory: CellMemory) -> None:
         with self._writing() as conn:
-            self._round(conn, (sql.PUT_MEMORY, (cell_key, Jsonb(memory))))
+            self._round(conn, (sql.PUT_MEMORY, (cell_key, Jsonb(memory.stored()))))
 
-    def claim_cells(self, evalrun: str, cell_keys: list[str], ttl_s: float) -> dict[str, str]:
+    def claim_cells(self, evalrun: EvalRunRef, cell_keys: list[str], ttl_s: float) -> dict[str, EvalRunRef]:
         """Claim, drop the claims no longer named, read the owners back: one transaction, one round trip."""
-        named = {"evalrun": evalrun, "cell_keys": list(cell_keys), "ttl_s": float(ttl_s)}
+        named = {"evalrun": str(evalrun), "cell_keys": list(cell_keys), "ttl_s": float(ttl_s)}
         with self._writing() as conn:
             owners = self._round(conn, (BEGIN, None), (sql.CLAIM_CELLS, named), (sql.DROP_UNNAMED_CLAIMS, named),
                                  (sql.OWNERS_OF_CELLS, named), (COMMIT, None))[3].fetchall()
-        return {cell_key: owner for cell_key, owner in owners}
+        return {cell_key: EvalRunRef.parse(owner) for cell_key, owner in owners}
 
     # ----------------------------------------------------------------------- act-leases (the server's clock)
 
@@ -278,7 +279,7 @@ class PostgresStore:
         """Insert-if-free, then read the holder back (a fresh snapshot sees a rival's committed lease)."""
         with self._writing() as conn:
             holder = self._round(conn, (BEGIN, None),
-                                 (sql.TAKE_TUNNEL, (lease.pair, lease.holder, lease.evalrun, lease.leased_at)),
+                                 (sql.TAKE_TUNNEL, (lease.pair, lease.holder, str(lease.evalrun), lease.leased_at)),
                                  (sql.TUNNEL_HOLDER, (lease.pair,)), (COMMIT, None))[2].fetchone()
         return holder is not None and holder[0] == lease.holder
 

@@ -25,8 +25,8 @@ from controller.adapters.store.codec import (
     format_metrics,
     format_timestamp,
     parse_timestamp,
-    same_metrics,
     sandbox_job_row,
+    stored_metrics_are,
 )
 from controller.adapters.store.errors import StoreUnavailable, WriteRefused
 from controller.core.ports import (
@@ -38,7 +38,7 @@ from controller.core.ports import (
     SandboxJobRow,
     StateSnapshot,
 )
-from controller.core.types import CellOwner, RowStatus, Submission, TunnelLease
+from controller.core.types import CellMemory, CellOwner, EvalRunRef, RowStatus, Submission, TunnelLease
 
 MEMORY = ":memory:"
 BUSY_TIMEOUT_S = 30.0
@@ -117,7 +117,7 @@ class SqliteStore:
     def upload_result(self, row_id: str, result: ResultUpload, *, owner: str) -> bool:
         with self._write() as conn:
             status, metrics = self._owned_row(conn, row_id, owner)
-            if status == RowStatus.FINISHED.value and same_metrics(metrics, result.metrics):
+            if status == RowStatus.FINISHED.value and stored_metrics_are(metrics, result.metrics):
                 return False
             self._run(conn, sql.SET_ROW_RESULT, {
                 "id": row_id, "owner": owner, "metrics": format_metrics(result.metrics),
@@ -128,11 +128,11 @@ class SqliteStore:
 
     # ----------------------------------------------------------------------- controller state
 
-    def read_state(self, evalrun: str, cell_keys: list[str], owner_ttl_s: float) -> StateSnapshot:
+    def read_state(self, evalrun: EvalRunRef, cell_keys: list[str], owner_ttl_s: float) -> StateSnapshot:
         conn = self._connection()
         if conn is None:
             return StateSnapshot()
-        named = {"evalrun": evalrun, "cell_keys": _json(cell_keys),
+        named = {"evalrun": str(evalrun), "cell_keys": _json(cell_keys),
                  "stale_before": format_timestamp(self._now() - timedelta(seconds=owner_ttl_s))}
         try:
             with self._transaction(conn, "DEFERRED"):
@@ -149,7 +149,7 @@ class SqliteStore:
                 submissions=tuple(_submission(record) for record in submissions),
                 tunnel_leases=tuple(_tunnel_lease(record) for record in tunnels),
                 cell_owners=tuple(_cell_owner(record) for record in owners),
-                cell_memory={record["cell_key"]: json.loads(record["memory"]) for record in memory},
+                cell_memory={record["cell_key"]: CellMemory.from_stored(json.loads(record["memory"])) for record in memory},
             )
         except (sqlite3.Error, ValueError) as error:
             raise ObservationError(_unavailable(self.path, error)) from error
@@ -162,9 +162,9 @@ class SqliteStore:
         with self._write() as conn:
             self._run(conn, sql.SET_SUBMISSION_JOB_ID, (job_id, submission_name))
 
-    def remember(self, cell_key: str, memory: dict[str, Any]) -> None:
+    def remember(self, cell_key: str, memory: CellMemory) -> None:
         with self._write() as conn:
-            self._run(conn, sql.PUT_MEMORY, (cell_key, json.dumps(memory), format_timestamp(self._now())))
+            self._run(conn, sql.PUT_MEMORY, (cell_key, json.dumps(memory.stored()), format_timestamp(self._now())))
 
     # ----------------------------------------------------------------------- leases (this host's clock is the DB's)
 
@@ -191,22 +191,22 @@ class SqliteStore:
         with self._write() as conn:
             self._run(conn, sql.DELETE_LEASE, (name, holder))
 
-    def claim_cells(self, evalrun: str, cell_keys: list[str], ttl_s: float) -> dict[str, str]:
+    def claim_cells(self, evalrun: EvalRunRef, cell_keys: list[str], ttl_s: float) -> dict[str, EvalRunRef]:
         now = self._now()
-        named = {"evalrun": evalrun, "cell_keys": _json(cell_keys), "now": format_timestamp(now),
+        named = {"evalrun": str(evalrun), "cell_keys": _json(cell_keys), "now": format_timestamp(now),
                  "stale_before": format_timestamp(now - timedelta(seconds=ttl_s))}
         with self._write() as conn:
             self._run(conn, sql.CLAIM_CELLS, named)
             self._run(conn, sql.DROP_UNNAMED_CLAIMS, named)
             owners = self._run(conn, sql.OWNERS_OF_CELLS, named).fetchall()
-        return {record["cell_key"]: record["evalrun"] for record in owners}
+        return {record["cell_key"]: EvalRunRef.parse(record["evalrun"]) for record in owners}
 
     # ----------------------------------------------------------------------- pinggy tunnel leases
 
     def take_tunnel(self, lease: TunnelLease) -> bool:
         """Insert-if-free and read back under one write lock: two reconcilers never both get a pair."""
         with self._write() as conn:
-            self._run(conn, sql.TAKE_TUNNEL, (lease.pair, lease.holder, lease.evalrun,
+            self._run(conn, sql.TAKE_TUNNEL, (lease.pair, lease.holder, str(lease.evalrun),
                                               format_timestamp(lease.leased_at)))
             (holder,) = self._run(conn, sql.TUNNEL_HOLDER, (lease.pair,)).fetchone()
         return bool(holder == lease.holder)

@@ -29,8 +29,8 @@ from controller.adapters.store.codec import (
     decode_rows,
     format_timestamp,
     parse_timestamp,
-    same_metrics,
     sandbox_job_row,
+    stored_metrics_are,
 )
 from controller.core.ports import (
     NamedRow,
@@ -195,7 +195,7 @@ class SupabaseResults:
             if found is None:
                 raise LookupError(f"sandbox_jobs row {row_id} does not exist")
             check_owner(row_id, found.get("username"), owner)
-            if found.get("job_status") == RowStatus.FINISHED.value and same_metrics(found.get("metrics"), result.metrics):
+            if found.get("job_status") == RowStatus.FINISHED.value and stored_metrics_are(found.get("metrics"), result.metrics):
                 return False
             values = {
                 "job_status": RowStatus.FINISHED.value,

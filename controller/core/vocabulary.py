@@ -1,0 +1,286 @@
+"""The words a plan is written in: phases, the rules that decide, the actions, and what acting said.
+
+Closed sets, all of them: a `Rule` per row of REFERENCE.md / DESIGN.md / DECISIONS.md (live numbers go in
+the reason, never in the rule), one small frozen type per action with the fields its execution needs, and a
+`Step` per thing the actor does, which is also how Kubernetes Events are named. A new rule or action is a
+new member here, so every `match` over them is checked by mypy rather than held together by convention.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field
+
+from controller.core.types import (
+    Cell,
+    CellMemory,
+    EvalRunRef,
+    Frozen,
+    RowStatus,
+    RunDirFacts,
+    TunnelLease,
+    submission_name,
+)
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    SUBMITTED = "Submitted"
+    RUNNING = "Running"
+    STALLED = "Stalled"
+    SETTLING = "Settling"
+    EVALUATED = "Evaluated"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+class Rule(StrEnum):
+    """The row of the rule tables that decided a cell. The value is a stable id (`plan -o json`, metrics); the
+    citation names the row for a person (`evalctl explain`)."""
+
+    citation: str
+
+    def __new__(cls, value: str, citation: str) -> Rule:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.citation = citation
+        return member
+
+    # DESIGN.md: fail closed, one owner, the submission protocol
+    OBSERVATION_FAILED = "ObservationFailed", "DESIGN: observation failed → Unknown; nothing is submitted or cancelled"
+    RUN_DIR_UNREADABLE = ("RunDirUnreadable",
+                          "DESIGN: unreadable run dir → Unknown; no upload, resume or submit until it can be read")
+    OWNED_ELSEWHERE = ("OwnedElsewhere",
+                       "DESIGN: one cell, one owner; another EvalRun claimed it first → observe only")
+    SUBMISSION_REPAIR = "SubmissionRepair", "DESIGN: create-pending protocol, step 2–3 repair"
+    DELETION_CANCEL = ("DeletionCancel",
+                       "DESIGN: deletionPolicy Cancel → cancel the live jobs of the cells this EvalRun owns")
+    # a job that failed needs a human (issue 3)
+    JOB_FAILED_DIR_UNSEEN = ("JobFailedRunDirUnseen",
+                             "issue: FAILED / OUT_OF_MEMORY, run dir not visible → hold for a human")
+    JOB_FAILED_AT_START = "JobFailedAtStart", "issue: FAILED at start / OUT_OF_MEMORY → hold for a human"
+    # REFERENCE §2 with a job in the queue
+    QUEUED_STALE = "QueuedStale", "REFERENCE §2: Pending, older than stalePendingHours → cancel, then start"
+    QUEUED = "Queued", "REFERENCE §2: Pending, younger than stalePendingHours → skip"
+    # REFERENCE §5: a running job
+    PRE_WALLTIME = "PreWalltime", "REFERENCE §5: pre-walltime"
+    ZOMBIE = "Zombie", "REFERENCE §5: zombie → cancel, upload"
+    STUCK_NEAR_COMPLETE = "StuckNearComplete", "REFERENCE §5: stuck near complete → cancel, post-eval"
+    STUCK_GENERAL = "StuckGeneral", "REFERENCE §5: stuck general → report Stalled"
+    STUCK_GENERAL_AGAIN = ("StuckGeneralSecondReading",
+                           "REFERENCE §5: stuck general, second consecutive reading → cancel, post-eval")
+    IN_FLIGHT = "InFlight", "REFERENCE §4: IN_FLIGHT → wait"
+    # REFERENCE §2: nothing queued or running, the newest matching row decides
+    NO_EXISTING_JOB = "NoExistingJob", "REFERENCE §2: none → start (no existing job)"
+    JOB_FINISHED = "JobFinished", "REFERENCE §2: finished with metrics → skip (job finished)"
+    METRICS_CLEARED = "MetricsCleared", "REFERENCE §2: finished, metrics cleared → start (finished but metrics cleared)"
+    STARTED_FRESH = "StartedFresh", "REFERENCE §2: started, young → skip (job in progress)"
+    STARTED_STALE = "StartedStale", "REFERENCE §2: started, stale → start (stale started)"
+    PENDING_FRESH = "PendingFresh", "REFERENCE §2: pending, young → skip (job pending)"
+    PENDING_STALE = "PendingStale", "REFERENCE §2: pending, stale → start (stale pending)"
+    UNRECOGNISED_STATUS = ("UnrecognisedStatus",
+                           "REFERENCE §2: unrecognised job_status → skip (unrecognised job_status; a human decides)")
+    # REFERENCE §4: the run dir decides
+    DIR_SETTLING = "Settling", "REFERENCE §4: SETTLING → wait"
+    DIR_REJECTED = "Rejected", "REFERENCE §4: REJECTED → upload as is"
+    DIR_AT_RESUME_LIMIT = "AtResumeLimit", "REFERENCE §4: AT_RESUME_LIMIT → upload as is"
+    DIR_EARLY_KILL = "EarlyKill", "REFERENCE §4: EARLY_KILL → resume"
+    DIR_INCOMPLETE = "Incomplete", "REFERENCE §4: INCOMPLETE → resume"
+    DIR_PARTIAL = "Partial", "REFERENCE §4: PARTIAL → resume"
+    DIR_PARTIAL_OK = "PartialOk", "REFERENCE §4: PARTIAL_OK → upload"
+    DIR_DONE_WITH_ERRORS = "DoneWithErrors", "REFERENCE §4: DONE_WITH_ERRORS → resume"
+    DIR_DONE = "Done", "REFERENCE §4: DONE → upload"
+    SETTLE_AFTER_CANCEL = ("SettleAfterCancel",
+                           "REFERENCE §3: after a kill, sandboxes keep writing → settling, not finished")
+    MONITOR_CANCELLED = ("UploadAsIsAfterMonitorCancel",
+                         "REFERENCE §5: the monitor cancelled it → post-eval, upload as is, no resume")
+    # REFERENCE §5 verification and the upload gates (DECISIONS.md)
+    VERIFY_UPLOAD = "VerifyUpload", "REFERENCE §5: verify, don't trust exit codes → Completed only once read back"
+    UPLOAD_GATE = ("UploadGate", "DECISIONS: upload gates (minCompletedFraction, maxInfraErrorFraction, "
+                                 "overlongHours) → hold until upload.forceUpload")
+
+
+# --------------------------------------------------------------------------- actions
+
+
+class ActionKind(StrEnum):
+    SUBMIT = "submit"
+    RESUME = "resume"
+    CANCEL = "cancel"
+    ANALYZE = "analyze"
+    UPLOAD = "upload"  # to the results DB, then (with a tracker) to MLflow; each read back
+    TRACK = "track"  # to MLflow only, read back (upload.db off)
+    WAIT = "wait"
+    SKIP = "skip"
+    HOLD = "hold"
+
+
+class Step(StrEnum):
+    """What the actor did, in outcomes, the CLI's summary and (as `event_reason`) Kubernetes Events."""
+
+    event_reason: str
+
+    def __new__(cls, value: str, event_reason: str) -> Step:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.event_reason = event_reason
+        return member
+
+    SUBMIT = "submit", "Submit"
+    RESUME = "resume", "Resume"
+    CANCEL = "cancel", "Cancel"
+    ANALYZE = "analyze", "Analyze"
+    UPLOAD = "upload", "Upload"
+    TRACK = "track", "Track"
+    BOOKKEEPING = "bookkeeping", "Bookkeeping"
+    RELEASE_TUNNELS = "release pinggy pairs", "ReleasePinggyPairs"
+
+
+class _Action(Frozen):
+    kind: ActionKind
+    reason: str
+
+    def render(self) -> str:
+        return f"{self.kind.value}: {self.reason}"
+
+
+class _Mutation(_Action):
+    """An action that changes the world; `suspend` turns it into a hold."""
+
+    step: ClassVar[Step]
+
+
+class _Launch(_Mutation):
+    """A job to start on a run dir, by the create-pending protocol."""
+
+    run_tag: str
+    attempt: int
+    fire: int
+    row_id: str | None = Field(None, description="the row it reuses; None: a new one, with a deterministic id")
+    tunnel: str | None = Field(None, description="pinggy pair the launched job uses (installed-agent cells)")
+    intent_at: datetime | None = Field(None, description="when the intent being repaired was recorded")
+
+    @property
+    def submission_name(self) -> str:
+        return submission_name(self.run_tag, self.fire)
+
+
+class Submit(_Launch):
+    """A new attempt (a fresh run dir), or the repair of one whose intent was recorded."""
+
+    step: ClassVar[Step] = Step.SUBMIT
+    kind: Literal[ActionKind.SUBMIT] = ActionKind.SUBMIT
+    fire: Literal[1] = 1
+
+
+class Resume(_Launch):
+    """`harbor jobs resume` on an existing run dir: the `fire`-th job on it."""
+
+    step: ClassVar[Step] = Step.RESUME
+    kind: Literal[ActionKind.RESUME] = ActionKind.RESUME
+
+
+class Cancel(_Mutation):
+    step: ClassVar[Step] = Step.CANCEL
+    kind: Literal[ActionKind.CANCEL] = ActionKind.CANCEL
+    job_id: str
+    clears_way_for_launch: bool = Field(False, description="it only makes room for this cell's launch: when the "
+                                                           "launch cannot go ahead this pass, neither does it")
+
+
+class Analyze(_Mutation):
+    """Write the post-eval report of a run dir."""
+
+    step: ClassVar[Step] = Step.ANALYZE
+    kind: Literal[ActionKind.ANALYZE] = ActionKind.ANALYZE
+    facts: RunDirFacts
+
+
+class Upload(_Mutation):
+    """Its metrics to the results DB (and, with a tracker, MLflow), each read back."""
+
+    step: ClassVar[Step] = Step.UPLOAD
+    kind: Literal[ActionKind.UPLOAD] = ActionKind.UPLOAD
+    facts: RunDirFacts
+    row_id: str | None = Field(description="our row of the run; None: an orphan dir, given a row of ours first")
+
+
+class Track(_Mutation):
+    """To MLflow only (upload.db off), read back."""
+
+    step: ClassVar[Step] = Step.TRACK
+    kind: Literal[ActionKind.TRACK] = ActionKind.TRACK
+    facts: RunDirFacts
+
+
+class Wait(_Action):
+    kind: Literal[ActionKind.WAIT] = ActionKind.WAIT
+
+
+class Skip(_Action):
+    kind: Literal[ActionKind.SKIP] = ActionKind.SKIP
+
+
+class Hold(_Action):
+    """A human decides; the reason says what to look at."""
+
+    kind: Literal[ActionKind.HOLD] = ActionKind.HOLD
+
+
+Launch = Submit | Resume
+Mutation = Submit | Resume | Cancel | Analyze | Upload | Track
+Action = Annotated[Submit | Resume | Cancel | Analyze | Upload | Track | Wait | Skip | Hold, Field(discriminator="kind")]
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+class RowUpdate(Frozen):
+    """Bookkeeping that brings our records in line with what was observed (not an action on the world).
+
+    Either moves our row along Pending → Started, or records the id of a job found by its name
+    (the repair of a crash between `sbatch` and step 3 of the submission protocol), or both.
+    """
+
+    row_id: str | None = None
+    status: RowStatus | None = None
+    started_at: datetime | None = None
+    submission_name: str | None = None
+    job_id: str | None = None
+
+
+class CellPlan(Frozen):
+    cell: Cell
+    phase: Phase
+    actions: tuple[Action, ...]
+    reason: str
+    rule: Rule = Field(description="the row of the rule tables that decided, for `evalctl explain`")
+    row_updates: tuple[RowUpdate, ...] = ()
+    run_dir: RunDirFacts | None = None
+    score: float | None = None
+    memory: CellMemory = Field(CellMemory(), description="the cell's memory as observed this pass")
+    remember: CellMemory | None = Field(None, description="the cell's memory after this pass, written before its "
+                                                          "actions (None: unchanged)")
+
+
+class Plan(Frozen):
+    evalrun: EvalRunRef
+    cells: tuple[CellPlan, ...]
+    suspended: bool = False
+    tunnel_releases: tuple[TunnelLease, ...] = Field((), description="pinggy leases whose job is over")
+
+
+# --------------------------------------------------------------------------- what acting said
+
+
+class Outcome(Frozen):
+    """One executed step, for events and the pass summary."""
+
+    cell: str = Field(description="the cell's label (the EvalRun, for a step of the whole EvalRun)")
+    action: Step
+    ok: bool
+    message: str

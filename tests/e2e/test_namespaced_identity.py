@@ -1,0 +1,117 @@
+"""An EvalRun is `namespace/name` everywhere, and an EvalCluster is looked up in the EvalRun's own namespace.
+
+Two bugs of one root (issue 15): a namespaced EvalRun with one pinggy pair deadlocked after its first
+installed-agent cell (its lease carried the bare name, so it was never released), and two EvalClusters named
+`hpc` in two namespaces collapsed into the last one read. Real evalctl processes, local scheduler, SQLite.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import FAKE_HARBOR, Cluster
+
+LEGACY_STORE = Path(__file__).parents[1] / "fixtures" / "stores" / "namespaced-pinggy-98fe988.sql"
+
+
+def write_agents_spec(cluster: Cluster) -> None:
+    """The spec the legacy store was made with: two openhands cells, one pinggy pair, namespace `lab`."""
+    cluster.spec.write_text(f"""
+apiVersion: evalrun.io/v1alpha1
+kind: EvalCluster
+metadata: {{name: local, namespace: lab}}
+spec:
+  scheduler: {{type: local}}
+  jobsDir: {cluster.root}/jobs
+  logsDir: {cluster.root}/logs
+  jobScript: {FAKE_HARBOR}
+  timeLimit: "01:00:00"
+  env: {{FAKE_HARBOR_TASKS: "4", FAKE_HARBOR_TRIAL_SECONDS: "0.05"}}
+---
+apiVersion: evalrun.io/v1alpha1
+kind: EvalRun
+metadata: {{name: agents, namespace: lab}}
+spec:
+  cluster: local
+  agent: openhands
+  models: [org/agent-a-8B, org/agent-b-8B]
+  datasets: [DCAgent/demo_tiny_a]
+  pinggy:
+    pairs: [{{name: pair-1, url: "https://pair-1.a.pinggy.link", secretRef: {{name: pinggy-1, key: token}}}}]
+""")
+
+
+def converge(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> dict:
+    monkeypatch.setenv("EVALCTL_SECRET_PINGGY_1_TOKEN", "tok-pair-1")
+    result = cluster.evalctl("reconcile", "--loop", "--interval", "0.3", "--until-done")
+    assert "converged after" in result.stdout, result.stdout
+    [status] = json.loads(cluster.evalctl("status", "-o", "json").stdout)["evalruns"]
+    return status
+
+
+def state(cluster: Cluster, query: str) -> list[tuple]:
+    with sqlite3.connect(cluster.root / "store.db") as conn:
+        return conn.execute(query).fetchall()
+
+
+def test_a_namespaced_evalrun_with_one_pinggy_pair_runs_its_installed_agent_cells_one_after_the_other(cluster, monkeypatch):
+    write_agents_spec(cluster)
+
+    status = converge(cluster, monkeypatch)
+
+    assert status["name"] == "lab/agents" and status["counts"] == {"Completed": 2}
+    assert state(cluster, "SELECT DISTINCT evalrun FROM evalrun_submissions") == [("lab/agents",)]
+    first, second = sorted(cluster.scheduler.observe(), key=lambda job: int(job.job_id))
+    assert first.ended_at is not None and second.submitted_at is not None
+    assert second.submitted_at >= first.ended_at, "one pair serves one job at a time"
+
+
+def test_a_store_written_before_evalrun_refs_releases_the_bare_named_lease_and_converges(cluster, monkeypatch):
+    with sqlite3.connect(cluster.root / "store.db") as conn:
+        conn.executescript(LEGACY_STORE.read_text())
+    assert state(cluster, "SELECT evalrun FROM evalrun_tunnel_leases") == [("agents",)], "the stuck lease"
+    write_agents_spec(cluster)
+
+    status = converge(cluster, monkeypatch)
+
+    assert status["counts"] == {"Completed": 2}
+    assert ("agents",) not in state(cluster, "SELECT evalrun FROM evalrun_tunnel_leases")
+    assert state(cluster, "SELECT evalrun FROM evalrun_submissions ORDER BY created_at") == [
+        ("agents",), ("lab/agents",)], "the old submission read as this EvalRun's, the new one under its full name"
+
+
+def test_same_named_clusters_in_two_namespaces_each_run_their_own_evalrun(cluster):
+    specs = cluster.root / "specs"
+    specs.mkdir()
+    for namespace, model in (("north", "org/north-8B"), ("south", "org/south-8B")):
+        (specs / f"{namespace}.yaml").write_text(f"""
+apiVersion: evalrun.io/v1alpha1
+kind: EvalCluster
+metadata: {{name: hpc, namespace: {namespace}}}
+spec:
+  scheduler: {{type: local}}
+  jobsDir: {cluster.root}/{namespace}/jobs
+  logsDir: {cluster.root}/{namespace}/logs
+  jobScript: {FAKE_HARBOR}
+  timeLimit: "01:00:00"
+  env: {{FAKE_HARBOR_TASKS: "3", FAKE_HARBOR_TRIAL_SECONDS: "0.01"}}
+---
+apiVersion: evalrun.io/v1alpha1
+kind: EvalRun
+metadata: {{name: nightly, namespace: {namespace}}}
+spec: {{cluster: hpc, models: [{model}], datasets: [DCAgent/demo_tiny_a]}}
+""")
+    cluster.spec = specs
+
+    validated = cluster.evalctl("validate", "-f", str(specs))
+    result = cluster.evalctl("reconcile", "--loop", "--interval", "0.3", "--until-done")
+
+    assert "2 EvalRun(s), 2 EvalCluster(s), 2 cell(s)" in validated.stdout
+    assert "converged after" in result.stdout
+    for namespace in ("north", "south"):
+        [run_dir] = (cluster.root / namespace / "jobs").iterdir()
+        assert run_dir.name.startswith(f"ev_org__{namespace}-8B__"), "each EvalRun ran on its own namespace's cluster"

@@ -33,10 +33,6 @@ class RunMetrics(Frozen):
     def score(self) -> float | None:
         return next(m.value for m in self.metrics if m.name == "accuracy")
 
-    def metrics_payload(self) -> list[dict[str, float | None]]:
-        """The LIST the leaderboard reads (a dict is ignored by it)."""
-        return [m.model_dump() for m in self.metrics]
-
     def upload(self, ended_at: datetime) -> ResultUpload:
         return ResultUpload(
             metrics=self.metrics, stats=self.stats.model_dump(), n_trials=self.stats.n_trials, ended_at=ended_at

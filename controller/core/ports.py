@@ -151,7 +151,12 @@ class ResultsDB(Protocol):
 
     def create_row(self, row: NewRow) -> None:
         """Insert a row of `row.username`, registering its model and benchmark if new. An existing id (whoever
-        owns it) is left as it is, so repeating it is a no-op."""
+        owns it) is left as it is, so repeating it is a no-op.
+
+        Legacy data has several rows of one name; the row reused is, among those of that exact name, a canonical
+        one (`duplicate_of` null) first, then the oldest by `creation_time` (a row without one, or whose value is
+        not a time, last; `benchmarks` has no such column), then the smallest id compared as text. Every backend
+        picks the same row, so rows written through different backends point at the same model and benchmark."""
         ...
 
     def update_row(self, row_id: str, *, owner: str, status: RowStatus | None = None,

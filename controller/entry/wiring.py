@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import getpass
+import logging
 import os
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -34,7 +35,9 @@ from controller.entry.secrets import EnvironmentSecrets, SecretSource
 from controller.spec.catalog import Catalog
 from controller.spec.loader import LoadedCluster, LoadedRun, SpecSet
 from controller.spec.models import SecretRef
-from controller.spec.resolve import resolve
+from controller.spec.resolve import resolution_notes, resolve
+
+log = logging.getLogger("evalctl.wiring")
 
 
 class MissingSecret(RuntimeError):
@@ -82,6 +85,8 @@ def targets_for(specs: SpecSet, catalog: Catalog) -> list[RunTarget]:
     for run in specs.evalruns:
         cluster = specs.cluster_of(run)
         cells = resolve(run.run, cluster.cluster, catalog)
+        for note in resolution_notes(run.run, cluster.cluster, catalog):  # REFERENCE §6: a size-rule fallback is said
+            log.info("resolved with a fallback", extra={"evalrun": str(run.ref), "note": note})
         targets.append(RunTarget(evalrun=run.ref, cluster=cluster.ref, cells=tuple(cells),
                                  policy=policy_for(run, cluster), generation=run.run.metadata.generation))
     return targets

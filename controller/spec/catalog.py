@@ -71,9 +71,6 @@ class Presets(CatalogModel):
             return list(self.aliases[name])
         return [name] if name in self.presets else []
 
-    def by_dataset(self, dataset: str) -> Preset | None:
-        return next((p for p in self.presets.values() if p.dataset == dataset.rstrip("/")), None)
-
 
 # --------------------------------------------------------------------------- error_classes.yaml
 

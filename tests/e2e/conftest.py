@@ -23,12 +23,14 @@ class Cluster:
         self.scheduler = LocalScheduler(root / "logs" / ".local-scheduler")
 
     def write(self, *, models: list[str], datasets: list[str], env: dict[str, str] | None = None,
-              script: Path = FAKE_HARBOR, extra_run: str = "", max_per_pass: int = 6) -> None:
+              script: Path = FAKE_HARBOR, extra_run: str = "", max_per_pass: int = 6, name: str = "e2e",
+              namespace: str | None = None) -> None:
         env_yaml = "".join(f"\n    {k}: \"{v}\"" for k, v in (env or {}).items()) or " {}"
+        within = f", namespace: {namespace}" if namespace else ""
         self.spec.write_text(f"""
 apiVersion: evalrun.io/v1alpha1
 kind: EvalCluster
-metadata: {{name: local}}
+metadata: {{name: local{within}}}
 spec:
   scheduler: {{type: local}}
   jobsDir: {self.root}/jobs
@@ -40,7 +42,7 @@ spec:
 ---
 apiVersion: evalrun.io/v1alpha1
 kind: EvalRun
-metadata: {{name: e2e}}
+metadata: {{name: {name}{within}}}
 spec:
   cluster: local
   models: {models}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.adapters.store.sqlite import SqliteStore
 from tests.e2e.conftest import FAKE_HARBOR, Cluster
 
 LEGACY_STORE = Path(__file__).parents[1] / "fixtures" / "stores" / "namespaced-pinggy-98fe988.sql"
@@ -20,29 +21,11 @@ LEGACY_STORE = Path(__file__).parents[1] / "fixtures" / "stores" / "namespaced-p
 
 def write_agents_spec(cluster: Cluster) -> None:
     """The spec the legacy store was made with: two openhands cells, one pinggy pair, namespace `lab`."""
-    cluster.spec.write_text(f"""
-apiVersion: evalrun.io/v1alpha1
-kind: EvalCluster
-metadata: {{name: local, namespace: lab}}
-spec:
-  scheduler: {{type: local}}
-  jobsDir: {cluster.root}/jobs
-  logsDir: {cluster.root}/logs
-  jobScript: {FAKE_HARBOR}
-  timeLimit: "01:00:00"
-  env: {{FAKE_HARBOR_TASKS: "4", FAKE_HARBOR_TRIAL_SECONDS: "0.05"}}
----
-apiVersion: evalrun.io/v1alpha1
-kind: EvalRun
-metadata: {{name: agents, namespace: lab}}
-spec:
-  cluster: local
-  agent: openhands
-  models: [org/agent-a-8B, org/agent-b-8B]
-  datasets: [DCAgent/demo_tiny_a]
+    cluster.write(models=["org/agent-a-8B", "org/agent-b-8B"], datasets=["DCAgent/demo_tiny_a"], name="agents",
+                  namespace="lab", env={"FAKE_HARBOR_TASKS": "4", "FAKE_HARBOR_TRIAL_SECONDS": "0.05"},
+                  extra_run="""  agent: openhands
   pinggy:
-    pairs: [{{name: pair-1, url: "https://pair-1.a.pinggy.link", secretRef: {{name: pinggy-1, key: token}}}}]
-""")
+    pairs: [{name: pair-1, url: "https://pair-1.a.pinggy.link", secretRef: {name: pinggy-1, key: token}}]""")
 
 
 def converge(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> dict:
@@ -71,6 +54,7 @@ def test_a_namespaced_evalrun_with_one_pinggy_pair_runs_its_installed_agent_cell
 
 
 def test_a_store_written_before_evalrun_refs_releases_the_bare_named_lease_and_converges(cluster, monkeypatch):
+    SqliteStore(cluster.root / "store.db").close()  # the schema, unchanged since then
     with sqlite3.connect(cluster.root / "store.db") as conn:
         conn.executescript(LEGACY_STORE.read_text())
     assert state(cluster, "SELECT evalrun FROM evalrun_tunnel_leases") == [("agents",)], "the stuck lease"

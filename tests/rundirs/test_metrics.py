@@ -51,9 +51,8 @@ def test_stderr_matches_the_textbook_formula(rewards: list[float]) -> None:
 def test_empty_dir_scores_none() -> None:
     result = run_metrics(facts_for([]), REFERENCE_ERRORS)
     assert result.score is None
-    assert result.metrics_payload() == [
-        {"name": "accuracy", "value": None}, {"name": "accuracy_stderr", "value": None},
-        {"name": "n_valid_trials", "value": 0.0}]
+    assert [(m.name, m.value) for m in result.metrics] == [
+        ("accuracy", None), ("accuracy_stderr", None), ("n_valid_trials", 0.0)]
     assert result.stats.infra_error_breakdown == dict.fromkeys(sorted(REFERENCE_ERRORS.infra), 0)
 
 

@@ -23,7 +23,7 @@ import pytest
 from controller.adapters.store import postgres
 from controller.adapters.store.postgres import PostgresStore, describe
 from controller.core.ports import NewRow, ObservationError, ResultUpload, StoreUnavailable, WriteRefused
-from controller.core.types import Metric, RowStatus, Submission, TunnelLease
+from controller.core.types import CellMemory, EvalRunRef, Metric, RowStatus, Submission, TunnelLease
 from tests.fixtures.evalctl import wait_until
 from tests.fixtures.postgres import PgServer, pg_start, pg_stop, throwaway_database
 
@@ -348,7 +348,7 @@ def test_eight_threads_share_one_store_consistently(pg: PostgresStore, pg_url: s
     owner_maps = all_at_once(8, lambda i: pg.claim_cells(f"evalrun-{i}", keys, 3600))
     all_at_once(8, lambda i: pg.create_row(new_row(model="org/brand-new-model", benchmark="brand-new-bench")))
     all_at_once(8, lambda i: pg.record_submission(submission("ev_same_intent")))
-    all_at_once(8, lambda i: pg.remember(f"cell-{i}", {"seen_by": i}))
+    all_at_once(8, lambda i: pg.remember(f"cell-{i}", CellMemory(db_verified=f"seen by {i}")))
     uploaded = all_at_once(8, lambda i: pg.upload_result(shared_row, RESULT, owner="alice"))
 
     assert leased.count(True) == 1
@@ -358,7 +358,7 @@ def test_eight_threads_share_one_store_consistently(pg: PostgresStore, pg_url: s
     state = pg.read_state("qwen-evals", keys, 3600)
     assert {owner.cell_key: owner.evalrun for owner in state.cell_owners} == owner_maps[0]
     assert [s.name for s in state.submissions] == ["ev_same_intent"]
-    assert state.cell_memory == {f"cell-{i}": {"seen_by": i} for i in range(8)}
+    assert state.cell_memory == {f"cell-{i}": CellMemory(db_verified=f"seen by {i}") for i in range(8)}
     assert uploaded.count(True) == 1, "exactly once"
     assert run_sql(pg_url, "SELECT count(*) FROM models WHERE name = 'org/brand-new-model'") == [(1,)]
     assert run_sql(pg_url, "SELECT count(*) FROM benchmarks WHERE name = 'brand-new-bench'") == [(1,)]
@@ -427,14 +427,14 @@ def test_a_stopped_server_fails_reads_and_writes_in_one_line_then_recovers(pg_pr
 def test_a_restart_between_passes_fails_no_operation(pg_private_server: PgServer, mode: str) -> None:
     """The pool's idle connections died with the server: they are skipped, not handed to the next pass."""
     with throwaway_database(pg_private_server) as url, opened(url) as store:
-        store.remember("cell-1", {"pass": 1})
+        store.remember("cell-1", CellMemory(db_verified="pass 1"))
         pg_stop("fast" if mode == "fast" else "immediate", pg_private_server)  # (a Literal for the type checker)
         pg_start(pg_private_server)
 
-        store.remember("cell-1", {"pass": 2})
+        store.remember("cell-1", CellMemory(db_verified="pass 2"))
         memory = store.read_state("qwen-evals", ["cell-1"], 60).cell_memory
 
-    assert memory == {"cell-1": {"pass": 2}}
+    assert memory == {"cell-1": CellMemory(db_verified="pass 2")}
 
 
 def test_messages_name_the_store_without_its_password(pg_server: PgServer) -> None:
@@ -471,8 +471,9 @@ def test_lease_expiry_is_decided_by_the_database_clock(pg: PostgresStore, pg_url
 
 
 def test_cell_claims_expire_by_the_database_clock(pg: PostgresStore, pg_url: str) -> None:
-    assert pg.claim_cells("qwen-evals", ["cell-1", "cell-2"], 3600) == {"cell-1": "qwen-evals", "cell-2": "qwen-evals"}
-    assert pg.claim_cells("other-evals", ["cell-2"], 3600) == {"cell-2": "qwen-evals"}
+    qwen, other = EvalRunRef.parse("qwen-evals"), EvalRunRef.parse("other-evals")
+    assert pg.claim_cells("qwen-evals", ["cell-1", "cell-2"], 3600) == {"cell-1": qwen, "cell-2": qwen}
+    assert pg.claim_cells("other-evals", ["cell-2"], 3600) == {"cell-2": qwen}
 
     run_sql(pg_url, "UPDATE evalrun_cell_owners SET renewed_at = now() - interval '2 hours' WHERE cell_key = 'cell-2'")
     live = pg.read_state("other-evals", ["cell-1", "cell-2"], 3600).cell_owners
@@ -480,8 +481,8 @@ def test_cell_claims_expire_by_the_database_clock(pg: PostgresStore, pg_url: str
     renamed = pg.claim_cells("qwen-evals", ["cell-1"], 0)  # its own claim is renewed whatever the TTL
 
     assert [owner.cell_key for owner in live] == ["cell-1"], "a claim not renewed within the TTL is not live"
-    assert taken == {"cell-2": "other-evals"}
-    assert renamed == {"cell-1": "qwen-evals"}
+    assert taken == {"cell-2": other}
+    assert renamed == {"cell-1": qwen}
 
 
 def test_tunnel_pairs_go_to_one_holder(pg: PostgresStore) -> None:

@@ -9,14 +9,14 @@ resubmit — the store fails closed instead.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from controller.core.metrics import same_metrics
-from controller.core.ports import SandboxJobRow, WriteRefused
+from controller.core.ports import NamedRow, SandboxJobRow, WriteRefused
 from controller.core.types import Metric
 
 
@@ -109,6 +109,41 @@ def decode_rows(records: Iterable[dict[str, Any]]) -> tuple[tuple[SandboxJobRow,
         except ValueError as error:
             undecodable.append(str(error))
     return tuple(rows), tuple(undecodable)
+
+
+def decode_families(records: Iterable[Sequence[Any]]) -> tuple[tuple[NamedRow, ...], tuple[NamedRow, ...]]:
+    """`(kind, id, name, duplicate_of)` records of the SQL backends' family statement, kind 'model' or
+    'benchmark', as (models, benchmarks) in the order given."""
+    named: dict[str, list[NamedRow]] = {"model": [], "benchmark": []}
+    for kind, id_, name, duplicate_of in records:
+        named[kind].append(NamedRow(id=id_, name=name, duplicate_of=duplicate_of))
+    return tuple(named["model"]), tuple(named["benchmark"])
+
+
+# Postgres' own spelling of its infinite timestamps, which sort after (before) every finite one.
+_INFINITE = {"infinity": datetime.max.replace(tzinfo=UTC), "-infinity": datetime.min.replace(tzinfo=UTC)}
+
+
+def registry_order(record: Mapping[str, Any]) -> tuple[bool, bool, datetime, str]:
+    """Sort key of the `models`/`benchmarks` rows of one name: which one a new row reuses (ResultsDB.create_row).
+
+    Canonical first, then the oldest `creation_time` (compared as times, whatever the spelling; none, or one
+    that is not a time, last; benchmarks have none), then the smallest id. `postgres_sql.CREATE_ROW` sorts the
+    same in SQL: booleans false first, timestamptz by instant NULLS LAST, ids as text in byte order.
+    """
+    stored = record.get("creation_time")
+    try:
+        created = _INFINITE[stored] if stored in _INFINITE else parse_timestamp(stored)
+    except ValueError:
+        created = None
+    return (record.get("duplicate_of") is not None, created is None, created or _INFINITE["-infinity"],
+            str(record.get("id")))
+
+
+def reused_id(records: Iterable[Mapping[str, Any]]) -> str | None:
+    """The id of the row a new row reuses among these rows of one name (`registry_order`), None if there are none."""
+    first = min(records, key=registry_order, default=None)
+    return None if first is None else str(first["id"])
 
 
 def stored_metrics_are(stored: object, written: Iterable[Metric]) -> bool:

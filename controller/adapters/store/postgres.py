@@ -30,10 +30,16 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from controller.adapters.store import postgres_sql as sql
-from controller.adapters.store.codec import check_owner, decode_rows, parse_timestamp, sandbox_job_row, stored_metrics_are
+from controller.adapters.store.codec import (
+    check_owner,
+    decode_families,
+    decode_rows,
+    parse_timestamp,
+    sandbox_job_row,
+    stored_metrics_are,
+)
 from controller.adapters.store.errors import StoreUnavailable, WriteRefused
 from controller.core.ports import (
-    NamedRow,
     NewRow,
     ObservationError,
     ResultsSnapshot,
@@ -122,12 +128,9 @@ class PostgresStore:
             _, families, rows, _ = self._round(
                 conn, (BEGIN_READ, None), (sql.FAMILIES, named), (sql.ROWS_IN_FAMILIES, named), (COMMIT, None))
             family_records, row_records = families.fetchall(), _dicts(rows)
-        by_kind: dict[str, list[NamedRow]] = {"model": [], "benchmark": []}
-        for kind, id_, name, duplicate_of in family_records:
-            by_kind[kind].append(NamedRow(id=id_, name=name, duplicate_of=duplicate_of))
+        models, benchmarks = decode_families(family_records)
         decoded, undecodable = decode_rows(row_records)
-        return ResultsSnapshot(models=tuple(by_kind["model"]), benchmarks=tuple(by_kind["benchmark"]),
-                               rows=decoded, undecodable=undecodable)
+        return ResultsSnapshot(models=models, benchmarks=benchmarks, rows=decoded, undecodable=undecodable)
 
     def read_row(self, row_id: str) -> SandboxJobRow | None:
         with self._reading() as conn:

@@ -164,14 +164,15 @@ MEMORY_OF_CELLS = "SELECT cell_key, memory FROM evalrun_cell_memory WHERE cell_k
 
 # --------------------------------------------------------------------------- results DB writes
 
-# Look the model up (canonical first, then the oldest: legacy data has several rows per name), register it
-# if new, same for the benchmark, then insert the row unless its id exists. One statement, run under
-# REGISTRY_LOCK; the sibling CTE's inserts are visible to the foreign-key checks at the end of the statement.
+# Look the model up (legacy data has several rows per name: the order is codec.registry_order's, the ids
+# compared as text in byte order whether they are uuid or text), register it if new, same for the benchmark,
+# then insert the row unless its id exists. One statement, run under REGISTRY_LOCK; the sibling CTE's inserts
+# are visible to the foreign-key checks at the end of the statement.
 CREATE_ROW = """
 WITH
   found_model AS (
     SELECT id FROM models WHERE name = %(model_name)s::text
-     ORDER BY duplicate_of IS NOT NULL, creation_time NULLS LAST, id LIMIT 1
+     ORDER BY duplicate_of IS NOT NULL, creation_time NULLS LAST, id::text COLLATE "C" LIMIT 1
   ),
   new_model AS (
     INSERT INTO models (id, name, created_by, creation_time)
@@ -181,7 +182,7 @@ WITH
   ),
   found_benchmark AS (
     SELECT id FROM benchmarks WHERE name = %(benchmark_name)s::text
-     ORDER BY duplicate_of IS NOT NULL, id LIMIT 1
+     ORDER BY duplicate_of IS NOT NULL, id::text COLLATE "C" LIMIT 1
   ),
   new_benchmark AS (
     INSERT INTO benchmarks (id, name)

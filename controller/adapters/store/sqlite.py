@@ -21,10 +21,12 @@ from controller.adapters.store import sqlite_sql as sql
 from controller.adapters.store.codec import (
     as_utc,
     check_owner,
+    decode_families,
     decode_rows,
     format_metrics,
     format_timestamp,
     parse_timestamp,
+    reused_id,
     sandbox_job_row,
     stored_metrics_are,
 )
@@ -276,10 +278,7 @@ class SqliteStore:
             "models": None if model_names is None else _json(model_names),
             "benchmarks": None if benchmark_names is None else _json(benchmark_names),
         }).fetchall()
-        named: dict[str, list[NamedRow]] = {"model": [], "benchmark": []}
-        for kind, id_, name, duplicate_of in records:
-            named[kind].append(NamedRow(id=id_, name=name, duplicate_of=duplicate_of))
-        return tuple(named["model"]), tuple(named["benchmark"])
+        return decode_families(records)
 
     def _insert_row(self, conn: sqlite3.Connection, row: NewRow, at: datetime) -> None:
         self._run(
@@ -303,18 +302,18 @@ class SqliteStore:
         )
 
     def _model_id(self, conn: sqlite3.Connection, name: str, created_by: str, at: datetime) -> str:
-        """Reuse the model row of that name (canonical first); register the model if it is new."""
-        found = self._run(conn, sql.MODEL_ID_BY_NAME, (name,)).fetchone()
+        """Reuse the model row of that name (ResultsDB.create_row says which); register the model if it is new."""
+        found = reused_id(dict(record) for record in self._run(conn, sql.MODELS_NAMED, (name,)))
         if found is not None:
-            return str(found[0])
+            return found
         model_id = str(uuid.uuid4())
         self._run(conn, sql.INSERT_MODEL, (model_id, name, created_by, format_timestamp(at)))
         return model_id
 
     def _benchmark_id(self, conn: sqlite3.Connection, name: str) -> str:
-        found = self._run(conn, sql.BENCHMARK_ID_BY_NAME, (name,)).fetchone()
+        found = reused_id(dict(record) for record in self._run(conn, sql.BENCHMARKS_NAMED, (name,)))
         if found is not None:
-            return str(found[0])
+            return found
         benchmark_id = str(uuid.uuid4())
         self._run(conn, sql.INSERT_BENCHMARK, (benchmark_id, name))
         return benchmark_id

@@ -158,15 +158,13 @@ VALUES (:name, :run_tag, :evalrun, :cell_key, :attempt, :fire, :row_id, :job_id,
 
 SET_SUBMISSION_JOB_ID = "UPDATE evalrun_submissions SET job_id = ? WHERE name = ?"
 
-# Several rows may share a model name (legacy data); prefer the canonical, then the oldest.
-MODEL_ID_BY_NAME = """
-SELECT id FROM models WHERE name = ?
- ORDER BY duplicate_of IS NOT NULL, creation_time, id LIMIT 1
-"""
+# Every row of a name (legacy data has several); Python picks one (codec.registry_order), because
+# creation_time is text here, in whatever spelling its writer chose, and text order is not time order.
+MODELS_NAMED = "SELECT id, duplicate_of, creation_time FROM models WHERE name = ?"
 
 INSERT_MODEL = "INSERT INTO models (id, name, created_by, creation_time) VALUES (?, ?, ?, ?)"
 
-BENCHMARK_ID_BY_NAME = "SELECT id FROM benchmarks WHERE name = ?"
+BENCHMARKS_NAMED = "SELECT id, duplicate_of FROM benchmarks WHERE name = ?"
 
 INSERT_BENCHMARK = "INSERT INTO benchmarks (id, name) VALUES (?, ?)"
 

@@ -28,7 +28,7 @@ from controller.adapters.store.codec import (
     check_owner,
     decode_rows,
     format_timestamp,
-    parse_timestamp,
+    reused_id,
     sandbox_job_row,
     stored_metrics_are,
 )
@@ -49,6 +49,7 @@ SCHEMES = {"supabase": "https", "supabase+http": "http"}
 ROW_COLUMNS = ("id", "job_name", "username", "job_status", "created_at", "submitted_at", "started_at", "ended_at",
                "slurm_job_id", "model_id", "benchmark_id", "config", "metrics")
 FAMILY_COLUMNS = "id,name,duplicate_of"
+REGISTRY_COLUMNS = {"models": "id,duplicate_of,creation_time", "benchmarks": "id,duplicate_of"}  # what registry_order reads
 STATUS_ORDER = (RowStatus.PENDING.value, RowStatus.STARTED.value, RowStatus.FINISHED.value)
 MAX_BACKOFF_S = 30.0
 # 429 is retried although it is a 4xx: it is the server saying "not now", not "never" — the request was not
@@ -244,10 +245,10 @@ class SupabaseResults:
                      for member_id in sorted(members))
 
     def _model_id(self, name: str, created_by: str, at: datetime) -> str:
-        """Reuse the model row of that name (canonical first, then the oldest); register the model if new."""
-        found = self._select("models", "id,duplicate_of,creation_time", equal={"name": name})
-        if found:
-            return str(min(found, key=_canonical_then_oldest)["id"])
+        """Reuse the model row of that name (ResultsDB.create_row says which); register the model if new."""
+        found = self._named("models", name)
+        if found is not None:
+            return found
         model_id = str(uuid.uuid4())
         if self._insert("models", {"id": model_id, "name": name, "created_by": created_by,
                                    "creation_time": format_timestamp(at)}):
@@ -255,9 +256,9 @@ class SupabaseResults:
         return self._registered("models", name)
 
     def _benchmark_id(self, name: str) -> str:
-        found = self._select("benchmarks", "id", equal={"name": name})
-        if found:
-            return str(found[0]["id"])
+        found = self._named("benchmarks", name)
+        if found is not None:
+            return found
         benchmark_id = str(uuid.uuid4())
         try:
             if self._insert("benchmarks", {"id": benchmark_id, "name": name}):
@@ -269,12 +270,15 @@ class SupabaseResults:
 
     def _registered(self, table: str, name: str) -> str:
         """The id of a name just registered (by us, a retry of ours, or a concurrent writer)."""
-        found = self._select(table, "id,duplicate_of,creation_time" if table == "models" else "id",
-                             equal={"name": name})
-        if not found:
+        found = self._named(table, name)
+        if found is None:
             raise _Failed(self._line(f"registering {table} {name!r}", "the server accepted the insert but did not "
                                      "store it (row-level security? use the service-role key)"))
-        return str(min(found, key=_canonical_then_oldest)["id"])
+        return found
+
+    def _named(self, table: str, name: str) -> str | None:
+        """The row of that name a new row reuses (`codec.reused_id`), if there is one."""
+        return reused_id(self._select(table, REGISTRY_COLUMNS[table], equal={"name": name}))
 
     # ----------------------------------------------------------------------- requests
 
@@ -451,14 +455,6 @@ def _in_list(values: Sequence[str]) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
     return "(" + ",".join(item(value) for value in values) + ")"
-
-
-def _canonical_then_oldest(record: Mapping[str, Any]) -> tuple[bool, datetime, str]:
-    try:
-        created = parse_timestamp(record.get("creation_time")) or datetime.min.replace(tzinfo=UTC)
-    except ValueError:
-        created = datetime.min.replace(tzinfo=UTC)
-    return record.get("duplicate_of") is not None, created, str(record.get("id"))
 
 
 def _text_or_none(value: object) -> str | None:

@@ -31,6 +31,8 @@ class Backend:
     legacy: LegacyTables
     raw_row: Callable[[str], dict[str, Any] | None]
     opaque_text: bool = True  # columns hold any text: undecodable timestamps can be planted
+    # before planting: let benchmarks share a name (drop UNIQUE (name); planting into the fake never checks it)
+    allow_shared_benchmark_names: Callable[[], None] = lambda: None
     _families: Families | None = None
 
     @property
@@ -48,6 +50,11 @@ class SqliteTables(LegacyTables):
         values = [json.dumps(v) if isinstance(v, dict | list) else v for v in record.values()]
         self.conn.execute(f"INSERT INTO {table} ({', '.join(record)}) VALUES ({', '.join('?' * len(record))})", values)
 
+    def allow_shared_benchmark_names(self) -> None:
+        """Rebuild the (still empty) `benchmarks` without UNIQUE (name), as a lab copy may have it."""
+        self.conn.executescript("DROP TABLE benchmarks; CREATE TABLE benchmarks "
+                                "(id TEXT PRIMARY KEY, name TEXT NOT NULL, duplicate_of TEXT REFERENCES benchmarks(id));")
+
     def raw_row(self, row_id: str) -> dict[str, Any] | None:
         self.conn.row_factory = sqlite3.Row
         found = self.conn.execute("SELECT * FROM sandbox_jobs WHERE id = ?", (row_id,)).fetchone()
@@ -61,7 +68,8 @@ class SqliteTables(LegacyTables):
 def sqlite_backend(tmp_path: Path) -> Iterator[Backend]:
     store = SqliteStore(tmp_path / "store.db")
     tables = SqliteTables(tmp_path / "store.db")
-    yield Backend("sqlite", store, store, tables, tables.raw_row)
+    yield Backend("sqlite", store, store, tables, tables.raw_row,
+                  allow_shared_benchmark_names=tables.allow_shared_benchmark_names)
     tables.close()
     store.close()
 

@@ -27,6 +27,10 @@ class PostgresTables(LegacyTables):
         self.conn.execute(f"INSERT INTO {table} ({', '.join(record)}) VALUES ({', '.join(['%s'] * len(record))})",
                           values)
 
+    def allow_shared_benchmark_names(self) -> None:
+        """A lab copy whose `benchmarks.name` is not unique."""
+        self.conn.execute("ALTER TABLE benchmarks DROP CONSTRAINT benchmarks_name_key")
+
     def raw_row(self, row_id: str) -> dict[str, Any] | None:
         found = self.conn.execute("SELECT to_jsonb(t) FROM sandbox_jobs t WHERE id::text = %s", (row_id,)).fetchone()
         return None if found is None else dict(found[0])
@@ -38,6 +42,7 @@ class PostgresTables(LegacyTables):
 def open_postgres_backend(url: str) -> Iterator[Backend]:
     store = PostgresStore(url)  # creates the OT-Agent tables (uuid, jsonb, timestamptz) and ours
     tables = PostgresTables(url)
-    yield Backend("postgres", store, store, tables, tables.raw_row, opaque_text=False)
+    yield Backend("postgres", store, store, tables, tables.raw_row, opaque_text=False,
+                  allow_shared_benchmark_names=tables.allow_shared_benchmark_names)
     tables.close()
     store.close()

@@ -34,6 +34,7 @@ from controller.core.vocabulary import (
     Mutation,
     Outcome,
     Plan,
+    Quarantine,
     Resume,
     Step,
     Submit,
@@ -173,6 +174,9 @@ class Actor:
                 return message if self.tracker is None else f"{message}; {self._track(work, facts)}"
             case Track(facts=facts):
                 return self._track(work, facts)
+            case Quarantine(subject=subject, scope=scope, name=name, ttl_s=ttl_s):
+                self.state.quarantine(subject, scope, name, action.reason, ttl_s)
+                return f"{subject.value} {name} quarantined for {ttl_s / 3600:g} h: {action.reason}"
             case _:
                 assert_never(action)
 
@@ -215,7 +219,7 @@ class Actor:
             name=name, comment=cell.key, script=self.launcher.script,
             args=(cell.model, cell.dataset, cell.benchmark_name, launch.run_tag),
             env=job_environment(cell, launch, row_id, self.launcher.settings, self.job_secrets(launch)),
-            logs_dir=self.launcher.logs_dir, time_limit=self.launcher.time_limit,
+            logs_dir=self.launcher.logs_dir, time_limit=self.launcher.time_limit, exclude_nodes=launch.exclude_nodes,
         )
         job_id = self.scheduler.submit(request)
         kill_point("after-submit")

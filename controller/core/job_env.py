@@ -1,8 +1,9 @@
 """The environment a job script receives (REFERENCE.md §7): our contract with sbatch scripts, built in one place.
 
-Precedence, lowest first: the cluster's `env`, its `secretEnv`, then the contract's `EVAL_*` values, which
-always win. `validate` refuses a cluster whose `env` or `secretEnv` sets a reserved name, so a contract value
-is never overridden silently, and the last layer only guards against a spec that skipped validation.
+Precedence, lowest first: the cluster's `env`, its `secretEnv`, what a remedy adds to a refire (e.g.
+`EVAL_CLEAR_COMPILE_CACHE=1`), then the contract's `EVAL_*` values, which always win. `validate` refuses a
+cluster whose `env` or `secretEnv` sets a reserved name, so a contract value is never overridden silently,
+and the last layer only guards against a spec that skipped validation.
 Schedulers add the job's own id when they know it (`SLURM_JOB_ID`; the local scheduler also `EVAL_JOB_ID`).
 Pure: the secrets arrive as values read at submit time, and what this returns is never logged.
 """
@@ -22,7 +23,7 @@ CONTRACT_NAMES = frozenset({
     "EVAL_AGENT_KWARGS", "EVAL_JOBS_DIR", "EVAL_TIMEOUT_MULTIPLIER", "EVAL_CONFIG_YAML", "EVAL_HARBOR_CONFIG",
     "EVAL_MAX_OUTPUT_TOKENS", "EVAL_VLLM_TENSOR_PARALLEL_SIZE", "EVAL_VLLM_DATA_PARALLEL_SIZE",
     "EVAL_VLLM_MAX_MODEL_LEN", "EVAL_CONDA_ENV", "EVAL_PINGGY_URL", "EVAL_PINGGY_TOKEN", "EVAL_DB_JOB_ID",
-    "EVAL_UPLOAD_USERNAME", "EVAL_RESUME", "EVAL_RESUME_COUNT", "EVAL_JOB_ID",
+    "EVAL_UPLOAD_USERNAME", "EVAL_RESUME", "EVAL_RESUME_COUNT", "EVAL_JOB_ID", "EVAL_CLEAR_COMPILE_CACHE",
 })
 SCHEDULER_PREFIX = "SLURM_"  # the scheduler's own variables: a job that inherits a forged one misreads itself
 
@@ -76,4 +77,4 @@ def job_environment(cell: Cell, launch: Launch, row_id: str, settings: JobSettin
     if launch.tunnel is not None:
         optional |= {"EVAL_PINGGY_URL": secrets.pinggy_url or "", "EVAL_PINGGY_TOKEN": secrets.pinggy_token}
     contract |= {name: str(value) for name, value in optional.items() if value is not None}
-    return {**settings.env, **secrets.env, **contract}
+    return {**settings.env, **secrets.env, **launch.job_env, **contract}

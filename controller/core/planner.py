@@ -24,17 +24,34 @@ from datetime import datetime, timedelta
 from pydantic import Field
 
 from controller.core.dedup import DEDUP_TABLE, RowCase, newest, row_case
+from controller.core.health import (
+    HealthLimits,
+    bad_request_share,
+    count_instant_failures,
+    diagnose,
+    is_dead_launch,
+    read_output,
+    unwired_api_base,
+    verdict,
+)
 from controller.core.metrics import accuracy
 from controller.core.resume import RESUME_TABLE, DirClass, Next, classify
 from controller.core.types import (
     Cell,
     CellMemory,
     EvalRunRef,
+    FailureStage,
     Frozen,
     JobState,
     Observation,
     ObservedJob,
     ObservedRow,
+    OutputReading,
+    Quarantined,
+    QuarantineKind,
+    Remedy,
+    RemedyCause,
+    RemedyKind,
     RowStatus,
     RunDirFacts,
     StallReading,
@@ -47,11 +64,13 @@ from controller.core.vocabulary import (
     Analyze,
     Cancel,
     CellPlan,
+    HealthState,
     Hold,
     Launch,
     Mutation,
     Phase,
     Plan,
+    Quarantine,
     Resume,
     RowUpdate,
     Rule,
@@ -64,6 +83,7 @@ from controller.core.vocabulary import (
 
 OVER_BUDGET = "submission budget used up (maxSubmissionsPerPass / submissionsPerMinute); next pass"
 UPLOAD_NOT_VERIFIED = "UploadNotVerified"
+PAIR_LOCK = timedelta(hours=1)  # how long a pair whose token the pinggy server holds is handed to no job
 
 
 class Policy(Frozen):
@@ -90,7 +110,10 @@ class Policy(Frozen):
     force_upload: bool = Field(False, description="the gates' holds are released by a human")
     max_submissions_per_pass: int = 6
     tunnel_pairs: tuple[str, ...] = ()
+    tunnel_urls: dict[str, str] = Field(default_factory=dict, description="pair → its public URL, where given")
     cancel_on_delete: bool = Field(False, description="deletionPolicy Cancel: deleting the EvalRun cancels its jobs")
+    health: HealthLimits = HealthLimits()
+    cluster: str = Field("", description="the EvalCluster, as quarantines of its nodes and launches name it")
 
 
 def plan(
@@ -103,36 +126,55 @@ def plan(
     tunnel_leases: Sequence[TunnelLease] = (),
     live_job_names: frozenset[str] | None = None,
     owners: Mapping[str, EvalRunRef] | None = None,
+    quarantined: Sequence[Quarantined] = (),
 ) -> Plan:
     """Decide every cell, then share out what is scarce: launches (`budget`, default the policy's
-    per-pass cap) and pinggy pairs (`policy.tunnel_pairs` minus those leased to live jobs).
+    per-pass cap) and pinggy pairs (`policy.tunnel_pairs` minus those leased to live jobs or locked).
 
     `live_job_names`: every queued or running job on the cluster (None: the queue was not read).
     `owners`: cell key → the OTHER EvalRun that acts for it; such a cell is shown, never acted on.
+    `quarantined`: nodes, pairs and cluster launches not to use now (the store's unexpired quarantines).
     """
-    decided = [plan_cell(cell, obs, policy, now) for cell, obs in zip(cells, observations, strict=True)]
+    leased = {lease.holder: lease.pair for lease in tunnel_leases}
+    decided = [plan_cell(cell, obs, policy, now, leased=leased, quarantined=quarantined)
+               for cell, obs in zip(cells, observations, strict=True)]
     decided = [owned_elsewhere(c, owners[c.cell.key]) if owners and c.cell.key in owners else c for c in decided]
     released = () if policy.suspend else ended_leases(evalrun, tunnel_leases, observations, live_job_names)
     holders = {lease.pair: lease.holder for lease in tunnel_leases if lease not in released}
-    remaining = policy.max_submissions_per_pass if budget is None else budget
+    ours = tuple(q for q in quarantined if q.scope in (str(evalrun), policy.cluster))
+    # what this very plan quarantines counts for its own launches (a refire must not go back to the bad node)
+    deciding = [q for c in decided for a in c.actions if isinstance(a, Quarantine)
+                if (q := _as_quarantined(a, now)).scope in (str(evalrun), policy.cluster)]
+    locked = {q.name for q in (*ours, *deciding) if q.kind == QuarantineKind.PAIR}
+    bad_nodes = tuple(sorted({q.name for q in (*ours, *deciding) if q.kind == QuarantineKind.NODE}))
+    backing_off = next((q for q in (*ours, *deciding) if q.kind == QuarantineKind.CLUSTER), None)
+    remaining = 0 if backing_off else policy.max_submissions_per_pass if budget is None else budget
+    over_budget = OVER_BUDGET if backing_off is None else (
+        f"launches on {policy.cluster} back off until {backing_off.until:%H:%M} UTC: {backing_off.reason}")
     planned = []
     for cell_plan in decided:
         launch = launch_of(cell_plan)
         if launch is not None:
-            pair = _pair_for(launch, policy, holders) if cell_plan.cell.needs_pinggy else None
+            pair = _pair_for(launch, policy, holders, locked) if cell_plan.cell.needs_pinggy else None
             if cell_plan.cell.needs_pinggy and pair is None:
-                cell_plan = _without_launch(cell_plan, _no_pair(policy, holders))
+                cell_plan = _without_launch(cell_plan, _no_pair(policy, holders, locked))
             elif remaining <= 0:
-                cell_plan = _without_launch(cell_plan, Wait(reason=OVER_BUDGET))
+                cell_plan = _without_launch(cell_plan, Wait(reason=over_budget))
             else:
                 remaining -= 1
                 if pair is not None:
                     holders[pair] = launch.submission_name
-                    cell_plan = _with_tunnel(cell_plan, launch, pair)
+                cell_plan = _placed(cell_plan, launch, pair, bad_nodes)
         if policy.suspend:
             cell_plan = _suspended(cell_plan)
         planned.append(cell_plan)
-    return Plan(evalrun=evalrun, cells=tuple(planned), suspended=policy.suspend, tunnel_releases=released)
+    return Plan(evalrun=evalrun, cells=tuple(planned), suspended=policy.suspend, tunnel_releases=released,
+                quarantined=ours)
+
+
+def _as_quarantined(action: Quarantine, now: datetime) -> Quarantined:
+    return Quarantined(kind=action.subject, scope=action.scope, name=action.name, reason=action.reason,
+                       until=now + timedelta(seconds=action.ttl_s))
 
 
 def plan_deletion(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Observation],
@@ -189,11 +231,16 @@ def ended_leases(evalrun: EvalRunRef, leases: Sequence[TunnelLease], observation
     return tuple(ended)
 
 
-def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime) -> CellPlan:
+def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime, *,
+              leased: Mapping[str, str] | None = None, quarantined: Sequence[Quarantined] = ()) -> CellPlan:
+    """`leased`: submission name → the pinggy pair leased to its job."""
+    if obs.run_dirs:  # instant failures are infra whatever Harbor called them (the EvalRun's health policy)
+        obs = obs.model_copy(update={"run_dirs": tuple(count_instant_failures(d, policy.health.instant_fail)
+                                                         for d in obs.run_dirs)})
     failed = _failed_job(obs.jobs) if obs.run_dirs is None else None
     if failed is not None and obs.rows is not None and obs.submissions is not None:
         # A hold changes nothing: a job that failed needs a human whether or not its run dir can be seen.
-        reason = f"job {failed.job_id} {_failure(failed)} (run dir not observed: {obs.unknown_reason})"
+        reason = f"job {failed.job_id} {_failure(failed, policy)} (run dir not observed: {obs.unknown_reason})"
         return CellPlan(cell=cell, phase=Phase.FAILED, actions=(Hold(reason=reason),), reason=reason,
                         rule=Rule.JOB_FAILED_DIR_UNSEEN, memory=obs.memory)
     if obs.rows is None or obs.submissions is None or obs.jobs is None or obs.run_dirs is None:
@@ -209,7 +256,7 @@ def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime) -> Ce
             row_updates=adoptions,
             memory=obs.memory,
         )
-    rules = _CellRules(cell, obs, policy, now)
+    rules = _CellRules(cell, obs, policy, now, leased or {}, quarantined)
     live = [job for job in obs.jobs if job.state.active]
     broken = next((d for d in rules.dirs.values() if d.unreadable), None)
     if broken is not None and not live:  # with a live job, the walltime and queue rules need no trial data
@@ -228,7 +275,8 @@ def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime) -> Ce
 class _CellRules:
     """The rules of one cell over derived views of its observation (its own submissions, rows, dirs, jobs)."""
 
-    def __init__(self, cell: Cell, obs: Observation, policy: Policy, now: datetime):
+    def __init__(self, cell: Cell, obs: Observation, policy: Policy, now: datetime,
+                 leased: Mapping[str, str] | None = None, quarantined: Sequence[Quarantined] = ()):
         assert obs.rows is not None and obs.submissions is not None
         assert obs.jobs is not None and obs.run_dirs is not None
         self.cell, self.policy, self.now = cell, policy, now
@@ -242,6 +290,10 @@ class _CellRules:
         }
         self.jobs = obs.jobs
         self.memory = obs.memory
+        self.learnt = obs.memory  # the memory with what this pass read (a job's output); written if it changed
+        self.outputs = {output.job_id: output for output in obs.outputs or ()}
+        self.leased = leased or {}
+        self.quarantined = quarantined
         self.adoptions = [
             RowUpdate(submission_name=s.name, job_id=job.job_id, row_id=s.row_id)
             for s in self.subs
@@ -281,6 +333,11 @@ class _CellRules:
             actions.append(Cancel(job_id=job.job_id,
                                   reason=f"{job.time_left_s // 60} min of walltime left; cancel now, resume later"))
             return self._result(Phase.RUNNING, actions, "pre-walltime cancel", Rule.PRE_WALLTIME, updates, facts)
+        if job.state == JobState.RUNNING:
+            self._read_output(job)
+            unhealthy = self._unhealthy(job, facts, actions, updates)
+            if unhealthy is not None:
+                return unhealthy
         if facts is not None and facts.n_total and not facts.unreadable:  # zombie and stuck rules count trials
             last = facts.last_progress_at or job.started_at
             quiet = self.now - last if last is not None else timedelta(0)
@@ -294,9 +351,111 @@ class _CellRules:
             if quiet >= self.policy.stale_general:
                 return self._stuck_general(job, facts, actions, updates, quiet)
         actions.append(Wait(reason=f"job {job.job_id} running"))
-        moving = self.memory.model_copy(update={"stall_reading": None})  # progress ends a stall reading
-        return self._result(Phase.RUNNING, actions, f"job running ({progress})", Rule.IN_FLIGHT, updates, facts,
-                            remember=moving if moving != self.memory else None)
+        moving = self.learnt.model_copy(update={"stall_reading": None})  # progress ends a stall reading
+        state, note = verdict(self._reading(job), facts, job.started_at, self.policy.health, self.now)
+        return self._result(Phase.RUNNING, actions, f"job running ({progress}); {note}", Rule.IN_FLIGHT, updates,
+                            facts, remember=moving, health=(state, note))
+
+    # ------------------------------------------------------------------ REFERENCE §8: launch health
+
+    def _read_output(self, job: ObservedJob) -> None:
+        output = self.outputs.get(job.job_id)
+        if output is not None and output.text:
+            reading = read_output(self.learnt.output, output, self.policy.health.failure_modes, self.now)
+            self.learnt = self.learnt.model_copy(update={"output": reading})
+
+    def _reading(self, job: ObservedJob) -> OutputReading | None:
+        reading = self.learnt.output
+        return reading if reading is not None and reading.job_id == job.job_id else None
+
+    def _unhealthy(self, job: ObservedJob, facts: RunDirFacts | None, actions: list[Action],
+                   updates: list[RowUpdate]) -> CellPlan | None:
+        """The first check of a running job that finds it dead (cancel, remedy) or not working (report)."""
+        health, reading = self.policy.health, self._reading(job)
+        readable = facts if facts is not None and not facts.unreadable else None
+        if readable is not None and readable.n_completed >= health.dead_launch_trials and is_dead_launch(readable):
+            return self._cancel_to_remedy(job, readable, actions, updates, RemedyCause.DEAD_LAUNCH, RemedyKind.REFIRE,
+                                          _dead_launch(readable))
+        pair = self.leased.get(job.name)
+        unwired = unwired_api_base(readable.api_base, self.policy.tunnel_urls.get(pair or "")) \
+            if readable is not None and self.cell.needs_pinggy else ""
+        if unwired:
+            return self._cancel_to_remedy(job, readable, actions, updates, RemedyCause.PINGGY_NOT_WIRED, RemedyKind.HOLD,
+                                          f"pinggy not wired: {unwired}; the job must send the agent to its pair's "
+                                          "public URL (EVAL_PINGGY_URL)")
+        if reading is not None and reading.pinggy == "locked":
+            locked = "pinggy pair locked: a tunnel with the same token is already active on the server"
+            lock = [Quarantine(subject=QuarantineKind.PAIR, scope=str(self.cell.evalrun), name=pair, reason=locked,
+                               ttl_s=PAIR_LOCK.total_seconds())] if pair else []
+            return self._cancel_to_remedy(job, facts, [*actions, *lock], updates, RemedyCause.PINGGY_LOCKED,
+                                          RemedyKind.REFIRE, f"{locked} (pair {pair}); refire on another pair")
+        mode = next((m for m in health.failure_modes if reading is not None and m.name == reading.failure
+                     and m.when == FailureStage.RUNNING), None)
+        if mode is not None and mode.remedy in (RemedyKind.REFIRE, RemedyKind.REFIRE_ELSEWHERE):
+            return self._cancel_to_remedy(job, facts, actions, updates, RemedyCause.KNOWN_FAILURE, mode.remedy,
+                                          f"{mode.name}: {mode.advice}", mode.job_env)
+        if mode is not None:  # back-off (the job goes on; the cluster launches less) or hold (a human decides)
+            backing_off = self._quarantines(Remedy(run_tag="", kind=mode.remedy, diagnosis=mode.name, at=self.now,
+                                                   backoff_minutes=mode.backoff_minutes,
+                                                   cause=RemedyCause.KNOWN_FAILURE), job)
+            return self._stalled([*actions, *backing_off], updates, facts, Rule.KNOWN_FAILURE,
+                                 f"{mode.name}: {mode.advice}")
+        started = job.started_at
+        launching = readable is None or (readable.n_started_trials == 0 and readable.n_completed == 0)
+        if launching and started is not None and self.now - started >= health.launch_grace and not (
+                facts is not None and facts.unreadable):
+            return self._cancel_to_remedy(job, facts, actions, updates, RemedyCause.LAUNCH_STALLED, RemedyKind.REFIRE,
+                                          f"stalled launch: no trial started in {_minutes(self.now - started)} "
+                                          f"(health.launchGraceMinutes {_minutes(health.launch_grace)})")
+        pending = readable is None or readable.n_total is None or readable.n_completed < readable.n_total
+        if reading is not None and reading.ready_at is not None and pending:
+            quiet = self.now - (reading.last_request_at or reading.ready_at)
+            if quiet >= health.no_traffic:
+                return self._stalled(actions, updates, facts, Rule.NO_TRAFFIC,
+                                     f"no traffic: no chat completion request for {_minutes(quiet)} since vLLM was "
+                                     "ready, with trials pending (agents not reaching the model?)")
+        share = bad_request_share(reading) if reading is not None else None
+        if reading is not None and share is not None and share > health.bad_request_fraction:
+            return self._stalled(actions, updates, facts, Rule.BAD_REQUESTS,
+                                 f"{share:.0%} of {reading.requests} requests answered 400 (health.badRequestFraction "
+                                 f"{health.bad_request_fraction:g}): context overflow? lower max_input_tokens / "
+                                 "max_output_tokens in the harbor config")
+        return None
+
+    def _cancel_to_remedy(self, job: ObservedJob, facts: RunDirFacts | None, actions: list[Action],
+                          updates: list[RowUpdate], cause: RemedyCause, kind: RemedyKind, diagnosis: str,
+                          job_env: Mapping[str, str] | None = None) -> CellPlan:
+        """Cancel a job that cannot work, and remember what to do once it ended (refire, or a human)."""
+        remedy = Remedy(run_tag=facts.run_tag if facts is not None else self._dir_tag(job), kind=kind,
+                        diagnosis=diagnosis, at=self.now, node=job.nodes or None, job_env=dict(job_env or {}),
+                        cause=cause)
+        cancel = Cancel(job_id=job.job_id, reason=diagnosis)
+        rule = DIAGNOSED_BY[cause]
+        return self._result(Phase.STALLED, [*actions, cancel, *self._quarantines(remedy, job)], diagnosis, rule,
+                            updates, facts, remember=self._with_remedy(remedy), health=(HealthState.DEAD, diagnosis))
+
+    def _stalled(self, actions: list[Action], updates: list[RowUpdate], facts: RunDirFacts | None, rule: Rule,
+                 diagnosis: str) -> CellPlan:
+        """Running but not working: reported, not cancelled (a long tail or a slow model can look alike)."""
+        return self._result(Phase.STALLED, [*actions, Wait(reason=diagnosis)], diagnosis, rule, updates, facts,
+                            remember=self.learnt, health=(HealthState.STALLED, diagnosis))
+
+    def _with_remedy(self, remedy: Remedy) -> CellMemory:
+        kept = tuple(r for r in self.learnt.remedies if r.run_tag != remedy.run_tag)
+        return self.learnt.model_copy(update={"remedies": (*kept, remedy)})
+
+    def _quarantines(self, remedy: Remedy, job: ObservedJob | None) -> list[Action]:
+        """A node to exclude (refire-elsewhere) or the cluster's launches to pause (back-off), unless already."""
+        health, cluster = self.policy.health, self.policy.cluster
+        active = {(q.kind, q.scope, q.name) for q in self.quarantined}
+        if remedy.kind == RemedyKind.REFIRE_ELSEWHERE and remedy.node:
+            if (QuarantineKind.NODE, cluster, remedy.node) not in active:
+                return [Quarantine(subject=QuarantineKind.NODE, scope=cluster, name=remedy.node,
+                                   reason=remedy.diagnosis, ttl_s=health.bad_node.total_seconds())]
+        if remedy.kind == RemedyKind.BACK_OFF and (QuarantineKind.CLUSTER, cluster, cluster) not in active:
+            return [Quarantine(subject=QuarantineKind.CLUSTER, scope=cluster, name=cluster, reason=remedy.diagnosis,
+                               ttl_s=remedy.backoff_minutes * 60.0)]
+        return []
 
     def _stuck_general(self, job: ObservedJob, facts: RunDirFacts, actions: list[Action], updates: list[RowUpdate],
                        quiet: timedelta) -> CellPlan:
@@ -311,7 +470,7 @@ class _CellRules:
                                           Rule.STUCK_GENERAL_AGAIN,
                                           f"{progress}, no new score since {first_at:%Y-%m-%d %H:%M}")
         actions.append(Wait(reason=f"no new score for {_minutes(quiet)} ({progress})"))
-        remember = None if first_at is not None else self.memory.model_copy(update={
+        remember = self.learnt if first_at is not None else self.learnt.model_copy(update={
             "stall_reading": StallReading(run_tag=facts.run_tag, scored=facts.n_scored, at=self.now)})
         return self._result(Phase.STALLED, actions, f"stalled: no progress for {_minutes(quiet)}"
                             + (f" (first reading {first_at:%H:%M}; cancelled if still stuck a "
@@ -322,7 +481,7 @@ class _CellRules:
                           updates: list[RowUpdate], what: str, rule: Rule, why: str) -> CellPlan:
         """Cancel, and remember that this run dir is to be uploaded as it is once it settles, never resumed."""
         actions.append(Cancel(job_id=job.job_id, reason=f"{what}: {_progress(facts)}"))
-        remember = self.memory.model_copy(update={"stall_reading": None, "upload_as_is": facts.run_tag})
+        remember = self.learnt.model_copy(update={"stall_reading": None, "upload_as_is": facts.run_tag})
         return self._result(Phase.STALLED, actions, f"{what}: {why}", rule, updates, facts, remember=remember)
 
     def _bookkeeping(self, job: ObservedJob) -> list[RowUpdate]:
@@ -425,6 +584,9 @@ class _CellRules:
         verdict = RESUME_TABLE[cls]
         fires = self._fires(facts)
         row_id = row.id if row is not None else None
+        remedy = self._remedy_for(facts, job, cls)
+        if remedy is not None:
+            return self._remediate(facts, job, remedy)
         if job is not None and job.state in (JobState.FAILED, JobState.OUT_OF_MEMORY) and cls == DirClass.EARLY_KILL:
             what = "ran out of memory" if job.state == JobState.OUT_OF_MEMORY else "failed before any trial ran"
             reason = f"job {job.job_id} {what}" + (f": {job.reason}" if job.reason else "")
@@ -446,6 +608,49 @@ class _CellRules:
                             fire=fires + 1, row_id=row_id)
             return self._result(Phase.PENDING, [action], reason, verdict.rule, facts=facts)
         return self._upload(facts, row_id, cls, verdict.rule)
+
+    def _remedy_for(self, facts: RunDirFacts, job: ObservedJob | None, cls: DirClass) -> Remedy | None:
+        """What an ended attempt calls for: what was decided when it was cancelled, else what its log or its
+        trials say now (a catalogued start failure; a dead launch)."""
+        known = next((r for r in self.learnt.remedies if r.run_tag == facts.run_tag), None)
+        if known is not None:
+            return known
+        failed = job is not None and job.state in (JobState.FAILED, JobState.OUT_OF_MEMORY)
+        found = diagnose(job.log_tail or job.reason, self.policy.health.failure_modes, FailureStage.START) \
+            if job is not None and failed and cls == DirClass.EARLY_KILL else None
+        if found is not None:
+            assert job is not None
+            return Remedy(run_tag=facts.run_tag, kind=found.mode.remedy, diagnosis=str(found), at=self.now,
+                          node=job.nodes or None, job_env=found.mode.job_env,
+                          backoff_minutes=found.mode.backoff_minutes, cause=RemedyCause.KNOWN_FAILURE)
+        if is_dead_launch(facts) and cls != DirClass.SETTLING:
+            return Remedy(run_tag=facts.run_tag, kind=RemedyKind.REFIRE, diagnosis=_dead_launch(facts), at=self.now,
+                          cause=RemedyCause.DEAD_LAUNCH)
+        return None
+
+    def _remediate(self, facts: RunDirFacts, job: ObservedJob | None, remedy: Remedy) -> CellPlan:
+        """Carry out a remedy: hold for a human, or refire (a new attempt) after the back-off, at most maxRefires
+        times per cell. Never an upload: nothing in a remedied attempt is a score."""
+        health, remember = self.policy.health, self._with_remedy(remedy)
+        actions = self._quarantines(remedy, job)
+        rule = DIAGNOSED_BY[remedy.cause]
+        if remedy.kind == RemedyKind.HOLD:
+            return self._result(Phase.FAILED, [*actions, Hold(reason=remedy.diagnosis)], remedy.diagnosis, rule,
+                                facts=facts, remember=remember)
+        refired = sum(1 for r in remember.remedies if r.run_tag != remedy.run_tag and r.kind != RemedyKind.HOLD)
+        if refired >= health.max_refires:
+            reason = f"{remedy.diagnosis}; not refired again: {refired} refire(s) used (health.maxRefires)"
+            return self._result(Phase.FAILED, [*actions, Hold(reason=reason)], reason, Rule.REFIRES_EXHAUSTED,
+                                facts=facts, remember=remember)
+        after = (job.ended_at if job is not None and job.ended_at else remedy.at) + health.refire_backoff
+        if self.now < after:
+            reason = f"refire after {after:%H:%M:%S} UTC (health.refireBackoffMinutes): {remedy.diagnosis}"
+            return self._result(Phase.PENDING, [*actions, Wait(reason=reason)], reason, Rule.REFIRE, facts=facts,
+                                remember=remember)
+        attempt = self._next_attempt()
+        reason = f"refire {refired + 1} of {health.max_refires}: {remedy.diagnosis}"
+        submit = Submit(run_tag=self.cell.run_tag(attempt), attempt=attempt, reason=reason, job_env=remedy.job_env)
+        return self._result(Phase.PENDING, [*actions, submit], reason, Rule.REFIRE, facts=facts, remember=remember)
 
     def _upload(self, facts: RunDirFacts, row_id: str | None, cls: DirClass, rule: Rule) -> CellPlan:
         verdict = RESUME_TABLE[cls]
@@ -572,12 +777,16 @@ class _CellRules:
         facts: RunDirFacts | None = None,
         score: float | None = None,
         remember: CellMemory | None = None,
+        health: tuple[HealthState, str] | None = None,
     ) -> CellPlan:
+        """`remember`: the memory after this pass, written only if it differs from what was observed."""
         if score is None and facts is not None:
             score = accuracy(facts)
+        state, note = health if health is not None else (None, "")
         return CellPlan(cell=self.cell, phase=phase, actions=tuple(actions), reason=reason, rule=rule,
                         row_updates=(*self.adoptions, *(updates or ())), run_dir=facts, score=score,
-                        memory=self.memory, remember=remember)
+                        memory=self.memory, remember=remember if remember != self.memory else None,
+                        health=state, health_note=note)
 
 
 # ---------------------------------------------------------------------- caps
@@ -590,22 +799,26 @@ def _without_launch(cell_plan: CellPlan, instead: Action) -> CellPlan:
     return cell_plan.model_copy(update={"actions": (*kept, instead)})
 
 
-def _pair_for(launch: Launch, policy: Policy, holders: dict[str, str]) -> str | None:
-    """The pair this submission already holds (a repaired submission), else the first free one."""
+def _pair_for(launch: Launch, policy: Policy, holders: dict[str, str], locked: set[str]) -> str | None:
+    """The pair this submission already holds (a repaired submission), else the first free one that is not locked."""
     own = next((pair for pair, held_by in holders.items()
                 if held_by == launch.submission_name and pair in policy.tunnel_pairs), None)
-    return own or next((pair for pair in policy.tunnel_pairs if pair not in holders), None)
+    return own or next((pair for pair in policy.tunnel_pairs if pair not in holders and pair not in locked), None)
 
 
-def _no_pair(policy: Policy, holders: dict[str, str]) -> Action:
+def _no_pair(policy: Policy, holders: dict[str, str], locked: set[str]) -> Action:
     if not policy.tunnel_pairs:
         return Hold(reason="installed-agent harness needs a pinggy pair; add spec.pinggy.pairs to the EvalRun")
     busy = sum(1 for pair in policy.tunnel_pairs if pair in holders)
-    return Wait(reason=f"waiting for a free pinggy pair ({busy} of {len(policy.tunnel_pairs)} in use by running jobs)")
+    held = sum(1 for pair in policy.tunnel_pairs if pair in locked and pair not in holders)
+    return Wait(reason=f"waiting for a free pinggy pair ({busy} of {len(policy.tunnel_pairs)} in use by running jobs"
+                       + (f", {held} locked on the pinggy server" if held else "") + ")")
 
 
-def _with_tunnel(cell_plan: CellPlan, launch: Launch, pair: str) -> CellPlan:
-    actions = tuple(a.model_copy(update={"tunnel": pair}) if a is launch else a for a in cell_plan.actions)
+def _placed(cell_plan: CellPlan, launch: Launch, pair: str | None, bad_nodes: tuple[str, ...]) -> CellPlan:
+    """The launch with the pinggy pair it was given and the cluster's bad nodes excluded."""
+    placed = launch.model_copy(update={"tunnel": pair or launch.tunnel, "exclude_nodes": bad_nodes})
+    actions = tuple(placed if a is launch else a for a in cell_plan.actions)
     return cell_plan.model_copy(update={"actions": actions})
 
 
@@ -639,9 +852,22 @@ def _failed_job(jobs: Sequence[ObservedJob] | None) -> ObservedJob | None:
     return newest if newest.state in (JobState.FAILED, JobState.OUT_OF_MEMORY) else None
 
 
-def _failure(job: ObservedJob) -> str:
+def _failure(job: ObservedJob, policy: Policy) -> str:
     what = "ran out of memory" if job.state == JobState.OUT_OF_MEMORY else "failed"
-    return what + (f": {job.reason}" if job.reason else "")
+    found = diagnose(job.log_tail or job.reason, policy.health.failure_modes, FailureStage.START)
+    return what + (f": {found}" if found else f": {job.reason}" if job.reason else "")
+
+
+def _dead_launch(facts: RunDirFacts) -> str:
+    return (f"dead launch: {facts.n_instant_failures} instant failures, 0 real trials — served model unreachable? "
+            "(check the vLLM server and the api_base the trials call)")
+
+
+DIAGNOSED_BY: dict[RemedyCause, Rule] = {
+    RemedyCause.DEAD_LAUNCH: Rule.DEAD_LAUNCH, RemedyCause.LAUNCH_STALLED: Rule.LAUNCH_STALLED,
+    RemedyCause.PINGGY_NOT_WIRED: Rule.PINGGY_NOT_WIRED, RemedyCause.PINGGY_LOCKED: Rule.PINGGY_LOCKED,
+    RemedyCause.KNOWN_FAILURE: Rule.KNOWN_FAILURE,
+}
 
 
 def _last_job_note(jobs: Sequence[ObservedJob] | None) -> str:

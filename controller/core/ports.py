@@ -8,6 +8,7 @@ submission protocol's find-first step is what keeps it from running twice.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -18,9 +19,12 @@ from controller.core.types import (
     CellOwner,
     EvalRunRef,
     Frozen,
+    JobOutput,
     Metric,
     ObservedJob,
     ObservedRow,
+    Quarantined,
+    QuarantineKind,
     RowStatus,
     RunDirFacts,
     Submission,
@@ -91,6 +95,7 @@ class StateSnapshot(Frozen):
     tunnel_leases: tuple[TunnelLease, ...] = Field((), description="every pinggy lease, of every EvalRun")
     cell_owners: tuple[CellOwner, ...] = Field((), description="live claims on the named cells, whoever holds them")
     cell_memory: dict[str, CellMemory] = Field(default_factory=dict, description="what rules remembered per cell")
+    quarantined: tuple[Quarantined, ...] = Field((), description="every unexpired quarantine (nodes, pairs, clusters)")
 
 
 class StoreSnapshot(Frozen):
@@ -103,6 +108,7 @@ class StoreSnapshot(Frozen):
     tunnel_leases: tuple[TunnelLease, ...] = ()
     cell_owners: tuple[CellOwner, ...] = ()
     cell_memory: dict[str, CellMemory] = Field(default_factory=dict)
+    quarantined: tuple[Quarantined, ...] = ()
 
 
 class NewRow(Frozen):
@@ -179,8 +185,8 @@ class ControllerState(Protocol):
 
     def read_state(self, evalrun: EvalRunRef, cell_keys: list[str], owner_ttl_s: float) -> StateSnapshot:
         """Submissions of this EvalRun and of the named cells (whichever EvalRun made them: a cell's history is
-        the cell's), every tunnel lease, the claims on the named cells renewed within `owner_ttl_s`, and their
-        memory. One read transaction."""
+        the cell's), every tunnel lease, the claims on the named cells renewed within `owner_ttl_s`, their
+        memory, and every unexpired quarantine. One read transaction."""
         ...
 
     def record_submission(self, submission: Submission) -> None:
@@ -199,6 +205,11 @@ class ControllerState(Protocol):
 
     def remember(self, cell_key: str, memory: CellMemory) -> None:
         """Replace what the rules remember about a cell (readings across passes). Idempotent."""
+        ...
+
+    def quarantine(self, kind: QuarantineKind, scope: str, name: str, reason: str, ttl_s: float) -> None:
+        """Keep `name` (a node, a pinggy pair, a cluster's launches) out of use for `ttl_s` seconds from now by the
+        store's clock; repeating it extends the time. `read_state` returns it until then."""
         ...
 
     def try_lease(self, name: str, holder: str, ttl_s: float) -> bool:
@@ -237,6 +248,18 @@ class SubmitRequest(Frozen):
     env: dict[str, str] = Field(description="EVAL_* environment, secrets included (never logged)")
     logs_dir: str
     time_limit: str
+    exclude_nodes: tuple[str, ...] = Field((), description="nodes not to run on (sbatch --exclude)")
+
+
+class OutputCursor(Frozen):
+    """Where to go on reading a running job's output."""
+
+    job_id: str
+    name: str
+    offset: int = 0
+
+
+OUTPUT_READ_CAP = 256 << 10  # bytes of one job's output read per pass: a pass stays cheap, a backlog catches up
 
 
 class Scheduler(Protocol):
@@ -254,6 +277,12 @@ class Scheduler(Protocol):
 
     def cancel(self, job_id: str) -> None:
         """Cancel a job; cancelling a finished or unknown job is a no-op."""
+        ...
+
+    def read_output(self, cursors: Sequence[OutputCursor]) -> tuple[JobOutput, ...]:
+        """What each job printed from its cursor's offset, at most OUTPUT_READ_CAP bytes each, masked with the
+        cluster's secrets; one read for all (one command over ssh). A job whose output file is not there (yet)
+        is left out; a read that fails raises `ObservationError`. Never mutates."""
         ...
 
 

@@ -22,6 +22,7 @@ from controller.core.planner import Policy, launch_of, plan, plan_deletion
 from controller.core.ports import (
     JobsDirMissing,
     ObservationError,
+    OutputCursor,
     RunDirs,
     Scheduler,
     StoreSnapshot,
@@ -29,7 +30,7 @@ from controller.core.ports import (
 )
 from controller.core.status import RunStatus, summarize
 from controller.core.store import CELL_OWNER_TTL, Store
-from controller.core.types import Cell, ClusterRef, EvalRunRef, Frozen, Observation, ObservedJob
+from controller.core.types import Cell, ClusterRef, EvalRunRef, Frozen, JobState, Observation, ObservedJob
 from controller.core.vocabulary import Outcome, Plan
 
 log = logging.getLogger("evalctl.reconcile")
@@ -132,13 +133,15 @@ def reconcile_pass(
         if target.cluster not in views:  # max_submissions_per_pass is a cluster field: the same for every run on it
             views[target.cluster] = ClusterView(ports, target.policy.max_submissions_per_pass, now)
         view = views[target.cluster]
-        observed = observe(target, store, view)
+        observed = observe(target, store, view, ports.scheduler)
         acting = _acting(target, store, observed, act, holder, holder_is_dead, lease_ttl)
         lease = f"evalrun/{target.evalrun}"
         try:
+            snapshot = observed.snapshot
             the_plan = plan(target.evalrun, target.cells, observed.cells, target.policy, now, budget=view.budget,
-                            tunnel_leases=observed.snapshot.tunnel_leases if observed.snapshot else (),
-                            live_job_names=view.live_job_names, owners=acting.owners)
+                            tunnel_leases=snapshot.tunnel_leases if snapshot else (),
+                            live_job_names=view.live_job_names, owners=acting.owners,
+                            quarantined=snapshot.quarantined if snapshot else ())
             view.spend(the_plan)
             outcomes = tuple(ports.actor_for(target).act(the_plan)) if acting.granted else ()
         finally:
@@ -172,8 +175,9 @@ def release_pass(target: RunTarget, store: Store, ports: ClusterPorts) -> list[O
     return outcomes
 
 
-def observe(target: RunTarget, store: Store, view: ClusterView) -> Observed:
-    """The store (one read for the EvalRun) joined with its cluster's reads: one Observation per cell."""
+def observe(target: RunTarget, store: Store, view: ClusterView, scheduler: Scheduler) -> Observed:
+    """The store (one read for the EvalRun) joined with its cluster's reads: one Observation per cell, with what
+    its running jobs printed since the last pass (one more read, from the offsets the cells remember)."""
     read = _read(functools.partial(store.observe, target.evalrun, _models(target), _benchmarks(target),
                                    _keys(target)))
     snapshot = None if isinstance(read, ObservationError) else read
@@ -187,7 +191,26 @@ def observe(target: RunTarget, store: Store, view: ClusterView) -> Observed:
         unknown_reason="; ".join(failures),
         jobs_dir_missing=missing,
     )
-    return Observed(snapshot=snapshot, cells=tuple(cells))
+    return Observed(snapshot=snapshot, cells=_with_outputs(cells, scheduler))
+
+
+def _with_outputs(cells: Sequence[Observation], scheduler: Scheduler) -> tuple[Observation, ...]:
+    """Each running job's new output, read on from where the cell's memory says its last reading ended."""
+    cursors = [OutputCursor(job_id=job.job_id, name=job.name, offset=_offset(obs, job))
+               for obs in cells for job in obs.jobs or () if job.state == JobState.RUNNING]
+    if not cursors:
+        return tuple(cells)
+    read = _read(functools.partial(scheduler.read_output, cursors))
+    if isinstance(read, ObservationError):  # the health rules that need output wait; the others go on
+        return tuple(obs.model_copy(update={"outputs": None}) for obs in cells)
+    by_job = {output.job_id: output for output in read}
+    return tuple(obs.model_copy(update={"outputs": tuple(by_job[job.job_id] for job in obs.jobs or ()
+                                                         if job.job_id in by_job)}) for obs in cells)
+
+
+def _offset(obs: Observation, job: ObservedJob) -> int:
+    reading = obs.memory.output
+    return reading.offset if reading is not None and reading.job_id == job.job_id else 0
 
 
 def rate_budget(jobs: tuple[ObservedJob, ...] | ObservationError, per_minute: int, now: datetime) -> int:

@@ -118,12 +118,21 @@ def _conditions(plan: Plan, counts: dict[Phase, int], failed_actions: int,
     found = [ready]
     if (in_flight or unknown) and not plan.suspended:
         reason = "ObservationFailed" if unknown and not in_flight else "Progressing"
-        found.append(condition("Reconciling", True, reason, _breakdown(counts, IN_FLIGHT | {Phase.UNKNOWN})))
+        found.append(condition("Reconciling", True, reason,
+                               _breakdown(counts, IN_FLIGHT | {Phase.UNKNOWN}) + _health(plan)))
     if stuck or failed_actions:
         reason = "CellsNeedAttention" if stuck else "ActionsFailed"
         message = _breakdown(counts, NEEDS_A_HUMAN) if stuck else f"{failed_actions} action(s) failed in the last pass"
         found.append(condition("Stalled", True, reason, message))
     return tuple(found)
+
+
+def _health(plan: Plan) -> str:
+    """How the running jobs are doing (REFERENCE §8), e.g. ' (running jobs: 2 alive, 1 launching)'."""
+    verdicts = Counter(c.health for c in plan.cells if c.health is not None)
+    if not verdicts:
+        return ""
+    return " (running jobs: " + ", ".join(f"{n} {state.value}" for state, n in sorted(verdicts.items())) + ")"
 
 
 def _breakdown(counts: dict[Phase, int], phases: frozenset[Phase]) -> str:

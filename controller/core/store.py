@@ -34,7 +34,8 @@ class Store:
                                    + (f" (+{len(results.undecodable) - 3} more)" if len(results.undecodable) > 3 else ""))
         return StoreSnapshot(models=results.models, benchmarks=results.benchmarks, rows=results.rows,
                              submissions=state.submissions, tunnel_leases=state.tunnel_leases,
-                             cell_owners=state.cell_owners, cell_memory=state.cell_memory)
+                             cell_owners=state.cell_owners, cell_memory=state.cell_memory,
+                             quarantined=state.quarantined)
 
     def close(self) -> None:
         self.results.close()

@@ -2,23 +2,22 @@
 
 The class lists are data (REFERENCE.md §3, shipped as a catalog); this module only gives them a
 type and the two rules everyone must apply the same way: classification and the
-dimensionally stable breakdown (every known class present, 0 included).
+dimensionally stable breakdown (every known class present, 0 included). `InstantFailure` is
+always an infra class: the reconciler files instant failures there, whatever Harbor called them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from enum import StrEnum
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from controller.core.types import Frozen
+from controller.core.types import ErrorKind, Frozen
 
+__all__ = ["INSTANT_FAILURE", "ErrorClasses", "ErrorKind"]
 
-class ErrorKind(StrEnum):
-    INFRA = "infra"
-    BENIGN = "benign"
-    OTHER = "other"
+# The reconciler's own bucket (never Harbor's): an exception before one output token, within seconds.
+INSTANT_FAILURE = "InstantFailure"
 
 
 class ErrorClasses(Frozen):
@@ -35,6 +34,11 @@ class ErrorClasses(Frozen):
         frozenset(),
         description="a cancel cut the trial off: `harbor jobs resume` re-runs it, so it is not completed",
     )
+
+    @field_validator("infra")
+    @classmethod
+    def _with_instant_failures(cls, infra: frozenset[str]) -> frozenset[str]:
+        return infra | {INSTANT_FAILURE}
 
     @property
     def known(self) -> tuple[str, ...]:

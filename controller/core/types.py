@@ -210,6 +210,14 @@ class ObservedRow(Frozen):
         return bool(self.metrics)
 
 
+class ErrorKind(StrEnum):
+    """How a trial's exception counts (REFERENCE §3): infra is not the model's fault, benign is a valid 0."""
+
+    INFRA = "infra"
+    BENIGN = "benign"
+    OTHER = "other"
+
+
 class JobState(StrEnum):
     """The scheduler's view of one job, normalised across local and SLURM backends."""
 
@@ -239,6 +247,18 @@ class ObservedJob(Frozen):
     time_left_s: int | None = None
     exit_code: int | None = None
     reason: str = ""
+    nodes: str = Field("", description="where it ran (SLURM NodeList), when the scheduler says")
+    log_tail: str = Field("", description="the last lines of a failed job's output, masked: what diagnoses it")
+
+
+class QuietFailure(Frozen):
+    """A trial that raised without producing one output token; its agent time tells an instant failure."""
+
+    exception_type: str
+    kind: ErrorKind = Field(description="how its class counted in the run dir's tallies")
+    agent_seconds: float | None = Field(description="agent_execution finished - started; None: never ran")
+    reward: float | None = None
+    answered: bool = Field(False, description="the model answered at least one request (input tokens reported)")
 
 
 class RunDirFacts(Frozen):
@@ -268,6 +288,10 @@ class RunDirFacts(Frozen):
     last_progress_at: datetime | None = Field(None, description="newest trial result written")
     fires: int = Field(0, description="jobs that ran on this dir, from meta.env RESUME_COUNT (+1)")
     no_resume: bool = False
+    quiet_failures: tuple[QuietFailure, ...] = Field((), description="errored trials without an output token")
+    n_instant_failures: int = Field(0, description="of those, the instant failures (the EvalRun's health policy)")
+    n_started_trials: int = Field(0, description="trials with a result or with agent/ content: the launch works")
+    api_base: str | None = Field(None, description="the LLM endpoint the first trial's config.json names")
     unreadable: str = Field("", description="'<path>: <error>' of the first file that could not be read; "
                                             "non-empty makes the cell Unknown (its numbers are not data)")
 
@@ -315,6 +339,95 @@ class CellOwner(Frozen):
     renewed_at: datetime
 
 
+class RemedyKind(StrEnum):
+    """What a known failure calls for (REFERENCE §9): a new attempt, one elsewhere, fewer launches, or a human."""
+
+    REFIRE = "refire"
+    REFIRE_ELSEWHERE = "refire-elsewhere"
+    BACK_OFF = "back-off"
+    HOLD = "hold"
+
+
+class RemedyCause(StrEnum):
+    """Which health rule diagnosed the attempt (REFERENCE §8, §9)."""
+
+    DEAD_LAUNCH = "dead-launch"
+    LAUNCH_STALLED = "launch-stalled"
+    PINGGY_NOT_WIRED = "pinggy-not-wired"
+    PINGGY_LOCKED = "pinggy-locked"
+    KNOWN_FAILURE = "known-failure"
+
+
+class FailureStage(StrEnum):
+    START = "start"  # the job ended (FAILED) before it did any work: its log tail says why
+    RUNNING = "running"  # a running job's new output
+
+
+class FailureMode(Frozen):
+    """One entry of the failure catalog (`catalog/failures.yaml`, an EvalCluster's `failureCatalog`)."""
+
+    name: str
+    patterns: tuple[str, ...] = Field(description="regular expressions; any one matching a line is this failure")
+    when: FailureStage
+    remedy: RemedyKind
+    advice: str
+    job_env: dict[str, str] = Field(default_factory=dict, description="added to the refire's environment")
+    backoff_minutes: int = Field(15, description="back-off: how long the cluster launches nothing")
+
+
+class QuarantineKind(StrEnum):
+    NODE = "node"  # failed a job in a way that blames the node: excluded from the cluster's submissions
+    PAIR = "pinggy-pair"  # its token is locked on the pinggy server: handed to no job
+    CLUSTER = "cluster"  # launching backs off (load shedding, rate limits): its submission budget is 0
+
+
+class Quarantined(Frozen):
+    """Something not to use until `until` (the store's clock): a node, a pinggy pair, a cluster's launches."""
+
+    kind: QuarantineKind
+    scope: str = Field(description="where the name means something: the cluster (nodes, back-off), the EvalRun (pairs)")
+    name: str
+    reason: str
+    until: datetime
+
+
+class JobOutput(Frozen):
+    """What a running job printed since `offset` (bytes), read a bounded amount at a time."""
+
+    job_id: str
+    offset: int
+    end: int = Field(description="the offset after this read: where the next one starts")
+    text: str = Field(description="decoded (bad bytes replaced) and masked with the cluster's secrets")
+
+
+class Remedy(Frozen):
+    """What the health rules decided for a run that failed or was cancelled, kept until it is carried out."""
+
+    run_tag: str = Field(description="the attempt it is about")
+    kind: RemedyKind
+    diagnosis: str = Field(description="what was wrong and what to do, for status, explain and Events")
+    at: datetime
+    node: str | None = Field(None, description="refire-elsewhere: where it failed")
+    job_env: dict[str, str] = Field(default_factory=dict)
+    backoff_minutes: int = 15
+    cause: RemedyCause
+
+
+class OutputReading(Frozen):
+    """What a running job's output has said so far, read incrementally (`offset` bytes of it)."""
+
+    job_id: str
+    offset: int = 0
+    read_at: datetime
+    requests: int = Field(0, description="`POST /v1/(chat/)completions` lines (vLLM's access log)")
+    bad_requests: int = Field(0, description="of those, answered 400")
+    requests_per_minute: float | None = Field(None, description="over the last reading interval")
+    ready_at: datetime | None = Field(None, description="the pass that first saw the vLLM server ready")
+    last_request_at: datetime | None = Field(None, description="the last pass that saw a new request")
+    pinggy: str | None = Field(None, description="'live' (authenticated) or 'locked' (token already active)")
+    failure: str | None = Field(None, description="a catalogued running failure matched in it")
+
+
 class StallReading(Frozen):
     """The first stuck-general reading of a run: escalated only if a later one finds the same score count."""
 
@@ -338,6 +451,8 @@ class CellMemory(BaseModel):
     track_error: str | None = Field(None, description="why the last MLflow upload did not read back")
     upload_as_is: str | None = Field(None, description="a run tag the monitor cancelled: upload it as is, never resume")
     stall_reading: StallReading | None = None
+    remedies: tuple[Remedy, ...] = Field((), description="one per failed attempt the health rules diagnosed")
+    output: OutputReading | None = Field(None, description="the running job's output, read so far")
 
     def stored(self) -> dict[str, Any]:
         """The JSON the controller state keeps (the key names of every earlier version)."""
@@ -368,3 +483,4 @@ class Observation(Frozen):
     run_dirs: tuple[RunDirFacts, ...] | None
     unknown_reason: str = ""
     memory: CellMemory = Field(CellMemory(), description="what earlier passes remembered for this cell")
+    outputs: tuple[JobOutput, ...] | None = Field((), description="new output of its running jobs (None: unread)")

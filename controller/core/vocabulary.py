@@ -19,6 +19,8 @@ from controller.core.types import (
     CellMemory,
     EvalRunRef,
     Frozen,
+    Quarantined,
+    QuarantineKind,
     RowStatus,
     RunDirFacts,
     TunnelLease,
@@ -99,6 +101,23 @@ class Rule(StrEnum):
     MONITOR_CANCELLED = ("UploadAsIsAfterMonitorCancel",
                          "REFERENCE §5: the monitor cancelled it → post-eval, upload as is, no resume")
     # REFERENCE §5 verification and the upload gates (DECISIONS.md)
+    # REFERENCE §8, §9: launch health, and the remedies of the failure catalog
+    DEAD_LAUNCH = ("DeadLaunch", "REFERENCE §8: every completed trial an instant failure → dead launch: cancel, "
+                                 "refire or hold; never a score")
+    LAUNCH_STALLED = ("LaunchStalled",
+                      "REFERENCE §8: no trial started within health.launchGraceMinutes → cancel, refire")
+    PINGGY_NOT_WIRED = ("PinggyNotWired", "REFERENCE §8: trials call an api_base that is not the leased pinggy URL → "
+                                          "cancel, release the pair, hold")
+    PINGGY_LOCKED = ("PinggyLocked", "REFERENCE §8: 'a tunnel with the same token is already active' → cancel, lock "
+                                     "the pair for an hour, refire on another")
+    KNOWN_FAILURE = "KnownFailure", "REFERENCE §9: a catalogued failure in the job's output → its remedy"
+    NO_TRAFFIC = ("NoTraffic", "REFERENCE §8: no chat completions for health.noTrafficMinutes after vLLM was ready "
+                               "→ report Stalled")
+    BAD_REQUESTS = ("BadRequests", "REFERENCE §8: 400 share above health.badRequestFraction → report Stalled "
+                                   "(context overflow?)")
+    REFIRE = ("Refire", "issue 16: a remedied attempt → a new attempt after health.refireBackoffMinutes, at most "
+                        "health.maxRefires per cell")
+    REFIRES_EXHAUSTED = "RefiresExhausted", "issue 16: health.maxRefires refires used → hold with the diagnosis"
     VERIFY_UPLOAD = "VerifyUpload", "REFERENCE §5: verify, don't trust exit codes → Completed only once read back"
     UPLOAD_GATE = ("UploadGate", "DECISIONS: upload gates (minCompletedFraction, maxInfraErrorFraction, "
                                  "overlongHours) → hold until upload.forceUpload")
@@ -114,6 +133,7 @@ class ActionKind(StrEnum):
     ANALYZE = "analyze"
     UPLOAD = "upload"  # to the results DB, then (with a tracker) to MLflow; each read back
     TRACK = "track"  # to MLflow only, read back (upload.db off)
+    QUARANTINE = "quarantine"  # a node, a pinggy pair or a cluster's launches, for a while
     WAIT = "wait"
     SKIP = "skip"
     HOLD = "hold"
@@ -136,6 +156,7 @@ class Step(StrEnum):
     ANALYZE = "analyze", "Analyze"
     UPLOAD = "upload", "Upload"
     TRACK = "track", "Track"
+    QUARANTINE = "quarantine", "Quarantine"
     BOOKKEEPING = "bookkeeping", "Bookkeeping"
     RELEASE_TUNNELS = "release pinggy pairs", "ReleasePinggyPairs"
 
@@ -163,6 +184,8 @@ class _Launch(_Mutation):
     row_id: str | None = Field(None, description="the row it reuses; None: a new one, with a deterministic id")
     tunnel: str | None = Field(None, description="pinggy pair the launched job uses (installed-agent cells)")
     intent_at: datetime | None = Field(None, description="when the intent being repaired was recorded")
+    exclude_nodes: tuple[str, ...] = Field((), description="nodes of the cluster quarantined as bad")
+    job_env: dict[str, str] = Field(default_factory=dict, description="what a remedy adds to the job's environment")
 
     @property
     def submission_name(self) -> str:
@@ -217,6 +240,17 @@ class Track(_Mutation):
     facts: RunDirFacts
 
 
+class Quarantine(_Mutation):
+    """Do not use a node, a pinggy pair or a cluster's launches for `ttl_s` seconds (by the store's clock)."""
+
+    step: ClassVar[Step] = Step.QUARANTINE
+    kind: Literal[ActionKind.QUARANTINE] = ActionKind.QUARANTINE
+    subject: QuarantineKind
+    scope: str
+    name: str
+    ttl_s: float
+
+
 class Wait(_Action):
     kind: Literal[ActionKind.WAIT] = ActionKind.WAIT
 
@@ -232,8 +266,16 @@ class Hold(_Action):
 
 
 Launch = Submit | Resume
-Mutation = Submit | Resume | Cancel | Analyze | Upload | Track
-Action = Annotated[Submit | Resume | Cancel | Analyze | Upload | Track | Wait | Skip | Hold, Field(discriminator="kind")]
+Mutation = Submit | Resume | Cancel | Analyze | Upload | Track | Quarantine
+Action = Annotated[Submit | Resume | Cancel | Analyze | Upload | Track | Quarantine | Wait | Skip | Hold,
+                   Field(discriminator="kind")]
+
+
+class HealthState(StrEnum):
+    ALIVE = "alive"
+    LAUNCHING = "launching"
+    STALLED = "stalled"  # running, but a health rule found it not working (reported, not cancelled)
+    DEAD = "dead"  # being cancelled: a dead launch, an unwired or locked tunnel, a known failure
 
 
 # --------------------------------------------------------------------------- the plan
@@ -265,6 +307,8 @@ class CellPlan(Frozen):
     memory: CellMemory = Field(CellMemory(), description="the cell's memory as observed this pass")
     remember: CellMemory | None = Field(None, description="the cell's memory after this pass, written before its "
                                                           "actions (None: unchanged)")
+    health: HealthState | None = Field(None, description="of a running job: does it work (REFERENCE §8)")
+    health_note: str = Field("", description="the verdict in words: 'alive: 14 trials scored, 42 req/min, …'")
 
 
 class Plan(Frozen):
@@ -272,6 +316,8 @@ class Plan(Frozen):
     cells: tuple[CellPlan, ...]
     suspended: bool = False
     tunnel_releases: tuple[TunnelLease, ...] = Field((), description="pinggy leases whose job is over")
+    quarantined: tuple[Quarantined, ...] = Field((), description="its cluster's bad nodes and back-off, its locked "
+                                                                 "pairs: what status lists")
 
 
 # --------------------------------------------------------------------------- what acting said

@@ -37,6 +37,7 @@ def _cell_json(cell: CellPlan) -> dict[str, Any]:
         "actions": [{"kind": a.kind.value, "reason": a.reason} for a in cell.actions],
         "reason": cell.reason,
         "rule": cell.rule.value,
+        "health": None if cell.health is None else {"state": cell.health.value, "note": cell.health_note},
         "score": cell.score,
     }
 
@@ -66,6 +67,9 @@ def status_grid(plan: Plan, console: Console) -> None:
         cells = [by_key.get((model, bench)) for bench in benchmarks]
         table.add_row(model, *(_grid_cell(c) for c in cells))
     console.print(table)
+    for q in plan.quarantined:
+        console.print(f"  quarantined {q.kind.value} {q.name} until {q.until:%Y-%m-%d %H:%M} UTC: {q.reason}",
+                      highlight=False)
 
 
 def status_json(plans: Sequence[Plan]) -> str:
@@ -80,6 +84,7 @@ def _status_json(plan: Plan, summary: RunStatus) -> dict[str, Any]:
         "conditions": [c.model_dump(mode="json", exclude_none=True) for c in summary.conditions],
         "attention": [a.model_dump(mode="json") for a in summary.attention],
         "cells": [_cell_json(c) for c in plan.cells],
+        "quarantined": [q.model_dump(mode="json") for q in plan.quarantined],
     }
 
 
@@ -111,6 +116,8 @@ def explain(cell: CellPlan, console: Console) -> None:
     console.print(f"  phase:  {_phase(cell.phase)}")
     console.print(f"  rule:   {cell.rule.citation}", highlight=False)
     console.print(f"  reason: {cell.reason}", highlight=False)
+    if cell.health is not None:
+        console.print(f"  health: {cell.health.value}: {cell.health_note}", highlight=False)
     for action in cell.actions:
         console.print(f"  action: {action.render()}", highlight=False)
     for update in cell.row_updates:

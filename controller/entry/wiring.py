@@ -22,6 +22,7 @@ from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
 from controller.adapters.secrets import SecretMask
 from controller.core.actor import Actor, JobLauncher
+from controller.core.health import HealthLimits
 from controller.core.job_env import JobSecrets, JobSettings
 from controller.core.metrics import RunMetrics
 from controller.core.planner import Policy
@@ -52,8 +53,8 @@ def username_of(cluster: LoadedCluster) -> str:
     return cluster.cluster.spec.username or getpass.getuser()
 
 
-def policy_for(run: LoadedRun, cluster: LoadedCluster) -> Policy:
-    spec, cspec = run.run.spec, cluster.cluster.spec
+def policy_for(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog) -> Policy:
+    spec, cspec, health = run.run.spec, cluster.cluster.spec, run.run.spec.health
     return Policy(
         username=username_of(cluster),
         force_eval=spec.force_eval,
@@ -76,7 +77,20 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster) -> Policy:
         force_upload=spec.upload.force_upload,
         max_submissions_per_pass=cspec.max_submissions_per_pass,
         tunnel_pairs=tuple(pair.name for pair in spec.pinggy.pairs),
+        tunnel_urls={pair.name: pair.url for pair in spec.pinggy.pairs if pair.url},
         cancel_on_delete=spec.deletion_policy == "Cancel",
+        health=HealthLimits(
+            instant_fail=timedelta(seconds=health.instant_fail_seconds),
+            dead_launch_trials=health.dead_launch_trials,
+            launch_grace=timedelta(minutes=health.launch_grace_minutes),
+            no_traffic=timedelta(minutes=health.no_traffic_minutes),
+            bad_request_fraction=health.bad_request_fraction,
+            max_refires=health.max_refires,
+            refire_backoff=timedelta(minutes=health.refire_backoff_minutes),
+            bad_node=timedelta(hours=health.bad_node_hours),
+            failure_modes=catalog.failures.modes_for(cspec.failure_catalog),
+        ),
+        cluster=str(cluster.ref),
     )
 
 
@@ -88,7 +102,7 @@ def targets_for(specs: SpecSet, catalog: Catalog) -> list[RunTarget]:
         for note in resolution_notes(run.run, cluster.cluster, catalog):  # REFERENCE §6: a size-rule fallback is said
             log.info("resolved with a fallback", extra={"evalrun": str(run.ref), "note": note})
         targets.append(RunTarget(evalrun=run.ref, cluster=cluster.ref, cells=tuple(cells),
-                                 policy=policy_for(run, cluster), generation=run.run.metadata.generation))
+                                 policy=policy_for(run, cluster, catalog), generation=run.run.metadata.generation))
     return targets
 
 

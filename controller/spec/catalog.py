@@ -1,4 +1,4 @@
-"""The shipped catalogs (presets, error classes, size policy, model registry, harnesses) as typed data.
+"""The shipped catalogs (presets, error classes, size policy, model registry, harnesses, failures) as typed data.
 
 Catalog facts change more often than code, so they live in `catalog/*.yaml`. A site can replace
 any of those files by putting its own under `$EVALCTL_CATALOG_DIR` (file by file; absent files
@@ -16,9 +16,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from controller.core.trial_errors import ErrorClasses
+from controller.core.types import FailureMode
 from controller.spec.diagnose import validate
 from controller.spec.errors import SpecError, SpecErrors
-from controller.spec.models import PositiveInt, entry_error
+from controller.spec.models import FAILURE_MODES_MAX, FailureModeSpec, PositiveInt, entry_error
 from controller.spec.yamldoc import read_documents
 
 SHIPPED_DIR = Path(__file__).parent / "catalog"
@@ -186,6 +187,29 @@ def _normal(text: str) -> str:
     return text.lower().replace("_", "-")
 
 
+# --------------------------------------------------------------------------- failures.yaml
+
+
+class FailureCatalog(CatalogModel):
+    """The failure modes a controller can see in a job's log (REFERENCE §9), first match wins."""
+
+    modes: list[FailureModeSpec] = Field(max_length=FAILURE_MODES_MAX)
+
+    @model_validator(mode="after")
+    def _unique(self) -> FailureCatalog:
+        seen: set[tuple[str, str]] = set()
+        for index, mode in enumerate(self.modes):
+            if (mode.name, mode.when) in seen:
+                raise entry_error(("modes", index, "name"), "duplicate", "{name} ({when}) is listed twice",
+                                  name=mode.name, when=mode.when.value)
+            seen.add((mode.name, mode.when))
+        return self
+
+    def modes_for(self, cluster_modes: list[FailureModeSpec]) -> tuple[FailureMode, ...]:
+        """A cluster's own entries first (a site knows its logs best), then the shipped ones."""
+        return tuple(spec.mode() for spec in (*cluster_modes, *self.modes))
+
+
 # --------------------------------------------------------------------------- the whole catalog
 
 
@@ -195,6 +219,7 @@ class Catalog(CatalogModel):
     size_policy: SizePolicy
     models: ModelRegistry
     harnesses: Harnesses
+    failures: FailureCatalog
 
 
 FILES: dict[str, tuple[str, type[Any]]] = {
@@ -203,6 +228,7 @@ FILES: dict[str, tuple[str, type[Any]]] = {
     "size_policy.yaml": ("size_policy", SizePolicy),
     "model_registry.yaml": ("models", ModelRegistry),
     "harnesses.yaml": ("harnesses", Harnesses),
+    "failures.yaml": ("failures", FailureCatalog),
 }
 
 

@@ -24,7 +24,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from controller.core.job_env import is_reserved
-from controller.core.types import walltime_seconds
+from controller.core.types import FailureMode, FailureStage, RemedyKind, walltime_seconds
 
 API_VERSION = "evalrun.io/v1alpha1"
 
@@ -196,6 +196,53 @@ MLFLOW_CREDENTIALS = ("Secret with the MLflow server's credentials: keys `userna
                       "(CLI: EVALCTL_SECRET_<NAME>_<KEY>).")
 
 
+FAILURE_MODES_MAX = 64
+FAILURE_PATTERNS_MAX = 16
+PATTERN_MAX = 300
+REMEDY_ENV = frozenset({"EVAL_CLEAR_COMPILE_CACHE"})  # contract names a remedy may set on its refire
+
+
+class FailureModeSpec(SpecModel):
+    """A failure a job's log shows, and what to do about it (the failure catalog, REFERENCE §9)."""
+
+    name: Name = Field(description="Shown in reasons, `explain` and Events, e.g. nccl-timeout.")
+    patterns: list[Annotated[str, Field(min_length=1, max_length=PATTERN_MAX)]] = Field(
+        min_length=1, max_length=FAILURE_PATTERNS_MAX,
+        description="Python regular expressions; any one matching the log is this failure.")
+    when: FailureStage = Field(description="start: the log of a job that FAILED before doing any work; running: "
+                                           "what a running job prints.")
+    remedy: RemedyKind = Field(description="refire (a new attempt), refire-elsewhere (the same, the node excluded "
+                                           "for health.badNodeHours), back-off (the cluster launches nothing for "
+                                           "backoffMinutes), or hold (a human decides).")
+    advice: Annotated[str, Field(min_length=1, max_length=500)] = Field(description="What it means and what to do.")
+    job_env: dict[str, str] = Field(default_factory=dict, max_length=8,
+                                    description="Environment the refire gets, e.g. EVAL_CLEAR_COMPILE_CACHE: '1'.")
+    backoff_minutes: int = Field(15, ge=1, le=24 * 60, description="back-off: how long the cluster launches nothing.")
+
+    @field_validator("patterns")
+    @classmethod
+    def _compiles(cls, value: list[str]) -> list[str]:
+        for index, pattern in enumerate(value):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise entry_error((index,), "pattern", "not a regular expression: {error}", error=str(exc)) from None
+        return value
+
+    @field_validator("job_env")
+    @classmethod
+    def _remedy_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if (is_reserved(name) and name not in REMEDY_ENV) or not ENV_NAME.fullmatch(name):
+                raise entry_error((name, "[key]"), "remedy_env", "a refire may set {allowed} or names of your "
+                                  "own, not {name}", allowed=", ".join(sorted(REMEDY_ENV)), name=name)
+        return value
+
+    def mode(self) -> FailureMode:
+        return FailureMode(name=self.name, patterns=tuple(self.patterns), when=self.when, remedy=self.remedy,
+                           advice=self.advice, job_env=dict(self.job_env), backoff_minutes=self.backoff_minutes)
+
+
 class EvalClusterSpec(SpecModel):
     """Cluster particulars, written once per cluster and shared by every EvalRun on it."""
 
@@ -226,6 +273,9 @@ class EvalClusterSpec(SpecModel):
         None, description="MLflow tracking server of this cluster's EvalRuns that do not name one "
                           "(default $MLFLOW_TRACKING_URI).")
     mlflow_credentials_secret: Name | None = Field(None, description=MLFLOW_CREDENTIALS)
+    failure_catalog: list[FailureModeSpec] = Field(
+        default_factory=list, max_length=FAILURE_MODES_MAX,
+        description="Failures this cluster's logs show, in addition to the shipped catalog (which they precede).")
 
     @field_validator("time_limit")
     @classmethod
@@ -327,6 +377,30 @@ class MonitorPolicy(SpecModel):
     )
 
 
+class HealthPolicy(SpecModel):
+    """Launch health (REFERENCE §8): what an operator checks after every launch, and the remedies' bounds."""
+
+    instant_fail_seconds: float = Field(
+        10, ge=0, le=3600, description="A trial that raised with no output token and less agent time than this is "
+                                       "an instant failure: infra (the model was unreachable), never a score.")
+    dead_launch_trials: PositiveInt = Field(
+        10, le=100_000, description="A running job with this many completed trials, all instant failures, is a "
+                                    "dead launch: cancelled at once.")
+    launch_grace_minutes: Minutes = Field(
+        30, description="A job running this long with no trial started (no result, no agent/ content) is a stalled "
+                        "launch: cancelled and refired.")
+    no_traffic_minutes: Minutes = Field(
+        15, description="No chat completion request this long after vLLM was ready, with trials pending → Stalled.")
+    bad_request_fraction: float = Field(
+        0.15, ge=0, le=1, description="A 400 share above this (over 50 requests or more) → Stalled: context "
+                                      "overflow?")
+    max_refires: int = Field(2, ge=0, le=100, description="Refires per cell (new attempts after a diagnosed "
+                                                           "failure); then the cell is held with the diagnosis.")
+    refire_backoff_minutes: Minutes = Field(5, description="Wait this long after a failed attempt before its refire.")
+    bad_node_hours: float = Field(24, gt=0, le=24 * 30, description="A node a refire-elsewhere failure blames is "
+                                                                    "excluded from the cluster's submissions this long.")
+
+
 class UploadPolicy(SpecModel):
     """Where results go once a cell is evaluated."""
 
@@ -417,6 +491,8 @@ class EvalRunSpec(SpecModel):
     stale_pending_hours: Hours = Field(6, description="Pending rows older than this are stale.")
     resume: ResumePolicy = Field(default_factory=ResumePolicy, description="When a run dir is resumed.")
     monitor: MonitorPolicy = Field(default_factory=MonitorPolicy, description="When a running job is judged stuck.")
+    health: HealthPolicy = Field(default_factory=HealthPolicy, description="Launch health: dead launches, stalled "
+                                                                           "launches, traffic, refires.")
     upload: UploadPolicy = Field(default_factory=UploadPolicy, description="Where results go.")
     pinggy: PinggySpec = Field(default_factory=PinggySpec, description="Tunnel pairs for installed-agent harnesses.")
 

@@ -12,9 +12,19 @@ already in the request", so concurrent trials never mix. Each reply is a terminu
 block with the script's token counts; every request served is recorded (`FakeLLM.calls`, with its script and
 turn: one conversation per script as long as each task runs once).
 
+A misbehaving server, for the launch-health rules (off by default): `bad_request_every=N` answers every Nth
+chat-completions request HTTP 400 (what vLLM answers a prompt over its context window), whatever it asks; and
+`access_log` prints one line per request the way vLLM's uvicorn server does, plus uvicorn's startup lines once
+listening, which is what the reconciler reads in a job's output:
+
+    INFO:     Application startup complete.
+    INFO:     127.0.0.1:53312 - "POST /v1/chat/completions HTTP/1.1" 200 OK
+    INFO:     127.0.0.1:53318 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request
+
 Stdlib only, so the reconciler's Python 3.11 (tests, in a thread) and the eval env's 3.12 (CLI) both run it:
 
     python eval/harbor/fake_llm.py [--port N]    # prints "fake-llm listening on http://127.0.0.1:PORT/v1"
+    python eval/harbor/fake_llm.py --access-log --bad-request-every 3 --url-file F   # as a job runs vLLM
     harbor run ... -a terminus-2 -m openai/fake-model --ak api_base=http://127.0.0.1:PORT/v1
 """
 
@@ -22,12 +32,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import sys
 import threading
 import time
 from dataclasses import dataclass
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 MODEL = "fake-model"
 SCRIPT_TAG = re.compile(r"fake-llm-script:\s*([\w-]+)")
@@ -109,11 +123,19 @@ class FakeLLM:
     """The server, in a daemon thread: `with FakeLLM() as llm: ... llm.base_url ... llm.calls`."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
-                 scripts: dict[str, tuple[Reply, ...]] | None = None) -> None:
+                 scripts: dict[str, tuple[Reply, ...]] | None = None, bad_request_every: int = 0,
+                 access_log: TextIO | None = None) -> None:
+        if bad_request_every < 0:
+            raise ValueError(f"bad_request_every must be 0 (never) or more, not {bad_request_every}")
         self.scripts = SCRIPTS if scripts is None else scripts
+        self.bad_request_every = bad_request_every  # every Nth chat-completions request is answered 400; 0: none
+        self.access_log = access_log  # where uvicorn-style startup and access lines go; None: nowhere
         self._lock = threading.Lock()
+        self._log_lock = threading.Lock()
         self._calls: list[Call] = []
         self._errors: list[str] = []
+        self._requests = 0  # chat-completions requests answered (rejected ones included)
+        self._rejected = 0
         self._server = ThreadingHTTPServer((host, port), _handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-llm", daemon=True)
@@ -134,9 +156,40 @@ class FakeLLM:
         with self._lock:
             return list(self._errors)
 
+    @property
+    def rejected(self) -> int:
+        """Requests answered 400 on purpose (`bad_request_every`); not in `errors`."""
+        with self._lock:
+            return self._rejected
+
     def start(self) -> FakeLLM:
         self._thread.start()
+        self.announce()
         return self
+
+    def announce(self) -> None:
+        """uvicorn's startup lines, vLLM's ready signal (the socket listens from the constructor on)."""
+        self.log(f"INFO:     Started server process [{os.getpid()}]")
+        self.log("INFO:     Waiting for application startup.")
+        self.log("INFO:     Application startup complete.")
+        host, port = self._server.server_address[:2]
+        self.log(f"INFO:     Uvicorn running on http://{host!s}:{port} (Press CTRL+C to quit)")
+
+    def log(self, line: str) -> None:
+        """One line to the access log, whole (handler threads print concurrently)."""
+        if self.access_log is None:
+            return
+        with self._log_lock:
+            self.access_log.write(line + "\n")
+            self.access_log.flush()
+
+    def log_access(self, client: tuple[str, int], request_line: str, status: int) -> None:
+        """uvicorn's access line: `INFO:     127.0.0.1:53312 - "POST /v1/chat/completions HTTP/1.1" 200 OK`."""
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = ""
+        self.log(f'INFO:     {client[0]}:{client[1]} - "{request_line}" {status} {phrase}'.rstrip())
 
     def stop(self) -> None:
         self._server.shutdown()  # waits for serve_forever to return
@@ -151,6 +204,13 @@ class FakeLLM:
 
     def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """HTTP status and JSON body for one chat-completions request."""
+        with self._lock:
+            self._requests += 1
+            reject = self.bad_request_every > 0 and self._requests % self.bad_request_every == 0
+            self._rejected += int(reject)
+        if reject:  # the shape of vLLM's 400 (an OpenAI error object), not a context-window message on purpose
+            return 400, {"object": "error", "type": "BadRequestError", "param": None, "code": 400,
+                         "message": f"fake_llm answers every {self.bad_request_every}th request 400 (on purpose)"}
         messages = body.get("messages")
         if body.get("stream"):
             return self._error(400, "streaming is not supported by fake_llm")
@@ -236,6 +296,10 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
+        def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+            if isinstance(code, int):  # send_response's call (an HTTPStatus is an int too)
+                llm.log_access(self.client_address[:2], self.requestline, int(code))
+
         def log_message(self, format: str, *args: Any) -> None:
             return  # quiet: tests read `calls`/`errors` instead
 
@@ -246,9 +310,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: a free port (printed)")
+    parser.add_argument("--bad-request-every", type=int, default=0, metavar="N",
+                        help="answer every Nth chat-completions request HTTP 400 (0: never)")
+    parser.add_argument("--access-log", action="store_true",
+                        help="print uvicorn's startup lines and an access line per request on stdout, as vLLM does")
+    parser.add_argument("--url-file", type=Path, help="write the base URL here (atomically) once listening")
     args = parser.parse_args()
-    llm = FakeLLM(args.host, args.port)
+    llm = FakeLLM(args.host, args.port, bad_request_every=args.bad_request_every,
+                  access_log=sys.stdout if args.access_log else None)
     print(f"fake-llm listening on {llm.base_url}", flush=True)
+    llm.announce()
+    if args.url_file is not None:
+        partial = args.url_file.with_name(f".{args.url_file.name}.tmp")
+        partial.write_text(llm.base_url + "\n")
+        os.replace(partial, args.url_file)
     try:
         llm._server.serve_forever()
     except KeyboardInterrupt:

@@ -3,9 +3,10 @@
 
 Same contract as our sbatch scripts: `fake_harbor.py <model> <dataset> <benchmark_id> <run_tag>`
 with EVAL_JOBS_DIR, EVAL_N_CONCURRENT, EVAL_N_ATTEMPTS, EVAL_AGENT_NAME, EVAL_TIMEOUT_MULTIPLIER,
-EVAL_RESUME ("1" = resume), EVAL_RESUME_COUNT, EVAL_DB_JOB_ID. It writes `$EVAL_JOBS_DIR/<run_tag>/`
+EVAL_RESUME ("1" = resume), EVAL_RESUME_COUNT, EVAL_DB_JOB_ID, EVAL_PINGGY_URL. It writes `$EVAL_JOBS_DIR/<run_tag>/`
 in Harbor 0.25's layout (naive ISO timestamps) so the reconciler can be tested end to end without
-GPUs, vLLM or Daytona.
+GPUs, vLLM or Daytona. Like the sbatch, it points the agent's `api_base` at the leased pinggy URL when there is
+one (else at the local vLLM), so the launch-health check of a pinggy cell finds it wired.
 
 Tasks: the subdirectories of <dataset> when it is a directory, else FAKE_HARBOR_TASKS (default 8)
 tasks task-000...; each run n_attempts times. Rewards are a deterministic hash of (model, benchmark, task,
@@ -18,6 +19,14 @@ right after config.json), FAKE_HARBOR_INFRA_ERRORS=N
 (exactly N infra errors on a fresh run, none on resume), FAKE_HARBOR_WRITE_AFTER_KILL=N (on SIGTERM
 a detached child keeps writing N trial dirs, like Daytona sandboxes after a SLURM kill, one every
 FAKE_HARBOR_LATE_TRIAL_SECONDS).
+
+Launch-health modes (env; unset, the job behaves as above): FAKE_HARBOR_INSTANT_FAIL=1 (a dead launch: every
+trial raises `litellm.APIConnectionError` at once, as Harbor records it when the served model is unreachable:
+exception_info set, agent_result with null token counts, agent_execution finished as soon as it started, no
+verifier and no reward; no benign or infra errors then), FAKE_HARBOR_API_BASE=URL (the agent's `api_base`, in the
+job and trial configs, instead of the one derived from EVAL_PINGGY_URL: an unwired pinggy cell),
+FAKE_HARBOR_PRINT=TEXT (printed to stdout, flushed, as the job starts, before its run dir and any trial: what a
+tunnel or server started by the job would print; it comes before an exit of FAKE_HARBOR_EXIT_CODE too).
 """
 
 from __future__ import annotations
@@ -45,6 +54,8 @@ RESUME_FILTER = frozenset({
 INFRA_CAP = 9  # hash-chosen infra errors stay under the default infraErrorThreshold (10)
 BENIGN_RATE = 1 / 8
 INFRA_RATE = 1 / 12
+# What Harbor records (ExceptionInfo.from_exception: the class name, str(exc)) when litellm cannot reach the server.
+INSTANT_FAILURE = ("APIConnectionError", "litellm.APIConnectionError: Hosted_vllmException - Connection error.")
 
 
 def now() -> str:
@@ -64,6 +75,16 @@ def write_json(path: Path, doc: object) -> None:
     os.replace(tmp, path)
 
 
+def api_base() -> str:
+    """What the sbatch patches into the agent's kwargs: the leased pair's public URL, else the local vLLM
+    (FAKE_HARBOR_API_BASE, when set, instead: a job that ignores its pair)."""
+    override = os.environ.get("FAKE_HARBOR_API_BASE", "").strip()
+    if override:
+        return override
+    pinggy = os.environ.get("EVAL_PINGGY_URL", "").strip().rstrip("/")
+    return f"{pinggy}/v1" if pinggy else "http://localhost:8000/v1"
+
+
 def env_int(name: str, default: int | None = None) -> int | None:
     value = os.environ.get(name, "").strip()
     return int(value) if value else default
@@ -81,6 +102,7 @@ class FakeJob:
         self.agent = os.environ.get("EVAL_AGENT_NAME") or "terminus-2"
         self.timeout_multiplier = float(os.environ.get("EVAL_TIMEOUT_MULTIPLIER") or 1.0)
         self.trial_seconds = float(os.environ.get("FAKE_HARBOR_TRIAL_SECONDS") or 0.05)
+        self.instant_fail = os.environ.get("FAKE_HARBOR_INSTANT_FAIL", "").strip() == "1"
         self.served_id = str(10000 + int(unit("served", model) * 90000))  # vLLM's numeric served name
         self.benchmark_name = dataset.rstrip("/").rsplit("/", 1)[-1]
         self.tasks = self._tasks()
@@ -110,7 +132,7 @@ class FakeJob:
             "agents": [{
                 "name": self.agent,
                 "model_name": f"hosted_vllm/{self.model}",
-                "kwargs": {"api_base": "http://localhost:8000/v1"},
+                "kwargs": {"api_base": api_base()},
             }],
             "datasets": [{"path": self.dataset}],
         }
@@ -165,7 +187,8 @@ class FakeJob:
 
     # ------------------------------------------------------------------ trials
 
-    def run_trial(self, task: str, attempt: int, infra: bool) -> dict:
+    def new_trial(self, task: str) -> tuple[str, Path, str, dict]:
+        """A trial dir as Harbor creates it when the trial starts: agent/, verifier/ and its config.json."""
         name = f"{task[:32]}__{''.join(random.choices(string.ascii_letters + string.digits, k=7))}"
         trial_dir = self.run_dir / name
         (trial_dir / "agent").mkdir(parents=True)
@@ -181,6 +204,12 @@ class FakeJob:
             "job_id": self.job_id,
         }
         write_json(trial_dir / "config.json", trial_config)
+        return name, trial_dir, task_path, trial_config
+
+    def run_trial(self, task: str, attempt: int, infra: bool) -> dict:
+        if self.instant_fail:
+            return self.run_instant_failure(task)
+        name, trial_dir, task_path, trial_config = self.new_trial(task)
         started = now()
         time.sleep(self.trial_seconds)
         n_steps = 2 + int(unit("steps", self.model, task, attempt) * 10)
@@ -212,17 +241,7 @@ class FakeJob:
             }
         finished = now()
         (trial_dir / "trial.log").write_text(f"{started} trial {name} started\n{finished} trial {name} finished\n")
-        result = {
-            "id": str(uuid.uuid4()),
-            "task_name": task,
-            "trial_name": name,
-            "trial_uri": trial_dir.resolve().as_uri(),
-            "task_id": {"path": task_path},
-            "source": self.benchmark_name,
-            "task_checksum": hashlib.sha256(task.encode()).hexdigest(),
-            "config": trial_config,
-            "agent_info": {"name": self.agent, "version": "0.0.0",
-                           "model_info": {"name": self.served_id, "provider": "hosted_vllm"}},
+        result = self.trial_result(task, name, trial_dir, task_path, trial_config) | {
             "agent_result": {"n_input_tokens": 1000 * n_steps, "n_cache_tokens": 0,
                              "n_output_tokens": 200 * n_steps, "cost_usd": 0.0, "metadata": {"n_episodes": n_steps}},
             "verifier_result": None if reward is None else {"rewards": {"reward": reward}},
@@ -236,6 +255,50 @@ class FakeJob:
         }
         write_json(trial_dir / "result.json", result)
         return result
+
+    def run_instant_failure(self, task: str) -> dict:
+        """A trial whose agent raised on its first call to the model: the sandbox came up (the trial's time goes
+        there), the agent ran for no time, wrote nothing and used no token, and nothing was verified."""
+        name, trial_dir, task_path, trial_config = self.new_trial(task)
+        started = now()
+        time.sleep(self.trial_seconds)  # environment setup
+        agent_started = now()
+        exception, message = INSTANT_FAILURE
+        traceback = f"Traceback (most recent call last):\n  ...\nlitellm.exceptions.{exception}: {message}\n"
+        agent_done = now()
+        (trial_dir / "exception.txt").write_text(traceback)
+        finished = now()
+        (trial_dir / "trial.log").write_text(f"{started} trial {name} started\n{finished} trial {name} finished\n")
+        result = self.trial_result(task, name, trial_dir, task_path, trial_config) | {
+            "agent_result": {"n_input_tokens": None, "n_cache_tokens": None, "n_output_tokens": None,
+                             "cost_usd": None, "metadata": None},
+            "verifier_result": None,
+            "exception_info": {"exception_type": exception, "exception_message": message,
+                               "exception_traceback": traceback, "occurred_at": agent_started},
+            "started_at": started,
+            "finished_at": finished,
+            "environment_setup": {"started_at": started, "finished_at": agent_started},
+            "agent_setup": {"started_at": agent_started, "finished_at": agent_started},
+            "agent_execution": {"started_at": agent_started, "finished_at": agent_done},
+            "verifier": None,
+        }
+        write_json(trial_dir / "result.json", result)
+        return result
+
+    def trial_result(self, task: str, name: str, trial_dir: Path, task_path: str, trial_config: dict) -> dict:
+        """What every TrialResult says of the trial itself; the caller adds how it went."""
+        return {
+            "id": str(uuid.uuid4()),
+            "task_name": task,
+            "trial_name": name,
+            "trial_uri": trial_dir.resolve().as_uri(),
+            "task_id": {"path": task_path},
+            "source": self.benchmark_name,
+            "task_checksum": hashlib.sha256(task.encode()).hexdigest(),
+            "config": trial_config,
+            "agent_info": {"name": self.agent, "version": "0.0.0",
+                           "model_info": {"name": self.served_id, "provider": "hosted_vllm"}},
+        }
 
     def pass_rate(self) -> float:
         return 0.25 + 0.5 * unit("skill", self.model, self.benchmark_name)  # stable per model and benchmark
@@ -288,6 +351,9 @@ def main(argv: list[str]) -> int:
     if not resume and (job.run_dir / "config.json").exists():
         print(f"{job.run_dir} already holds a job; set EVAL_RESUME=1 to resume it", file=sys.stderr)
         return 3
+    banner = os.environ.get("FAKE_HARBOR_PRINT")
+    if banner:
+        print(banner, flush=True)
 
     write_after_kill = env_int("FAKE_HARBOR_WRITE_AFTER_KILL")
 

@@ -214,6 +214,21 @@ def reward_of_wrong_type(run: Path) -> Path:
     return _replace(result, json.dumps(doc).encode())
 
 
+def output_tokens_of_wrong_type(run: Path) -> Path:
+    """Read as "no tokens", a trial that ran would count as an instant failure: infra, its score dropped."""
+    result = run / TRIAL / "result.json"
+    doc = json.loads(result.read_bytes())
+    doc["agent_result"] = {"n_input_tokens": 1000, "n_output_tokens": "lots"}
+    return _replace(result, json.dumps(doc).encode())
+
+
+def agent_time_of_wrong_type(run: Path) -> Path:
+    result = run / TRIAL / "result.json"
+    doc = json.loads(result.read_bytes())
+    doc["agent_execution"] = {"started_at": "2026-11-29T12:00:00", "finished_at": 1764417600}
+    return _replace(result, json.dumps(doc).encode())
+
+
 def nan_reward(run: Path) -> Path:
     result = run / TRIAL / "result.json"
     return _replace(result, result.read_bytes().replace(b'"reward": 1.0', b'"reward": NaN')
@@ -312,6 +327,10 @@ CASES = {
     "list-trial-result": Hostile(json_list, "a JSON array, not an object"),
     "reward-of-wrong-type": Hostile(reward_of_wrong_type, "verifier_result.rewards.reward is 'high', not a number"),
     "nan-reward": Hostile(nan_reward, "not JSON: NaN is not a JSON number"),
+    "output-tokens-of-wrong-type": Hostile(output_tokens_of_wrong_type,
+                                           "agent_result.n_output_tokens is 'lots', not a count"),
+    "agent-time-of-wrong-type": Hostile(agent_time_of_wrong_type,
+                                        "agent_execution.finished_at is 1764417600, not an ISO timestamp"),
     "deeply-nested-trial-result": Hostile(deeply_nested, "not JSON: nested too deeply"),
     "dangling-trial-result": Hostile(dangling_trial_result, "dangling symlink"),
     "permission-denied-trial-result": Hostile(permission_denied, "Permission denied", as_nobody=True),
@@ -419,6 +438,26 @@ def test_no_resume_is_a_marker_never_read(jobs: Path) -> None:
     assert not isinstance(observed, BaseException), observed
     (facts,) = observed
     assert (facts.no_resume, facts.unreadable, facts.n_completed) == (True, "", N_TRIALS)
+
+
+FIRST_TRIAL = "task-000000__0000000"
+
+
+@pytest.mark.parametrize("make", ["fifo", "dev-zero"])
+def test_a_hostile_first_trial_config_is_no_api_base_and_does_not_block(jobs: Path, make: str) -> None:
+    """The trial config only feeds the pinggy check (api_base): never waited on, never read whole, never fatal."""
+    config = finished_run(jobs) / FIRST_TRIAL / "config.json"
+    config.unlink()
+    if make == "fifo":
+        os.mkfifo(config)
+    else:
+        config.symlink_to("/dev/zero")
+    observed = observe_bounded(jobs)
+    assert not isinstance(observed, BaseException), observed
+    (facts,) = observed
+    assert (facts.api_base, facts.unreadable, facts.n_completed, facts.n_started_trials) == (
+        None, "", N_TRIALS, N_TRIALS)
+    assert [a.kind.value for a in plan_own_cell(observed).actions] == ["analyze", "upload"]
 
 
 def test_another_tools_dir_is_skipped_when_unlistable_but_its_bad_trial_counts(jobs: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -24,8 +25,8 @@ class Cluster:
 
     def write(self, *, models: list[str], datasets: list[str], env: dict[str, str] | None = None,
               script: Path = FAKE_HARBOR, extra_run: str = "", max_per_pass: int = 6, name: str = "e2e",
-              namespace: str | None = None) -> None:
-        env_yaml = "".join(f"\n    {k}: \"{v}\"" for k, v in (env or {}).items()) or " {}"
+              namespace: str | None = None, max_concurrent: int = 48) -> None:
+        env_yaml = "".join(f"\n    {k}: {json.dumps(v)}" for k, v in (env or {}).items()) or " {}"
         within = f", namespace: {namespace}" if namespace else ""
         self.spec.write_text(f"""
 apiVersion: evalrun.io/v1alpha1
@@ -38,6 +39,7 @@ spec:
   jobScript: {script}
   timeLimit: "01:00:00"
   maxSubmissionsPerPass: {max_per_pass}
+  maxConcurrentTrials: {max_concurrent}
   env:{env_yaml}
 ---
 apiVersion: evalrun.io/v1alpha1

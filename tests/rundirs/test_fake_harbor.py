@@ -8,9 +8,12 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
+from controller.core.health import count_instant_failures, is_dead_launch
+from controller.core.trial_errors import INSTANT_FAILURE
 from controller.core.types import RunDirFacts
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS
 
@@ -90,6 +93,64 @@ def test_fresh_run_completes_and_matches_harbor_stats(tmp_path: Path) -> None:
     assert config["agents"][0]["model_name"] == f"hosted_vllm/{MODEL}"
     assert config["orchestrator"]["n_concurrent_trials"] == 4
     assert all(len(name.split("__")[1]) == 7 for name in trial_dirs(run))
+    # every demo trial produced tokens: none is taken for an instant failure (launch health), all started
+    assert (facts.quiet_failures, facts.n_started_trials, facts.api_base) == ((), 16, "http://localhost:8000/v1")
+
+
+def test_trials_call_the_leased_pinggy_url_as_the_sbatch_wires_it(tmp_path: Path) -> None:
+    assert run_fake(tmp_path, EVAL_PINGGY_URL="https://pair-1.a.pinggy.link/").returncode == 0
+    assert observe(tmp_path)["run"].api_base == "https://pair-1.a.pinggy.link/v1"
+
+
+def test_instant_fail_writes_every_trial_as_harbor_records_an_unreachable_model(tmp_path: Path) -> None:
+    proc = run_fake(tmp_path, FAKE_HARBOR_INSTANT_FAIL=1, FAKE_HARBOR_INFRA_ERRORS=3)
+    assert proc.returncode == 0, proc.stderr
+    run = tmp_path / "run"
+    trials = sorted(finished_trials(run))
+    assert len(trials) == 16
+    for name in trials:
+        result = json.loads((run / name / "result.json").read_text())
+        assert result["exception_info"]["exception_type"] == "APIConnectionError", name  # the knob beats the others
+        assert result["exception_info"]["exception_message"].startswith("litellm.APIConnectionError"), name
+        assert result["agent_result"]["n_output_tokens"] is None and result["verifier_result"] is None, name
+        execution = result["agent_execution"]
+        assert execution["started_at"] <= execution["finished_at"] <= result["finished_at"], name
+        assert not (run / name / "verifier" / "reward.txt").exists() and not any((run / name / "agent").iterdir())
+    (evals,) = job_result(run)["stats"]["evals"].values()
+    assert (evals["n_trials"], evals["n_errors"], list(evals["exception_stats"])) == (0, 16, ["APIConnectionError"])
+    facts = observe(tmp_path)["run"]
+    assert (facts.n_completed, facts.n_scored, facts.n_started_trials, facts.finished_at is not None) == (16, 0, 16, True)
+    assert [q.exception_type for q in facts.quiet_failures] == ["APIConnectionError"] * 16
+    assert all(q.agent_seconds is not None and q.agent_seconds < 1 and q.reward is None for q in facts.quiet_failures)
+    counted = count_instant_failures(facts, timedelta(seconds=10))
+    assert is_dead_launch(counted) and counted.error_breakdown.get(INSTANT_FAILURE) == 16
+
+
+def test_api_base_overrides_the_url_the_pinggy_pair_would_give(tmp_path: Path) -> None:
+    proc = run_fake(tmp_path, EVAL_PINGGY_URL="https://pair-1.a.pinggy.link", FAKE_HARBOR_API_BASE="http://10.1.2.3:8000/v1")
+    assert proc.returncode == 0, proc.stderr
+    run = tmp_path / "run"
+    assert observe(tmp_path)["run"].api_base == "http://10.1.2.3:8000/v1"
+    assert json.loads((run / "config.json").read_text())["agents"][0]["kwargs"]["api_base"] == "http://10.1.2.3:8000/v1"
+
+
+def test_print_goes_to_stdout_before_anything_else_and_nothing_is_printed_by_default(tmp_path: Path) -> None:
+    line = "Error: A tunnel with the same token (xyz) is already active."
+    printed = run_fake(tmp_path / "a", FAKE_HARBOR_PRINT=line, FAKE_HARBOR_EXIT_CODE=7)
+    assert (printed.returncode, printed.stdout) == (7, f"{line}\n"), "printed even by a job that exits at once"
+    assert trial_dirs(tmp_path / "a" / "run") == set()
+    proc = subprocess.Popen([str(FAKE), MODEL, "DCAgent2/terminal_bench_2", "tb2", "run"], start_new_session=True,
+                            env=fake_env(tmp_path / "b", FAKE_HARBOR_PRINT=line, FAKE_HARBOR_HANG_AFTER=0),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == f"{line}\n", "flushed while the job runs"
+        poll(lambda: (tmp_path / "b" / "run" / "result.json").exists(), "the job result")
+        assert proc.poll() is None and trial_dirs(tmp_path / "b" / "run") == set()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=DEADLINE_S)
+        proc.stdout.close()
+    assert run_fake(tmp_path / "c").stdout == ""
 
 
 def test_scores_are_stable_per_model_and_differ_across_models(tmp_path: Path) -> None:

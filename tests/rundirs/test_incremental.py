@@ -6,26 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
-from controller.adapters.rundirs import tree
 from controller.adapters.rundirs.harbor import HarborRunDirs
-from controller.core.types import RunDirFacts
+from controller.core.types import ErrorKind, QuietFailure, RunDirFacts
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_job_result, write_synthetic_run_dir, write_trial
-
-
-@pytest.fixture
-def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every file path read from disk, in order."""
-    seen: list[str] = []
-    real = tree.read_local
-
-    def counting(path: str, cap: int):
-        seen.append(path)
-        return real(path, cap)
-
-    monkeypatch.setattr(tree, "read_local", counting)
-    return seen
 
 
 def a_pass(jobs: Path) -> dict[str, RunDirFacts]:
@@ -34,7 +17,12 @@ def a_pass(jobs: Path) -> dict[str, RunDirFacts]:
 
 
 def trial_reads(reads: list[str]) -> list[str]:
-    return [p for p in reads if os.path.basename(os.path.dirname(p)).count("__")]
+    """The trial results read (not the first trial's config.json, read once per scanned run dir for api_base)."""
+    return [p for p in reads if os.path.basename(os.path.dirname(p)).count("__") and p.endswith("/result.json")]
+
+
+def trial_config_reads(reads: list[str]) -> list[str]:
+    return [p for p in reads if os.path.basename(os.path.dirname(p)).count("__") and p.endswith("/config.json")]
 
 
 def test_a_finished_run_dir_is_read_once_then_only_stat_ed(tmp_path: Path, reads: list[str]) -> None:
@@ -52,6 +40,7 @@ def test_a_running_dir_reads_only_its_new_trials(tmp_path: Path, reads: list[str
     run = tmp_path / "jobs" / "ev_running"
     write_synthetic_run_dir(run, 10, n_total=20, finished=False)
     write_trial(run, "late__xxxxxxx", result=False)  # no result yet: running
+    write_trial(run, "instant__zzzzzzz", exception="APIConnectionError", output_tokens=None, agent_seconds=0.5)
 
     first = a_pass(tmp_path / "jobs")
     reads.clear()
@@ -61,7 +50,11 @@ def test_a_running_dir_reads_only_its_new_trials(tmp_path: Path, reads: list[str
 
     assert sorted(os.path.basename(os.path.dirname(p)) for p in trial_reads(reads)) == ["late__xxxxxxx",
                                                                                       "new__yyyyyyy"]
-    assert (first["ev_running"].n_completed, again["ev_running"].n_completed) == (10, 12)
+    assert trial_config_reads(reads) == [str(run / "instant__zzzzzzz" / "config.json")], "one per scan: the first trial's"
+    assert (first["ev_running"].n_completed, again["ev_running"].n_completed) == (11, 13)
+    assert again["ev_running"].quiet_failures == first["ev_running"].quiet_failures == (
+        QuietFailure(exception_type="APIConnectionError", kind=ErrorKind.OTHER, agent_seconds=0.5),), \
+        "a remembered trial outcome keeps its tokens and agent time"
     assert again == a_pass(tmp_path / "jobs"), "the remembered trials give the same facts as reading them"
 
 

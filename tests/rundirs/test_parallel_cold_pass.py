@@ -18,14 +18,16 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.rundirs import harbor, memo, parallel, tree
+from controller.adapters.rundirs import harbor, memo, parallel
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.core.ports import ObservationError
 from controller.core.trial_errors import ErrorClasses
-from controller.core.types import RunDirFacts
+from controller.core.types import ErrorKind, QuietFailure, RunDirFacts
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_synthetic_run_dir, write_trial
 
 SERIAL = 10**9  # more never-read run dirs than any test has: read here
+PINGGY = "https://abc-1-2-3-4.a.pinggy.link/v1"
+INSTANT = QuietFailure(exception_type="APIConnectionError", kind=ErrorKind.OTHER, agent_seconds=0.5)
 
 
 @pytest.fixture(autouse=True)
@@ -33,22 +35,10 @@ def two_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(parallel, "cpus", lambda: 2)
 
 
-@pytest.fixture
-def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every file path read from disk by this process (workers are other processes), in order."""
-    seen: list[str] = []
-    real = tree.read_local
-
-    def counting(path: str, cap: int) -> tuple[tree.Content | None, float | None]:
-        seen.append(path)
-        return real(path, cap)
-
-    monkeypatch.setattr(tree, "read_local", counting)
-    return seen
-
 
 def trial_reads(reads: list[str]) -> list[str]:
-    return [p for p in reads if "__" in os.path.basename(os.path.dirname(p))]
+    """The trial results read (not the first trial's config.json, read once per scanned run dir for api_base)."""
+    return [p for p in reads if "__" in os.path.basename(os.path.dirname(p)) and p.endswith("/result.json")]
 
 
 def observe(jobs: Path, parallel_from: int) -> tuple[RunDirFacts, ...]:
@@ -63,10 +53,12 @@ def forget_everything(monkeypatch: pytest.MonkeyPatch) -> None:
 def mixed_fleet(jobs: Path) -> Path:
     """Finished and running dirs, and one of each way a run dir or a file in it cannot be read."""
     for i in range(6):
-        write_synthetic_run_dir(jobs / f"ev_done_{i}", 5 + i, infra_every=3, benign_every=4)
+        write_synthetic_run_dir(jobs / f"ev_done_{i}", 5 + i, infra_every=3, benign_every=4, api_base=PINGGY)
     for i in range(4):
         run = write_synthetic_run_dir(jobs / f"ev_running_{i}", 3 + i, n_total=20, finished=False).path
         write_trial(run, "pending__zzzzzzz", result=False)
+        write_trial(run, "working__zzzzzzz", result=False, steps=2)
+        write_trial(run, "instant__zzzzzzz", exception="APIConnectionError", output_tokens=None, agent_seconds=0.5)
     bad_json = write_synthetic_run_dir(jobs / "ev_bad_json", 6).path
     (bad_json / "task-000002__0000002" / "result.json").write_bytes(b"{not json")
     empty = write_synthetic_run_dir(jobs / "ev_empty_trial", 4, n_total=9, finished=False).path
@@ -94,13 +86,16 @@ def test_workers_give_the_facts_and_the_memo_of_a_serial_pass(tmp_path: Path, re
     in_workers = observe(jobs, parallel_from=1)
 
     assert in_workers == serial
-    assert trial_reads(reads) == [], "read in the workers, not in this process"
+    assert reads == [], "read in the workers, not in this process"
     assert vars(memo.memo_for(str(jobs))) == serial_memo
     by_tag = {f.run_tag: f for f in in_workers}
     assert "other_loop" not in by_tag and by_tag["other_tool"].unreadable == ""
     assert {tag for tag, f in by_tag.items() if f.unreadable} == {
         "ev_bad_json", "ev_empty_trial", "ev_fifo_trial", "ev_dir_config", "ev_a_file", "ev_loop"}
-    assert by_tag["ev_done_5"].n_completed == 10 and by_tag["ev_running_3"].n_trial_dirs == 7
+    assert by_tag["ev_done_5"].n_completed == 10 and by_tag["ev_running_3"].n_trial_dirs == 9
+    # what the launch-health rules read came back from the workers too
+    assert by_tag["ev_done_5"].api_base == PINGGY and by_tag["ev_done_5"].quiet_failures[0].agent_seconds == 240.0
+    assert by_tag["ev_running_3"].quiet_failures == (INSTANT,) and by_tag["ev_running_3"].n_started_trials == 8
 
 
 def test_after_workers_the_next_pass_reads_only_changed_trials(tmp_path: Path, reads: list[str],
@@ -110,6 +105,7 @@ def test_after_workers_the_next_pass_reads_only_changed_trials(tmp_path: Path, r
         write_synthetic_run_dir(jobs / f"ev_done_{i}", 10)
     running = write_synthetic_run_dir(jobs / "ev_running", 10, n_total=20, finished=False).path
     write_trial(running, "late__xxxxxxx", result=False)
+    write_trial(running, "instant__xxxxxxx", exception="APIConnectionError", output_tokens=None, agent_seconds=0.5)
     observe(jobs, parallel_from=1)
     reads.clear()
 
@@ -120,6 +116,7 @@ def test_after_workers_the_next_pass_reads_only_changed_trials(tmp_path: Path, r
     assert sorted(os.path.basename(os.path.dirname(p)) for p in trial_reads(reads)) == ["late__xxxxxxx",
                                                                                       "new__yyyyyyy"]
     assert [p for p in reads if "ev_done" in p] == [], "the finished dirs were settled by the workers' pass"
+    assert {f.run_tag: f for f in again}["ev_running"].quiet_failures == (INSTANT,), "recalled from the workers'"
     forget_everything(monkeypatch)
     assert again == observe(jobs, SERIAL), "what the workers handed back gives the facts of reading it all"
 

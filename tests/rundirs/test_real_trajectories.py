@@ -18,6 +18,7 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
+from controller.adapters.rundirs.harbor_format import trial_outcome
 from controller.adapters.rundirs.report import REPORT_NAME, TokenStats, step_stats, write_post_eval_report
 from controller.core.metrics import run_metrics
 from tests.fixtures.harbor_agent import MODEL, AgentRun, fake_llm, run_terminus2
@@ -117,3 +118,14 @@ def test_post_eval_report_of_a_real_run(agent_run: AgentRun) -> None:
     text = path.read_text()
     assert "steps per trial (n=3): mean 4.67  median 5  max 6\n" in text
     assert "tokens per trial (n=3): mean 4671.0 (prompt 4544.3, completion 126.7)  median 5480  max 6640\n" in text
+
+
+def test_launch_facts_of_a_real_run(agent_run: AgentRun) -> None:
+    """What launch health reads, from Harbor's own files: the trials' endpoint, no quiet failure, all started."""
+    (facts,) = HarborRunDirs(str(agent_run.run_dir.parent), REFERENCE_ERRORS).observe()
+    api_base = next(arg.removeprefix("api_base=") for arg in agent_run.command if arg.startswith("api_base="))
+    assert (facts.api_base, facts.quiet_failures, facts.n_started_trials) == (api_base, (), 3)
+    outcomes = [trial_outcome((agent_run.run_dir / name / "result.json").read_bytes()) for name in agent_run.trial_results]
+    assert [o.n_output_tokens for o in outcomes] == [r["agent_result"]["n_output_tokens"]
+                                                      for r in agent_run.trial_results.values()]
+    assert all(o.agent_seconds is not None and o.agent_seconds > 0 for o in outcomes)

@@ -1,4 +1,4 @@
-"""The SLURM backend against the real single-node cluster: submit, find, observe, cancel, secrets."""
+"""The SLURM backend against the real single-node cluster: submit, find, observe, cancel, secrets, output, nodes."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import pytest
 
 from controller.adapters.scheduler.commands import LocalCommands
 from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
-from controller.core.ports import SubmitRequest
-from controller.core.types import JobState
+from controller.adapters.secrets import SecretMask
+from controller.core.ports import OutputCursor, SubmitRequest
+from controller.core.types import JobOutput, JobState
+from tests.fixtures.evalctl import wait_until
 
 pytestmark = pytest.mark.slurm
 SECRET = f"tok-{uuid.uuid4().hex}"
@@ -23,7 +25,8 @@ RUN = uuid.uuid4().hex[:8]  # job names unique to this run: accounting remembers
 @pytest.fixture
 def slurm(slurm_env: dict[str, str], tmp_path: Path) -> Iterator[SlurmScheduler]:
     scheduler = SlurmScheduler(LocalCommands({"SLURM_CONF": slurm_env["SLURM_CONF"]}),
-                               SlurmOptions(partition="debug"), logs_dir=str(tmp_path / "logs"))
+                               SlurmOptions(partition="debug"), logs_dir=str(tmp_path / "logs"),
+                               mask=SecretMask([SECRET]))
     yield scheduler
     for job in scheduler.observe():
         if job.name.startswith(f"ev_live_{RUN}") and job.state.active:
@@ -85,3 +88,55 @@ def test_a_running_job_reports_time_left_within_its_limit(slurm: SlurmScheduler,
     wait_for(slurm, req.name, {JobState.RUNNING})
     job = next(j for j in slurm.observe() if j.job_id == job_id)
     assert job.started_at is not None and job.time_left_s is not None and 0 < job.time_left_s <= 5 * 60
+
+
+def node_names(slurm_env: dict[str, str]) -> list[str]:
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], env=slurm_env, capture_output=True, text=True, check=True)
+    return sorted(set(out.stdout.split()))
+
+
+def test_a_running_jobs_output_is_read_on_across_passes_masked_and_its_node_is_known(
+        slurm: SlurmScheduler, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    go = tmp_path / "go"  # the job runs on this host (the lab's one node): it waits for the test's file
+    req = request(tmp_path, "output", f'echo "vllm ready, key $EVAL_PINGGY_TOKEN"\nprintf \'\\377 binary\\n\'\n'
+                                      f'while [ ! -e {go} ]; do sleep 0.1; done\necho "second pass line"\nsleep 300')
+    job_id = slurm.submit(req)
+    cursor = OutputCursor(job_id=job_id, name=req.name)
+
+    def read_on(offset: int, wanted: str) -> JobOutput | None:
+        """This pass's read from `offset`, once it holds `wanted` (the job may not run or have printed yet)."""
+        outputs = slurm.read_output([cursor.model_copy(update={"offset": offset})])
+        return next((out for out in outputs if wanted in out.text), None)
+
+    first = wait_until(lambda: read_on(0, "binary"), "the job's first lines", timeout_s=120)
+    assert isinstance(first, JobOutput)
+    assert (first.offset, first.text) == (0, "vllm ready, key ***\n\ufffd binary\n")
+    assert first.end == len(f"vllm ready, key {SECRET}\n".encode()) + len(b"\xff binary\n"), "raw bytes, not text"
+    go.touch()
+    second = wait_until(lambda: read_on(first.end, "second"), "the job's next line", timeout_s=120)
+    assert isinstance(second, JobOutput)
+    assert (second.offset, second.text) == (first.end, "second pass line\n")
+    job = next(j for j in slurm.observe() if j.job_id == job_id)
+    assert job.state == JobState.RUNNING and job.nodes in node_names(slurm_env)
+
+
+def test_excluded_nodes_reach_the_job(slurm: SlurmScheduler, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """Held, so excluding the lab's only node is accepted (SLURM refuses it for a job that could start now)."""
+    nodes = node_names(slurm_env)
+    req = request(tmp_path, "exclude", "#SBATCH --hold\nexit 0")
+    job_id = slurm.submit(req.model_copy(update={"exclude_nodes": tuple(nodes)}))
+    shown = subprocess.run(["scontrol", "show", "job", job_id], env=slurm_env, capture_output=True, text=True,
+                           check=True).stdout
+    assert f"ExcNodeList={','.join(nodes)}" in shown.split(), shown
+
+
+def test_a_failed_job_carries_its_last_lines_masked_and_the_node_it_ran_on(
+        slurm: SlurmScheduler, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    req = request(tmp_path, "fails", 'for i in $(seq 1 100); do echo "step $i"; done\n'
+                                     'echo "RuntimeError: token $EVAL_PINGGY_TOKEN refused" >&2\nexit 3')
+    slurm.submit(req)
+    wait_for(slurm, req.name, {JobState.FAILED})
+    [job] = [j for j in slurm.observe() if j.name == req.name]
+    assert job.log_tail.splitlines() == [*(f"step {i}" for i in range(38, 101)), "RuntimeError: token *** refused"]
+    assert job.reason == "step 97 | step 98 | step 99 | step 100 | RuntimeError: token *** refused"
+    assert job.nodes in node_names(slurm_env)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from controller.adapters.scheduler.commands import CommandFailed, CommandResult
+from controller.adapters.scheduler.output import TAIL_BYTES
 from controller.adapters.scheduler.slurm import (
     SLURM_STATES,
     SlurmOptions,
@@ -64,36 +65,39 @@ def test_no_slurm_state_maps_to_lost() -> None:
 
 
 def test_squeue_line_of_a_running_job_has_start_and_time_left() -> None:
-    job = parse_squeue_line("41|ev_m__b__a1|RUNNING|2026-11-29T14:15:12|2026-11-29T14:15:20|2026-11-30T16:18:24|1-02:03:04|None")
+    job = parse_squeue_line("41|ev_m__b__a1|RUNNING|2026-11-29T14:15:12|2026-11-29T14:15:20|2026-11-30T16:18:24|1-02:03:04|"
+                            "gpu[01-02]|None")
     assert job is not None
     assert (job.job_id, job.state, job.time_left_s, job.reason) == ("41", JobState.RUNNING, 93784, "")
+    assert job.nodes == "gpu[01-02]", "a hostlist is kept as SLURM prints it (--exclude takes it back)"
     assert job.started_at == datetime(2026, 11, 29, 14, 15, 20, tzinfo=UTC)
 
 
 def test_squeue_line_of_a_pending_job_ignores_the_expected_start_and_keeps_the_reason() -> None:
-    job = parse_squeue_line("42|ev_m__b__a1|PENDING|2026-11-29T14:15:12|2026-11-29T15:00:00|2026-11-29T15:10:00|10:00|Priority")
-    assert job is not None and job.started_at is None and job.reason == "Priority"
+    job = parse_squeue_line("42|ev_m__b__a1|PENDING|2026-11-29T14:15:12|2026-11-29T15:00:00|2026-11-29T15:10:00|10:00||"
+                            "Priority")
+    assert job is not None and job.started_at is None and job.reason == "Priority" and job.nodes == ""
 
 
 def test_squeue_line_of_a_job_that_just_ended_is_over_with_its_end_time() -> None:
     """squeue --states=all still lists it while accounting may not have it yet."""
     job = parse_squeue_line("44|ev_m__b__a1|CANCELLED|2026-11-29T14:15:12|2026-11-29T14:15:13|2026-11-29T14:16:00|"
-                            "0:00|None")
+                            "0:00|vm|None")
     assert job is not None and job.state == JobState.CANCELLED and job.time_left_s is None
     assert job.ended_at == datetime(2026, 11, 29, 14, 16, tzinfo=UTC)
 
 
 def test_other_peoples_job_names_are_not_ours() -> None:
-    assert parse_squeue_line("43|interactive|RUNNING|2026-11-29T14:15:12|N/A|N/A|10:00|None") is None
-    assert parse_sacct_line("43|allocation|COMPLETED|0:0|2026-11-29T14:15:12|Unknown|Unknown|None") is None
+    assert parse_squeue_line("43|interactive|RUNNING|2026-11-29T14:15:12|N/A|N/A|10:00|vm|None") is None
+    assert parse_sacct_line("43|allocation|COMPLETED|0:0|2026-11-29T14:15:12|Unknown|Unknown|vm|None") is None
 
 
 def test_sacct_line_with_exit_code_and_unknown_times() -> None:
-    job = parse_sacct_line("29|ev_t|CANCELLED by 0|0:15|2026-11-29T14:15:35|Unknown|2026-11-29T14:17:00|None")
+    job = parse_sacct_line("29|ev_t|CANCELLED by 0|0:15|2026-11-29T14:15:35|Unknown|2026-11-29T14:17:00|None assigned|None")
     assert job is not None
-    assert (job.state, job.exit_code, job.started_at) == (JobState.CANCELLED, 0, None)
+    assert (job.state, job.exit_code, job.started_at, job.nodes) == (JobState.CANCELLED, 0, None, "")
     assert job.ended_at == datetime(2026, 11, 29, 14, 17, tzinfo=UTC)
-    assert parse_sacct_line("29.batch|batch|COMPLETED|0:0|x|x|x|None") is None, "steps are not jobs"
+    assert parse_sacct_line("29.batch|batch|COMPLETED|0:0|x|x|x|vm|None") is None, "steps are not jobs"
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("59:58", 3598), ("1:00:00", 3600), ("2-00:00:01", 172801),
@@ -103,9 +107,9 @@ def test_time_left(text: str, seconds: int | None) -> None:
 
 
 def test_squeue_wins_for_live_jobs_and_sacct_finds_jobs_that_left_the_queue() -> None:
-    queued = parse_squeue_line("7|ev_a|RUNNING|2026-11-29T14:00:00|2026-11-29T14:01:00|2026-11-29T14:06:00|5:00|None")
-    lagging = parse_sacct_line("7|ev_a|PENDING|0:0|2026-11-29T14:00:00|Unknown|Unknown|None")
-    ended = parse_sacct_line("6|ev_b|TIMEOUT|0:0|2026-11-29T13:00:00|2026-11-29T13:00:01|2026-11-29T14:00:01|None")
+    queued = parse_squeue_line("7|ev_a|RUNNING|2026-11-29T14:00:00|2026-11-29T14:01:00|2026-11-29T14:06:00|5:00|vm|None")
+    lagging = parse_sacct_line("7|ev_a|PENDING|0:0|2026-11-29T14:00:00|Unknown|Unknown|None assigned|None")
+    ended = parse_sacct_line("6|ev_b|TIMEOUT|0:0|2026-11-29T13:00:00|2026-11-29T13:00:01|2026-11-29T14:00:01|vm|None")
     jobs = merge([queued], [lagging, ended])
     assert [(j.job_id, j.state, j.time_left_s) for j in jobs] == [("6", JobState.TIMEOUT, None),
                                                                    ("7", JobState.RUNNING, 300)]
@@ -113,13 +117,21 @@ def test_squeue_wins_for_live_jobs_and_sacct_finds_jobs_that_left_the_queue() ->
 
 def test_tail_output_is_split_per_file() -> None:
     text = "==> /logs/a_1.out <==\nstarting\nError: no GPU\n\n==> /logs/b_2.out <==\nKilled\n"
-    assert split_tail_output(text) == {"/logs/a_1.out": "starting | Error: no GPU", "/logs/b_2.out": "Killed"}
+    assert split_tail_output(text, ["/logs/a_1.out", "/logs/b_2.out"]) == {"/logs/a_1.out": "starting\nError: no GPU",
+                                                                           "/logs/b_2.out": "Killed"}
+
+
+def test_a_job_printing_a_tail_header_cannot_claim_an_earlier_jobs_tail() -> None:
+    text = ("==> /logs/a_1.out <==\nreal a\n\n==> /logs/b_2.out <==\n==> /logs/a_1.out <==\nforged\n"
+            "==> /logs/zzz.out <==\nb goes on\n")
+    assert split_tail_output(text, ["/logs/a_1.out", "/logs/b_2.out"]) == {
+        "/logs/a_1.out": "real a", "/logs/b_2.out": "==> /logs/a_1.out <==\nforged\n==> /logs/zzz.out <==\nb goes on"}
 
 
 def test_observe_is_one_squeue_and_one_sacct_filtered_to_our_user_in_utc() -> None:
-    runner = Scripted({"squeue": ok("5|ev_a|PENDING|2026-11-29T14:00:00|N/A|N/A|10:00|Priority\n"),
+    runner = Scripted({"squeue": ok("5|ev_a|PENDING|2026-11-29T14:00:00|N/A|N/A|10:00||Priority\n"),
                        "sacct": ok("4|ev_b|COMPLETED|0:0|2026-11-29T13:00:00|2026-11-29T13:00:01|"
-                                   "2026-11-29T13:30:00|None\n")})
+                                   "2026-11-29T13:30:00|vm|None\n")})
     jobs = scheduler(runner).observe()
     assert [j.job_id for j in jobs] == ["4", "5"]
     assert [argv[0] for argv, _ in runner.calls] == ["squeue", "sacct"]
@@ -140,12 +152,15 @@ def test_a_failed_job_carries_its_log_tail_with_the_reconcilers_secrets_masked(
     monkeypatch.setenv("EVALCTL_SECRET_PINGGY_A_TOKEN", "tok-12345")
     runner = Scripted({"squeue": ok(""),
                        "sacct": ok("9|ev_c|FAILED|1:0|2026-11-29T13:00:00|2026-11-29T13:00:01|2026-11-29T13:00:02|"
-                                   "None\n"),
+                                   "vm|None\n"),
                        "tail": ok("==> /logs/ev_c_9.out <==\npinggy: login with tok-12345 refused\n"
                                   "harbor: command not found\n")})
     [job] = scheduler(runner).observe()
     assert job.reason == "pinggy: login with *** refused | harbor: command not found"
-    assert runner.calls[-1][0][-1] == "/logs/ev_c_9.out"
+    assert job.log_tail == "pinggy: login with *** refused\nharbor: command not found"
+    assert job.nodes == "vm"
+    argv = runner.calls[-1][0]
+    assert argv[:4] == ["tail", "-v", "-c", str(TAIL_BYTES)] and argv[-1] == "/logs/ev_c_9.out"
 
 
 def test_submit_puts_secrets_in_the_environment_only_and_the_placement_in_flags() -> None:
@@ -179,13 +194,13 @@ def test_cancel_of_a_job_that_already_ended_is_a_no_op_but_other_errors_are_not(
 
 def test_an_array_task_named_like_ours_does_not_break_the_pass() -> None:
     array_task = parse_squeue_line("50_3|ev_someones_array|RUNNING|2026-11-29T14:00:00|2026-11-29T14:00:01|N/A|"
-                                   "10:00|None")
-    plain = parse_squeue_line("49|ev_a|RUNNING|2026-11-29T14:00:00|2026-11-29T14:00:01|N/A|10:00|None")
+                                   "10:00|vm|None")
+    plain = parse_squeue_line("49|ev_a|RUNNING|2026-11-29T14:00:00|2026-11-29T14:00:01|N/A|10:00|vm|None")
     assert [j.job_id for j in merge([array_task, plain], [])] == ["49", "50_3"]
 
 
 def test_a_job_accounting_calls_running_but_the_controller_does_not_know_is_lost_not_live() -> None:
-    runaway = parse_sacct_line("8|ev_c|RUNNING|0:0|2026-11-20T13:00:00|2026-11-20T13:00:01|Unknown|None")
+    runaway = parse_sacct_line("8|ev_c|RUNNING|0:0|2026-11-20T13:00:00|2026-11-20T13:00:01|Unknown|vm|None")
     [job] = merge([], [runaway])
     assert job.state == JobState.LOST and not job.state.active
     assert "runaway" in job.reason

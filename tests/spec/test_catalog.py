@@ -17,7 +17,7 @@ def test_error_classes_are_data() -> None:
     assert classes.classify("AgentTimeoutError", has_reward=True) == "benign"
     assert classes.classify("AgentTimeoutError", has_reward=False) == "other"
     assert classes.classify("ValueError", has_reward=False) == "other"
-    assert len(classes.infra) == 15
+    assert len(classes.infra) == 16 and "InstantFailure" in classes.infra, "the 15 of REFERENCE §3 and our own"
 
 
 def test_catalog_is_cached() -> None:
@@ -63,4 +63,5 @@ def test_alias_must_name_known_presets(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_shipped_files_are_all_there() -> None:
     names = {p.name for p in SHIPPED_DIR.glob("*.yaml")}
-    assert names == {"presets.yaml", "error_classes.yaml", "size_policy.yaml", "model_registry.yaml", "harnesses.yaml"}
+    assert names == {"presets.yaml", "error_classes.yaml", "size_policy.yaml", "model_registry.yaml", "harnesses.yaml",
+                     "failures.yaml"}

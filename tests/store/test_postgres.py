@@ -23,7 +23,7 @@ import pytest
 from controller.adapters.store import postgres
 from controller.adapters.store.postgres import PostgresStore, describe
 from controller.core.ports import NewRow, ObservationError, ResultUpload, StoreUnavailable, WriteRefused
-from controller.core.types import CellMemory, EvalRunRef, Metric, RowStatus, Submission, TunnelLease
+from controller.core.types import CellMemory, EvalRunRef, Metric, QuarantineKind, RowStatus, Submission, TunnelLease
 from tests.fixtures.evalctl import wait_until
 from tests.fixtures.postgres import PgServer, pg_start, pg_stop, throwaway_database
 
@@ -35,7 +35,9 @@ MODEL = "laion/Qwen3-8B-sft-v3"
 BENCHMARK = "dev_set_v2"
 PASSWORD = "hunter2-very-secret"
 OWN_TABLES = {"evalrun_submissions", "evalrun_leases", "evalrun_cell_owners", "evalrun_tunnel_leases",
-              "evalrun_cell_memory", "evalrun_schema_migrations"}
+              "evalrun_cell_memory", "evalrun_quarantine", "evalrun_schema_migrations"}
+QWEN = EvalRunRef(name="qwen-evals")
+SHIPPED = [(1, "controller_tables"), (2, "quarantine")]  # (version, name) of migrations/*.sql
 OT_AGENT_TABLES = {"models", "benchmarks", "sandbox_jobs"}
 RESULT = ResultUpload(metrics=(Metric(name="accuracy", value=0.42), Metric(name="accuracy_stderr", value=0.03)),
                       stats={"n_trials": 290, "n_infra_errors": 10}, n_trials=300, ended_at=T0)
@@ -113,7 +115,7 @@ def test_a_fresh_database_gets_supabase_types_and_each_migration_once(pg_url: st
         again = migration_rows(pg_url)
 
     assert tables(pg_url) == OT_AGENT_TABLES | OWN_TABLES
-    assert [(version, name) for version, name, _ in first] == [(1, "controller_tables")]
+    assert [(version, name) for version, name, _ in first] == SHIPPED
     assert again == first, "reopening applies nothing twice"
     types = dict(((table, column), kind) for table, column, kind in run_sql(
         pg_url, "SELECT table_name, column_name, data_type FROM information_schema.columns"
@@ -128,17 +130,18 @@ def test_new_migrations_are_applied_once_each_in_version_order(pg_url: str, monk
     with opened(pg_url):
         pass
     shipped = postgres.migrations()
+    second, third = len(shipped) + 1, len(shipped) + 2
     monkeypatch.setattr(postgres, "migrations", lambda: [
         *shipped,
-        (2, "second", "CREATE TABLE evalrun_test_second (x integer)"),
-        (3, "third", "INSERT INTO evalrun_test_second VALUES (3)"),  # fails unless 2 ran first
+        (second, "second", "CREATE TABLE evalrun_test_second (x integer)"),
+        (third, "third", "INSERT INTO evalrun_test_second VALUES (3)"),  # fails unless `second` ran first
     ])
 
     with opened(pg_url), opened(pg_url):
         pass
 
     assert [(version, name) for version, name, _ in migration_rows(pg_url)] == [
-        (1, "controller_tables"), (2, "second"), (3, "third")]
+        *SHIPPED, (second, "second"), (third, "third")]
     assert run_sql(pg_url, "SELECT x FROM evalrun_test_second") == [(3,)]
 
 
@@ -147,7 +150,7 @@ def test_first_opens_from_several_threads_at_once_all_succeed(pg_url: str) -> No
     for store in stores:
         store.close()
 
-    assert [version for version, _, _ in migration_rows(pg_url)] == [1]
+    assert [(version, name) for version, name, _ in migration_rows(pg_url)] == SHIPPED
     assert tables(pg_url) == OT_AGENT_TABLES | OWN_TABLES
 
 
@@ -171,7 +174,7 @@ def test_first_opens_from_several_processes_at_once_all_succeed(pg_url: str) -> 
 
     assert [child.exitcode for child in children] == [0, 0, 0]
     assert failures.empty(), failures.get()
-    assert [version for version, _, _ in migration_rows(pg_url)] == [1]
+    assert [(version, name) for version, name, _ in migration_rows(pg_url)] == SHIPPED
 
 
 def test_a_readonly_store_creates_nothing_and_reads_empty(pg_url: str) -> None:
@@ -186,6 +189,23 @@ def test_a_readonly_store_creates_nothing_and_reads_empty(pg_url: str) -> None:
 
     assert (results.rows, results.models, state.submissions, state.cell_owners, holder, row) == ((), (), (), (), None, None)
     assert tables(pg_url) == set()
+
+
+def test_a_database_migrated_before_quarantines_reads_none_then_gets_the_table_on_a_writable_open(pg_url: str) -> None:
+    with opened(pg_url):
+        pass
+    run_sql(pg_url, "DROP TABLE evalrun_quarantine")
+    run_sql(pg_url, "DELETE FROM evalrun_schema_migrations WHERE name = 'quarantine'")
+
+    with opened(pg_url, readonly=True) as reader:
+        before = reader.read_state(QWEN, [], 60).quarantined
+        with opened(pg_url) as writer:
+            writer.quarantine(QuarantineKind.NODE, "cluster-a", "node-7", "ECC errors", 3600)
+        after = reader.read_state(QWEN, [], 60).quarantined
+
+    assert before == ()
+    assert [q.name for q in after] == ["node-7"], "the reader notices the table once it exists"
+    assert [(version, name) for version, name, _ in migration_rows(pg_url)] == SHIPPED
 
 
 # --------------------------------------------------------------------------- the lab's existing tables
@@ -307,6 +327,20 @@ def test_read_results_costs_the_same_statements_for_10_and_2000_names(pg: Postgr
     few, many = cost(10), cost(2000)
     assert few == many
     assert few == (2, 1, 1), "families and rows: two statements, one round trip"
+
+
+def test_read_state_is_one_round_trip_of_five_statements_for_10_and_2000_cells(pg: PostgresStore) -> None:
+    pg.record_submission(submission("ev_one"))
+    pg.quarantine(QuarantineKind.NODE, "cluster-a", "node-7", "ECC errors", 3600)
+
+    def cost(n: int) -> tuple[int, int, int, int]:
+        queries, round_trips = pg.queries, pg.round_trips
+        state = pg.read_state(QWEN, ["cell-1", *(f"cell-x{i}" for i in range(n - 1))], 3600)
+        return pg.queries - queries, pg.round_trips - round_trips, len(state.submissions), len(state.quarantined)
+
+    few, many = cost(10), cost(2000)
+    assert few == many
+    assert few == (5, 1, 1, 1), "submissions, owners, tunnels, memory, quarantines: one round trip"
 
 
 # --------------------------------------------------------------------------- writes
@@ -483,6 +517,26 @@ def test_cell_claims_expire_by_the_database_clock(pg: PostgresStore, pg_url: str
     assert [owner.cell_key for owner in live] == ["cell-1"], "a claim not renewed within the TTL is not live"
     assert taken == {"cell-2": other}
     assert renamed == {"cell-1": qwen}
+
+
+def test_quarantines_expire_by_the_database_clock(pg: PostgresStore, pg_url: str) -> None:
+    pg.quarantine(QuarantineKind.NODE, "cluster-a", "node-7", "ECC errors", 3600)
+
+    run_sql(pg_url, "UPDATE evalrun_quarantine SET until = now() - interval '1 second'")
+    expired = pg.read_state(QWEN, [], 60).quarantined
+    run_sql(pg_url, "UPDATE evalrun_quarantine SET until = now() + interval '1 hour'")
+    live = pg.read_state(QWEN, [], 60).quarantined
+
+    assert expired == ()
+    assert [q.name for q in live] == ["node-7"]
+
+
+def test_an_undecodable_quarantine_fails_the_state_read(pg: PostgresStore, pg_url: str) -> None:
+    pg.quarantine(QuarantineKind.NODE, "cluster-a", "node-7", "ECC errors", 3600)
+    run_sql(pg_url, "UPDATE evalrun_quarantine SET kind = 'gremlin'")
+
+    with pytest.raises(ObservationError, match="controller state"):
+        pg.read_state(QWEN, [], 60)
 
 
 def test_tunnel_pairs_go_to_one_holder(pg: PostgresStore) -> None:

@@ -5,11 +5,15 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from controller.adapters.store.sqlite import SqliteStore
+from controller.core.ports import ObservationError
+from controller.core.types import EvalRunRef, QuarantineKind
 from tests.fixtures.legacy_db import Families, LegacyDB
 
 ALL_TABLES = {"models", "benchmarks", "sandbox_jobs", "evalrun_submissions", "evalrun_leases",
-              "evalrun_tunnel_leases", "evalrun_cell_owners", "evalrun_cell_memory"}
+              "evalrun_tunnel_leases", "evalrun_cell_owners", "evalrun_cell_memory", "evalrun_quarantine"}
 
 
 def schema(path: Path) -> list[tuple]:
@@ -54,3 +58,34 @@ def test_parent_directories_are_created(tmp_path: Path) -> None:
     SqliteStore(path).close()
 
     assert path.exists()
+
+
+def test_a_store_made_before_quarantines_reads_none_read_only_and_gets_the_table_when_opened_writable(
+    db_path: Path,
+) -> None:
+    SqliteStore(db_path).close()
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("DROP TABLE evalrun_quarantine")
+
+    reader = SqliteStore(db_path, readonly=True)
+    before = reader.read_state(EvalRunRef(name="any"), [], 60).quarantined
+    writer = SqliteStore(db_path)
+    writer.quarantine(QuarantineKind.NODE, "cluster-a", "node-7", "ECC errors", 3600)
+    after = reader.read_state(EvalRunRef(name="any"), [], 60).quarantined
+    reader.close()
+    writer.close()
+
+    assert before == ()
+    assert [q.name for q in after] == ["node-7"]
+
+
+@pytest.mark.parametrize(("column", "value"), [("kind", "gremlin"), ("until", "next tuesday")])
+def test_an_undecodable_quarantine_fails_the_state_read(db_path: Path, column: str, value: str) -> None:
+    store = SqliteStore(db_path)
+    store.quarantine(QuarantineKind.NODE, "cluster-a", "node-7", "ECC errors", 3600)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(f"UPDATE evalrun_quarantine SET {column} = ?", (value,))
+
+    with pytest.raises(ObservationError, match=db_path.name):
+        store.read_state(EvalRunRef(name="any"), [], 60)
+    store.close()

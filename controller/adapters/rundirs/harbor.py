@@ -36,6 +36,7 @@ from controller.adapters.rundirs.harbor_format import (
     job_config_facts,
     job_result_facts,
     meta_env_facts,
+    trial_api_base,
     trial_outcome,
 )
 from controller.adapters.rundirs.memo import JobsDirMemo, Signature, memo_for, signature
@@ -54,7 +55,7 @@ from controller.adapters.rundirs.tree import (
 )
 from controller.core.ports import JobsDirMissing, ObservationError
 from controller.core.trial_errors import ErrorClasses, ErrorKind
-from controller.core.types import RUN_TAG_PREFIX, RunDirFacts
+from controller.core.types import RUN_TAG_PREFIX, QuietFailure, RunDirFacts
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -250,8 +251,24 @@ def run_dir_facts(run_tag: str, path: str, scan: RunScan, errors: ErrorClasses,
         finished_at=result.finished_at if result else None,
         fires=meta.resume_count + 1 if meta.resume_count is not None else int(config is not None),
         no_resume=scan.no_resume,
+        api_base=_api_base(scan.trial_config),
         **tally,
     )
+
+
+def _api_base(content: Content | None) -> str | None:
+    """The first trial's endpoint; None when its config.json is absent or cannot be read.
+
+    Not fatal, unlike the files the counts come from: it only feeds the pinggy wiring check (a hint that holds
+    no count or score), which says nothing when it is None; and Harbor writes it as the trial starts, so a pass
+    can catch it half-written. Failing the whole dir closed over it would make a cell Unknown for nothing.
+    """
+    if not isinstance(content, bytes):
+        return None
+    try:
+        return trial_api_base(content)
+    except FormatError:
+        return None
 
 
 def _identity(meta: MetaFacts, config: JobConfigFacts) -> dict[str, Any]:
@@ -271,9 +288,12 @@ def _tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: _Reader,
            remember: Callable[[str, StatKey, TrialOutcome], None] | None = None) -> dict[str, Any]:
     """Per-trial counts. Reward sums cover valid (non-infra) trials only, so metrics can use them directly.
 
+    Each completed trial that raised without an output token is also listed as a `QuietFailure`, counted as its
+    class says: the core, which knows the EvalRun's `instant_fail`, moves the instant ones to infra.
     Stops at the first trial result `reader` cannot read: the counts are then not data anyway.
     """
-    n_dirs = n_completed = n_scored = 0
+    n_dirs = n_completed = n_scored = n_started = 0
+    quiet: list[QuietFailure] = []
     reward_sum = reward_sq_sum = 0.0
     newest: float | None = None
     kinds: Counter[ErrorKind] = Counter()
@@ -289,10 +309,12 @@ def _tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: _Reader,
             if outcome is not None and remember is not None and trial.key is not None:
                 remember(trial.name, trial.key, outcome)
         if outcome is None:
-            continue  # no result yet: the trial is running
+            n_started += int(trial.agent_active)  # no result yet: its agent is working, or it is only created
+            continue
+        n_started += 1
         if trial.mtime is not None and (newest is None or trial.mtime > newest):
             newest = trial.mtime
-        reward, exception_type = outcome
+        reward, exception_type = outcome.reward, outcome.exception_type
         if exception_type in errors.interrupted:
             continue  # not completed: a resume runs it again
         n_completed += 1
@@ -301,6 +323,9 @@ def _tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: _Reader,
             kind = errors.classify(exception_type, reward is not None)
             kinds[kind] += 1
             classes[exception_type] += 1
+            if not outcome.n_output_tokens:  # None or 0: the model never answered
+                quiet.append(QuietFailure(exception_type=exception_type, kind=kind, agent_seconds=outcome.agent_seconds,
+                                          reward=reward, answered=bool(outcome.n_input_tokens)))
         if reward is not None:
             n_scored += 1
             if kind is not ErrorKind.INFRA:
@@ -317,4 +342,6 @@ def _tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: _Reader,
         "reward_sum": reward_sum,
         "reward_sq_sum": reward_sq_sum,
         "last_progress_at": datetime.fromtimestamp(newest, UTC) if newest is not None else None,
+        "quiet_failures": tuple(quiet),
+        "n_started_trials": n_started,
     }

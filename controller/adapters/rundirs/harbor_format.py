@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
+
+T = TypeVar("T", int, float)
 
 
 class FormatError(ValueError):
@@ -174,15 +177,57 @@ def job_result_facts(data: bytes) -> JobResultFacts:
 class TrialOutcome(NamedTuple):
     reward: float | None
     exception_type: str | None
+    n_output_tokens: int | None = None  # None: the agent reported no usage (it may never have called the model)
+    agent_seconds: float | None = None  # agent_execution finished - started; None: it never ran (or never ended)
+    n_input_tokens: int | None = None  # None or 0 with no output either: no request of it was ever answered
 
 
 def trial_outcome(data: bytes) -> TrialOutcome:
-    """A trial's result.json: verifier_result.rewards.reward and exception_info.exception_type."""
+    """A trial's result.json (TrialResult): verifier_result.rewards.reward, exception_info.exception_type, and what
+    tells an instant failure: agent_result.n_output_tokens and the agent_execution times.
+
+    A multi-step trial records its agent's usage and times per step (`step_results`) instead: they are summed, as
+    Harbor's `compute_token_cost_totals` does, so a multi-step trial that ran is not taken for one that never did.
+    """
     doc = load_json(data)
     rewards = _object(_object(doc, "verifier_result"), "rewards", "verifier_result")
     exception_type = _str(_object(doc, "exception_info"), "exception_type", "exception_info")
+    tokens, prompt, seconds = _agent_usage(doc, "")
+    if doc.get("agent_result") is None or doc.get("agent_execution") is None:
+        steps = [_agent_usage(step, f"step_results[{i}]") for i, step in enumerate(_objects(doc, "step_results"))]
+        if doc.get("agent_result") is None:
+            tokens, prompt = _sum(t for t, _, _ in steps), _sum(p for _, p, _ in steps)
+        if doc.get("agent_execution") is None:
+            seconds = _sum(s for _, _, s in steps)
     return TrialOutcome(reward=_number(rewards, "reward", "verifier_result.rewards"),
-                        exception_type=exception_type or None)
+                        exception_type=exception_type or None, n_output_tokens=tokens, agent_seconds=seconds,
+                        n_input_tokens=prompt)
+
+
+def trial_api_base(data: bytes) -> str | None:
+    """A trial's config.json (TrialConfig): the endpoint its agent calls, `agent.kwargs.api_base` (what the sbatch
+    patches for pinggy), else `agent.base_url` (Harbor's own override of the inference endpoint)."""
+    agent = _object(load_json(data), "agent")
+    kwargs = _object(agent, "kwargs", "agent")
+    return _str(kwargs, "api_base", "agent.kwargs") or _str(agent, "base_url", "agent") or None
+
+
+def _agent_usage(doc: dict[str, Any], where: str) -> tuple[int | None, int | None, float | None]:
+    """(agent_result.n_output_tokens, .n_input_tokens, agent_execution seconds) of a trial or of one of its steps."""
+    result_where, execution_where = _field(where, "agent_result"), _field(where, "agent_execution")
+    tokens = _count(_object(doc, "agent_result", where), "n_output_tokens", result_where)
+    prompt = _count(_object(doc, "agent_result", where), "n_input_tokens", result_where)
+    execution = _object(doc, "agent_execution", where)
+    started = _time(execution, "started_at", execution_where)
+    finished = _time(execution, "finished_at", execution_where)
+    seconds = (finished - started).total_seconds() if started is not None and finished is not None else None
+    return tokens, prompt, seconds
+
+
+def _sum(values: Iterable[T | None]) -> T | None:
+    """The sum of the values that are there; None when none is (as Harbor sums per-step usage)."""
+    known = [value for value in values if value is not None]
+    return sum(known) if known else None
 
 
 def _object(doc: dict[str, Any], key: str, where: str = "") -> dict[str, Any]:
@@ -226,11 +271,27 @@ def _as_float(value: float) -> float:
         return math.inf
 
 
-def _time(doc: dict[str, Any], key: str) -> datetime | None:
+def _objects(doc: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    value = doc.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise FormatError(f"{key} is not a list of objects")
+    return value
+
+
+def _count(doc: dict[str, Any], key: str, where: str = "") -> int | None:
+    value = doc.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise FormatError(f"{_field(where, key)} is {_shown(value)}, not a count")
+    return value
+
+
+def _time(doc: dict[str, Any], key: str, where: str = "") -> datetime | None:
     value = doc.get(key)
     parsed = parse_time(value)
     if value is not None and parsed is None:
-        raise FormatError(f"{key} is {_shown(value)}, not an ISO timestamp")
+        raise FormatError(f"{_field(where, key)} is {_shown(value)}, not an ISO timestamp")
     return parsed
 
 

@@ -2,7 +2,9 @@
 on another host (a filesystem given to `open_tree`, e.g. sftp to the login node).
 
 Only what the observer needs, shaped so a 100k-trial scan costs one directory listing per run dir
-plus one open/fstat/read per trial result on local disks, and batched `cat` calls elsewhere.
+plus one open/fstat/read per trial result on local disks, and batched `cat` calls elsewhere. Besides: one read
+of the first trial's config.json per run dir, and one listing of agent/ per trial WITHOUT a result (the
+running ones), to tell a trial whose agent works from one only created.
 
 A file we need that is there but cannot be read comes back as `Unreadable(reason)`, never as "missing":
 read as missing, a finished trial would look unfinished. Only regular files are read, at most `cap` bytes,
@@ -29,8 +31,10 @@ from controller.core.types import RUN_TAG_PREFIX
 TOP_FILES = frozenset({"config.json", "meta.env", "result.json"})  # read
 NO_RESUME = ".no-resume"  # a marker: its presence is what matters, it is never read
 TRIAL_RESULT = "result.json"
+TRIAL_CONFIG = "config.json"  # read of the first trial dir only: the endpoint its agent calls
+AGENT_DIR = "agent"  # listed (never read) for trials without a result: an entry in it means the agent is working
 TOP_FILE_CAP = 16 << 20  # job config/result, meta.env: a 300-trial job result is well under 1 MiB
-TRIAL_RESULT_CAP = 4 << 20  # a trial result is a few kB (config, exception traceback)
+TRIAL_RESULT_CAP = 4 << 20  # a trial result is a few kB (config, exception traceback); a trial config is smaller
 _CAT_BATCH = 256
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _PATH_ERRNOS = frozenset({errno.ELOOP, errno.ENXIO, errno.ENODEV, errno.ENAMETOOLONG})
@@ -54,6 +58,7 @@ class TrialRead(NamedTuple):
     mtime: float | None  # POSIX seconds of the result file, when it was read
     known: object = None  # what an earlier pass parsed from this very file (same StatKey), instead of reading it
     key: StatKey | None = None  # the file's StatKey when it was read, for remembering what it says
+    agent_active: bool = False  # no result.json, but its agent/ holds an entry: started, not just created
 
 
 # Given a run dir path, a trial name and the StatKey of its result.json: what was parsed from it before, if kept.
@@ -64,6 +69,7 @@ class RunScan(NamedTuple):
     files: Mapping[str, Content]  # TOP_FILES present in the run dir
     no_resume: bool
     trials: Iterator[TrialRead]  # every trial dir, lazily, in name order
+    trial_config: Content | None = None  # the first trial dir's config.json (in name order)
 
 
 class JobsTree(Protocol):
@@ -145,7 +151,9 @@ class LocalTree:
                     trials.append(entry.name)
         files = {name: content for name in present
                  if (content := read_local(os.path.join(run, name), TOP_FILE_CAP)[0]) is not None}
-        return RunScan(files, no_resume, self._results(run, sorted(trials)))
+        trials.sort()
+        trial_config = read_local(os.path.join(run, trials[0], TRIAL_CONFIG), TRIAL_RESULT_CAP)[0] if trials else None
+        return RunScan(files, no_resume, self._results(run, trials), trial_config)
 
     def _results(self, run: str, trials: list[str]) -> Iterator[TrialRead]:
         for name in trials:
@@ -159,7 +167,8 @@ class LocalTree:
                     yield TrialRead(name, None, key[0] / 1e9, known, key)
                     continue
             data, mtime = read_local(path, TRIAL_RESULT_CAP)
-            yield TrialRead(name, data, mtime, None, key)
+            active = data is None and _has_entry(os.path.join(run, name, AGENT_DIR))
+            yield TrialRead(name, data, mtime, None, key, active)
 
 
 def stat_key(path: str) -> StatKey | None:
@@ -169,6 +178,18 @@ def stat_key(path: str) -> StatKey | None:
     except OSError:
         return None
     return (st.st_mtime_ns, st.st_size) if stat.S_ISREG(st.st_mode) else None
+
+
+def _has_entry(path: str) -> bool:
+    """Whether the directory at `path` lists anything: one scandir, stopped at the first entry. Missing, not a
+    directory or unlistable is False: it only tells a working agent, and is not one of the files we read."""
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is not None
+    except OSError as exc:
+        if not is_path_error(exc):
+            raise  # a transport or disk error (EIO, a timeout): the whole read is unknown
+        return False
 
 
 def _is_run_dir_entry(entry: os.DirEntry[str]) -> bool:
@@ -287,6 +308,8 @@ class FsspecTree:
         top: dict[str, Mapping[str, object]] = {}
         trials: list[str] = []
         results: dict[str, Mapping[str, object]] = {}
+        configs: dict[str, Mapping[str, object]] = {}
+        agents: set[str] = set()  # trials whose listing shows an agent/ (a dir, or a link that may be one)
         no_resume = False
         for path, info in found.items():
             parts = path.rstrip("/")[len(run) + 1 :].split("/")
@@ -296,19 +319,44 @@ class FsspecTree:
                 top[parts[0]] = info
             elif len(parts) == 1 and is_trial_dir_name(parts[0]) and info.get("type") == "directory":
                 trials.append(parts[0])
-            elif len(parts) == 2 and parts[1] == TRIAL_RESULT and is_trial_dir_name(parts[0]):
-                results[parts[0]] = info
+            elif len(parts) == 2 and is_trial_dir_name(parts[0]):
+                if parts[1] == TRIAL_RESULT:
+                    results[parts[0]] = info
+                elif parts[1] == TRIAL_CONFIG:
+                    configs[parts[0]] = info
+                elif parts[1] == AGENT_DIR and info.get("type") in ("directory", "link"):
+                    agents.add(parts[0])
         read = self._read({f"{run}/{name}": info for name, info in top.items()}, TOP_FILE_CAP)
         files = {name: got[0] for name in top if (got := read[f"{run}/{name}"])[0] is not None}
-        return RunScan(files, no_resume, self._results(run, sorted(trials), results))
+        trials.sort()
+        trial_config = None
+        if trials and trials[0] in configs:
+            config_path = f"{run}/{trials[0]}/{TRIAL_CONFIG}"
+            trial_config = self._read({config_path: configs[trials[0]]}, TRIAL_RESULT_CAP)[config_path][0]
+        return RunScan(files, no_resume, self._results(run, trials, results, agents), trial_config)
 
-    def _results(self, run: str, trials: list[str], results: Mapping[str, Mapping[str, object]]) -> Iterator[TrialRead]:
+    def _results(self, run: str, trials: list[str], results: Mapping[str, Mapping[str, object]],
+                 agents: set[str]) -> Iterator[TrialRead]:
         for start in range(0, len(trials), _CAT_BATCH):
             batch = trials[start : start + _CAT_BATCH]
             read = self._read({f"{run}/{name}/{TRIAL_RESULT}": results[name] for name in batch if name in results},
                               TRIAL_RESULT_CAP)
             for name in batch:
-                yield TrialRead(name, *read.get(f"{run}/{name}/{TRIAL_RESULT}", (None, None)))
+                content, mtime = read.get(f"{run}/{name}/{TRIAL_RESULT}", (None, None))
+                active = content is None and name in agents and self._has_entry(f"{run}/{name}/{AGENT_DIR}")
+                yield TrialRead(name, content, mtime, agent_active=active)
+
+    def _has_entry(self, path: str) -> bool:
+        """One `ls` of a running trial's agent/, which the walk (depth 2) showed but did not list: listing every
+        trial's subdirs (a walk of depth 3) would cost a round trip per finished trial's agent/ and verifier/ too.
+        As for a local tree, a fault of that path is False and a transport error is raised."""
+        try:
+            listed = self.fs.ls(path, detail=False)
+        except OSError as exc:
+            if not is_path_error(exc):
+                raise
+            return False
+        return any(_strip(self.fs, str(entry)).startswith(f"{path}/") for entry in listed)
 
     def _read(self, listed: Mapping[str, Mapping[str, object]], cap: int) -> dict[str, tuple[Content | None, float | None]]:
         """Vet each listed file by its listing, then `cat` the good ones in one call, at most cap + 1 bytes each."""

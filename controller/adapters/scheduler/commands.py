@@ -56,7 +56,7 @@ class LocalCommands:
         try:
             proc = subprocess.run(
                 list(argv), env={**inherited_environment(), **self.base_env, **(env or {})}, capture_output=True,
-                text=True,
+                text=True, encoding="utf-8", errors="replace",  # a job's log bytes must not fail the decode
                 timeout=timeout, stdin=subprocess.DEVNULL, check=False,
             )
         except subprocess.TimeoutExpired as exc:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,11 +26,13 @@ from pydantic import ValidationError
 
 from controller.adapters.process import proc_start_ticks
 from controller.adapters.scheduler.commands import inherited_environment
+from controller.adapters.scheduler.output import failure_tail, job_output, read_from, read_tail
 from controller.adapters.secrets import SecretMask
-from controller.core.ports import ObservationError, SubmitRequest
+from controller.core.ports import OUTPUT_READ_CAP, ObservationError, OutputCursor, SubmitRequest
 from controller.core.types import (
     RUN_TAG_PREFIX,
     Frozen,
+    JobOutput,
     JobState,
     ObservedJob,
     walltime_seconds,
@@ -62,6 +66,7 @@ class LocalScheduler:
         self.state_dir = Path(state_dir)
         self.jobs_dir = self.state_dir / "jobs"
         self.mask = mask or SecretMask()
+        self.host = socket.gethostname()  # where every local job runs: its `nodes`
 
     # ------------------------------------------------------------------ observe
 
@@ -102,13 +107,50 @@ class LocalScheduler:
 
     def _observed(self, job: LocalJob, state: JobState, started: datetime | None, ended: datetime | None,
                   exit_code: int | None, time_left_s: int | None = None) -> ObservedJob:
+        reason, tail = self._failure_tail(job) if state in (JobState.FAILED, JobState.OUT_OF_MEMORY) else ("", "")
         return ObservedJob(job_id=job.job_id, name=job.name, state=state, submitted_at=job.submitted_at,
                            started_at=started, ended_at=ended, exit_code=exit_code, time_left_s=time_left_s,
-                           reason=self.mask(_log_tail(Path(job.output))) if state == JobState.FAILED else "")
+                           reason=reason, log_tail=tail, nodes=self.host if started is not None else "")
+
+    def _failure_tail(self, job: LocalJob) -> tuple[str, str]:
+        """A failed job says why in its output: the last lines, masked (a courtesy: unreadable means none)."""
+        try:
+            read = read_tail(job.output)
+        except OSError:
+            return "", ""
+        if read is None:
+            return "", ""
+        raw, whole = read
+        return failure_tail(raw.decode("utf-8", errors="replace"), self.mask, whole=whole)
+
+    def read_output(self, cursors: Sequence[OutputCursor]) -> tuple[JobOutput, ...]:
+        """Each job's output file (job.json names it) read on from its cursor, whole lines, at most the cap."""
+        outputs = []
+        for cursor in cursors:
+            try:
+                path = self._output_path(cursor.job_id)
+                read = read_from(path, cursor.offset, OUTPUT_READ_CAP) if path is not None else None
+            except OSError as exc:
+                raise ObservationError(f"output of local job {cursor.job_id} unreadable: {exc}") from exc
+            if read is not None:
+                outputs.append(job_output(cursor.job_id, *read, OUTPUT_READ_CAP, self.mask))
+        return tuple(outputs)
+
+    def _output_path(self, job_id: str) -> str | None:
+        """The output file of one of our jobs; None for an id that is not one (no job.json: not there)."""
+        if not job_id.isdigit():
+            return None  # never a path outside the jobs dir
+        try:
+            return LocalJob.model_validate_json((self.jobs_dir / job_id / "job.json").read_text()).output
+        except FileNotFoundError:
+            return None
+        except ValidationError as exc:
+            raise OSError(f"{self.jobs_dir / job_id}/job.json is corrupt: {exc}") from exc
 
     # ------------------------------------------------------------------ mutate
 
     def submit(self, request: SubmitRequest) -> str:
+        """Start the runner. `request.exclude_nodes` is ignored: every local job runs on this one host."""
         job_id = self._next_id()
         job_dir = self.jobs_dir / job_id
         job_dir.mkdir(parents=True)
@@ -190,11 +232,3 @@ def _spawned_recently(job: LocalJob) -> bool:
 
 def _mtime(path: Path) -> datetime:
     return datetime.fromtimestamp(path.stat().st_mtime, UTC)
-
-
-def _log_tail(path: Path, lines: int = 5) -> str:
-    try:
-        tail = path.read_text(errors="replace").splitlines()[-lines:]
-    except OSError:
-        return ""
-    return " | ".join(line.strip() for line in tail if line.strip())[:500]

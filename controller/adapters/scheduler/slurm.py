@@ -8,13 +8,21 @@ user server-side and to our job-name prefix here. A command that fails or times 
 Times are printed in UTC (`TZ=UTC` in the commands' environment) so a login node in another time
 zone cannot shift submit or start times. Secrets reach `sbatch` in its environment (`--export=ALL`),
 never on the command line.
+
+Running jobs' output is ONE `sh` script per pass over every cursor (`READ_SCRIPT`): for each file a header
+line `#<index> <start>`, then the bytes from `start` base64-encoded. base64 keeps the bytes intact through a
+runner that decodes text (ssh replaces bad UTF-8), and its alphabet has no `#`, so nothing a job prints can
+pass for a header.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import itertools
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from controller.adapters.scheduler.commands import (
@@ -22,20 +30,64 @@ from controller.adapters.scheduler.commands import (
     CommandResult,
     CommandRunner,
 )
+from controller.adapters.scheduler.output import TAIL_BYTES, failure_tail, job_output
 from controller.adapters.secrets import SecretMask
-from controller.core.ports import ObservationError, SubmitRequest
-from controller.core.types import RUN_TAG_PREFIX, Frozen, JobState, ObservedJob
+from controller.core.ports import OUTPUT_READ_CAP, ObservationError, OutputCursor, SubmitRequest
+from controller.core.types import RUN_TAG_PREFIX, Frozen, JobOutput, JobState, ObservedJob
 
 log = logging.getLogger("evalctl.slurm")
 
 UTC_ENV = {"TZ": "UTC", "SLURM_TIME_FORMAT": "standard"}
-# squeue: %i id, %j name, %T state, %V submit, %S start, %e end, %L time left, %r reason (free text, last).
-# `--states=all` also lists jobs that ended within MinJobAge: accounting can lag behind the queue, and a job
-# must never drop out of sight between leaving the queue and appearing in sacct.
-SQUEUE_FORMAT = "%i|%j|%T|%V|%S|%e|%L|%r"
-SACCT_FIELDS = "JobID,JobName,State,ExitCode,Submit,Start,End,Reason"
+# squeue: %i id, %j name, %T state, %V submit, %S start, %e end, %L time left, %N nodes, %r reason (free text,
+# last). `--states=all` also lists jobs that ended within MinJobAge: accounting can lag behind the queue, and a
+# job must never drop out of sight between leaving the queue and appearing in sacct.
+SQUEUE_FORMAT = "%i|%j|%T|%V|%S|%e|%L|%N|%r"
+SACCT_FIELDS = "JobID,JobName,State,ExitCode,Submit,Start,End,NodeList,Reason"  # Reason: free text, last
 ACCOUNTING_WINDOW = "now-14days"
-FAILED_LOG_LINES = 5
+NO_NODES = frozenset({"", "None assigned", "(null)", "None"})  # what squeue / sacct print before a job has a node
+
+# Positional arguments: the cap, then (offset, path) pairs. ONE `stat` sizes every file (a missing or non-regular
+# one is asked as /dev/null, so sizes and files pair up; any mismatch exits 3 rather than guess), then only files
+# that grew are read, each by one `dd | base64`: a process per file is what a pass costs, so idle ones cost none.
+# Non-regular files (a FIFO would block a read) are left out like missing ones; an unreadable one is reported
+# (`!<index>`); a file shorter than its offset is read from 0 (rotated or truncated). A missing tool fails the
+# whole read, rather than reading as "no output".
+READ_MARKER = "@read-output"  # the script's first line: whatever a login shell printed before it is not output
+READ_SCRIPT = r"""
+printf '%s\n' '@read-output'
+for tool in stat dd base64 xargs; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "$tool not found on PATH" >&2; exit 127; }
+done
+cap=$1; shift
+n=0
+for arg; do
+  n=$((n + 1))
+  if [ $((n % 2)) -eq 0 ]; then
+    if [ -f "$arg" ]; then printf '%s\0' "$arg"; else printf '/dev/null\0'; fi
+  fi
+done | xargs -0 stat -L -c '%s %F' -- | {
+  i=0
+  while [ "$#" -ge 2 ]; do
+    offset=$1; file=$2; shift 2
+    IFS=' ' read -r size kind || exit 3
+    case $kind in
+      regular*)
+        if [ ! -r "$file" ]; then
+          printf '!%s\n' "$i"
+        else
+          [ "$size" -ge "$offset" ] || offset=0
+          printf '#%s %s\n' "$i" "$offset"
+          if [ "$size" -gt "$offset" ]; then
+            dd if="$file" iflag=skip_bytes,count_bytes,nonblock skip="$offset" count="$cap" bs=65536 status=none \
+              | base64 || exit 1
+          fi
+        fi ;;
+    esac
+    i=$((i + 1))
+  done
+  ! read -r extra || exit 3
+}
+"""
 
 # Every state SLURM 22.05–24.x prints (squeue long names, sacct base names), onto the core's states.
 SLURM_STATES: Mapping[str, JobState] = {
@@ -129,19 +181,39 @@ class SlurmScheduler:
         return result
 
     def _with_log_tails(self, jobs: list[ObservedJob]) -> tuple[ObservedJob, ...]:
-        """A job that failed says why in its output file: put the tail in the reason (one `tail` for all)."""
+        """A job that failed says why in its output file: its last lines become `log_tail` and the short
+        `reason` (one `tail` for all, its last TAIL_BYTES each: an endless progress-bar line stays small)."""
         paths = {self.output_path(job.name, job.job_id): job.job_id for job in jobs
                  if job.state in (JobState.FAILED, JobState.OUT_OF_MEMORY)}
         if not paths:
             return tuple(jobs)
         try:
-            result = self.commands.run(["tail", "-v", "-n", str(FAILED_LOG_LINES), *paths], env=UTC_ENV,
+            result = self.commands.run(["tail", "-v", "-c", str(TAIL_BYTES), "--", *paths], env=UTC_ENV,
                                        timeout=self.options.command_timeout_s)
         except CommandFailed:
-            return tuple(jobs)  # the reason is a courtesy; the state is what the rules use
-        tails = {paths[path]: text for path, text in split_tail_output(result.stdout).items() if path in paths}
-        return tuple(job.model_copy(update={"reason": self.mask(tails[job.job_id])}) if job.job_id in tails else job
-                     for job in jobs)
+            return tuple(jobs)  # the tail is a courtesy; the state is what the rules use
+        # Whole file (first line included) only when surely less than tail was asked for: decoding never shrinks
+        # bytes, but text mode turns \r\n into \n (halving at worst), and the split takes one newline.
+        tails = {paths[path]: failure_tail(text, self.mask, whole=2 * len(text.encode()) < TAIL_BYTES - 2)
+                 for path, text in split_tail_output(result.stdout, list(paths)).items()}
+        return tuple(job.model_copy(update={"reason": tails[job.job_id][0], "log_tail": tails[job.job_id][1]})
+                     if job.job_id in tails else job for job in jobs)
+
+    def read_output(self, cursors: Sequence[OutputCursor]) -> tuple[JobOutput, ...]:
+        """Every cursor's output file (`output_path`) read on from its offset: ONE command for all (READ_SCRIPT)."""
+        if not cursors:
+            return ()
+        argv = ["sh", "-c", READ_SCRIPT, "read-output", str(OUTPUT_READ_CAP)]
+        for cursor in cursors:
+            argv += [str(max(cursor.offset, 0)), self.output_path(cursor.name, cursor.job_id)]
+        result = self._read(argv, "reading job output")
+        outputs = []
+        for index, read in sorted(parse_output_frames(result.stdout, len(cursors)).items()):
+            cursor = cursors[index]
+            if read is None:
+                raise ObservationError(f"job output {self.output_path(cursor.name, cursor.job_id)} is not readable")
+            outputs.append(job_output(cursor.job_id, *read, OUTPUT_READ_CAP, self.mask))
+        return tuple(outputs)
 
     # ------------------------------------------------------------------ mutate
 
@@ -155,7 +227,7 @@ class SlurmScheduler:
             self._logs_dir_made = True
         argv = ["sbatch", "--parsable", f"--job-name={request.name}", f"--comment={request.comment}",
                 f"--time={request.time_limit}", f"--output={self.output_path('%x', '%j')}", "--export=ALL",
-                *self._placement(), request.script, *request.args]
+                *self._placement(), *_exclude(self._known(request.exclude_nodes)), request.script, *request.args]
         try:
             result = self.commands.run(argv, env=request.env, timeout=self.options.command_timeout_s)
         except CommandFailed as exc:
@@ -165,6 +237,17 @@ class SlurmScheduler:
         if result.returncode != 0 or not job_id.isdigit():
             raise RuntimeError(f"sbatch failed (exit {result.returncode}): {_error_line(result.stderr)}")
         return job_id
+
+    def _known(self, nodes: Sequence[str]) -> list[str]:
+        """The nodes to exclude that the cluster still has: sbatch refuses the whole job for one it does not know
+        (a quarantined node since removed would block every submission). A hostlist expression is kept as is."""
+        if not nodes:
+            return []
+        try:
+            listed = self._read(["sinfo", "--noheader", "--Node", "--format=%N"], "sinfo").stdout.split()
+        except ObservationError:
+            return list(nodes)  # cannot tell: exclude them all, and let sbatch say if one is unknown
+        return [node for node in nodes if node in listed or "[" in node or "," in node]
 
     def cancel(self, job_id: str) -> None:
         if not job_id.isdigit():
@@ -195,28 +278,39 @@ class SlurmScheduler:
 
 
 def parse_squeue_line(line: str) -> ObservedJob | None:
-    parts = line.split("|", 7)
-    if len(parts) != 8 or not parts[1].startswith(RUN_TAG_PREFIX):
+    parts = line.split("|", 8)
+    if len(parts) != 9 or not parts[1].startswith(RUN_TAG_PREFIX):
         return None
-    job_id, name, state, submit, start, end, left, reason = parts
+    job_id, name, state, submit, start, end, left, nodes, reason = parts
     job_state = slurm_state(state)
     return ObservedJob(job_id=job_id, name=name, state=job_state, submitted_at=parse_time(submit),
                        started_at=None if job_state == JobState.QUEUED else parse_time(start),  # else: expected
                        ended_at=None if job_state.active else parse_time(end),
                        time_left_s=parse_duration(left) if job_state == JobState.RUNNING else None,
-                       reason="" if reason in ("None", "") else reason)
+                       nodes=_nodes(nodes), reason="" if reason in ("None", "") else reason)
 
 
 def parse_sacct_line(line: str) -> ObservedJob | None:
     parts = line.split("|")
-    if len(parts) < 8 or not parts[1].startswith(RUN_TAG_PREFIX) or "." in parts[0]:
+    if len(parts) < 9 or not parts[1].startswith(RUN_TAG_PREFIX) or "." in parts[0]:
         return None
-    job_id, name, state, exit_code, submit, start, end = parts[:7]
-    reason = "|".join(parts[7:])
+    job_id, name, state, exit_code, submit, start, end, nodes = parts[:8]
+    reason = "|".join(parts[8:])
     code = exit_code.split(":")[0]
     return ObservedJob(job_id=job_id, name=name, state=slurm_state(state), submitted_at=parse_time(submit),
-                       started_at=parse_time(start), ended_at=parse_time(end),
+                       started_at=parse_time(start), ended_at=parse_time(end), nodes=_nodes(nodes),
                        exit_code=int(code) if code.isdigit() else None, reason="" if reason == "None" else reason)
+
+
+def _nodes(text: str) -> str:
+    """A NodeList (`vm`, `gpu[01-04]`); '' until the job has one."""
+    return "" if text.strip() in NO_NODES else text.strip()
+
+
+def _exclude(nodes: Sequence[str]) -> list[str]:
+    """`--exclude=a,b` for the cluster's quarantined nodes (hostlist expressions like `gpu[01-02]` included)."""
+    names = [node for node in dict.fromkeys(n.strip() for n in nodes) if node]
+    return [f"--exclude={','.join(names)}"] if names else []
 
 
 def merge(queue: Iterable[ObservedJob], accounting: Iterable[ObservedJob]) -> list[ObservedJob]:
@@ -229,8 +323,8 @@ def merge(queue: Iterable[ObservedJob], accounting: Iterable[ObservedJob]) -> li
     jobs = {job.job_id: _runaway(job) if job.state.active else job for job in accounting}
     for job in queue:
         known = jobs.get(job.job_id)
-        jobs[job.job_id] = job if known is None else job.model_copy(update={"submitted_at": job.submitted_at
-                                                                            or known.submitted_at})
+        jobs[job.job_id] = job if known is None else job.model_copy(update={
+            "submitted_at": job.submitted_at or known.submitted_at, "nodes": job.nodes or known.nodes})
     return sorted(jobs.values(), key=job_order)
 
 
@@ -273,17 +367,65 @@ def parse_duration(text: str) -> int | None:
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
-def split_tail_output(text: str) -> dict[str, str]:
-    """`tail -v` output (`==> path <==` headers) → {path: last lines joined by ' | '}."""
+def split_tail_output(text: str, paths: Sequence[str]) -> dict[str, str]:
+    """`tail -v` output (`==> path <==` headers) → {path: its text}.
+
+    tail prints the files in argv order (a missing one only on stderr), so a header counts only when it names
+    a path asked for after the current one: a job printing a header line cannot claim an earlier job's tail.
+    """
     tails: dict[str, list[str]] = {}
+    remaining = list(paths)
     current: list[str] | None = None
-    for line in text.splitlines():
+    for line in text.split("\n"):
         header = re.fullmatch(r"==> (.*) <==", line)
-        if header:
+        if header and header.group(1) in remaining:
+            del remaining[:remaining.index(header.group(1)) + 1]
             current = tails.setdefault(header.group(1), [])
-        elif current is not None and line.strip():
-            current.append(line.strip())
-    return {path: " | ".join(lines)[-500:] for path, lines in tails.items()}
+        elif current is not None:
+            current.append(line)
+    # tail separates files with a blank line; the text of each is as printed
+    return {path: "\n".join(lines[:-1] if lines and lines[-1] == "" else lines) for path, lines in tails.items()}
+
+
+def parse_output_frames(text: str, count: int) -> dict[int, tuple[int, bytes] | None]:
+    """READ_SCRIPT's output → {cursor index: (start, raw bytes)}, or None for a file it could not read.
+
+    What comes before the script's first line (a login banner) is ignored; a missing first line, a header out of
+    range or twice, or anything between headers that is not base64 mean the output is not what the script
+    prints: an ObservationError, never a guess. Headers are found with `str.find` (a line starting with '#' or
+    '!' is never base64), so a backlog of megabytes costs C loops, not a Python loop per line.
+    """
+    marker = re.search(rf"^{re.escape(READ_MARKER)}$", text, re.MULTILINE)
+    if marker is None:
+        raise ObservationError("reading job output: the read script printed nothing (is `sh` there?)")
+    body = text[marker.end():]  # starts with the marker line's newline: every header follows a "\n"
+    starts = [*sorted(_find_all(body, "\n#") + _find_all(body, "\n!")), len(body)]
+    if body[:starts[0]].strip():
+        raise ObservationError(f"reading job output: unexpected text {body[:starts[0]].strip()[:80]!r}")
+    reads: dict[int, tuple[int, bytes] | None] = {}
+    for at, after in itertools.pairwise(starts):
+        header, _, payload = body[at + 1:after].partition("\n")
+        number, _, start = header[1:].partition(" ")
+        if not number.isdigit() or int(number) >= count or int(number) in reads or (
+                header[0] == "#" and not start.isdigit()) or (header[0] == "!" and payload.strip()):
+            raise ObservationError(f"reading job output: unexpected line {header[:80]!r}")
+        if header[0] == "!":
+            reads[int(number)] = None
+            continue
+        try:
+            raw = base64.b64decode(payload.replace("\n", "").replace("\r", ""), validate=True)
+        except binascii.Error as exc:
+            raise ObservationError(f"reading job output: the bytes of file {number} are not base64 ({exc})") from exc
+        reads[int(number)] = (int(start), raw)
+    return reads
+
+
+def _find_all(text: str, needle: str) -> list[int]:
+    found, at = [], text.find(needle)
+    while at >= 0:
+        found.append(at)
+        at = text.find(needle, at + 1)
+    return found
 
 
 def _error_line(stderr: str) -> str:

@@ -16,8 +16,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from controller.core.metrics import same_metrics
-from controller.core.ports import NamedRow, SandboxJobRow, WriteRefused
-from controller.core.types import Metric
+from controller.core.ports import NamedRow, SandboxJobRow, StateSnapshot, WriteRefused
+from controller.core.types import CellMemory, CellOwner, Metric, Quarantined, Submission, TunnelLease
 
 
 def format_timestamp(value: datetime | None) -> str | None:
@@ -144,6 +144,28 @@ def reused_id(records: Iterable[Mapping[str, Any]]) -> str | None:
     """The id of the row a new row reuses among these rows of one name (`registry_order`), None if there are none."""
     first = min(records, key=registry_order, default=None)
     return None if first is None else str(first["id"])
+
+
+def state_snapshot(tables: Mapping[str, Iterable[Mapping[str, Any]]]) -> StateSnapshot:
+    """The controller state from its tables' records (any backend's spelling; a table not read is empty).
+    Raises ValueError on a record that does not decode: the caller fails the read closed."""
+    def records(table: str) -> Iterable[Mapping[str, Any]]:
+        return tables.get(table, ())
+
+    def timed(record: Mapping[str, Any], column: str) -> dict[str, Any]:
+        return {**record, column: parse_timestamp(record[column])}
+
+    try:
+        return StateSnapshot(
+            submissions=tuple(Submission(**timed(r, "created_at")) for r in records("evalrun_submissions")),
+            tunnel_leases=tuple(TunnelLease(**timed(r, "leased_at")) for r in records("evalrun_tunnel_leases")),
+            cell_owners=tuple(CellOwner(**timed(r, "renewed_at")) for r in records("evalrun_cell_owners")),
+            cell_memory={r["cell_key"]: CellMemory.from_stored(parse_json(r["memory"]))
+                         for r in records("evalrun_cell_memory")},
+            quarantined=tuple(Quarantined(**timed(r, "until")) for r in records("evalrun_quarantine")),
+        )
+    except ValidationError as error:
+        raise ValueError(_first_line(error)) from None
 
 
 def stored_metrics_are(stored: object, written: Iterable[Metric]) -> bool:

@@ -34,8 +34,8 @@ from controller.adapters.store.codec import (
     check_owner,
     decode_families,
     decode_rows,
-    parse_timestamp,
     sandbox_job_row,
+    state_snapshot,
     stored_metrics_are,
 )
 from controller.adapters.store.errors import StoreUnavailable, WriteRefused
@@ -47,7 +47,7 @@ from controller.core.ports import (
     SandboxJobRow,
     StateSnapshot,
 )
-from controller.core.types import CellMemory, CellOwner, EvalRunRef, RowStatus, Submission, TunnelLease
+from controller.core.types import CellMemory, EvalRunRef, QuarantineKind, RowStatus, Submission, TunnelLease
 
 Params = Sequence[Any] | Mapping[str, Any] | None
 Statement = tuple[str, Params]
@@ -204,13 +204,14 @@ class PostgresStore:
     # ----------------------------------------------------------------------- controller state
 
     def read_state(self, evalrun: EvalRunRef, cell_keys: list[str], owner_ttl_s: float) -> StateSnapshot:
-        """Up to four statements in one read-only snapshot and one round trip; a table not created yet is empty."""
+        """Up to five statements in one read-only snapshot and one round trip; a table not created yet is empty."""
         named = {"evalrun": str(evalrun), "cell_keys": list(cell_keys), "owner_ttl_s": float(owner_ttl_s)}
         wanted = {
             "evalrun_submissions": sql.SUBMISSIONS_OF_EVALRUN_AND_CELLS,
             "evalrun_cell_owners": sql.LIVE_OWNERS_OF_CELLS,
             "evalrun_tunnel_leases": sql.TUNNEL_LEASES,
             "evalrun_cell_memory": sql.MEMORY_OF_CELLS,
+            "evalrun_quarantine": sql.LIVE_QUARANTINES,
         }
         with self._reading() as conn:
             self._have(conn, tuple(wanted))
@@ -221,16 +222,7 @@ class PostgresStore:
                                   *((wanted[table], named) for table in tables), (COMMIT, None))[1:-1]
             found = {table: _dicts(cursor) for table, cursor in zip(tables, cursors, strict=True)}
             try:
-                return StateSnapshot(
-                    submissions=tuple(Submission(**{**record, "created_at": parse_timestamp(record["created_at"])})
-                                      for record in found.get("evalrun_submissions", [])),
-                    tunnel_leases=tuple(TunnelLease(**{**record, "leased_at": parse_timestamp(record["leased_at"])})
-                                        for record in found.get("evalrun_tunnel_leases", [])),
-                    cell_owners=tuple(CellOwner(**{**record, "renewed_at": parse_timestamp(record["renewed_at"])})
-                                      for record in found.get("evalrun_cell_owners", [])),
-                    cell_memory={record["cell_key"]: CellMemory.from_stored(record["memory"])
-                                 for record in found.get("evalrun_cell_memory", [])},
-                )
+                return state_snapshot(found)
             except ValueError as error:
                 raise ObservationError(f"store {self.name}: controller state: {_first_line(error)}") from None
 
@@ -245,6 +237,12 @@ class PostgresStore:
     def remember(self, cell_key: str, memory: CellMemory) -> None:
         with self._writing() as conn:
             self._round(conn, (sql.PUT_MEMORY, (cell_key, Jsonb(memory.stored()))))
+
+    def quarantine(self, kind: QuarantineKind, scope: str, name: str, reason: str, ttl_s: float) -> None:
+        """One upsert; its end is now() + ttl by the server's clock, so skewed clients agree on it."""
+        with self._writing() as conn:
+            self._round(conn, (sql.PUT_QUARANTINE, {"kind": QuarantineKind(kind).value, "scope": scope, "name": name,
+                                                    "reason": reason, "ttl_s": float(ttl_s)}))
 
     def claim_cells(self, evalrun: EvalRunRef, cell_keys: list[str], ttl_s: float) -> dict[str, EvalRunRef]:
         """Claim, drop the claims no longer named, read the owners back: one transaction, one round trip."""

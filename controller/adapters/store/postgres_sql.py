@@ -23,7 +23,7 @@ REGISTRY_LOCK = 0x65766C72756E0002
 MIGRATIONS = "evalrun_schema_migrations"  # version, name, applied_at of every migration applied
 OT_AGENT_TABLES = ("models", "benchmarks", "sandbox_jobs")
 OWN_TABLES = ("evalrun_submissions", "evalrun_leases", "evalrun_cell_owners", "evalrun_tunnel_leases",
-              "evalrun_cell_memory")
+              "evalrun_cell_memory", "evalrun_quarantine")
 
 # Created one by one, only where absent (CREATE needs a privilege a lab user may lack even when the table
 # exists, so existing tables are not even named in a CREATE). Indexes only come with a table we create.
@@ -162,6 +162,11 @@ TUNNEL_LEASES = "SELECT pair, holder, evalrun, leased_at FROM evalrun_tunnel_lea
 
 MEMORY_OF_CELLS = "SELECT cell_key, memory FROM evalrun_cell_memory WHERE cell_key = ANY(%(cell_keys)s::text[])"
 
+# Every quarantine still in force by the database's clock (the table is small: no filter by EvalRun).
+LIVE_QUARANTINES = """
+SELECT kind, scope, name, reason, until FROM evalrun_quarantine WHERE until > now() ORDER BY kind, scope, name
+"""
+
 # --------------------------------------------------------------------------- results DB writes
 
 # Look the model up (legacy data has several rows per name: the order is codec.registry_order's, the ids
@@ -260,6 +265,15 @@ RETURNING holder
 LEASE_HOLDER = "SELECT holder FROM evalrun_leases WHERE name = %s AND expires_at > now()"
 
 DELETE_LEASE = "DELETE FROM evalrun_leases WHERE name = %s AND holder = %s"
+
+# --------------------------------------------------------------------------- quarantine (the database's clock)
+
+# Repeating one replaces its reason and sets its end to the new now() + ttl.
+PUT_QUARANTINE = """
+INSERT INTO evalrun_quarantine (kind, scope, name, reason, until)
+VALUES (%(kind)s, %(scope)s, %(name)s, %(reason)s, now() + make_interval(secs => %(ttl_s)s::float8))
+    ON CONFLICT (kind, scope, name) DO UPDATE SET reason = excluded.reason, until = excluded.until
+"""
 
 # --------------------------------------------------------------------------- cell owners
 

@@ -25,9 +25,9 @@ from controller.adapters.store.codec import (
     decode_rows,
     format_metrics,
     format_timestamp,
-    parse_timestamp,
     reused_id,
     sandbox_job_row,
+    state_snapshot,
     stored_metrics_are,
 )
 from controller.adapters.store.errors import StoreUnavailable, WriteRefused
@@ -40,7 +40,7 @@ from controller.core.ports import (
     SandboxJobRow,
     StateSnapshot,
 )
-from controller.core.types import CellMemory, CellOwner, EvalRunRef, RowStatus, Submission, TunnelLease
+from controller.core.types import CellMemory, EvalRunRef, QuarantineKind, RowStatus, Submission, TunnelLease
 
 MEMORY = ":memory:"
 BUSY_TIMEOUT_S = 30.0
@@ -134,8 +134,9 @@ class SqliteStore:
         conn = self._connection()
         if conn is None:
             return StateSnapshot()
-        named = {"evalrun": str(evalrun), "cell_keys": _json(cell_keys),
-                 "stale_before": format_timestamp(self._now() - timedelta(seconds=owner_ttl_s))}
+        now = self._now()
+        named = {"evalrun": str(evalrun), "cell_keys": _json(cell_keys), "now": format_timestamp(now),
+                 "stale_before": format_timestamp(now - timedelta(seconds=owner_ttl_s))}
         try:
             with self._transaction(conn, "DEFERRED"):
                 tables = self._tables(conn)
@@ -147,12 +148,11 @@ class SqliteStore:
                 owners = select("evalrun_cell_owners", sql.OWNERS_OF_CELLS, named)
                 tunnels = select("evalrun_tunnel_leases", sql.TUNNEL_LEASES)
                 memory = select("evalrun_cell_memory", sql.MEMORY_OF_CELLS, named)
-            return StateSnapshot(
-                submissions=tuple(_submission(record) for record in submissions),
-                tunnel_leases=tuple(_tunnel_lease(record) for record in tunnels),
-                cell_owners=tuple(_cell_owner(record) for record in owners),
-                cell_memory={record["cell_key"]: CellMemory.from_stored(json.loads(record["memory"])) for record in memory},
-            )
+                quarantined = select("evalrun_quarantine", sql.LIVE_QUARANTINES, named)
+            return state_snapshot({
+                "evalrun_submissions": map(dict, submissions), "evalrun_tunnel_leases": map(dict, tunnels),
+                "evalrun_cell_owners": map(dict, owners), "evalrun_cell_memory": map(dict, memory),
+                "evalrun_quarantine": map(dict, quarantined)})
         except (sqlite3.Error, ValueError) as error:
             raise ObservationError(_unavailable(self.path, error)) from error
 
@@ -167,6 +167,12 @@ class SqliteStore:
     def remember(self, cell_key: str, memory: CellMemory) -> None:
         with self._write() as conn:
             self._run(conn, sql.PUT_MEMORY, (cell_key, json.dumps(memory.stored()), format_timestamp(self._now())))
+
+    def quarantine(self, kind: QuarantineKind, scope: str, name: str, reason: str, ttl_s: float) -> None:
+        """Upsert: repeating it replaces the reason and ends it ttl_s from now (this host's clock is the DB's)."""
+        until = format_timestamp(self._now() + timedelta(seconds=ttl_s))
+        with self._write() as conn:
+            self._run(conn, sql.PUT_QUARANTINE, (QuarantineKind(kind).value, scope, name, reason, until))
 
     # ----------------------------------------------------------------------- leases (this host's clock is the DB's)
 
@@ -369,18 +375,6 @@ def _json(values: Any) -> str:
     return json.dumps(list(values))
 
 
-
-
-def _submission(record: sqlite3.Row) -> Submission:
-    return Submission(**{**dict(record), "created_at": parse_timestamp(record["created_at"])})
-
-
-def _tunnel_lease(record: sqlite3.Row) -> TunnelLease:
-    return TunnelLease(**{**dict(record), "leased_at": parse_timestamp(record["leased_at"])})
-
-
-def _cell_owner(record: sqlite3.Row) -> CellOwner:
-    return CellOwner(**{**dict(record), "renewed_at": parse_timestamp(record["renewed_at"])})
 
 
 def _submission_params(submission: Submission) -> dict[str, Any]:

@@ -87,11 +87,20 @@ CREATE TABLE IF NOT EXISTS evalrun_tunnel_leases (
     evalrun   TEXT NOT NULL,
     leased_at TEXT NOT NULL
 );
+
+CREATE TABLE IF NOT EXISTS evalrun_quarantine (
+    kind   TEXT NOT NULL,
+    scope  TEXT NOT NULL,
+    name   TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    until  TEXT NOT NULL,
+    PRIMARY KEY (kind, scope, name)
+);
 """
 
 OT_AGENT_TABLES = ("models", "benchmarks", "sandbox_jobs")
 OWN_TABLES = ("evalrun_submissions", "evalrun_leases", "evalrun_tunnel_leases", "evalrun_cell_owners",
-              "evalrun_cell_memory")
+              "evalrun_cell_memory", "evalrun_quarantine")
 
 # --------------------------------------------------------------------------- observe
 
@@ -143,6 +152,11 @@ SELECT cell_key, evalrun, renewed_at FROM evalrun_cell_owners
 
 MEMORY_OF_CELLS = """
 SELECT cell_key, memory FROM evalrun_cell_memory WHERE cell_key IN (SELECT value FROM json_each(:cell_keys))
+"""
+
+# Every quarantine still in force (the table is small: no filter by EvalRun). Fixed-width UTC text sorts as time.
+LIVE_QUARANTINES = """
+SELECT kind, scope, name, reason, until FROM evalrun_quarantine WHERE until > :now ORDER BY kind, scope, name
 """
 
 PUT_MEMORY = "INSERT OR REPLACE INTO evalrun_cell_memory (cell_key, memory, updated_at) VALUES (?, ?, ?)"
@@ -205,6 +219,14 @@ LEASE_BY_NAME = "SELECT holder, expires_at FROM evalrun_leases WHERE name = ?"
 PUT_LEASE = "INSERT OR REPLACE INTO evalrun_leases (name, holder, expires_at) VALUES (?, ?, ?)"
 
 DELETE_LEASE = "DELETE FROM evalrun_leases WHERE name = ? AND holder = ?"
+
+# --------------------------------------------------------------------------- quarantine
+
+# Repeating one replaces its reason and sets its end to the new now + ttl.
+PUT_QUARANTINE = """
+INSERT INTO evalrun_quarantine (kind, scope, name, reason, until) VALUES (?, ?, ?, ?, ?)
+    ON CONFLICT (kind, scope, name) DO UPDATE SET reason = excluded.reason, until = excluded.until
+"""
 
 # --------------------------------------------------------------------------- cell owners
 

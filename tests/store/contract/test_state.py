@@ -1,16 +1,19 @@
-"""The controller's own state: intents, act-leases, cell claims, tunnel pairs, cell memory. Expiry is the store's."""
+"""The controller's own state: intents, act-leases, cell claims, tunnel pairs, cell memory, quarantines.
+
+Expiry is the store's."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
 
 from controller.core.ports import ControllerState
-from controller.core.types import CellMemory, EvalRunRef, StallReading, Submission, TunnelLease
+from controller.core.types import CellMemory, EvalRunRef, QuarantineKind, StallReading, Submission, TunnelLease
 
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 HOUR = 3600.0
 QWEN, OTHER, ANY = EvalRunRef(name="qwen-evals"), EvalRunRef(name="other"), EvalRunRef(name="any")
 RUN_A, RUN_B = EvalRunRef(namespace="lab", name="run-a"), EvalRunRef(name="run-b")
+CLOCK_MARGIN = timedelta(seconds=5)  # the store's clock may be the server's, not this process's
 
 
 def submission(name: str, *, evalrun: EvalRunRef = QWEN, cell_key: str = "cell-a") -> Submission:
@@ -117,3 +120,46 @@ def test_a_namespaced_evalrun_reads_back_as_itself_everywhere(state_backend: Con
     assert [lease.evalrun for lease in seen.tunnel_leases] == [RUN_A]
     assert [o.evalrun for o in owners] == [RUN_A]
     assert state_backend.read_state(EvalRunRef(name="run-a"), [], HOUR).submissions == (), "the bare name is another"
+
+
+def test_a_quarantine_reads_back_until_ttl_from_now_whatever_the_evalrun(state_backend: ControllerState) -> None:
+    before = datetime.now(UTC)
+    state_backend.quarantine(QuarantineKind.NODE, "cluster-a", "node-7", "NCCL timeout on node-7", HOUR)
+    after = datetime.now(UTC)
+
+    (seen,) = state_backend.read_state(ANY, [], HOUR).quarantined
+
+    assert (seen.kind, seen.scope, seen.name, seen.reason) == (QuarantineKind.NODE, "cluster-a", "node-7",
+                                                              "NCCL timeout on node-7")
+    assert before + timedelta(seconds=HOUR) - CLOCK_MARGIN < seen.until < after + timedelta(seconds=HOUR)
+    assert state_backend.read_state(RUN_A, ["cell-a"], HOUR).quarantined == (seen,), "not per EvalRun"
+
+
+def test_a_quarantine_with_no_ttl_is_expired_and_repeating_it_extends_it(state_backend: ControllerState) -> None:
+    state_backend.quarantine(QuarantineKind.PAIR, "lab/run-a", "pair-3", "token locked", 0)
+
+    assert state_backend.read_state(ANY, [], HOUR).quarantined == (), "expired by the store's clock"
+
+    state_backend.quarantine(QuarantineKind.PAIR, "lab/run-a", "pair-3", "token locked", HOUR)
+    assert [q.name for q in state_backend.read_state(ANY, [], HOUR).quarantined] == ["pair-3"]
+
+
+def test_repeating_a_quarantine_replaces_its_reason_in_one_record(state_backend: ControllerState) -> None:
+    state_backend.quarantine(QuarantineKind.CLUSTER, "cluster-a", "launches", "load shedding", HOUR)
+    state_backend.quarantine(QuarantineKind.CLUSTER, "cluster-a", "launches", "rate limited", HOUR)
+
+    (seen,) = state_backend.read_state(ANY, [], HOUR).quarantined
+
+    assert (seen.kind, seen.reason) == (QuarantineKind.CLUSTER, "rate limited")
+
+
+def test_quarantines_of_other_scopes_or_kinds_are_separate_records(state_backend: ControllerState) -> None:
+    state_backend.quarantine(QuarantineKind.NODE, "cluster-a", "node-7", "ECC errors", HOUR)
+    state_backend.quarantine(QuarantineKind.NODE, "cluster-b", "node-7", "disk full", HOUR)
+    state_backend.quarantine(QuarantineKind.CLUSTER, "cluster-a", "node-7", "odd name, other kind", HOUR)
+
+    seen = {(q.kind, q.scope, q.name): q.reason for q in state_backend.read_state(ANY, [], HOUR).quarantined}
+
+    assert seen == {(QuarantineKind.NODE, "cluster-a", "node-7"): "ECC errors",
+                    (QuarantineKind.NODE, "cluster-b", "node-7"): "disk full",
+                    (QuarantineKind.CLUSTER, "cluster-a", "node-7"): "odd name, other kind"}

@@ -1,0 +1,191 @@
+"""Launch health (REFERENCE §8, §9): what an operator checks by hand after every launch, as pure functions.
+
+- **Instant failures**: a trial that raised before one output token, within `instant_fail` of agent time or
+  without the model ever answering one request, is infra (the served model was not reachable), never the
+  model's 0. (Real Harbor retries an unreachable model for ~36 s before it raises: time alone misses it.)
+  `count_instant_failures` files them in the `InstantFailure` bucket, so gates, resume, metrics and MLflow all
+  see them as infra.
+- **The failure catalog**: `diagnose` finds the first catalogued failure mode in a log.
+- **The job's output**: `read_output` folds what a running job printed since the last pass into a reading
+  (vLLM's access lines, its ready line, pinggy's lines, catalogued running failures).
+- **Pinggy wiring**: `unwired_api_base` says why a trial's `api_base` is not the leased pair's public URL.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import math
+import re
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from urllib.parse import urlsplit
+
+from pydantic import Field
+
+from controller.core.trial_errors import INSTANT_FAILURE
+from controller.core.types import (
+    ErrorKind,
+    FailureMode,
+    FailureStage,
+    Frozen,
+    JobOutput,
+    OutputReading,
+    RunDirFacts,
+)
+from controller.core.vocabulary import HealthState
+
+# vLLM's uvicorn access lines: `INFO:     127.0.0.1:53312 - "POST /v1/chat/completions HTTP/1.1" 200 OK`
+REQUEST = re.compile(r'"POST /v1/(?:chat/)?completions HTTP/[\d.]+" (\d{3})')
+SERVER_READY = re.compile(r"Application startup complete|Uvicorn running on")
+PINGGY_LIVE = re.compile(r"You are authenticated as")
+PINGGY_LOCKED = re.compile(r"A tunnel with the same token .*is already active")
+MIN_REQUESTS_FOR_SHARE = 50  # fewer requests than this say nothing about their 400 share
+
+
+class HealthLimits(Frozen):
+    """The EvalRun's `spec.health`, in the units the rules use, and the failure catalog of its cluster."""
+
+    instant_fail: timedelta = timedelta(seconds=10)
+    dead_launch_trials: int = 10
+    launch_grace: timedelta = timedelta(minutes=30)
+    no_traffic: timedelta = timedelta(minutes=15)
+    bad_request_fraction: float = 0.15
+    max_refires: int = 2
+    refire_backoff: timedelta = timedelta(minutes=5)
+    bad_node: timedelta = timedelta(hours=24)
+    failure_modes: tuple[FailureMode, ...] = Field((), description="the catalog, then the cluster's own entries")
+
+
+def count_instant_failures(facts: RunDirFacts, instant_fail: timedelta) -> RunDirFacts:
+    """The facts with every instant failure moved from its exception class to `InstantFailure` (an infra class):
+    out of the valid trials and the reward sums, into the infra count and breakdown."""
+    instant = [q for q in facts.quiet_failures if not q.answered or q.agent_seconds is None
+               or q.agent_seconds < instant_fail.total_seconds()]
+    if not instant or facts.unreadable:
+        return facts
+    breakdown = dict(facts.error_breakdown)
+    counts = {ErrorKind.INFRA: facts.n_infra_errors, ErrorKind.BENIGN: facts.n_benign_errors,
+              ErrorKind.OTHER: facts.n_other_errors}
+    reward_sum, reward_sq_sum = facts.reward_sum, facts.reward_sq_sum
+    for trial in instant:
+        breakdown[trial.exception_type] = breakdown.get(trial.exception_type, 1) - 1
+        counts[trial.kind] -= 1
+        if trial.kind != ErrorKind.INFRA and trial.reward is not None:  # the sums hold valid trials only
+            reward_sum -= trial.reward
+            reward_sq_sum -= trial.reward * trial.reward
+    breakdown[INSTANT_FAILURE] = breakdown.get(INSTANT_FAILURE, 0) + len(instant)
+    return facts.model_copy(update={
+        "n_instant_failures": len(instant), "error_breakdown": dict(sorted(breakdown.items())),
+        "n_infra_errors": counts[ErrorKind.INFRA] + len(instant), "n_benign_errors": counts[ErrorKind.BENIGN],
+        "n_other_errors": counts[ErrorKind.OTHER], "reward_sum": reward_sum, "reward_sq_sum": reward_sq_sum})
+
+
+def is_dead_launch(facts: RunDirFacts) -> bool:
+    """Every trial that completed failed instantly: nothing in the dir is a score."""
+    return facts.n_completed > 0 and facts.n_instant_failures == facts.n_completed
+
+
+class Diagnosis(Frozen):
+    mode: FailureMode
+    line: str = Field(description="the line that matched, cut short")
+
+    def __str__(self) -> str:
+        return f"{self.mode.name}: {self.mode.advice}"
+
+
+def diagnose(text: str, modes: Sequence[FailureMode], stage: FailureStage) -> Diagnosis | None:
+    """The first catalogued failure of `stage` whose pattern matches a line of `text` (catalog order)."""
+    for mode in modes:
+        if mode.when != stage:
+            continue
+        for pattern in mode.patterns:
+            found = _compiled(pattern).search(text)
+            if found is not None:
+                return Diagnosis(mode=mode, line=_line_of(text, found.start())[:200])
+    return None
+
+
+def read_output(previous: OutputReading | None, output: JobOutput, modes: Sequence[FailureMode],
+                now: datetime) -> OutputReading:
+    """Fold a running job's new output into what its earlier output said (a reading of another job starts over)."""
+    reading = previous if previous is not None and previous.job_id == output.job_id else OutputReading(
+        job_id=output.job_id, read_at=now)
+    statuses = REQUEST.findall(output.text)
+    bad = sum(1 for status in statuses if status == "400")
+    minutes = (now - reading.read_at).total_seconds() / 60
+    rate = len(statuses) / minutes if minutes > 0 else reading.requests_per_minute
+    pinggy = "locked" if PINGGY_LOCKED.search(output.text) else (
+        "live" if PINGGY_LIVE.search(output.text) else reading.pinggy)
+    failure = diagnose(output.text, modes, FailureStage.RUNNING)
+    return reading.model_copy(update={
+        "offset": output.end, "read_at": now, "requests": reading.requests + len(statuses),
+        "bad_requests": reading.bad_requests + bad, "requests_per_minute": rate,
+        "ready_at": reading.ready_at or (now if SERVER_READY.search(output.text) else None),
+        "last_request_at": now if statuses else reading.last_request_at, "pinggy": pinggy,
+        "failure": reading.failure or (failure.mode.name if failure else None)})
+
+
+def bad_request_share(reading: OutputReading) -> float | None:
+    """The 400 share, once there are enough requests to say anything."""
+    if reading.requests < MIN_REQUESTS_FOR_SHARE:
+        return None
+    return reading.bad_requests / reading.requests
+
+
+def unwired_api_base(api_base: str | None, pair_url: str | None) -> str:
+    """Why a pinggy cell's trials do not reach the model through its pair ('' when they do, or cannot tell)."""
+    if not api_base:
+        return ""
+    host = urlsplit(api_base).hostname or ""
+    if _private(host):
+        return f"api_base {api_base} is an internal address"
+    if pair_url and host != (urlsplit(pair_url).hostname or ""):
+        return f"api_base {api_base} is not the leased pair's URL {pair_url}"
+    return ""
+
+
+def verdict(reading: OutputReading | None, facts: RunDirFacts | None, job_started: datetime | None,
+            health: HealthLimits, now: datetime) -> tuple[HealthState, str]:
+    """Whether a running job works, in one line a person reads: alive, launching, or suspect."""
+    traffic = _traffic(reading)
+    if facts is None or (facts.n_started_trials == 0 and facts.n_completed == 0):
+        waited = _minutes(now - job_started) if job_started is not None else "?"
+        return HealthState.LAUNCHING, f"launching ({waited} of {_minutes(health.launch_grace)}{traffic})"
+    if is_dead_launch(facts):
+        return HealthState.STALLED, (f"suspect: {facts.n_instant_failures} instant failures and no real trial yet "
+                                     f"(a dead launch at {health.dead_launch_trials}){traffic}")
+    since = f", last result {_minutes(now - facts.last_progress_at)} ago" if facts.last_progress_at else ""
+    return HealthState.ALIVE, f"alive: {facts.n_scored} trials scored{since}{traffic}"
+
+
+def _traffic(reading: OutputReading | None) -> str:
+    if reading is None or not reading.requests:
+        return ""
+    rate = f", {reading.requests_per_minute:.0f} req/min" if reading.requests_per_minute is not None else ""
+    return f"{rate}, {reading.bad_requests / reading.requests:.0%} 400s of {reading.requests} requests"
+
+
+def _private(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host.endswith((".local", ".internal", ".cluster"))
+    return address.is_private or address.is_loopback or address.is_link_local
+
+
+@functools.cache
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern, re.MULTILINE)
+
+
+def _line_of(text: str, index: int) -> str:
+    start = text.rfind("\n", 0, index) + 1
+    end = text.find("\n", index)
+    return text[start : end if end >= 0 else len(text)].strip()
+
+
+def _minutes(delta: timedelta) -> str:
+    return f"{max(math.floor(delta.total_seconds() / 60), 0)} min"

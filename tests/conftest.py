@@ -26,6 +26,8 @@ from tests.fixtures.evalctl import wait_until
 pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.postgrest", "tests.fixtures.mlflow_server"]
 
 REPO = Path(__file__).resolve().parents[1]
+# every `python -m controller…` child runs this checkout's code, whatever its cwd and wherever the venv came from
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
 SESSION_MARKER = "EVALRUN_TEST_SESSION"
 JOB_MARKER = b"EVAL_JOB_ID="  # set by the local scheduler only, for its runner and all the job starts
 KILL_WAIT_S = 15.0  # a job cancelled by a test's teardown gets SIGTERM, then SIGKILL after 5 s

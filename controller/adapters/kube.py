@@ -32,9 +32,12 @@ class KubeApi:
         self.custom = kubernetes.client.CustomObjectsApi()
         self.core = kubernetes.client.CoreV1Api()
 
-    def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """One EvalRun or EvalCluster; None when it does not exist."""
+    def get(self, plural: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """One EvalRun or EvalCluster, or (namespace None) a cluster-scoped ClusterEvalCluster; None when it does
+        not exist."""
         try:
+            if namespace is None:
+                return cast(dict[str, Any], self.custom.get_cluster_custom_object(GROUP, VERSION, plural, name))
             return cast(dict[str, Any], self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural,
                                                                                 name))
         except ApiException as exc:
@@ -42,8 +45,12 @@ class KubeApi:
                 return None
             raise
 
-    def list(self, plural: str, namespace: str) -> list[dict[str, Any]]:
-        found = cast(dict[str, Any], self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural))
+    def list(self, plural: str, namespace: str | None) -> list[dict[str, Any]]:
+        """The objects of one namespace, or (None) of every namespace the operator watches."""
+        if namespace is None:
+            found = cast(dict[str, Any], self.custom.list_cluster_custom_object(GROUP, VERSION, plural))
+        else:
+            found = cast(dict[str, Any], self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural))
         return cast(list[dict[str, Any]], found.get("items", []))
 
     def annotate(self, plural: str, namespace: str, name: str, annotations: Mapping[str, str]) -> None:

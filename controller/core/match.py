@@ -113,7 +113,7 @@ def join_cells(
 
     observations = []
     for cell in cells:
-        subs = tuple(subs_by_cell.get(cell.key, ())) if snapshot else None
+        subs = _cell_subs(cell, subs_by_cell) if snapshot else None
         rows = None
         if snapshot is not None:
             assert model_families is not None and bench_families is not None
@@ -132,10 +132,18 @@ def join_cells(
         if jobs_dir_missing and _expects_run_dirs(rows, subs, cell_jobs):
             cell_dirs = None
             reason = "; ".join(r for r in (unknown_reason, jobs_dir_missing) if r)
-        memory = snapshot.cell_memory.get(cell.key) if snapshot else None
+        memory = snapshot.cell_memory.get(cell.key) or snapshot.cell_memory.get(cell.former_key or "") \
+            if snapshot else None
         observations.append(Observation(rows=rows, submissions=subs, jobs=cell_jobs, run_dirs=cell_dirs,
                                         unknown_reason=reason, memory=memory or CellMemory()))
     return observations
+
+
+def _cell_subs(cell: Cell, subs_by_cell: dict[str, list[Submission]]) -> tuple[Submission, ...]:
+    """The cell's submissions, whichever EvalRun made them, and those its own EvalRun made under its former key
+    (before keys were scoped by namespace): never another tenant's."""
+    former = [s for s in subs_by_cell.get(cell.former_key or "", ()) if cell.evalrun.known_as(s.evalrun)]
+    return (*subs_by_cell.get(cell.key, ()), *former)
 
 
 def _expects_run_dirs(rows: Sequence[SandboxJobRow] | None, subs: Sequence[Submission] | None,

@@ -234,7 +234,7 @@ def ended_leases(evalrun: EvalRunRef, leases: Sequence[TunnelLease], observation
 def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime, *,
               leased: Mapping[str, str] | None = None, quarantined: Sequence[Quarantined] = ()) -> CellPlan:
     """`leased`: submission name → the pinggy pair leased to its job."""
-    if obs.run_dirs:  # instant failures are infra whatever Harbor called them (the EvalRun's health policy)
+    if obs.run_dirs and cell.calls_model:  # instant failures are infra whatever Harbor called them
         obs = obs.model_copy(update={"run_dirs": tuple(count_instant_failures(d, policy.health.instant_fail)
                                                          for d in obs.run_dirs)})
     failed = _failed_job(obs.jobs) if obs.run_dirs is None else None

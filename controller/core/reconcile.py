@@ -162,7 +162,7 @@ def release_pass(target: RunTarget, store: Store, ports: ClusterPorts) -> list[O
     """
     if target.policy.cancel_on_delete:
         jobs = ports.scheduler.observe()
-        snapshot = store.observe(target.evalrun, _models(target), _benchmarks(target), _keys(target))
+        snapshot = store.observe(target.evalrun, _models(target), _benchmarks(target), _read_keys(target))
         observed = Observed(snapshot=snapshot, cells=tuple(join_cells(target.cells, snapshot, jobs, ())))
         the_plan = plan_deletion(target.evalrun, target.cells, observed.cells, observed.other_owners(target.evalrun))
         outcomes = ports.actor_for(target).act(the_plan)
@@ -179,7 +179,7 @@ def observe(target: RunTarget, store: Store, view: ClusterView, scheduler: Sched
     """The store (one read for the EvalRun) joined with its cluster's reads: one Observation per cell, with what
     its running jobs printed since the last pass (one more read, from the offsets the cells remember)."""
     read = _read(functools.partial(store.observe, target.evalrun, _models(target), _benchmarks(target),
-                                   _keys(target)))
+                                   _read_keys(target)))
     snapshot = None if isinstance(read, ObservationError) else read
     missing = str(view.dirs) if isinstance(view.dirs, JobsDirMissing) else ""
     failures = [str(x) for x in (read, view.jobs, view.dirs) if isinstance(x, ObservationError) and str(x) != missing]
@@ -275,7 +275,13 @@ def _read(observe: Callable[[], T]) -> T | ObservationError:
 
 
 def _keys(target: RunTarget) -> list[str]:
+    """The cells it claims."""
     return [c.key for c in target.cells]
+
+
+def _read_keys(target: RunTarget) -> list[str]:
+    """The cells whose history it reads: their keys, and the former keys of earlier versions."""
+    return [*_keys(target), *(c.former_key for c in target.cells if c.former_key)]
 
 
 def _models(target: RunTarget) -> list[str]:

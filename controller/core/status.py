@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field
 
 from controller.core.types import EvalRunRef, Frozen
-from controller.core.vocabulary import CellPlan, Outcome, Phase, Plan
+from controller.core.vocabulary import CellPlan, Outcome, Phase, Plan, Rule
 
 ATTENTION_LIMIT = 20  # a status is read by people and stored in etcd: the full table lives in `evalctl status`
 IN_FLIGHT = frozenset({Phase.PENDING, Phase.SUBMITTED, Phase.RUNNING, Phase.SETTLING, Phase.EVALUATED})
@@ -76,7 +76,8 @@ def summarize(plan: Plan, outcomes: Sequence[Outcome] = (), generation: int | No
     failed_actions = [o for o in outcomes if not o.ok]
     failures = {o.cell: f"{o.action} failed: {o.message}" for o in failed_actions}
     attention = [_attention(c, failures.get(c.cell.label)) for c in plan.cells
-                 if c.phase in NEEDS_A_HUMAN | {Phase.UNKNOWN} or c.cell.label in failures]
+                 if c.phase in NEEDS_A_HUMAN | {Phase.UNKNOWN} or c.cell.label in failures
+                 or c.rule == Rule.OWNED_ELSEWHERE]  # another EvalRun acts for it: this one will not, a human asks why
     return RunStatus(
         evalrun=plan.evalrun,
         observed_generation=generation,

@@ -61,7 +61,13 @@ class EvalRunRef(ObjectRef):
 
 
 class ClusterRef(ObjectRef):
-    """One EvalCluster. An EvalRun's `spec.cluster` names one in the EvalRun's own namespace."""
+    """One EvalCluster (an EvalRun's `spec.cluster` names one in the EvalRun's own namespace), or a cluster-scoped
+    ClusterEvalCluster of the operator's admin."""
+
+    cluster_scoped: bool = False
+
+    def __str__(self) -> str:
+        return f"ClusterEvalCluster/{self.name}" if self.cluster_scoped else super().__str__()
 
 
 # --------------------------------------------------------------------------- desired state
@@ -97,12 +103,27 @@ class Cell(Frozen):
     max_model_len: int | None = None
     max_output_tokens: int | None = None
     needs_pinggy: bool = False
+    calls_model: bool = Field(True, description="its agent calls a model (not Harbor's oracle or nop): a trial that "
+                                                "raised without a token may be an instant failure")
     fingerprint: str = Field(description="hash of what changes results (agent, config, multiplier, overrides, kwargs)")
 
     @property
     def key(self) -> str:
-        """Identity of the cell across passes and processes (DESIGN.md: model, dataset, fingerprint)."""
-        return f"{self.model}|{self.dataset}|{self.fingerprint}"
+        """Identity of the cell across passes and processes (DESIGN.md: model, dataset, fingerprint), scoped by the
+        EvalRun's namespace: tenants never share a cell (its claim, run tags, jobs). Injective: a `|` or `\\` in
+        a part is escaped, so parts never run into each other; for names without them, and without a namespace,
+        the key is the one of every earlier version."""
+        parts = [self.model, self.dataset, self.fingerprint]
+        if self.evalrun.namespace:
+            parts.insert(0, f"{NAMESPACE_MARK}{self.evalrun.namespace}")
+        return "|".join(part.replace("\\", "\\\\").replace("|", "\\|") for part in parts)
+
+    @property
+    def former_key(self) -> str | None:
+        """What versions before 0.3 stored this cell under (no namespace, no escaping), when that differs: its
+        submissions and memory from then are still its own (read for this EvalRun only)."""
+        former = f"{self.model}|{self.dataset}|{self.fingerprint}"
+        return former if former != self.key else None
 
     @property
     def label(self) -> str:
@@ -146,6 +167,7 @@ def walltime_seconds(text: str) -> int:
 
 
 RUN_TAG_PREFIX = "ev_"
+NAMESPACE_MARK = "ns:"  # the first part of a namespaced cell's key
 
 
 def submission_name(run_tag: str, fire: int) -> str:

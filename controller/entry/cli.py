@@ -377,19 +377,41 @@ def operator(
                                                                     "http://0.0.0.0:8080/healthz.")] = None,
     metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics on this "
                                                                             "port.")] = None,
+    allow_local_scheduler: Annotated[bool, typer.Option(
+        "--allow-local-scheduler", help="Let namespaced EvalClusters run jobs or scheduler commands on this host, as "
+                                        "the operator (a single-user laptop; never in a shared cluster).")] = False,
+    allowed_ssh_host: Annotated[list[str], typer.Option(
+        "--allowed-ssh-host", help="A login host (shell pattern) namespaced EvalClusters may reach with their own "
+                                   "key Secret (repeat).")] = [],  # noqa: B006
+    allowed_path_root: Annotated[list[str], typer.Option(
+        "--allowed-path-root", help="A directory absolute local paths of namespaced EvalClusters may point into "
+                                    "(repeat).")] = [],  # noqa: B006
+    allowed_mlflow_uri: Annotated[list[str], typer.Option(
+        "--allowed-mlflow-uri", help="A tracking URI (prefix) the operator's own MLflow login may be sent to "
+                                     "(repeat).")] = [],  # noqa: B006
+    operator_namespace: Annotated[str, typer.Option(
+        "--operator-namespace", envvar="POD_NAMESPACE", help="The operator's namespace: where the Secrets of "
+                                                             "ClusterEvalClusters are.")] = "evalrun-system",
     verbose: Verbose = 0,
 ) -> None:
-    """Run the Kubernetes operator: reconcile EvalRun resources with the same passes as `reconcile`."""
+    """Run the Kubernetes operator: reconcile EvalRun resources with the same passes as `reconcile`.
+
+    Deny by default: what a namespace's author writes never runs as the operator (see README "Multi-tenant
+    clusters"); the --allow* flags open what the admin decides."""
     configure_logging(verbose)
     with _exits():
         from controller.entry import operator as kube_operator  # kopf and the client load only for this command
         from controller.entry.operator_pass import OperatorConfig
+        from controller.spec.tenancy import OperatorPolicy
 
         url = store or os.environ.get("EVALCTL_STORE") or DEFAULT_STORE
         state = state or os.environ.get("EVALCTL_STATE") or None
         _store(StoreURLs(url, state), readonly=False).close()  # a store that cannot be opened stops here, in one line
+        policy = OperatorPolicy(allow_local_scheduler=allow_local_scheduler,
+                                allowed_ssh_hosts=tuple(allowed_ssh_host), allowed_path_roots=tuple(allowed_path_root),
+                                allowed_mlflow_uris=tuple(allowed_mlflow_uri))
         config = OperatorConfig(store_url=url, state_url=state, base_dir=base_dir.resolve(), interval_s=interval,
-                                holder=process_identity())
+                                holder=process_identity(), policy=policy, namespace=operator_namespace)
         kube_operator.run(config, namespaces=namespace, standalone=standalone, liveness=liveness,
                           metrics_port=metrics_port, peering=peering, priority=priority)
 

@@ -15,10 +15,18 @@ import kopf
 
 from controller.adapters.kube import GROUP, VERSION, KubeApi, load_client_config
 from controller.entry import prometheus
-from controller.entry.operator_pass import OperatorConfig, Passes, Stores, reconcile_object, release_object
+from controller.entry.operator_pass import (
+    OperatorConfig,
+    Passes,
+    Stores,
+    cluster_of,
+    reconcile_object,
+    release_object,
+)
 
 EVALRUNS = (GROUP, VERSION, "evalruns")
 EVALCLUSTERS = (GROUP, VERSION, "evalclusters")
+CLUSTER_EVALCLUSTERS = (GROUP, VERSION, "clusterevalclusters")
 CLUSTER_REVISION = "evalrun.io/cluster-revision"  # bumped on an EvalRun when its EvalCluster changes
 DELETE_RETRIES = 10  # then the finalizer is released anyway, with a Warning: an object must never hang
 
@@ -80,13 +88,25 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
     @kopf.on.create(*EVALCLUSTERS, registry=registry, id="cluster-apply")
     @kopf.on.update(*EVALCLUSTERS, registry=registry, id="cluster-change")
     def cluster_changed(body: kopf.Body, memo: Memo, namespace: str | None, name: str, **_: Any) -> None:
-        """Fixing an EvalCluster must re-run the EvalRuns on it now, not at the next timer tick."""
-        for run in memo.api.list("evalruns", namespace or ""):
-            if (run.get("spec") or {}).get("cluster") == name:
-                memo.api.annotate("evalruns", namespace or "", run["metadata"]["name"],
-                                  {CLUSTER_REVISION: str(body.metadata.get("resourceVersion"))})
+        """Fixing a cluster must re-run the EvalRuns on it now, not at the next timer tick."""
+        _rerun_evalruns_on(memo.api, ("evalclusters", namespace, name), str(body.metadata.get("resourceVersion")))
+
+    @kopf.on.event(*CLUSTER_EVALCLUSTERS, registry=registry, id="clusterwide-change")
+    def clusterwide_changed(event: kopf.RawEvent, body: kopf.Body, memo: Memo, name: str, **_: Any) -> None:
+        """The admin's objects carry no kopf state (the operator may only read them), so every event re-runs, and
+        re-annotating with the same resourceVersion changes nothing."""
+        if event.get("type") != "DELETED":
+            _rerun_evalruns_on(memo.api, ("clusterevalclusters", None, name),
+                               str(body.metadata.get("resourceVersion")))
 
     return registry
+
+
+def _rerun_evalruns_on(api: KubeApi, cluster: tuple[str, str | None, str], revision: str) -> None:
+    """Annotate the EvalRuns on `cluster` (plural, namespace, name; a ClusterEvalCluster's in every namespace)."""
+    for run in api.list("evalruns", cluster[1]):
+        if cluster_of(run) == cluster:
+            api.annotate("evalruns", run["metadata"]["namespace"], run["metadata"]["name"], {CLUSTER_REVISION: revision})
 
 
 def run(config: OperatorConfig, *, namespaces: list[str], standalone: bool, liveness: str | None,

@@ -14,19 +14,22 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from controller.adapters.kube import KubeApi, KubernetesSecrets
 from controller.adapters.process import identity_is_dead
 from controller.adapters.store import open_store, shareable_across_threads
-from controller.core.reconcile import reconcile_pass, release_pass
+from controller.core.reconcile import ClusterPorts, reconcile_pass, release_pass
 from controller.core.status import RunStatus
-from controller.core.store import Store
-from controller.core.types import Frozen
+from controller.core.store import CELL_OWNER_TTL, Store
+from controller.core.types import ClusterRef, EvalRunRef, Frozen
 from controller.core.vocabulary import Outcome
 from controller.entry.kube_status import EventNote, aggregate_events, invalid_spec_patch, status_patch
 from controller.entry.wiring import cluster_ports, targets_for
-from controller.spec.catalog import load_catalog
+from controller.spec.catalog import Catalog, load_catalog
 from controller.spec.errors import SpecErrors
 from controller.spec.loader import SpecSet, load_objects
+from controller.spec.tenancy import OperatorPolicy
 
 REQUESTED_AT = "evalrun.io/requestedAt"
 
@@ -37,6 +40,8 @@ class OperatorConfig(Frozen):
     base_dir: Path
     interval_s: float
     holder: str
+    policy: OperatorPolicy = OperatorPolicy()
+    namespace: str = Field("evalrun-system", description="the operator's own: the Secrets of ClusterEvalClusters")
 
 
 class PassReport(Frozen):
@@ -110,7 +115,7 @@ def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body:
     catalog = load_catalog()
     with stores.open() as store:
         [result] = reconcile_pass(targets_for(specs, catalog), store,
-                                  cluster_ports(specs, store, catalog, KubernetesSecrets(api, meta["namespace"])),
+                                  _ports(api, config, specs, store, catalog, meta["namespace"]),
                                   now, act=True, holder=config.holder, holder_is_dead=identity_is_dead)
     requested = (meta.get("annotations") or {}).get(REQUESTED_AT)
     return PassReport(status=status_patch(result.status, previous, now, requested_at=requested, note=result.note),
@@ -121,18 +126,49 @@ def release_object(api: KubeApi, config: OperatorConfig, stores: Stores, body: M
     """The EvalRun is being deleted: cancel its live jobs if `deletionPolicy: Cancel`, and give up its cells.
     Returns the Events of the cancels.
 
-    Raises when the queue cannot be read or a cancel failed, so the finalizer stays and the deletion is retried.
+    Raises when the queue cannot be read or a cancel failed, so the finalizer stays and the deletion is retried;
+    and for a spec that no longer loads only when its jobs are to be cancelled (which cluster is then unknown):
+    orphaned, its cells are given up at once (a policy refusal or typo never holds a deletion).
     """
-    specs = _specs(api, config, body)
+    try:
+        specs = _specs(api, config, body)
+    except SpecErrors:
+        if (body.get("spec") or {}).get("deletionPolicy") == "Cancel":
+            raise
+        meta = body["metadata"]
+        with stores.open() as store:
+            store.state.claim_cells(EvalRunRef(namespace=meta["namespace"], name=meta["name"]), [],
+                                    CELL_OWNER_TTL.total_seconds())
+        return []
     catalog = load_catalog()
     [target] = targets_for(specs, catalog)
     with stores.open() as store:
-        ports = cluster_ports(specs, store, catalog, KubernetesSecrets(api, body["metadata"]["namespace"]))
+        ports = _ports(api, config, specs, store, catalog, body["metadata"]["namespace"])
         return aggregate_events(release_pass(target, store, ports[target.cluster]))
 
 
+def _ports(api: KubeApi, config: OperatorConfig, specs: SpecSet, store: Store, catalog: Catalog,
+           namespace: str) -> dict[ClusterRef, ClusterPorts]:
+    """The adapters as a tenant's EvalRun gets them: its namespace's Secrets (a ClusterEvalCluster's are the
+    operator's), errors of remote hosts without their raw text, the operator's MLflow login only where allowed."""
+    return cluster_ports(specs, store, catalog, KubernetesSecrets(api, namespace), public_errors=True,
+                         admin_secrets=KubernetesSecrets(api, config.namespace),
+                         ambient_mlflow_login=config.policy.ambient_mlflow_login)
+
+
 def _specs(api: KubeApi, config: OperatorConfig, body: Mapping[str, Any]) -> SpecSet:
-    namespace = body["metadata"]["namespace"]
-    cluster_name = (body.get("spec") or {}).get("cluster")
-    cluster = api.get("evalclusters", namespace, cluster_name) if isinstance(cluster_name, str) else None
-    return load_objects([body, *([cluster] if cluster else [])], config.base_dir, load_catalog())
+    """The EvalRun and the cluster it names: an EvalCluster of its namespace, or the admin's ClusterEvalCluster."""
+    plural, namespace, name = cluster_of(body)
+    cluster = api.get(plural, namespace, name) if name is not None else None
+    return load_objects([body, *([cluster] if cluster else [])], config.base_dir, load_catalog(), config.policy)
+
+
+def cluster_of(body: Mapping[str, Any]) -> tuple[str, str | None, str | None]:
+    """(plural, namespace or None for cluster-scoped, name) of the cluster an EvalRun's spec names, as written."""
+    spec = body.get("spec") or {}
+    found = spec.get("clusterRef")
+    ref: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    name = spec.get("cluster") or ref.get("name")
+    if ref.get("kind") == "ClusterEvalCluster":
+        return "clusterevalclusters", None, name if isinstance(name, str) else None
+    return "evalclusters", body["metadata"]["namespace"], name if isinstance(name, str) else None

@@ -9,15 +9,16 @@ import functools
 import getpass
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, NoReturn, TypedDict
 from urllib.parse import urlsplit
 
 from fsspec import AbstractFileSystem
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.report import post_eval_analysis, write_post_eval_report
-from controller.adapters.scheduler.commands import LocalCommands
+from controller.adapters.scheduler.commands import CommandFailed, CommandResult, LocalCommands
 from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
 from controller.adapters.secrets import SecretMask
@@ -37,6 +38,9 @@ from controller.spec.catalog import Catalog
 from controller.spec.loader import LoadedCluster, LoadedRun, SpecSet
 from controller.spec.models import SecretRef
 from controller.spec.resolve import resolution_notes, resolve
+
+if TYPE_CHECKING:
+    from controller.adapters.remote.ssh import SshIdentity
 
 log = logging.getLogger("evalctl.wiring")
 
@@ -106,9 +110,15 @@ def targets_for(specs: SpecSet, catalog: Catalog) -> list[RunTarget]:
     return targets
 
 
-def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog,
-                  secrets: SecretSource | None = None) -> dict[ClusterRef, ClusterPorts]:
-    """Each cluster's adapters; `secrets` (default: the environment) gives secretRefs their values."""
+def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog, secrets: SecretSource | None = None, *,
+                  public_errors: bool = False, admin_secrets: SecretSource | None = None,
+                  ambient_mlflow_login: Callable[[str], bool] = lambda _: True) -> dict[ClusterRef, ClusterPorts]:
+    """Each cluster's adapters; `secrets` (default: the environment) gives secretRefs their values.
+
+    The operator: `public_errors`: ssh/sftp failures say only which host and what failed, the detail is logged;
+    `admin_secrets`: where a ClusterEvalCluster's secretRefs are (the operator's namespace; an EvalRun's own refs
+    stay in `secrets`, its namespace); `ambient_mlflow_login`: which tracking URIs may get this process's own
+    MLflow login (MLFLOW_TRACKING_*), when neither the EvalRun nor its cluster names a credentials Secret."""
     secrets = secrets or EnvironmentSecrets()
     errors = catalog.error_classes
     runs: dict[EvalRunRef, LoadedRun] = {r.ref: r for r in specs.evalruns}
@@ -117,11 +127,13 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog,
         cspec = cluster.cluster.spec
         jobs_dir = cluster.path(cspec.jobs_dir)
         logs_dir = cluster.path(cspec.logs_dir)
-        scheduler = scheduler_for(cluster, logs_dir, secret_mask(cluster, specs, secrets))
-        run_dirs = HarborRunDirs(jobs_dir, errors, fs=run_dirs_fs(cluster, jobs_dir))
+        own = admin_secrets if cluster.cluster_scoped and admin_secrets is not None else secrets  # the cluster's refs
+        scheduler = scheduler_for(cluster, logs_dir, secret_mask(cluster, specs, own, secrets), own,
+                                  public_errors=public_errors)
+        run_dirs = HarborRunDirs(jobs_dir, errors, fs=run_dirs_fs(cluster, jobs_dir, own, public_errors=public_errors))
 
         def actor_for(target: RunTarget, cluster: LoadedCluster = cluster, scheduler: Scheduler = scheduler,
-                      jobs_dir: str = jobs_dir, logs_dir: str = logs_dir) -> Actor:
+                      jobs_dir: str = jobs_dir, logs_dir: str = logs_dir, own: SecretSource = own) -> Actor:
             run = runs[target.evalrun]
             cspec = cluster.cluster.spec
             settings = JobSettings(jobs_dir=jobs_dir, username=username_of(cluster),
@@ -132,27 +144,30 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog,
 
             def job_secrets(launch: Launch) -> JobSecrets:
                 """Read at submit time: a missing secret fails that submission, not the whole pass."""
-                found = JobSecrets(env=resolve_secret_env(cluster, secrets))
+                found = JobSecrets(env=resolve_secret_env(cluster, own))
                 return found if launch.tunnel is None else pinggy_secrets(run, launch.tunnel, secrets, found)
 
             def analyze(facts: RunDirFacts, metrics: RunMetrics) -> Analysis:
-                remote = run_dirs_fs(cluster, jobs_dir)
+                remote = run_dirs_fs(cluster, jobs_dir, own, public_errors=public_errors)
                 _, summary = write_post_eval_report(facts.path, facts, errors, metrics, fs=remote() if remote else None)
                 return post_eval_analysis(summary, facts, errors)
 
             return Actor(store, scheduler, launcher, job_secrets, analyze, errors, utc_now,
-                         tracker=tracker_for(run, cluster, secrets))
+                         tracker=tracker_for(run, cluster, secrets, cluster_secrets=own,
+                                             ambient_login=ambient_mlflow_login))
 
         ports[ref] = ClusterPorts(scheduler=scheduler, run_dirs=run_dirs, actor_for=actor_for,
                                    submissions_per_minute=cspec.scheduler.submissions_per_minute)
     return ports
 
 
-def tracker_for(run: LoadedRun, cluster: LoadedCluster | None = None,
-                secrets: SecretSource | None = None) -> tuple[Tracker, str] | None:
+def tracker_for(run: LoadedRun, cluster: LoadedCluster | None = None, secrets: SecretSource | None = None, *,
+                cluster_secrets: SecretSource | None = None,
+                ambient_login: Callable[[str], bool] = lambda _: True) -> tuple[Tracker, str] | None:
     """The EvalRun's MLflow server and experiment when `upload.mlflow` is on (mlflow loads only then).
 
-    Server and credentials: the EvalRun's, else its EvalCluster's, else the environment's."""
+    Server and credentials: the EvalRun's (its Secret from `secrets`), else its EvalCluster's (from
+    `cluster_secrets`), else this process's environment — only for a URI `ambient_login` allows, else none."""
     upload = run.run.spec.upload
     if not upload.mlflow:
         return None
@@ -162,11 +177,14 @@ def tracker_for(run: LoadedRun, cluster: LoadedCluster | None = None,
     if not uri:
         return NoTracker("no MLflow tracking URI: set spec.upload.mlflowTrackingUri (EvalRun), "
                          "spec.mlflowTrackingUri (EvalCluster) or $MLFLOW_TRACKING_URI"), experiment
-    secret = upload.mlflow_credentials_secret or (cspec and cspec.mlflow_credentials_secret)
-    if not secret:
-        return _mlflow(uri), experiment
+    secrets = secrets or EnvironmentSecrets()
+    secret, source = upload.mlflow_credentials_secret, secrets
+    if not secret and cspec and cspec.mlflow_credentials_secret:
+        secret, source = cspec.mlflow_credentials_secret, cluster_secrets or secrets
+    if not secret:  # the environment's login, or none at all: never a login sent where a tenant said
+        return (_mlflow(uri) if ambient_login(uri) else _mlflow(uri, ())), experiment
     try:
-        credentials = mlflow_credentials(secret, secrets or EnvironmentSecrets())
+        credentials = mlflow_credentials(secret, source)
     except MissingSecret as exc:
         return NoTracker(str(exc)), experiment
     return _mlflow(uri, tuple(sorted(credentials.items()))), experiment
@@ -203,7 +221,8 @@ class NoTracker:
         raise ObservationError(self.reason)
 
 
-def scheduler_for(cluster: LoadedCluster, logs_dir: str, mask: SecretMask) -> Scheduler:
+def scheduler_for(cluster: LoadedCluster, logs_dir: str, mask: SecretMask, secrets: SecretSource | None = None, *,
+                  public_errors: bool = False) -> Scheduler:
     cspec = cluster.cluster.spec
     if cspec.scheduler.type == "local":
         return LocalScheduler(os.path.join(logs_dir, ".local-scheduler"), mask)
@@ -213,7 +232,11 @@ def scheduler_for(cluster: LoadedCluster, logs_dir: str, mask: SecretMask) -> Sc
         # imported here: paramiko costs ~0.5 s of CLI start-up, paid only for clusters reached over ssh
         from controller.adapters.remote.ssh import SshCommands
 
-        commands = SshCommands(cspec.scheduler.ssh, config_file=ssh_config_of(cluster))
+        try:
+            access = ssh_access(cluster, secrets or EnvironmentSecrets())
+        except (MissingSecret, CommandFailed) as exc:
+            return SlurmScheduler(UnavailableCommands(str(exc)), options, logs_dir=logs_dir, user=None, mask=mask)
+        commands = SshCommands(cspec.scheduler.ssh, public_errors=public_errors, **access)
         return SlurmScheduler(commands, options, logs_dir=logs_dir, user=None, mask=mask)
     return SlurmScheduler(LocalCommands(), options, logs_dir=logs_dir, user=getpass.getuser(), mask=mask)
 
@@ -224,10 +247,50 @@ def ssh_config_of(cluster: LoadedCluster) -> str | None:
     return cluster.path(os.path.expanduser(config)) if config else None
 
 
-def run_dirs_fs(cluster: LoadedCluster, jobs_dir: str) -> Callable[[], AbstractFileSystem] | None:
+class SshAccess(TypedDict, total=False):
+    """What SshCommands and sftp_filesystem are given: an identity from Secrets, or the user's ssh setup."""
+
+    identity: SshIdentity
+    config_file: str | None
+    known_hosts: str | None
+
+
+def ssh_access(cluster: LoadedCluster, secrets: SecretSource) -> SshAccess:
+    """With `scheduler.sshKeySecretRef`: that key and the knownHostsSecretRef's lines ONLY (no sshConfig, no
+    ~/.ssh, no agent: what the operator gives a namespaced EvalCluster). Without: the user's own ssh setup,
+    as on their shell (the CLI on a login node), with the knownHostsSecretRef's lines if given.
+
+    Raises MissingSecret naming the Secret, or CommandFailed when the files cannot be written."""
+    from controller.adapters.remote.ssh import materialize_identity, materialize_known_hosts
+
+    spec = cluster.cluster.spec.scheduler
+    key = None if spec.ssh_key_secret_ref is None else secret_value(secrets, spec.ssh_key_secret_ref,
+                                                                    "scheduler.sshKeySecretRef")
+    known = (None if spec.known_hosts_secret_ref is None
+             else secret_value(secrets, spec.known_hosts_secret_ref, "scheduler.knownHostsSecretRef"))
+    if key is not None:
+        return {"identity": materialize_identity(key, known or "")}  # no known_hosts: every host key is refused
+    return {"config_file": ssh_config_of(cluster),
+            "known_hosts": None if known is None else materialize_known_hosts(known)}
+
+
+class UnavailableCommands:
+    """A login node that cannot be reached as configured (its key Secret is missing): every command fails with
+    the reason, so that cluster's observation is unknown and says what to fix; the pass goes on."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> CommandResult:
+        raise CommandFailed(self.reason)
+
+
+def run_dirs_fs(cluster: LoadedCluster, jobs_dir: str, secrets: SecretSource | None = None, *,
+                public_errors: bool = False) -> Callable[[], AbstractFileSystem] | None:
     """How a cluster reached over ssh reads its run dirs: a plain jobsDir path is on the login node, so sftp
-    there (host key checked), connected lazily (an unreachable host makes a pass unknown, not the CLI fail).
-    None: read them as the path or URL says (this host, or the URL's filesystem)."""
+    there (host key checked, with the same identity as its commands), connected lazily (an unreachable host
+    makes a pass unknown, not the CLI fail). None: read them as the path or URL says (this host, or the URL's
+    filesystem)."""
     ssh = cluster.cluster.spec.scheduler.ssh
     if jobs_dir.startswith("sftp://"):  # fsspec's own sftp accepts any host key: use the checked one
         ssh = urlsplit(jobs_dir).netloc
@@ -235,7 +298,15 @@ def run_dirs_fs(cluster: LoadedCluster, jobs_dir: str) -> Callable[[], AbstractF
         return None
     from controller.adapters.remote.ssh import sftp_filesystem
 
-    return functools.partial(sftp_filesystem, ssh, config_file=ssh_config_of(cluster))
+    try:
+        access = ssh_access(cluster, secrets or EnvironmentSecrets())
+    except (MissingSecret, CommandFailed) as exc:
+        return functools.partial(_unreachable, str(exc))
+    return functools.partial(sftp_filesystem, ssh, public_errors=public_errors, **access)
+
+
+def _unreachable(reason: str) -> NoReturn:
+    raise ObservationError(reason)
 
 
 def pinggy_secrets(run: LoadedRun, pair_name: str, secrets: SecretSource, found: JobSecrets) -> JobSecrets:
@@ -254,13 +325,15 @@ def secret_value(secrets: SecretSource, ref: SecretRef, what: str) -> str:
     return value
 
 
-def secret_mask(cluster: LoadedCluster, specs: SpecSet, secrets: SecretSource) -> SecretMask:
-    """Every secret the cluster's jobs can see (its secretEnv, the pinggy tokens of its EvalRuns): what a job
-    prints is masked with all of them, or withheld when one is not available here."""
-    refs = [item.secret_ref for item in cluster.cluster.spec.secret_env]
-    refs += [pair.secret_ref for run in specs.evalruns if run.cluster_ref == cluster.ref
-             for pair in run.run.spec.pinggy.pairs]
-    values = {secrets.where(ref): secrets.get(ref) for ref in refs}
+def secret_mask(cluster: LoadedCluster, specs: SpecSet, secrets: SecretSource,
+                run_secrets: SecretSource | None = None) -> SecretMask:
+    """Every secret the cluster's jobs can see (its secretEnv from `secrets`, the pinggy tokens of its EvalRuns from
+    `run_secrets`): what a job prints is masked with all of them, or withheld when one is not available here."""
+    run_secrets = run_secrets or secrets
+    found = [(secrets, item.secret_ref) for item in cluster.cluster.spec.secret_env]
+    found += [(run_secrets, pair.secret_ref) for run in specs.evalruns if run.cluster_ref == cluster.ref
+              for pair in run.run.spec.pinggy.pairs]
+    values = {source.where(ref): source.get(ref) for source, ref in found}
     return SecretMask(values=[v for v in values.values() if v is not None],
                       unavailable=[where for where, v in values.items() if v is None])
 

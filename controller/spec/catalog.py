@@ -172,6 +172,7 @@ class Harnesses(CatalogModel):
     """Markers of installed-agent harnesses, the ones that need a pinggy tunnel."""
 
     installed_agent_markers: list[str]
+    model_free_agents: list[str] = Field(default_factory=list)
 
     def needs_pinggy(self, agent: str, harbor_config: str) -> bool:
         """Installed-agent harnesses call the served model back over a tunnel; terminus-2 does not."""

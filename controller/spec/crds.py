@@ -19,6 +19,7 @@ from ruamel.yaml.representer import SafeRepresenter
 
 from controller.spec.models import (
     API_VERSION,
+    ClusterEvalCluster,
     EvalCluster,
     EvalClusterSpec,
     EvalRun,
@@ -38,6 +39,7 @@ EVALRUN_COLUMNS: list[Schema] = [
     # -o wide
     {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason', "priority": 1},
     {"name": "Cluster", "type": "string", "jsonPath": ".spec.cluster", "priority": 1},
+    {"name": "Cluster-Ref", "type": "string", "jsonPath": ".spec.clusterRef.name", "priority": 1},
     {"name": "Suspended", "type": "boolean", "jsonPath": ".spec.suspend", "priority": 1},
     {"name": "Last-Pass", "type": "date", "jsonPath": ".status.lastPass.at", "priority": 1},
 ]
@@ -49,9 +51,11 @@ EVALCLUSTER_COLUMNS = [
 
 
 def render_crds() -> str:
-    """Both CRDs as one multi-document YAML string."""
+    """The CRDs as one multi-document YAML string."""
     documents = [
         crd(EvalCluster, EvalClusterSpec, plural="evalclusters", short_names=["ec"], columns=EVALCLUSTER_COLUMNS),
+        crd(ClusterEvalCluster, EvalClusterSpec, plural="clusterevalclusters", short_names=["cec"],
+            columns=EVALCLUSTER_COLUMNS, scope="Cluster"),
         crd(EvalRun, EvalRunSpec, plural="evalruns", short_names=["er"], columns=EVALRUN_COLUMNS),
     ]
     yaml = YAML(typ="safe", pure=True)
@@ -67,7 +71,8 @@ def render_crds() -> str:
 
 
 def crd(
-    resource: type[BaseModel], spec: type[BaseModel], *, plural: str, short_names: list[str], columns: list[Schema]
+    resource: type[BaseModel], spec: type[BaseModel], *, plural: str, short_names: list[str], columns: list[Schema],
+    scope: str = "Namespaced",
 ) -> Schema:
     kind = resource.__name__
     schema = {
@@ -92,7 +97,7 @@ def crd(
         "metadata": {"name": f"{plural}.{GROUP}"},
         "spec": {
             "group": GROUP,
-            "scope": "Namespaced",
+            "scope": scope,
             "names": {
                 "kind": kind,
                 "listKind": f"{kind}List",

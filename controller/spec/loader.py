@@ -20,8 +20,9 @@ from controller.spec.catalog import Catalog, load_catalog
 from controller.spec.diagnose import validate
 from controller.spec.errors import SpecError, SpecErrors, clip, format_errors
 from controller.spec.identity import identity_collisions
-from controller.spec.models import EvalCluster, EvalRun
+from controller.spec.models import AnyCluster, ClusterEvalCluster, EvalCluster, EvalRun
 from controller.spec.resolve import benchmarks
+from controller.spec.tenancy import OperatorPolicy, cluster_refusals, run_refusals
 from controller.spec.yamldoc import Document, iter_files, read_documents
 
 __all__ = [
@@ -36,7 +37,10 @@ __all__ = [
     "parse_resource",
 ]
 
-KINDS: dict[str, type[EvalCluster | EvalRun]] = {"EvalCluster": EvalCluster, "EvalRun": EvalRun}
+Resource = EvalCluster | ClusterEvalCluster | EvalRun
+KINDS: dict[str, type[Resource]] = {"EvalCluster": EvalCluster, "ClusterEvalCluster": ClusterEvalCluster,
+                                    "EvalRun": EvalRun}
+CLUSTER_KINDS = ("EvalCluster", "ClusterEvalCluster")
 MAX_CELLS = 10_000  # per EvalRun: every pass plans every cell (the 1,000-cell bench plans in ~2 s warm)
 
 
@@ -54,11 +58,16 @@ class Loaded(BaseModel):
 
 
 class LoadedCluster(Loaded):
-    cluster: EvalCluster
+    cluster: AnyCluster
 
     @property
     def ref(self) -> ClusterRef:
-        return ClusterRef(namespace=self.cluster.metadata.namespace, name=self.cluster.metadata.name)
+        return _ref_of(self.cluster)
+
+    @property
+    def cluster_scoped(self) -> bool:
+        """A ClusterEvalCluster: the admin's, trusted with the operator's own credentials."""
+        return isinstance(self.cluster, ClusterEvalCluster)
 
     @property
     def job_script(self) -> str:
@@ -75,7 +84,8 @@ class LoadedRun(Loaded):
 
     @property
     def cluster_ref(self) -> ClusterRef:
-        """`spec.cluster` names an EvalCluster in the EvalRun's own namespace (as Kubernetes references do)."""
+        """`spec.cluster` names an EvalCluster in the EvalRun's own namespace (as Kubernetes references do);
+        `clusterRef` may name a cluster-scoped ClusterEvalCluster instead."""
         return cluster_named(self.run)
 
 
@@ -92,14 +102,22 @@ class SpecSet(BaseModel):
 
 
 def cluster_named(run: EvalRun) -> ClusterRef:
-    return ClusterRef(namespace=run.metadata.namespace, name=run.spec.cluster)
+    if run.spec.cluster_kind == "ClusterEvalCluster":
+        return ClusterRef(name=run.spec.cluster_name, cluster_scoped=True)
+    return ClusterRef(namespace=run.metadata.namespace, name=run.spec.cluster_name)
+
+
+def _ref_of(cluster: AnyCluster) -> ClusterRef:
+    if isinstance(cluster, ClusterEvalCluster):
+        return ClusterRef(name=cluster.metadata.name, cluster_scoped=True)
+    return ClusterRef(namespace=cluster.metadata.namespace, name=cluster.metadata.name)
 
 
 def load_specs(paths: Sequence[Path], catalog: Catalog | None = None) -> SpecSet:
     """Read `paths` (files, or directories searched for *.yaml / *.yml); raise `SpecErrors` listing all problems."""
     catalog = catalog or load_catalog()
     errors: list[SpecError] = []
-    parsed: list[tuple[EvalCluster | EvalRun, Document, Path]] = []
+    parsed: list[tuple[Resource, Document, Path]] = []
     declared: set[ClusterRef] | None = set()  # clusters, valid or not; None once a document could not be read
     files = _files(paths, errors)
     for file in files:
@@ -124,18 +142,26 @@ def load_specs(paths: Sequence[Path], catalog: Catalog | None = None) -> SpecSet
     return _spec_set(parsed)
 
 
-def load_objects(objects: Sequence[Mapping[str, Any]], base_dir: Path, catalog: Catalog | None = None) -> SpecSet:
-    """Custom resources from the API (the operator), with the same checks as files. Relative paths in them
-    resolve against `base_dir`; errors are labelled `<Kind> <namespace>/<name>` (no lines: no file)."""
+def load_objects(objects: Sequence[Mapping[str, Any]], base_dir: Path, catalog: Catalog | None = None,
+                 policy: OperatorPolicy | None = None) -> SpecSet:
+    """Custom resources from the API (the operator), with the same checks as files and, for namespaced objects,
+    the operator `policy`. Relative paths of a namespaced object resolve under `base_dir/<namespace>/` (tenants
+    never share a dir), of a ClusterEvalCluster under `base_dir`; errors are labelled `<Kind> <namespace>/<name>`
+    (no lines: no file)."""
     catalog = catalog or load_catalog()
     errors: list[SpecError] = []
-    parsed: list[tuple[EvalCluster | EvalRun, Document, Path]] = []
+    parsed: list[tuple[Resource, Document, Path]] = []
     declared: set[ClusterRef] = set()
     for data in objects:
         document = Document(_label(data), data, 1, 1)
         resource = _parse(document, errors)
         if resource is not None:
-            parsed.append((resource, document, base_dir / "resource"))
+            directory = base_dir / resource.metadata.namespace if resource.metadata.namespace else base_dir
+            parsed.append((resource, document, directory / "resource"))
+            if policy is not None:
+                refused = (run_refusals(resource) if isinstance(resource, EvalRun)
+                           else cluster_refusals(resource, directory, policy))
+                errors += [document.error(at, why) for at, why in refused]
         ref = _declared_cluster(document)
         if ref:
             declared.add(ref)
@@ -151,7 +177,7 @@ def _label(data: Mapping[str, Any]) -> str:
     return f"{data.get('kind', 'resource')} {meta.get('namespace', '')}/{meta.get('name', '?')}"
 
 
-def parse_resource(data: Mapping[str, Any], file: str = "<resource>") -> EvalCluster | EvalRun:
+def parse_resource(data: Mapping[str, Any], file: str = "<resource>") -> Resource:
     """Validate one already-loaded resource (e.g. a custom resource the operator received); raise `SpecErrors`."""
     errors: list[SpecError] = []
     resource = _parse(Document(file, data, 1, 1), errors)
@@ -174,7 +200,7 @@ def _files(paths: Sequence[Path], errors: list[SpecError]) -> list[Path]:
     return list(files.values())
 
 
-def _parse(document: Document, errors: list[SpecError]) -> EvalCluster | EvalRun | None:
+def _parse(document: Document, errors: list[SpecError]) -> Resource | None:
     data = document.data
     if data is None:
         return None
@@ -201,15 +227,17 @@ def _parse(document: Document, errors: list[SpecError]) -> EvalCluster | EvalRun
 def _declared_cluster(document: Document) -> ClusterRef | None:
     """The EvalCluster a document declares, even if it is invalid (its errors are reported already)."""
     data = document.data
-    if isinstance(data, Mapping) and data.get("kind") == "EvalCluster" and isinstance(data.get("metadata"), Mapping):
+    if isinstance(data, Mapping) and data.get("kind") in CLUSTER_KINDS and isinstance(data.get("metadata"), Mapping):
         name, namespace = data["metadata"].get("name"), data["metadata"].get("namespace")
+        if data["kind"] == "ClusterEvalCluster" and isinstance(name, str):
+            return ClusterRef(name=name, cluster_scoped=True)
         if isinstance(name, str) and (namespace is None or isinstance(namespace, str)):
             return ClusterRef(namespace=namespace, name=name)
     return None
 
 
 def _cross_check(
-    parsed: list[tuple[EvalCluster | EvalRun, Document, Path]], catalog: Catalog, declared: set[ClusterRef] | None
+    parsed: list[tuple[Resource, Document, Path]], catalog: Catalog, declared: set[ClusterRef] | None
 ) -> list[SpecError]:
     """Duplicate names, cluster references (skipped when some document was unreadable) and preset names."""
     errors: list[SpecError] = []
@@ -224,8 +252,7 @@ def _cross_check(
             )
             errors.append(document.error(("metadata", "name"), message))
         first.setdefault(key, document)
-    clusters = {ClusterRef(namespace=r.metadata.namespace, name=r.metadata.name): r
-                for r, _, _ in parsed if isinstance(r, EvalCluster)}
+    clusters = {_ref_of(r): r for r, _, _ in parsed if isinstance(r, EvalCluster | ClusterEvalCluster)}
     for resource, document, _ in parsed:
         if isinstance(resource, EvalRun):
             errors += _check_run(resource, document, declared, catalog)
@@ -237,7 +264,8 @@ def _cross_check(
     return errors
 
 
-def _check_cells(run: EvalRun, document: Document, cluster: EvalCluster, catalog: Catalog) -> list[SpecError]:
+def _check_cells(run: EvalRun, document: Document, cluster: AnyCluster,
+                 catalog: Catalog) -> list[SpecError]:
     """Every pass plans every cell: more than MAX_CELLS would make each pass take minutes."""
     count = len(run.spec.models) * len(benchmarks(run, cluster, catalog))
     if count <= MAX_CELLS:
@@ -247,7 +275,7 @@ def _check_cells(run: EvalRun, document: Document, cluster: EvalCluster, catalog
     return [document.error(("spec", "models"), message)]
 
 
-def _check_walltime(run: EvalRun, document: Document, cluster: EvalCluster) -> list[SpecError]:
+def _check_walltime(run: EvalRun, document: Document, cluster: AnyCluster) -> list[SpecError]:
     """A pre-walltime margin as long as the walltime would cancel every job the moment it starts."""
     margin = run.spec.monitor.pre_walltime_minutes
     limit_minutes = walltime_seconds(cluster.spec.time_limit) / 60
@@ -263,7 +291,8 @@ def _check_run(run: EvalRun, document: Document, declared: set[ClusterRef] | Non
                catalog: Catalog) -> list[SpecError]:
     errors: list[SpecError] = []
     if declared is not None and cluster_named(run) not in declared:
-        errors.append(document.error(("spec", "cluster"), _missing_cluster(run, declared)))
+        at = ("spec", "cluster") if run.spec.cluster is not None else ("spec", "clusterRef", "name")
+        errors.append(document.error(at, _missing_cluster(run, declared)))
     seen: dict[str, str] = {}
     for index, name in enumerate(run.spec.presets or []):
         expanded = catalog.presets.expand(name)
@@ -285,16 +314,23 @@ def _check_run(run: EvalRun, document: Document, declared: set[ClusterRef] | Non
 
 
 def _missing_cluster(run: EvalRun, declared: set[ClusterRef]) -> str:
+    if run.spec.cluster_kind == "ClusterEvalCluster":
+        scoped = sorted(ref.name for ref in declared if ref.cluster_scoped)
+        return (f"ClusterEvalCluster {run.spec.cluster_name} is not defined by any loaded file"
+                f"{_suggest(run.spec.cluster_name, scoped)}; ask the operator's admin, or name an EvalCluster of "
+                "this namespace (cluster: NAME)")
     namespace = run.metadata.namespace
     where = f" in namespace {namespace}" if namespace else ""
-    here = sorted(ref.name for ref in declared if ref.namespace == namespace)
-    elsewhere = sorted(str(ref) if ref.namespace else f"{ref.name} (no namespace)"
-                       for ref in declared if ref.name == run.spec.cluster and ref.namespace != namespace)
+    name = run.spec.cluster_name
+    here = sorted(ref.name for ref in declared if ref.namespace == namespace and not ref.cluster_scoped)
+    elsewhere = sorted(str(ref) if ref.namespace or ref.cluster_scoped else f"{ref.name} (no namespace)"
+                       for ref in declared if ref.name == name and ref.namespace != namespace)
     if elsewhere:
-        return (f"cluster {run.spec.cluster} is not defined{where} by any loaded file, only {', '.join(elsewhere)}: an "
-                "EvalRun uses the EvalCluster of its own namespace; give both the same metadata.namespace")
+        return (f"cluster {name} is not defined{where} by any loaded file, only {', '.join(elsewhere)}: an "
+                "EvalRun uses the EvalCluster of its own namespace; give both the same metadata.namespace (or name "
+                "a ClusterEvalCluster with clusterRef)")
     known = f"; loaded clusters{where}: {', '.join(here)}" if here else f"; no EvalCluster{where} was loaded"
-    return (f"cluster {run.spec.cluster} is not defined{where} by any loaded file{_suggest(run.spec.cluster, here)}"
+    return (f"cluster {name} is not defined{where} by any loaded file{_suggest(name, here)}"
             f"{known}; pass the file that defines the EvalCluster with -f")
 
 
@@ -308,12 +344,12 @@ def _suggest(name: str, known: Sequence[str] | Mapping[str, object]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-def _spec_set(parsed: list[tuple[EvalCluster | EvalRun, Document, Path]]) -> SpecSet:
+def _spec_set(parsed: list[tuple[Resource, Document, Path]]) -> SpecSet:
     clusters: dict[ClusterRef, LoadedCluster] = {}
     runs: list[LoadedRun] = []
     for resource, _, file in parsed:
         directory = file.resolve().parent
-        if isinstance(resource, EvalCluster):
+        if isinstance(resource, EvalCluster | ClusterEvalCluster):
             loaded = LoadedCluster(cluster=resource, file=file, directory=directory)
             clusters[loaded.ref] = loaded
         else:

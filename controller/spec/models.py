@@ -89,6 +89,18 @@ def _env_value(value: str) -> str:
     return value
 
 
+ARGUMENT_UNSAFE = re.compile(r"^-|[\s'\"`;$]")
+ARGUMENT_SAFE_PATTERN = r"^[^\s'\"`;$-][^\s'\"`;$]*$"  # the same rule for the CRD schema
+
+
+def _argument_safe(value: str) -> str:
+    """Model and dataset reach the job script's argv: never an option, nothing a shell would act on."""
+    if ARGUMENT_UNSAFE.search(value):
+        raise ValueError("must not start with '-' nor hold whitespace, quotes, ';', '$' or backticks: it is an "
+                         "argument of the job script")
+    return value
+
+
 def _dataset_name(value: str) -> str:
     """Its last '/' segment is the benchmark's name in the results DB and in the run tag: it must exist."""
     if not value.strip("/"):
@@ -104,9 +116,12 @@ Short = Annotated[str, Field(min_length=1, max_length=SHORT_MAX), AfterValidator
 PathText = Annotated[str, Field(min_length=1, max_length=PATH_MAX), AfterValidator(_visible)]
 EnvName = Annotated[str, Field(min_length=1, max_length=ENV_NAME_MAX), AfterValidator(_env_name)]
 EnvValue = Annotated[str, Field(max_length=ENV_VALUE_MAX), AfterValidator(_env_value)]
-Model = Annotated[str, Field(min_length=1, max_length=MODEL_MAX), AfterValidator(_visible)]
-Dataset = Annotated[str, Field(min_length=1, max_length=DATASET_MAX), AfterValidator(_visible),
-                    AfterValidator(_dataset_name)]
+# The CRD's schema refuses what _argument_safe refuses (the API server never stores it); here the loader says why.
+SAFE_SCHEMA = {"pattern": ARGUMENT_SAFE_PATTERN}
+Model = Annotated[str, Field(min_length=1, max_length=MODEL_MAX, json_schema_extra=SAFE_SCHEMA),
+                  AfterValidator(_visible), AfterValidator(_argument_safe)]
+Dataset = Annotated[str, Field(min_length=1, max_length=DATASET_MAX, json_schema_extra=SAFE_SCHEMA),
+                    AfterValidator(_visible), AfterValidator(_argument_safe), AfterValidator(_dataset_name)]
 
 
 RESERVED_ENV = ("{what} {name} is a name the reconciler or the scheduler sets for every job (the EVAL_* contract "
@@ -178,7 +193,13 @@ class SchedulerSpec(SpecModel):
         None, description="Run scheduler commands on this login host over ssh (slurm only): host, user@host[:port]."
     )
     ssh_config: PathText | None = Field(None, description="ssh_config file for the ssh host alias (default: "
-                                                          "~/.ssh/config)")
+                                                          "~/.ssh/config). Refused on a namespaced EvalCluster under "
+                                                          "the operator, which writes its own.")
+    ssh_key_secret_ref: SecretRef | None = Field(
+        None, description="The private key ssh uses, from a Secret (in the EvalCluster's namespace): what a namespaced "
+                          "EvalCluster under the operator must use, never the operator's own key.")
+    known_hosts_secret_ref: SecretRef | None = Field(
+        None, description="known_hosts lines for the ssh host, from a Secret: host keys are always checked.")
     submissions_per_minute: PositiveInt = Field(6, le=600, description="Per-cluster submission rate cap.")
 
     @model_validator(mode="after")
@@ -187,6 +208,10 @@ class SchedulerSpec(SpecModel):
             raise entry_error(("ssh", "[key]"), "ssh_needs_slurm", "ssh is only supported with type: slurm")
         if self.ssh_config and not self.ssh:
             raise entry_error(("sshConfig", "[key]"), "ssh_config_needs_ssh", "sshConfig is only valid with ssh")
+        for field, ref in (("sshKeySecretRef", self.ssh_key_secret_ref), ("knownHostsSecretRef",
+                                                                          self.known_hosts_secret_ref)):
+            if ref is not None and not self.ssh:
+                raise entry_error((field, "[key]"), "needs_ssh", "{field} is only valid with ssh", field=field)
         return self
 
 
@@ -341,12 +366,32 @@ class EvalClusterSpec(SpecModel):
 
 
 class EvalCluster(SpecModel):
-    """A cluster evaluations run on: scheduler, paths, limits and secret references."""
+    """A cluster evaluations run on: scheduler, paths, limits and secret references (a namespace's own)."""
 
     api_version: Literal["evalrun.io/v1alpha1"] = Field(description="evalrun.io/v1alpha1")
     kind: Literal["EvalCluster"] = Field(description="EvalCluster")
     metadata: ObjectMeta
     spec: EvalClusterSpec
+
+
+class ClusterEvalCluster(SpecModel):
+    """A cluster defined by the operator's admin, for EvalRuns of every namespace (cluster-scoped, like
+    cert-manager's ClusterIssuer): it may use the operator's own credentials; its Secrets are the operator's."""
+
+    api_version: Literal["evalrun.io/v1alpha1"] = Field(description="evalrun.io/v1alpha1")
+    kind: Literal["ClusterEvalCluster"] = Field(description="ClusterEvalCluster")
+    metadata: ObjectMeta
+    spec: EvalClusterSpec
+
+    @model_validator(mode="after")
+    def _cluster_scoped(self) -> ClusterEvalCluster:
+        if self.metadata.namespace:
+            raise entry_error(("metadata", "namespace"), "cluster_scoped",
+                              "a ClusterEvalCluster is cluster-scoped: remove metadata.namespace")
+        return self
+
+
+AnyCluster = EvalCluster | ClusterEvalCluster
 
 
 # --------------------------------------------------------------------------- EvalRun
@@ -413,8 +458,8 @@ class UploadPolicy(SpecModel):
     mlflow_credentials_secret: Name | None = Field(
         None, description=f"{MLFLOW_CREDENTIALS} Default: the EvalCluster's, else MLFLOW_TRACKING_USERNAME / "
                           "MLFLOW_TRACKING_PASSWORD / MLFLOW_TRACKING_TOKEN of the controller's environment.")
-    mlflow_experiment: str | None = Field(None, min_length=1, max_length=250,
-                                          description="MLflow experiment (default: the EvalRun's name).")
+    mlflow_experiment: Annotated[str, Field(min_length=1, max_length=250), AfterValidator(_visible)] | None = Field(
+        None, description="MLflow experiment (default: the EvalRun's name).")
     min_completed_fraction: float = Field(0.5, ge=0, le=1, description="Upload only with this share of trials done.")
     max_infra_error_fraction: float | None = Field(
         None, ge=0, le=1, description="Hold a run whose infra errors exceed this share of its completed trials "
@@ -459,10 +504,19 @@ class PinggySpec(SpecModel):
         return value
 
 
+class ClusterReference(SpecModel):
+    """The cluster an EvalRun runs on: an admin's ClusterEvalCluster, or an EvalCluster of its own namespace."""
+
+    kind: Literal["EvalCluster", "ClusterEvalCluster"] = Field(description="EvalCluster (the EvalRun's namespace) "
+                                                                           "or ClusterEvalCluster (cluster-scoped).")
+    name: Name = Field(description="Its name.")
+
+
 class EvalRunSpec(SpecModel):
     """What must be evaluated: models × benchmarks on one cluster, and how the reconciler treats the jobs."""
 
-    cluster: Name = Field(description="Name of an EvalCluster.")
+    cluster: Name | None = Field(None, description="Name of an EvalCluster in the EvalRun's namespace (or clusterRef).")
+    cluster_ref: ClusterReference | None = Field(None, description="The cluster, by kind and name (or cluster).")
     models: list[Model] = Field(min_length=1, max_length=MODELS_MAX,
                                 description="HF model names, e.g. laion/Qwen3-8B-sft-v3.")
     presets: list[Short] | None = Field(
@@ -495,6 +549,24 @@ class EvalRunSpec(SpecModel):
                                                                            "launches, traffic, refires.")
     upload: UploadPolicy = Field(default_factory=UploadPolicy, description="Where results go.")
     pinggy: PinggySpec = Field(default_factory=PinggySpec, description="Tunnel pairs for installed-agent harnesses.")
+
+    @model_validator(mode="after")
+    def _one_cluster(self) -> EvalRunSpec:
+        if (self.cluster is None) == (self.cluster_ref is None):
+            raise entry_error(("cluster",) if self.cluster else (), "one_cluster",
+                              "name the cluster once: cluster: NAME (an EvalCluster of this namespace) or clusterRef: "
+                              "{kind: ClusterEvalCluster, name: NAME}")
+        return self
+
+    @property
+    def cluster_kind(self) -> Literal["EvalCluster", "ClusterEvalCluster"]:
+        return self.cluster_ref.kind if self.cluster_ref is not None else "EvalCluster"
+
+    @property
+    def cluster_name(self) -> str:
+        name = self.cluster_ref.name if self.cluster_ref is not None else self.cluster
+        assert name is not None  # _one_cluster
+        return name
 
     @model_validator(mode="after")
     def _benchmarks_one_way(self) -> EvalRunSpec:

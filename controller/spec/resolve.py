@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from controller.core.types import Cell, EnvironmentOverrides, EvalRunRef
 from controller.spec.catalog import Catalog, ServeSettings
-from controller.spec.models import EvalCluster, EvalRun
+from controller.spec.models import AnyCluster, EvalRun
 
 
 class Benchmark(BaseModel):
@@ -31,13 +31,13 @@ class Benchmark(BaseModel):
     n_concurrent: int
 
 
-def resolve(run: EvalRun, cluster: EvalCluster, catalog: Catalog) -> tuple[Cell, ...]:
+def resolve(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[Cell, ...]:
     """The run's cells, models outer, benchmarks inner, both in spec order."""
     found = benchmarks(run, cluster, catalog)
     return tuple(_cell(run, cluster, catalog, model, benchmark) for model in run.spec.models for benchmark in found)
 
 
-def resolution_notes(run: EvalRun, cluster: EvalCluster, catalog: Catalog) -> tuple[str, ...]:
+def resolution_notes(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[str, ...]:
     """Things worth logging about how cells were resolved (e.g. a size-rule fallback), one per model."""
     notes = []
     for model in run.spec.models:
@@ -53,7 +53,7 @@ def resolution_notes(run: EvalRun, cluster: EvalCluster, catalog: Catalog) -> tu
     return tuple(notes)
 
 
-def benchmarks(run: EvalRun, cluster: EvalCluster, catalog: Catalog) -> tuple[Benchmark, ...]:
+def benchmarks(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[Benchmark, ...]:
     """Presets (aliases expanded) capped by the cluster ceiling, or explicit datasets at the ceiling."""
     ceiling = cluster.spec.max_concurrent_trials
     if run.spec.datasets:
@@ -101,7 +101,7 @@ def benchmark_name(dataset: str) -> str:
     return dataset.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _cell(run: EvalRun, cluster: EvalCluster, catalog: Catalog, model: str, benchmark: Benchmark) -> Cell:
+def _cell(run: EvalRun, cluster: AnyCluster, catalog: Catalog, model: str, benchmark: Benchmark) -> Cell:
     spec = run.spec
     settings = _settings(catalog, model, cluster)
     size_rule = catalog.size_policy.choose(model).rule
@@ -133,10 +133,11 @@ def _cell(run: EvalRun, cluster: EvalCluster, catalog: Catalog, model: str, benc
         max_model_len=settings.max_model_len,
         max_output_tokens=settings.max_output_tokens,
         needs_pinggy=catalog.harnesses.needs_pinggy(spec.agent, harbor_config),
+        calls_model=spec.agent not in catalog.harnesses.model_free_agents,
         fingerprint=fingerprint(spec.agent, harbor_config, multiplier, overrides, agent_kwargs, spec.n_attempts),
     )
 
 
-def _settings(catalog: Catalog, model: str, cluster: EvalCluster) -> ServeSettings:
+def _settings(catalog: Catalog, model: str, cluster: AnyCluster) -> ServeSettings:
     return catalog.models.settings(model, cluster.spec.hardware_profile) or ServeSettings()
 

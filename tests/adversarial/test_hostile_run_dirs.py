@@ -26,9 +26,10 @@ from typing import TypeVar
 import pytest
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
-from controller.adapters.rundirs.report import StepStats, step_stats
+from controller.adapters.rundirs.report import REPORT_NAME, StepStats, step_stats, write_post_eval_report
 from controller.adapters.rundirs.tree import TOP_FILE_CAP, TRIAL_RESULT_CAP
 from controller.core.match import join_cells, run_dir_matches
+from controller.core.metrics import run_metrics
 from controller.core.planner import plan
 from controller.core.ports import (
     JobsDirMissing,
@@ -487,6 +488,105 @@ def test_the_report_skips_trajectories_it_must_not_read(tmp_path: Path) -> None:
     zero_trajectory.symlink_to("/dev/zero")
     stats = bounded(lambda: step_stats(run))
     assert isinstance(stats, StepStats) and (stats.n_trajectories, stats.max) == (1, 4)
+
+
+# --------------------------------------------------------------------------- writing the report into a hostile run dir
+
+OLD_TMP_NAME = f".{REPORT_NAME}.tmp"  # the fixed temp name the report used to be written under
+OPERATOR_TEXT = "a file of the operator's, outside every run dir\n"
+
+
+@dataclass(frozen=True)
+class Reporting:
+    run: Path
+    facts: RunDirFacts
+    operator: Path  # outside the run dir: never to be touched
+
+    def write(self) -> Path:
+        path, _ = write_post_eval_report(self.run, self.facts, REFERENCE_ERRORS, run_metrics(self.facts, REFERENCE_ERRORS))
+        return path
+
+
+@pytest.fixture
+def reporting(jobs: Path) -> Reporting:
+    run = finished_run(jobs)
+    (facts,) = HarborRunDirs(str(jobs), REFERENCE_ERRORS).observe()
+    operator = jobs.parent / "operator"
+    operator.mkdir()
+    (operator / "precious.txt").write_text(OPERATOR_TEXT)
+    return Reporting(run, facts, operator)
+
+
+def _operator_state(operator: Path) -> dict[str, tuple[str, int]]:
+    return {p.name: (p.read_text(), p.stat().st_mtime_ns) for p in operator.iterdir()}
+
+
+def _temp_files(run: Path) -> list[str]:
+    return sorted(p.name for p in run.iterdir() if p.name.endswith(".tmp") and p.name != OLD_TMP_NAME)
+
+
+def _is_our_report(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink() and "post-eval report: " in path.read_text()
+
+
+@pytest.mark.parametrize("name", [OLD_TMP_NAME, REPORT_NAME])
+@pytest.mark.parametrize("target", ["precious.txt", "not-yet.txt"], ids=["to-a-file", "to-a-new-file"])
+def test_a_symlink_planted_in_the_run_dir_is_never_written_through(reporting: Reporting, name: str, target: str) -> None:
+    """At the old temp name it is left alone (the temp file has a fresh random name); at the report name the
+    rename replaces the link itself. Either way the file it points to is unchanged (or still absent)."""
+    planted = reporting.run / name
+    planted.symlink_to(reporting.operator / target)
+    before = _operator_state(reporting.operator)
+
+    path = reporting.write()
+
+    assert _operator_state(reporting.operator) == before  # precious.txt unchanged, not-yet.txt not created
+    assert path == reporting.run / REPORT_NAME and _is_our_report(path)
+    if name == OLD_TMP_NAME:
+        assert planted.is_symlink() and os.readlink(planted) == str(reporting.operator / target)
+    assert _temp_files(reporting.run) == []
+
+
+def test_a_guessed_temp_name_is_refused_not_followed(reporting: Reporting, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even a symlink planted at the very name the temp file gets (the random part guessed) is not followed:
+    O_EXCL|O_NOFOLLOW refuses it, and the caller's action fails with the reason."""
+    monkeypatch.setattr("controller.adapters.rundirs.report.secrets.token_hex", lambda n: "guessed")
+    guessed = reporting.run / f".{REPORT_NAME}.guessed.tmp"
+    guessed.symlink_to(reporting.operator / "precious.txt")
+    before = _operator_state(reporting.operator)
+
+    with pytest.raises(FileExistsError, match="post-eval report not written: cannot create its temporary file"):
+        reporting.write()
+
+    assert _operator_state(reporting.operator) == before
+    assert guessed.is_symlink() and not (reporting.run / REPORT_NAME).exists()
+
+
+@pytest.mark.parametrize("dangling", [False, True], ids=["to-a-dir", "dangling"])
+def test_a_run_dir_that_is_a_symlink_is_refused(reporting: Reporting, dangling: bool) -> None:
+    shutil.rmtree(reporting.run)
+    reporting.run.symlink_to(reporting.operator / "gone" if dangling else reporting.operator)
+    before = _operator_state(reporting.operator)
+
+    with pytest.raises(OSError, match="post-eval report not written: the run dir is a symlink") as refused:
+        reporting.write()
+
+    assert refused.value.filename == str(reporting.run)
+    assert _operator_state(reporting.operator) == before and reporting.run.is_symlink()
+
+
+def test_a_fifo_at_the_report_path_is_replaced_without_blocking(reporting: Reporting) -> None:
+    os.mkfifo(reporting.run / REPORT_NAME)
+    written = bounded(reporting.write)  # an open of the FIFO for writing would wait for a reader forever
+    assert written == reporting.run / REPORT_NAME and _is_our_report(reporting.run / REPORT_NAME)
+    assert _temp_files(reporting.run) == []
+
+
+def test_a_directory_at_the_report_path_is_refused_and_no_temp_file_is_left(reporting: Reporting) -> None:
+    (reporting.run / REPORT_NAME).mkdir()
+    with pytest.raises(IsADirectoryError, match="post-eval report not written: Is a directory"):
+        reporting.write()
+    assert (reporting.run / REPORT_NAME).is_dir() and _temp_files(reporting.run) == []
 
 
 # --------------------------------------------------------------------------- the real evalctl

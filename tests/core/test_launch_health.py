@@ -379,3 +379,18 @@ def test_a_job_with_only_instant_failures_below_the_threshold_is_suspect_not_ali
 
     assert kinds(decided) == ["wait"] and decided.health == HealthState.STALLED
     assert decided.health_note.startswith("suspect: 4 instant failures and no real trial yet")
+
+
+def test_an_agent_that_calls_no_model_keeps_its_scores():
+    """Harbor's oracle has no tokens ever: its failed trials are the task's, not an unreachable model's."""
+    oracle = cell(agent="oracle", calls_model=False)
+    tag = oracle.run_tag(1)
+    over = job(tag, JobState.COMPLETED, started=ago(hours=1), ended=ago(minutes=30))
+    seen = obs(subs=(sub(oracle),), rows=(row("Started", job_name=tag),), jobs=(over,),
+               dirs=(dead_dir(60).model_copy(update={"run_tag": tag, "n_completed": 60, "n_total": 60}),))
+
+    decided = plan_cell(oracle, seen, POLICY, NOW)
+    as_llm = plan_cell(oracle.model_copy(update={"calls_model": True}), seen, POLICY, NOW)
+
+    assert kinds(decided) == ["analyze", "upload"] and decided.run_dir.n_instant_failures == 0
+    assert kinds(as_llm) == ["submit"] and as_llm.rule == Rule.REFIRE, "the same dir of an LLM agent: a dead launch"

@@ -1,6 +1,6 @@
 """The operator against a real Kubernetes API server (scripts/kube-up.sh: etcd + kube-apiserver built from Go
 modules, TLS, RBAC), driven with the real `kubectl`, running as a real `evalctl operator` process under the
-service account and ClusterRole of manifests/ — not as admin.
+service account and RBAC of manifests/ — not as admin; each test's namespace opts in with manifests/tenant/.
 
 No controller-manager runs: namespaces are never deleted (each test gets a fresh one), and the operator's
 service-account token is requested with `kubectl create token`. Synchronisation is on observable state only.
@@ -22,11 +22,13 @@ from typing import Any
 import pytest
 
 from controller.adapters.scheduler.local import LocalScheduler
+from controller.core.types import ObservedJob
 from tests.fixtures.evalctl import cancel_live_jobs, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_HARBOR = REPO / "specs" / "demo" / "fake_harbor.py"
 OPERATOR_NAMESPACE, OPERATOR_SA = "evalrun-system", "evalrun-operator"
+TENANT_MANIFESTS = REPO / "manifests" / "tenant"
 DEADLINE_S = 120.0
 
 
@@ -67,17 +69,31 @@ def kube() -> Kube:
     the_kube.kubectl("wait", "--for=condition=Established", "crd/evalruns.evalrun.io", "crd/evalclusters.evalrun.io",
                      "crd/clusterkopfpeerings.zalando.org", "crd/kopfpeerings.zalando.org")
     the_kube.kubectl("apply", "-k", str(REPO / "manifests"))  # CRDs, namespace, service account, RBAC, peering
+    purge_evalruns(the_kube, "--all-namespaces")  # an earlier session's leftovers would meet an all-namespace operator
     return the_kube
+
+
+def purge_evalruns(kube: Kube, *where: str) -> None:
+    """Drop EvalRuns without an operator: finalizers cleared, then deleted (the store they used is gone)."""
+    for item in kube.json("get", "evalruns", *where).get("items", []):
+        meta = item["metadata"]
+        at = ("evalrun", meta["name"], "-n", meta["namespace"])
+        kube.kubectl("patch", *at, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False)
+        kube.kubectl("delete", *at, "--wait=false", "--ignore-not-found", check=False)
 
 
 @pytest.fixture(scope="session")
 def operator_kubeconfig(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A kubeconfig that is the operator's service account, nothing more."""
-    token = kube.kubectl("create", "token", OPERATOR_SA, "-n", OPERATOR_NAMESPACE, "--duration=4h").stdout.strip()
+    return service_account_kubeconfig(kube, OPERATOR_NAMESPACE, OPERATOR_SA,
+                                      tmp_path_factory.mktemp("operator") / "kubeconfig")
+
+
+def service_account_kubeconfig(kube: Kube, namespace: str, account: str, path: Path) -> Path:
+    token = kube.kubectl("create", "token", account, "-n", namespace, "--duration=4h").stdout.strip()
     config = json.loads(kube.kubectl("config", "view", "--raw", "-o", "json").stdout)
     config["users"] = [{"name": "operator", "user": {"token": token}}]
     config["contexts"][0]["context"]["user"] = "operator"
-    path = tmp_path_factory.mktemp("operator") / "kubeconfig"
     path.write_text(json.dumps(config))
     return path
 
@@ -89,9 +105,12 @@ class Lab:
         self.kube, self.root, self.kubeconfig = kube, root, kubeconfig
         self.namespace = "t-" + "".join(random.choices(string.ascii_lowercase, k=8))
         self.store = f"sqlite:///{root}/store.db"
-        self.scheduler = LocalScheduler(root / "logs" / ".local-scheduler")
+        # the operator keeps a namespaced EvalCluster's relative paths under --base-dir/<namespace>/
+        self.scheduler = LocalScheduler(root / self.namespace / "logs" / ".local-scheduler")
         self.operators: list[subprocess.Popen[str]] = []
         kube.kubectl("create", "namespace", self.namespace)
+        # the operator reads Secrets only where a namespace opts in (docs/MULTI_TENANT.md, "RBAC")
+        kube.kubectl("apply", "-n", self.namespace, "-k", str(TENANT_MANIFESTS))
 
     # ------------------------------------------------------------------ resources
 
@@ -110,16 +129,29 @@ spec:
   env: {json.dumps(env)}
 {secret_env}"""
 
-    def run_yaml(self, models: list[str], *, name: str = "demo", extra: str = "") -> str:
+    def run_yaml(self, models: list[str], *, name: str = "demo", extra: str = "", namespace: str | None = None,
+                 cluster: str = "cluster: local") -> str:
         return f"""
 apiVersion: evalrun.io/v1alpha1
 kind: EvalRun
-metadata: {{name: {name}, namespace: {self.namespace}}}
+metadata: {{name: {name}, namespace: {namespace or self.namespace}}}
 spec:
-  cluster: local
+  {cluster}
   models: {json.dumps(models)}
   datasets: [DCAgent/tiny_a]
 {extra}"""
+
+    def stall_on_secret(self, secret: str) -> list[dict[str, Any]]:
+        """Apply a cluster whose secretEnv needs key `api-key` of Secret `secret`, and an EvalRun on it; the pass
+        must stall on it (ActionsFailed) with nothing submitted. Returns the status's attention."""
+        cluster = self.cluster_yaml(secret_env="  secretEnv: [{name: DAYTONA_API_KEY, secretRef: {name: "
+                                               f"{secret}, key: api-key}}}}]")
+        self.apply(cluster, self.run_yaml(["org/a-8B"]))
+        stalled = self.wait_condition("Stalled")
+        assert stalled["reason"] == "ActionsFailed", stalled
+        assert self.jobs() == [], "nothing is submitted without its secret"
+        attention: list[dict[str, Any]] = self.evalrun()["status"]["attention"]
+        return attention
 
     def apply(self, *documents: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.kube.kubectl("apply", "-f", "-", stdin="\n---\n".join(documents), check=check)
@@ -143,21 +175,27 @@ spec:
         items: list[dict[str, Any]] = self.kube.json("get", "events", "-n", self.namespace)["items"]
         return items
 
-    def jobs(self) -> list:
+    def jobs(self) -> list[ObservedJob]:
         return list(self.scheduler.observe())
 
     # ------------------------------------------------------------------ the operator
 
-    def start_operator(self, *extra: str, kill_at: str | None = None, peered: bool = False) -> subprocess.Popen[str]:
-        """Watching this test's namespace, standalone; `peered`: all namespaces, in the manifests' peering."""
-        env = {**self.kube.env, "KUBECONFIG": str(self.kubeconfig)}
+    def start_operator(self, *extra: str, kill_at: str | None = None, peered: bool = False,
+                       trusted_host: bool = True, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        """Watching this test's namespace, standalone; `peered`: all namespaces, in the manifests' peering.
+
+        `trusted_host`: the policy of a single-user host (local jobs, paths under this test's dir and the repo);
+        False: the default policy of a shared operator."""
+        policy = ("--allow-local-scheduler", "--allowed-path-root", str(self.root), "--allowed-path-root",
+                  str(REPO)) if trusted_host else ()
+        env = {**self.kube.env, "KUBECONFIG": str(self.kubeconfig), **(env or {})}
         env.pop("EVALCTL_KILL_AT", None)
         if kill_at:
             env["EVALCTL_KILL_AT"] = kill_at
         with open(self.root / f"operator-{len(self.operators)}.log", "w") as log:  # the child keeps its own copy
             proc = subprocess.Popen([sys.executable, "-m", "controller.entry.cli", "operator", "--store", self.store,
                                      "--base-dir", str(self.root), "--interval", "2",
-                                     *(() if peered else ("-n", self.namespace, "--standalone")), *extra],
+                                     *(() if peered else ("-n", self.namespace, "--standalone")), *policy, *extra],
                                     env=env, cwd=self.root, stdout=log,
                                     stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
         self.operators.append(proc)
@@ -178,6 +216,7 @@ spec:
             self.start_operator()
         self.kube.kubectl("delete", "evalruns", "--all", "-n", self.namespace, "--wait=true", "--timeout=90s",
                           check=False)
+        purge_evalruns(self.kube, "-n", self.namespace)  # what a killed operator left behind
         self.stop_operators()
         cancel_live_jobs(self.scheduler)
 

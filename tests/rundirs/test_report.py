@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+import pytest
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.report import REPORT_NAME, post_eval_analysis, write_post_eval_report
@@ -90,6 +93,44 @@ def test_report_on_an_empty_dir_says_none(tmp_path: Path) -> None:
     assert "mean score: none" in path.read_text()
     write_post_eval_report(tmp_path / "r", facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))  # repeatable
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["meta.env", REPORT_NAME]
+
+
+def test_repeated_reports_replace_the_file_and_leave_no_temp_files(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    write_job_result(run, n_total=2)
+    write_trial(run, "a__aaaaaaa", reward=1.0, steps=4)
+    before = sorted(p.name for p in run.iterdir())
+    for n_total in (2, 3, 3, 4):
+        write_job_result(run, n_total=n_total)
+        (facts,) = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe()
+        path, _ = write_post_eval_report(run, facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))
+        assert f"scored: 1 / {n_total} total" in path.read_text()
+        assert sorted(p.name for p in run.iterdir()) == sorted([*before, REPORT_NAME])
+    assert not path.is_symlink() and os.stat(path).st_nlink == 1
+
+
+def test_a_failed_rename_leaves_the_old_report_and_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_meta_env(tmp_path / "r", MODEL="m")
+    (facts,) = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe()
+    path, _ = write_post_eval_report(tmp_path / "r", facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))
+    old = path.read_text()
+
+    def no_rename(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("controller.adapters.rundirs.report.os.rename", no_rename)
+    with pytest.raises(OSError, match="post-eval report not written: No space left on device") as failed:
+        write_post_eval_report(tmp_path / "r", facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))
+    assert failed.value.filename == str(path)
+    assert path.read_text() == old and sorted(p.name for p in (tmp_path / "r").iterdir()) == ["meta.env", REPORT_NAME]
+
+
+def test_a_missing_run_dir_is_an_error_naming_it(tmp_path: Path) -> None:
+    write_meta_env(tmp_path / "r", MODEL="m")
+    (facts,) = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe()
+    with pytest.raises(FileNotFoundError, match="post-eval report not written: No such file or directory"):
+        write_post_eval_report(tmp_path / "gone", facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))
+    assert not (tmp_path / "gone").exists()
 
 
 def _kind(name: str) -> str:

@@ -34,15 +34,17 @@ def test_committed_file_matches_the_models() -> None:
 
 def test_names_group_version_scope() -> None:
     found = crds()
-    assert set(found) == {"EvalRun", "EvalCluster"}
+    assert set(found) == {"EvalRun", "EvalCluster", "ClusterEvalCluster"}
     run, cluster = found["EvalRun"], found["EvalCluster"]
+    assert found["ClusterEvalCluster"]["spec"]["scope"] == "Cluster", "the admin's, for every namespace"
     assert run["apiVersion"] == "apiextensions.k8s.io/v1"
     assert run["metadata"]["name"] == "evalruns.evalrun.io"
     assert cluster["metadata"]["name"] == "evalclusters.evalrun.io"
     assert run["spec"]["names"]["shortNames"] == ["er"]
     assert cluster["spec"]["names"]["plural"] == "evalclusters"
     for crd in found.values():
-        assert crd["spec"]["group"] == "evalrun.io" and crd["spec"]["scope"] == "Namespaced"
+        assert crd["spec"]["group"] == "evalrun.io"
+        assert crd["spec"]["scope"] == ("Cluster" if crd is found["ClusterEvalCluster"] else "Namespaced")
         [version] = crd["spec"]["versions"]
         assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
         assert version["subresources"] == {"status": {}}
@@ -61,7 +63,8 @@ def test_evalrun_printer_columns() -> None:
         ("Failed", ".status.summary.failed"),
         ("Age", ".metadata.creationTimestamp"),
     ]
-    assert [c["name"] for c in columns if c.get("priority") == 1] == ["Reason", "Cluster", "Suspended", "Last-Pass"]
+    assert [c["name"] for c in columns if c.get("priority") == 1] == ["Reason", "Cluster", "Cluster-Ref", "Suspended",
+                                                                    "Last-Pass"]
 
 
 def walk(node: dict[str, Any], path: str = "") -> list[str]:
@@ -144,7 +147,7 @@ def test_nullability_and_bounds_survive_the_rewrite() -> None:
         0.97,
     )
     assert spec["properties"]["resume"]["default"] == {}
-    assert spec["required"] == ["cluster", "models"]
+    assert spec["required"] == ["models"], "cluster or clusterRef: the loader checks there is exactly one"
     cluster_spec = schema_of("EvalCluster")["properties"]["spec"]
     assert cluster_spec["properties"]["env"]["additionalProperties"] == {"type": "string", "maxLength": 32 * 1024}
     assert cluster_spec["properties"]["scheduler"]["properties"]["type"]["enum"] == ["local", "slurm"]

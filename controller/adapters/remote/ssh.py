@@ -4,11 +4,17 @@ Commands go through the system OpenSSH client, so the user's ~/.ssh/config (alia
 applies exactly as on their shell. Host keys are always checked: a login node whose key is unknown or changed
 is refused, never trusted on first use. Environment values may be secrets, so they travel only on the ssh
 channel's stdin, as a script the remote `sh -s` runs; no argv (local or remote) and no file ever holds them.
+
+A cluster whose key and known_hosts come from Secrets (an `SshIdentity`, see `materialize_identity`) runs with
+that identity ONLY: a config file written here instead of any ssh_config, no agent, no default keys, no other
+known_hosts. With `public_errors` a failure says which host and what failed, never ssh's or paramiko's own text
+(it may quote a file ssh was pointed at); that detail goes to the log, masked.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import shlex
@@ -16,7 +22,8 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
@@ -24,7 +31,10 @@ import paramiko
 from fsspec.implementations.sftp import SFTPFileSystem
 
 from controller.adapters.scheduler.commands import CommandFailed, CommandResult
+from controller.adapters.secrets import SecretMask
+from controller.core.ports import ObservationError
 
+log = logging.getLogger("evalctl.ssh")
 _HOST = re.compile(r"(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]\s]+\]|[A-Za-z0-9_.%][^:@\s\[\]]*)(?::(?P<port>\d{1,5}))?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -56,6 +66,118 @@ def remote_script(argv: Sequence[str], env: Mapping[str, str] | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------------- identity from Secrets
+
+_EMPTY_CONFIG = "# written by evalrun-controller: ssh reads this instead of ~/.ssh/config and /etc/ssh/ssh_config\n"
+
+
+@dataclass(frozen=True)
+class SshIdentity:
+    """A private key and known_hosts given as values (a Secret's), as the files ssh and paramiko read.
+
+    `mask` hides both values in what is logged; repr never shows it."""
+
+    dir: str
+    key_file: str
+    known_hosts_file: str
+    config_file: str  # empty: with `-F` it, no user or system ssh_config applies
+    mask: SecretMask = field(repr=False, compare=False)
+
+
+def materialize_identity(private_key: str, known_hosts: str, *, base_dir: str | None = None) -> SshIdentity:
+    """Write the key and known_hosts into a private (0700) dir named after their content, files 0600.
+
+    Same content, same files: the ssh argv (and so the ControlMaster socket and fsspec's cached sftp instance)
+    stays the same from pass to pass, and a rotated Secret gets new files, so no master outlives the key it
+    used. Written atomically (a reader never sees half a key); existing files are checked, not trusted.
+    `base_dir`: where that dir goes (default: where SshCommands keeps its sockets).
+    """
+    key = private_key.replace("\r\n", "\n").strip() + "\n"  # OpenSSH refuses a key without its final newline
+    known = _lines(known_hosts)
+    where = _materialize({"id": key, "known_hosts": known, "ssh_config": _EMPTY_CONFIG}, base_dir)
+    # the key's lines too (a key is never printed whole), and the keys and hashed names in known_hosts, which
+    # paramiko quotes ("does not match: got …, expected …"); not the host names, which every message names
+    known_keys = [word for line in known.splitlines() for word in line.split() if len(word) >= 40]
+    mask = SecretMask(values=[key, key.strip(), known, known.strip(), *key.splitlines(), *known_keys])
+    return SshIdentity(dir=str(where), key_file=str(where / "id"), known_hosts_file=str(where / "known_hosts"),
+                       config_file=str(where / "ssh_config"), mask=mask)
+
+
+def materialize_known_hosts(known_hosts: str, *, base_dir: str | None = None) -> str:
+    """known_hosts lines alone (a Secret's), for a cluster that otherwise keeps its ssh setup: the file's path."""
+    return str(_materialize({"known_hosts": _lines(known_hosts)}, base_dir) / "known_hosts")
+
+
+def _lines(text: str) -> str:
+    text = text.replace("\r\n", "\n").strip()
+    return text + "\n" if text else ""
+
+
+def _materialize(files: Mapping[str, str], base_dir: str | None) -> Path:
+    """The private dir `id-<hash of files>` holding `files`, each 0600."""
+    digest = hashlib.sha256()
+    for name, content in sorted(files.items()):
+        digest.update(f"{name}\0{len(content.encode())}\0".encode() + content.encode())
+    root = _private_dir(Path(base_dir) if base_dir else _default_control_dir())
+    where = _private_dir(root / f"id-{digest.hexdigest()[:32]}")
+    for name, content in files.items():
+        _write_private_file(where / name, content.encode())
+    return where
+
+
+def _write_private_file(path: Path, content: bytes) -> None:
+    """`path` holds exactly `content`, mode 0600, ours: kept if it already does, else replaced atomically."""
+    try:
+        st = path.lstat()
+        if (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+                and path.read_bytes() == content):
+            return
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise CommandFailed(f"ssh identity file {path}: {exc.strerror or exc}") from None
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".new-")  # mkstemp: O_EXCL, 0600
+    try:
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), 0o600)
+            out.write(content)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise CommandFailed(f"ssh identity file {path}: {exc.strerror or exc}") from None
+
+
+def _failure_kind(text: str) -> str:
+    """A fixed phrase for what went wrong, picked from ssh's/paramiko's text but never quoting it."""
+    lowered = text.lower()
+    for needles, kind in ((("host key", "host identification", "known_hosts"), "host key unknown or changed"),
+                          (("permission denied", "authentication"), "authentication refused"),
+                          (("connection refused",), "connection refused"),
+                          (("unable to connect",), "no connection"),
+                          (("timed out", "timeout"), "timed out"),
+                          (("could not resolve", "name or service not known"), "host name not resolved"),
+                          (("no route to host", "network is unreachable"), "host unreachable")):
+        if any(needle in lowered for needle in needles):
+            return kind
+    return ""
+
+
+def public_failure(subject: str, code: str, detail: str, mask: Callable[[str], str], *, what: str = "") -> str:
+    """What a tenant may see: "ssh to HOST:PORT failed (exit 255, host key unknown or changed); see the
+    operator's log". ssh's/paramiko's own `detail` may quote any file they were pointed at (a bad ssh_config line,
+    a token), so it goes to the log only, masked."""
+    log.warning(f"{subject} failed", extra={"what": what or subject, "code": code,
+                                            "detail": mask(detail) or "(no output)"})
+    return f"{subject} failed ({', '.join(part for part in (code, _failure_kind(detail)) if part)}); see the operator's log"
+
+
+def _log_mask(identity: SshIdentity | None, mask: Callable[[str], str] | None) -> Callable[[str], str]:
+    first: Callable[[str], str] = identity.mask if identity is not None else SecretMask()
+    return first if mask is None else (lambda text: mask(first(text)))
+
+
 class SshCommands:
     """Run commands on a login node with the system `ssh`, one multiplexed connection for many commands.
 
@@ -66,16 +188,32 @@ class SshCommands:
     """
 
     def __init__(self, host: str, *, config_file: str | None = None, known_hosts: str | None = None,
-                 identity_file: str | None = None, options: Sequence[str] = (), connect_timeout: int = 10,
+                 identity_file: str | None = None, identity: SshIdentity | None = None, public_errors: bool = False,
+                 mask: Callable[[str], str] | None = None, options: Sequence[str] = (), connect_timeout: int = 10,
                  control_persist: int = 300, control_dir: str | None = None):
+        """`identity`: ssh runs with it alone (no ssh_config, agent, default key or other known_hosts), so it
+        excludes config_file, known_hosts and identity_file. `public_errors`: CommandFailed says only which
+        host and what failed; ssh's text is logged, masked with `identity.mask`, then `mask`."""
+        if identity is not None and (config_file or known_hosts or identity_file):
+            raise ValueError("an ssh identity from Secrets excludes config_file, known_hosts and identity_file")
         user, self.hostname, self.port = parse_host(host)
         self.host = host
+        self.identity = identity
+        self.public_errors = public_errors
+        self._mask = _log_mask(identity, mask)
         self.control_persist = control_persist
         # ssh keeps the FIRST value of an option: ours come first, so `options` and ssh_config cannot relax them.
         # ServerAlive*: a master whose network died would otherwise still answer `-O check` and hang every command
         argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
                 "-o", f"ConnectTimeout={int(connect_timeout)}", "-o", "ServerAliveInterval=15",
                 "-o", "ServerAliveCountMax=3"]
+        if identity is not None:
+            # -F: never ~/.ssh/config nor /etc/ssh/ssh_config; IdentityAgent=none: not even an agent's keys;
+            # IdentityFile set: no default ~/.ssh/id_* either; nothing the operator's own setup could lend
+            argv += ["-F", identity.config_file, "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none",
+                     "-o", f"IdentityFile={identity.key_file}", "-o", f"UserKnownHostsFile={identity.known_hosts_file}",
+                     "-o", "GlobalKnownHostsFile=/dev/null", "-o", "UpdateHostKeys=no", "-o", "ProxyCommand=none",
+                     "-o", "ProxyJump=none", "-o", "ForwardAgent=no", "-o", "PermitLocalCommand=no"]
         if config_file:
             argv += ["-F", config_file]
         if known_hosts:
@@ -111,7 +249,7 @@ class SshCommands:
             raise CommandFailed(f"ssh: {exc.strerror or exc}") from exc
         # 255 is ssh's own failure (connection, auth, host key); a remote command exiting 255 looks the same
         if proc.returncode == 255:
-            raise CommandFailed(self._ssh_error(proc.stderr, f"{argv[0]} on {self.host}"))
+            raise CommandFailed(self._ssh_error(proc.stderr, f"{argv[0]} on {self.host}", 255))
         return CommandResult(returncode=proc.returncode, stdout=proc.stdout, stderr=proc.stderr)
 
     def close(self) -> None:
@@ -151,12 +289,19 @@ class SshCommands:
         except OSError as exc:
             raise CommandFailed(f"ssh: {exc.strerror or exc}") from exc
         if proc.returncode != 0:
-            raise CommandFailed(self._ssh_error(message, f"ssh to {self.host}"))
+            raise CommandFailed(self._ssh_error(message, f"ssh to {self.host}", proc.returncode))
 
-    def _ssh_error(self, stderr: str, what: str) -> str:
+    def _ssh_error(self, stderr: str, what: str, returncode: int) -> str:
         lines = [line.strip() for line in stderr.replace("\r", "").splitlines() if line.strip()]
+        if self.public_errors:
+            subject = f"ssh to {_endpoint(self.hostname, self.port, self.identity is not None)}"
+            return public_failure(subject, f"exit {returncode}", " / ".join(lines), self._mask, what=what)
         text = f"{what} failed: {' / '.join(lines[-6:]) or 'ssh exited with 255'}"
-        if any("host key" in line.lower() or "host identification" in line.lower() for line in lines):
+        host_key = any("host key" in line.lower() or "host identification" in line.lower() for line in lines)
+        if host_key and self.identity is not None:  # the file is ours: the fix goes in the Secret
+            return (f"{text} — the login node's host key is unknown or changed: check its fingerprint, then put its "
+                    f"line (`ssh-keyscan -p {self.port or 22} {self.hostname}`) in the known_hosts Secret")
+        if host_key:
             host, port, known = self._resolved()
             name = host if port == "22" else f"'[{host}]:{port}'"
             text += (f" — the login node's host key is unknown or changed: check its fingerprint, then add it to "
@@ -240,13 +385,47 @@ class CheckedSFTPFileSystem(SFTPFileSystem):  # type: ignore[misc]  # fsspec shi
 
 
 def sftp_filesystem(host: str, *, config_file: str | None = None, known_hosts: str | None = None,
-                    identity_file: str | None = None, timeout: float = 30) -> CheckedSFTPFileSystem:
+                    identity_file: str | None = None, identity: SshIdentity | None = None, public_errors: bool = False,
+                    mask: Callable[[str], str] | None = None, timeout: float = 30) -> CheckedSFTPFileSystem:
     """An fsspec filesystem over sftp to `host` (as for SshCommands: alias, `user@host:port`), host keys checked.
 
     paramiko does not read ssh_config itself: the alias is resolved here (HostName, Port, User, IdentityFile,
     UserKnownHostsFile, GlobalKnownHostsFile, ProxyCommand, ProxyJump) from `config_file`, else ~/.ssh/config.
+    With `identity` there is no ssh_config at all, and no agent or ~/.ssh key: that key and known_hosts only.
+    `public_errors`: a failure to connect raises ObservationError naming only the host (see SshCommands).
     Instances are cached by fsspec per (arguments, thread); one whose connection died is reconnected here.
     """
+    if identity is not None and (config_file or known_hosts or identity_file):
+        raise ValueError("an ssh identity from Secrets excludes config_file, known_hosts and identity_file")
+    user, hostname, port = parse_host(host)
+    try:
+        if identity is not None:
+            fs = CheckedSFTPFileSystem(
+                hostname, known_hosts=[identity.known_hosts_file], port=port or 22, timeout=timeout,
+                banner_timeout=timeout, auth_timeout=timeout, key_filename=[identity.key_file], look_for_keys=False,
+                allow_agent=False, **({"username": user} if user else {}))
+        else:
+            fs = _configured_sftp(host, config_file, known_hosts, identity_file, timeout)
+        if not fs.connected():
+            fs._connect()
+        return fs
+    except Exception as exc:
+        if not public_errors:
+            raise
+        subject = f"sftp to {_endpoint(hostname, port, identity is not None)}"
+        message = public_failure(subject, type(exc).__name__, f"{type(exc).__name__}: {exc}", _log_mask(identity, mask))
+        raise ObservationError(message) from None
+
+
+def _endpoint(hostname: str, port: int | None, fixed: bool) -> str:
+    """HOST:PORT as a message names it; an alias alone when its port comes from an ssh_config."""
+    if port is None and not fixed:
+        return hostname
+    return f"[{hostname}]:{port or 22}" if ":" in hostname else f"{hostname}:{port or 22}"
+
+
+def _configured_sftp(host: str, config_file: str | None, known_hosts: str | None, identity_file: str | None,
+                     timeout: float) -> CheckedSFTPFileSystem:
     user, alias, port = parse_host(host)
     config_path = Path(config_file or "~/.ssh/config").expanduser()
     cfg = paramiko.SSHConfig.from_path(str(config_path)).lookup(alias) if config_path.is_file() else {}
@@ -270,11 +449,8 @@ def sftp_filesystem(host: str, *, config_file: str | None = None, known_hosts: s
         proxy = shlex.join(["ssh", *(["-F", str(config_path)] if config_file else []), "-o", "BatchMode=yes",
                             "-o", "StrictHostKeyChecking=yes", *(["-J", ",".join(via)] if via else []),
                             "-W", target, f"ssh://{last}"])
-    fs = CheckedSFTPFileSystem(hostname, known_hosts=user_files, global_known_hosts=global_files,
-                               proxy_command=proxy if proxy and proxy.lower() != "none" else None, **kwargs)
-    if not fs.connected():
-        fs._connect()
-    return fs
+    return CheckedSFTPFileSystem(hostname, known_hosts=user_files, global_known_hosts=global_files,
+                                 proxy_command=proxy if proxy and proxy.lower() != "none" else None, **kwargs)
 
 
 def _split_paths(value: str | None, default: str) -> list[str]:

@@ -7,9 +7,13 @@ login node); the returned `PostEvalSummary` is what the caller logs to MLflow an
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import posixpath
+import secrets
+import stat
 import statistics
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple, overload
@@ -18,7 +22,7 @@ import fsspec
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
-from controller.adapters.rundirs.tree import is_trial_dir_name, read_local
+from controller.adapters.rundirs.tree import describe, is_trial_dir_name, read_local
 from controller.core.metrics import RunMetrics
 from controller.core.tracking import Analysis
 from controller.core.trial_errors import ErrorClasses, ErrorKind
@@ -29,6 +33,8 @@ TRAJECTORY = os.path.join("agent", "trajectory.json")
 TRAJECTORY_POSIX = "agent/trajectory.json"
 TRAJECTORY_CAP = 64 << 20  # a long agent run's ATIF trajectory is a few MiB
 _CAT_BATCH = 256
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class TokenStats(Frozen):
@@ -89,6 +95,10 @@ def write_post_eval_report(
 ) -> tuple[Path | PurePosixPath, PostEvalSummary]:
     """Write `post_eval_report.txt` in the run dir; safe to repeat (the file is replaced).
 
+    Locally nothing the job planted in or as the run dir is written through: a run dir that is a symlink is
+    refused, the temporary file is a new one of a random name, and the rename replaces whatever entry has the
+    report's name (see `_replace_in_dir`). A refusal or failure is an OSError naming the path and why.
+
     The run dir is local unless `fs` is given (e.g. sftp to the login node: the path is then on that host) or
     the path is an fsspec URL. Local: returns the report's `Path`; through a filesystem: its `PurePosixPath`
     there (the URL's path part for a URL).
@@ -99,12 +109,20 @@ def write_post_eval_report(
             fs, run_dir_path = None, root
     if fs is None:
         run_dir = Path(run_dir_path)
-        summary = _summary(facts, errors, metrics, step_stats(run_dir))
-        path = run_dir / REPORT_NAME
-        tmp = path.with_name(f".{REPORT_NAME}.tmp")
-        tmp.write_text(render(summary, facts, errors))
-        tmp.replace(path)
-        return path, summary
+        dir_fd = _open_run_dir(run_dir)  # refused (a symlink, not a dir) before anything is computed or written
+        try:
+            summary = _summary(facts, errors, metrics, step_stats(run_dir))
+            _replace_in_dir(dir_fd, run_dir, render(summary, facts, errors).encode())
+        finally:
+            os.close(dir_fd)
+        return run_dir / REPORT_NAME, summary
+    # Through fsspec (sftp) the write stays by path, without the local checks: `pipe_file` opens the fixed
+    # temp name for writing on the far side (the sftp server's open follows a symlink planted there, and a
+    # symlinked run dir), then `mv` posix-renames it (atomic over an older report; a rename replaces a
+    # symlink at the report name, it does not follow it). The remote side therefore relies on the sftp account
+    # having no more rights than the job that writes the run dir (the same user, as when a job runs under the
+    # operator's cluster account: a symlink then reaches nothing the job could not write itself), or on other
+    # tenants' jobs being unable to write our run dirs. sftp offers no O_NOFOLLOW or dir fd to do better.
     remote = fs._strip_protocol(os.fspath(run_dir_path)).rstrip("/")
     summary = _summary(facts, errors, metrics, step_stats(remote, fs))
     target = f"{remote}/{REPORT_NAME}"
@@ -112,6 +130,58 @@ def write_post_eval_report(
     fs.pipe_file(tmp_name, render(summary, facts, errors).encode())
     fs.mv(tmp_name, target)  # sftp: posix-rename, atomic over an older report
     return PurePosixPath(target), summary
+
+
+def _refused(exc: OSError, path: str | os.PathLike[str], why: str) -> OSError:
+    """The same errno (so the same OSError subclass), the path and a message saying what was refused."""
+    return OSError(exc.errno, f"post-eval report not written: {why}", os.fspath(path))
+
+
+def _open_run_dir(run_dir: Path) -> int:
+    """An fd of the run dir itself: O_NOFOLLOW refuses a run dir that is (or was replaced by) a symlink, so
+    nothing is ever written through it into a directory of someone else's."""
+    try:
+        return os.open(run_dir, _DIR_FLAGS)
+    except OSError as exc:
+        why = describe(exc)
+        if exc.errno in (errno.ENOTDIR, errno.ELOOP):  # O_NOFOLLOW on a symlink: ELOOP, or ENOTDIR (O_DIRECTORY)
+            try:
+                why = "the run dir is a symlink" if stat.S_ISLNK(os.lstat(run_dir).st_mode) else why
+            except OSError:
+                pass
+        raise _refused(exc, run_dir, why) from exc
+
+
+def _replace_in_dir(dir_fd: int, run_dir: Path, data: bytes) -> None:
+    """Write `data` to a new file of a fresh random name in the dir of `dir_fd`, fsync it, and rename it over
+    `REPORT_NAME` there; every step is relative to `dir_fd`, never by a path the job could redirect.
+
+    O_CREAT|O_EXCL|O_NOFOLLOW: the temp file is one we created now, never an entry planted there (a symlink,
+    a FIFO, a hard link to a file of ours); its random name cannot be taken in advance. rename(2) replaces the
+    entry `REPORT_NAME` (a symlink, a FIFO, a hard link, an older report) without opening or following it. On
+    any failure the temp file is removed and an OSError naming what failed is raised."""
+    tmp = f".{REPORT_NAME}.{secrets.token_hex(8)}.tmp"
+    try:
+        fd = os.open(tmp, _TMP_FLAGS, 0o666, dir_fd=dir_fd)  # 0o666 & ~umask, as Path.write_text made it
+    except OSError as exc:
+        raise _refused(exc, run_dir / tmp, f"cannot create its temporary file: {describe(exc)}") from exc
+    try:
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, REPORT_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)  # unlink removes the entry; it follows nothing
+        raise _refused(exc, run_dir / REPORT_NAME, describe(exc)) from exc
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _summary(facts: RunDirFacts, errors: ErrorClasses, computed: RunMetrics, steps: StepStats | None) -> PostEvalSummary:

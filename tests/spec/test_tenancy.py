@@ -1,0 +1,148 @@
+"""The operator policy (issue 17): what a namespace's author writes never runs with the operator's identity.
+
+Each attack of the issue as the object a tenant would apply, checked the way the operator loads it
+(`load_objects` with the policy); a ClusterEvalCluster of the admin is trusted, and the CLI has no policy.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.core.types import EvalRunRef
+from controller.spec.errors import SpecErrors
+from controller.spec.loader import load_objects
+from controller.spec.tenancy import OperatorPolicy
+from tests.core.builders import cell
+
+NS = "team-a"
+SSH_OK = {"type": "slurm", "ssh": "alice@login.hpc.example", "sshKeySecretRef": {"name": "ssh", "key": "id"},
+          "knownHostsSecretRef": {"name": "ssh", "key": "known_hosts"}}
+POLICY = OperatorPolicy(allowed_ssh_hosts=("login.hpc.example", "*.lab.example"))
+
+
+def cluster(kind: str = "EvalCluster", **spec: Any) -> dict[str, Any]:
+    base = {"scheduler": SSH_OK, "jobsDir": "/scratch/jobs", "logsDir": "/scratch/logs", "jobScript": "/s/eval.sbatch"}
+    meta = {"name": "hpc"} | ({"namespace": NS} if kind == "EvalCluster" else {})
+    return {"apiVersion": "evalrun.io/v1alpha1", "kind": kind, "metadata": meta, "spec": base | spec}
+
+
+def run(**spec: Any) -> dict[str, Any]:
+    base = {"cluster": "hpc", "models": ["org/m-8B"], "datasets": ["DCAgent/tiny"]}
+    return {"apiVersion": "evalrun.io/v1alpha1", "kind": "EvalRun", "metadata": {"name": "r", "namespace": NS},
+            "spec": base | spec}
+
+
+def refusals(*objects: dict[str, Any], base: Path = Path("/base"), policy: OperatorPolicy = POLICY) -> list[str]:
+    try:
+        load_objects(objects, base, policy=policy)
+    except SpecErrors as exc:
+        return [error.message for error in exc.errors]
+    return []
+
+
+def test_a_namespaced_cluster_on_an_allowed_host_with_its_own_key_is_fine():
+    assert refusals(cluster(), run()) == []
+
+
+@pytest.mark.parametrize(("scheduler", "says"), [
+    ({"type": "local"}, "may not use a local scheduler"),
+    ({"type": "slurm"}, "may not use SLURM commands on the operator's host"),
+])
+def test_nothing_of_a_tenant_runs_on_the_operators_host_unless_the_admin_allows_it(scheduler, says):
+    objects = (cluster(scheduler=scheduler, jobsDir="jobs", logsDir="logs", jobScript="eval.sh"), run())
+
+    [refused] = refusals(*objects)
+    allowed = refusals(*objects, policy=POLICY.model_copy(update={"allow_local_scheduler": True}))
+
+    assert says in refused and "--allow-local-scheduler" in refused
+    assert allowed == [], "a single-user laptop may"
+
+
+@pytest.mark.parametrize(("scheduler", "says"), [
+    (SSH_OK | {"ssh": "root@pinned.login.node"}, "ssh host pinned.login.node is not allowed"),
+    (SSH_OK | {"sshConfig": "/var/run/secrets/kubernetes.io/serviceaccount/token"}, "sshConfig is refused"),
+    ({k: v for k, v in SSH_OK.items() if k != "sshKeySecretRef"}, "never the operator's: set scheduler.sshKeySecretRef"),
+    ({k: v for k, v in SSH_OK.items() if k != "knownHostsSecretRef"}, "set scheduler.knownHostsSecretRef"),
+])
+def test_the_operators_ssh_identity_and_config_are_never_a_tenants(scheduler, says):
+    assert any(says in why for why in refusals(cluster(scheduler=scheduler), run()))
+
+
+@pytest.mark.parametrize("name", ["BASH_ENV", "ENV", "PYTHONPATH", "PYTHONSTARTUP", "LD_PRELOAD", "PATH",
+                                  "NODE_OPTIONS", "PERL5OPT", "RUBYOPT"])
+def test_loader_and_shell_hooks_are_refused_in_env_and_secret_env(name):
+    in_env = refusals(cluster(env={name: "/tmp/payload"}), run())
+    in_secret = refusals(cluster(secretEnv=[{"name": name, "secretRef": {"name": "s", "key": "k"}}]), run())
+
+    assert any(f"env {name} would run other code" in why for why in in_env)
+    assert any(f"secretEnv {name} would run other code" in why for why in in_secret)
+
+
+def test_relative_paths_stay_in_the_namespaces_directory(tmp_path: Path):
+    local = POLICY.model_copy(update={"allow_local_scheduler": True})
+    (tmp_path / NS).mkdir()
+    (tmp_path / NS / "out").symlink_to("/etc")
+    escape = cluster(scheduler={"type": "local"}, jobsDir="../../etc", logsDir="logs", jobScript="eval.sh")
+    through_link = cluster(scheduler={"type": "local"}, jobsDir="out/cron.d", logsDir="logs", jobScript="eval.sh")
+    fine = cluster(scheduler={"type": "local"}, jobsDir="jobs", logsDir="logs", jobScript="eval.sh")
+
+    assert any("jobsDir ../../etc leaves the namespace's directory" in why
+               for why in refusals(escape, run(), base=tmp_path, policy=local))
+    assert any("jobsDir out/cron.d leaves" in why for why in refusals(through_link, run(), base=tmp_path, policy=local))
+    assert refusals(fine, run(), base=tmp_path, policy=local) == []
+
+
+def test_absolute_local_paths_must_be_under_an_allowed_root(tmp_path: Path):
+    local = POLICY.model_copy(update={"allow_local_scheduler": True, "allowed_path_roots": (str(tmp_path),)})
+    inside = cluster(scheduler={"type": "local"}, jobsDir=str(tmp_path / "jobs"), logsDir=str(tmp_path / "logs"),
+                     jobScript=str(tmp_path / "eval.sh"))
+    outside = cluster(scheduler={"type": "local"}, jobsDir=str(tmp_path / "jobs"), logsDir=str(tmp_path / "logs"),
+                      jobScript="/usr/bin/python3")
+
+    assert refusals(inside, run(), policy=local) == []
+    assert any("jobScript /usr/bin/python3 is outside the allowed path roots" in why
+               for why in refusals(outside, run(), policy=local))
+
+
+@pytest.mark.parametrize("uri", ["sqlite:///var/lib/evalctl/store.db", "postgresql://db/store", "mysql://y/z",
+                                 "databricks://profile"])
+def test_tracking_uris_of_tenants_are_http_servers_only(uri: str):
+    on_run = refusals(cluster(), run(upload={"mlflow": True, "mlflowTrackingUri": uri}))
+    on_cluster = refusals(cluster(mlflowTrackingUri=uri), run())
+
+    assert any("namespaced objects may name only an http(s) tracking server" in why for why in on_run)
+    assert any("may name only an http(s)" in why for why in on_cluster)
+
+
+def test_the_admins_cluster_evalcluster_is_trusted():
+    admins = cluster("ClusterEvalCluster", scheduler={"type": "local"}, jobsDir="jobs", logsDir="logs",
+                     jobScript="eval.sh", env={"PYTHONPATH": "/opt/site"})
+    tenant_run = run(cluster=None, clusterRef={"kind": "ClusterEvalCluster", "name": "hpc"})
+
+    assert refusals(admins, tenant_run) == []
+
+
+@pytest.mark.parametrize("model", ["-c", "org/m;id", "org/m $(id)", "org/`id`", "org/m'x", "a b"])
+def test_names_that_could_be_options_or_code_are_refused_by_the_loader_and_the_schema(model: str):
+    assert any("must not start with '-'" in why for why in refusals(cluster(), run(models=[model])))
+
+
+def test_cell_keys_are_scoped_by_namespace_and_injective():
+    north, south = EvalRunRef(namespace="north", name="r"), EvalRunRef(namespace="south", name="r")
+
+    assert cell(evalrun=north).key != cell(evalrun=south).key, "tenants never share a cell, a claim or a run tag"
+    assert cell(evalrun=north).tag_stem != cell(evalrun=south).tag_stem
+    assert cell(model="a|b", dataset="c/d").key != cell(model="a", dataset="b|c/d").key
+    assert cell().former_key is None and cell().key == "laion/Qwen3-8B-sft|DCAgent2/terminal_bench_2|0123456789abcdef"
+    assert cell(evalrun=north).former_key == cell().key, "what versions before read and wrote"
+
+
+def test_the_cli_has_no_policy(tmp_path: Path):
+    """On a login node the user is the tenant: a local scheduler and absolute paths are theirs to use."""
+    local = cluster(scheduler={"type": "local"}, jobsDir=str(tmp_path), logsDir=str(tmp_path),
+                    jobScript=os.path.realpath("/bin/true"))
+    load_objects([local, run()], tmp_path)  # no policy: accepted

@@ -8,7 +8,7 @@ submission protocol's find-first step is what keeps it from running twice.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -289,9 +289,16 @@ class Scheduler(Protocol):
 # --------------------------------------------------------------------------- run dirs
 
 
+RunTagFilter = Callable[[str], bool]  # which entries of a jobs dir a pass reads, by name
+
+
+def every_run_tag(_: str) -> bool:
+    return True
+
+
 class RunDirs(Protocol):
-    def observe(self) -> tuple[RunDirFacts, ...]:
-        """Every Harbor job directory under the cluster's jobs dir, reduced to facts."""
+    def observe(self, wanted: RunTagFilter = every_run_tag) -> tuple[RunDirFacts, ...]:
+        """The Harbor job directories under the cluster's jobs dir that `wanted` names, reduced to facts."""
         ...
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TypeVar
@@ -30,7 +31,17 @@ from controller.core.ports import (
 )
 from controller.core.status import RunStatus, summarize
 from controller.core.store import CELL_OWNER_TTL, Store
-from controller.core.types import Cell, ClusterRef, EvalRunRef, Frozen, JobState, Observation, ObservedJob
+from controller.core.types import (
+    RUN_TAG_PREFIX,
+    Cell,
+    ClusterRef,
+    EvalRunRef,
+    Frozen,
+    JobState,
+    Observation,
+    ObservedJob,
+    stem_of,
+)
 from controller.core.vocabulary import Outcome, Plan
 
 log = logging.getLogger("evalctl.reconcile")
@@ -71,9 +82,9 @@ class ClusterPorts:
 class ClusterView:
     """One pass's reads of a cluster (queue and accounting, run dirs), and the launches it still allows."""
 
-    def __init__(self, ports: ClusterPorts, max_per_pass: int, now: datetime):
+    def __init__(self, ports: ClusterPorts, max_per_pass: int, now: datetime, stems: frozenset[str]):
         self.jobs = _read(ports.scheduler.observe)
-        self.dirs = _read(ports.run_dirs.observe)
+        self.dirs = _read(functools.partial(ports.run_dirs.observe, functools.partial(own_run_dir, stems)))
         self.budget = min(rate_budget(self.jobs, ports.submissions_per_minute, now), max_per_pass)
 
     @property
@@ -127,11 +138,15 @@ def reconcile_pass(
     The clusters' submission budgets are shared by their EvalRuns, in the order of `targets`.
     """
     views: dict[ClusterRef, ClusterView] = {}
+    stems: dict[ClusterRef, set[str]] = defaultdict(set)  # the run dirs a cluster's EvalRuns here can own
+    for target in targets:
+        stems[target.cluster].update(stem for cell in target.cells for stem in cell.tag_stems)
     results = []
     for target in targets:
         ports = clusters[target.cluster]
         if target.cluster not in views:  # max_submissions_per_pass is a cluster field: the same for every run on it
-            views[target.cluster] = ClusterView(ports, target.policy.max_submissions_per_pass, now)
+            views[target.cluster] = ClusterView(ports, target.policy.max_submissions_per_pass, now,
+                                                frozenset(stems[target.cluster]))
         view = views[target.cluster]
         observed = observe(target, store, view, ports.scheduler)
         acting = _acting(target, store, observed, act, holder, holder_is_dead, lease_ttl)
@@ -151,6 +166,12 @@ def reconcile_pass(
                                   status=summarize(the_plan, outcomes, target.generation), note=acting.note,
                                   blocked=acting.blocked))
     return results
+
+
+def own_run_dir(stems: frozenset[str], run_tag: str) -> bool:
+    """A run dir some cell of the pass can own: one of its own tags, or a dir not of ours (the old listener's,
+    matched by its config)."""
+    return not run_tag.startswith(RUN_TAG_PREFIX) or stem_of(run_tag) in stems
 
 
 def release_pass(target: RunTarget, store: Store, ports: ClusterPorts) -> list[Outcome]:

@@ -23,7 +23,7 @@ NEEDS_A_HUMAN = frozenset({Phase.FAILED, Phase.STALLED})
 
 class Condition(Frozen):
     type: Literal["Ready", "Reconciling", "Stalled"]
-    status: Literal["True", "False"]
+    status: Literal["True", "False", "Unknown"]
     reason: str
     message: str
     observed_generation: int | None = None

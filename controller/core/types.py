@@ -137,8 +137,16 @@ class Cell(Frozen):
         Slugs drop what a file name cannot hold (`OrgA/x` and `OrgB/x` share the benchmark name; `/ckpts/r1`
         and `ckpts/r1` share a slug): the digest keeps such cells apart, so they never adopt each other's jobs.
         """
+        return self._stem(self.key)
+
+    @property
+    def tag_stems(self) -> tuple[str, ...]:
+        """Every stem this cell's run dirs may carry: its own, and its former key's (submissions before 0.3)."""
+        return (self.tag_stem,) + ((self._stem(self.former_key),) if self.former_key else ())
+
+    def _stem(self, key: str) -> str:
         readable = f"{_slug(self.model)[:_SLUG_MAX]}__{_slug(self.benchmark_name)[:_SLUG_MAX]}"
-        return f"{RUN_TAG_PREFIX}{readable}__{key_digest(self.key)}__a"
+        return f"{RUN_TAG_PREFIX}{readable}__{key_digest(key)}__a"
 
     def run_tag(self, attempt: int) -> str:
         """Deterministic Harbor run tag = SLURM job name = `sandbox_jobs.job_name` of a fresh attempt."""
@@ -179,6 +187,12 @@ def submission_name(run_tag: str, fire: int) -> str:
         return run_tag
     name = f"{run_tag}-r{fire - 1}"
     return name if name.startswith(RUN_TAG_PREFIX) else RUN_TAG_PREFIX + name
+
+
+def stem_of(run_tag: str) -> str | None:
+    """The cell stem of one of our run tags (`ev_…__<digest>__a<attempt>`); None for any other name."""
+    stem, mark, attempt = run_tag.rpartition("__a")
+    return f"{stem}{mark}" if run_tag.startswith(RUN_TAG_PREFIX) and mark and attempt.isdigit() else None
 
 
 def run_tag_of(job_name: str) -> str:

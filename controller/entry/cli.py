@@ -371,8 +371,9 @@ def operator(
     = False,
     peering: Annotated[str, typer.Option("--peering", help="ClusterKopfPeering (all namespaces) or KopfPeering "
                                                            "(with -n) name.")] = "evalrun-operator",
-    priority: Annotated[int, typer.Option("--priority", help="Among peered replicas, the highest acts; the others "
-                                                             "stand by.")] = 0,
+    priority: Annotated[int | None, typer.Option("--priority", help="Among peered replicas, the highest acts; the "
+                                                                    "others stand by (default: a random one, so "
+                                                                    "replicas started together never tie).")] = None,
     liveness: Annotated[str | None, typer.Option("--liveness", help="Serve a liveness probe, e.g. "
                                                                     "http://0.0.0.0:8080/healthz.")] = None,
     metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics on this "
@@ -389,6 +390,15 @@ def operator(
     allowed_mlflow_uri: Annotated[list[str], typer.Option(
         "--allowed-mlflow-uri", help="A tracking URI (prefix) the operator's own MLflow login may be sent to "
                                      "(repeat).")] = [],  # noqa: B006
+    max_evalruns_per_namespace: Annotated[int, typer.Option(
+        "--max-evalruns-per-namespace", min=1, help="EvalRuns served per namespace, oldest first; the others are "
+                                                    "Stalled (QuotaExceeded).")] = 50,
+    max_cells_per_namespace: Annotated[int, typer.Option(
+        "--max-cells-per-namespace", min=1, help="Cells (models × benchmarks) served per namespace, oldest "
+                                                 "EvalRuns first.")] = 50_000,
+    pass_timeout: Annotated[float | None, typer.Option(
+        "--pass-timeout", min=1.0, help="Seconds a pass may take; then its EvalRun is Unknown and a hung pass keeps "
+                                        "only its own worker (default: 4 intervals, at least 60).")] = None,
     operator_namespace: Annotated[str, typer.Option(
         "--operator-namespace", envvar="POD_NAMESPACE", help="The operator's namespace: where the Secrets of "
                                                              "ClusterEvalClusters are.")] = "evalrun-system",
@@ -398,11 +408,11 @@ def operator(
 
     Deny by default: what a namespace's author writes never runs as the operator (see README "Multi-tenant
     clusters"); the --allow* flags open what the admin decides."""
-    configure_logging(verbose)
+    configure_logging(verbose, json_lines=True)  # beside kopf's JSON lines
     with _exits():
         from controller.entry import operator as kube_operator  # kopf and the client load only for this command
         from controller.entry.operator_pass import OperatorConfig
-        from controller.spec.tenancy import OperatorPolicy
+        from controller.spec.tenancy import NamespaceQuota, OperatorPolicy
 
         url = store or os.environ.get("EVALCTL_STORE") or DEFAULT_STORE
         state = state or os.environ.get("EVALCTL_STATE") or None
@@ -411,9 +421,13 @@ def operator(
                                 allowed_ssh_hosts=tuple(allowed_ssh_host), allowed_path_roots=tuple(allowed_path_root),
                                 allowed_mlflow_uris=tuple(allowed_mlflow_uri))
         config = OperatorConfig(store_url=url, state_url=state, base_dir=base_dir.resolve(), interval_s=interval,
-                                holder=process_identity(), policy=policy, namespace=operator_namespace)
+                                holder=process_identity(), policy=policy, namespace=operator_namespace,
+                                pass_timeout_s=pass_timeout or max(4 * interval, 60.0),
+                                quota=NamespaceQuota(max_evalruns=max_evalruns_per_namespace,
+                                                     max_cells=max_cells_per_namespace))
         kube_operator.run(config, namespaces=namespace, standalone=standalone, liveness=liveness,
-                          metrics_port=metrics_port, peering=peering, priority=priority)
+                          metrics_port=metrics_port, peering=peering,
+                          priority=priority if priority is not None else kube_operator.random_priority())
 
 
 db_app = typer.Typer(no_args_is_help=True, help="Look at the results DB as the reconciler reads it.")

@@ -42,15 +42,32 @@ def status_patch(summary: RunStatus, previous: Mapping[str, Any] | None, now: da
 
 
 def invalid_spec_patch(messages: Sequence[str], generation: int | None, previous: Mapping[str, Any] | None,
-                       now: datetime) -> dict[str, Any]:
-    """A spec the loader refuses: nothing runs, and status says why (never a crash loop)."""
+                       now: datetime, reason: str = "InvalidSpec") -> dict[str, Any]:
+    """A spec the loader refuses, or one over its namespace's quota (`QuotaExceeded`): nothing runs, and status
+    says why (never a crash loop)."""
     message = "; ".join(messages)[:EVENT_MESSAGE_MAX]
-    conditions = (Condition(type="Ready", status="False", reason="InvalidSpec", message=message,
+    conditions = (Condition(type="Ready", status="False", reason=reason, message=message,
                             observed_generation=generation),
-                  Condition(type="Stalled", status="True", reason="InvalidSpec", message=message,
+                  Condition(type="Stalled", status="True", reason=reason, message=message,
                             observed_generation=generation))
+    note = "invalid spec" if reason == "InvalidSpec" else reason
     return {"observedGeneration": generation, "conditions": conditions_patch(conditions, previous, now),
-            "lastPass": {"at": _timestamp(now), "failedActions": 0, "note": "invalid spec"}}
+            "lastPass": {"at": _timestamp(now), "failedActions": 0, "note": note}}
+
+
+def not_run_patch(message: str, generation: int | None, previous: Mapping[str, Any] | None,
+                  now: datetime) -> dict[str, Any]:
+    """A pass that did not finish (its deadline, or its EvalRun's previous pass hung): the EvalRun is Unknown; the
+    counts of the last pass that finished stay as they were."""
+    message = message[:EVENT_MESSAGE_MAX]
+    conditions = (Condition(type="Ready", status="Unknown", reason="PassNotFinished", message=message,
+                            observed_generation=generation),
+                  Condition(type="Reconciling", status="True", reason="PassNotFinished", message=message,
+                            observed_generation=generation),
+                  Condition(type="Stalled", status="False", reason="PassNotFinished", message=message,
+                            observed_generation=generation))
+    return {"conditions": conditions_patch(conditions, previous, now),
+            "lastPass": {"at": _timestamp(now), "failedActions": 0, "note": message}}
 
 
 def conditions_patch(conditions: Sequence[Condition], previous: Mapping[str, Any] | None,
@@ -63,7 +80,7 @@ def conditions_patch(conditions: Sequence[Condition], previous: Mapping[str, Any
         rendered.append({
             "type": condition.type, "status": condition.status, "reason": condition.reason,
             "message": condition.message, "observedGeneration": condition.observed_generation,
-            "lastTransitionTime": old.get("lastTransitionTime") if unchanged and old else _timestamp(now),
+            "lastTransitionTime": _kept_transition(old, now) if unchanged and old else _timestamp(now),
         })
     return rendered
 
@@ -86,6 +103,17 @@ def aggregate_events(outcomes: Sequence[Outcome]) -> list[EventNote]:
 
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _kept_transition(old: Mapping[str, Any], now: datetime) -> str:
+    """The previous transition time, when it is one of ours (anyone who may patch status may write anything)."""
+    kept = old.get("lastTransitionTime")
+    try:
+        if isinstance(kept, str) and datetime.strptime(kept, "%Y-%m-%dT%H:%M:%SZ") <= now.replace(tzinfo=None):
+            return kept
+    except ValueError:
+        pass
+    return _timestamp(now)
 
 
 def _timestamp(moment: datetime) -> str:

@@ -1,40 +1,61 @@
 """`evalctl operator`: the kopf shell. Handlers take the event, call operator_pass, write status and Events.
 
 Every EvalRun change (apply, spec edit, `evalrun.io/requestedAt`, its EvalCluster changing) runs a pass at
-once; a timer runs one every `interval` seconds in between. Passes on one EvalRun never overlap in this
-process; kopf peering keeps a second replica idle, and the store's lease keeps a CLI on the same store out.
+once; a timer runs one every `interval` seconds in between. Passes run on workers of their own, fairly across
+namespaces and with a deadline (pass_queue.py); passes on one EvalRun never overlap in this process; kopf
+peering keeps a second replica idle, and the store's lease keeps a CLI on the same store out.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import secrets
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import kopf
 
 from controller.adapters.kube import GROUP, VERSION, KubeApi, load_client_config
 from controller.entry import prometheus
+from controller.entry.kube_status import EventNote, invalid_spec_patch, not_run_patch
 from controller.entry.operator_pass import (
     OperatorConfig,
-    Passes,
+    PassReport,
     Stores,
     cluster_of,
     reconcile_object,
     release_object,
 )
+from controller.entry.pass_queue import PassNotRun, PassQueue
+from controller.spec.tenancy import QuotaEntry, estimated_cells, quota_refusal
 
 EVALRUNS = (GROUP, VERSION, "evalruns")
 EVALCLUSTERS = (GROUP, VERSION, "evalclusters")
 CLUSTER_EVALCLUSTERS = (GROUP, VERSION, "clusterevalclusters")
 CLUSTER_REVISION = "evalrun.io/cluster-revision"  # bumped on an EvalRun when its EvalCluster changes
+T = TypeVar("T")
 DELETE_RETRIES = 10  # then the finalizer is released anyway, with a Warning: an object must never hang
+
+
+class DigestDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf keeps what it last handled in an annotation, to tell a change: the whole spec, labels and annotations.
+    An EvalRun of a few hundred KB overflowed the 256 KiB annotation budget, the finalizer patch failed and the
+    object could never be deleted. Our handlers need only THAT something changed (they read the object itself):
+    a digest of it does."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        essence = super().build(body=body, extra_fields=extra_fields)
+        encoded = json.dumps(essence, sort_keys=True, separators=(",", ":")).encode()
+        return cast(kopf.BodyEssence, {"sha256": hashlib.sha256(encoded).hexdigest()})
 
 
 class Memo(kopf.Memo):
     config: OperatorConfig
     api: KubeApi
-    passes: Passes
+    passes: PassQueue
     stores: Stores
 
 
@@ -45,27 +66,55 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.persistence.finalizer = "evalrun.io/finalizer"
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.evalrun.io")
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="kopf.evalrun.io")
+        settings.persistence.diffbase_storage = DigestDiffBase(prefix="kopf.evalrun.io")
         settings.posting.level = logging.WARNING  # actions reach Events aggregated, once per pass
 
     @kopf.on.cleanup(registry=registry)
     def close_store(memo: Memo, **_: Any) -> None:
         memo.stores.close()
 
+    @kopf.on.probe(registry=registry, id="passes")
+    def passes_move(memo: Memo, **_: Any) -> str:
+        """/healthz fails (500) when passes were queued and none finished for the pass timeout plus two intervals:
+        every worker is stuck, and only a restart helps. A single hung EvalRun is refused, not queued: no restart."""
+        problem = memo.passes.wedged(datetime.now(UTC), memo.config.pass_timeout_s + 2 * memo.config.interval_s)
+        if problem:
+            raise kopf.PermanentError(problem)
+        return "passes move"
+
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         """Like kubectl: the pod's service account, else the kubeconfig (a registry of our own has no default)."""
         return kopf.login_via_client(**kwargs)
 
+    @kopf.index(*EVALRUNS, registry=registry, id="quota")
+    def evalruns_by_namespace(namespace: str | None, uid: str, meta: kopf.Meta, spec: kopf.Spec,
+                              **_: Any) -> dict[str, QuotaEntry]:
+        """Every EvalRun, per namespace: kopf fills the index before any handler runs, so a quota is known."""
+        return {namespace or "": QuotaEntry(str(meta.get("creationTimestamp") or ""), uid, estimated_cells(spec))}
+
     @kopf.on.create(*EVALRUNS, registry=registry, id="apply")
     @kopf.on.update(*EVALRUNS, registry=registry, id="change")
     @kopf.on.resume(*EVALRUNS, registry=registry, id="resume")
     @kopf.timer(*EVALRUNS, registry=registry, id="resync", interval=interval_s, initial_delay=interval_s)
-    def evalrun_pass(body: kopf.Body, patch: kopf.Patch, memo: Memo, namespace: str | None, name: str, **_: Any) -> None:
+    def evalrun_pass(body: kopf.Body, patch: kopf.Patch, memo: Memo, namespace: str | None, name: str,
+                     **kwargs: Any) -> None:
         if body.metadata.get("deletionTimestamp"):
             return  # the delete handler owns the object now
-        with memo.passes.lock(body.metadata.uid), prometheus.PASS_SECONDS.time():
-            report = reconcile_object(memo.api, memo.config, memo.stores, body, datetime.now(UTC))
+        quota = cast("kopf.Index[str, QuotaEntry]", kwargs["quota"])  # the index above, by its id
+        over = quota_refusal(list(quota.get(namespace or "", ())), body.metadata.uid or "", memo.config.quota)
+        if over:
+            patch.status.update(invalid_spec_patch([over], body.metadata.get("generation"), body.get("status"),
+                                                   datetime.now(UTC), reason="QuotaExceeded"))
+            return
+        try:
+            with prometheus.PASS_SECONDS.time():
+                report = _queued(memo, body, lambda: reconcile_object(memo.api, memo.config, memo.stores, body,
+                                                                      datetime.now(UTC)))
+        except PassNotRun as exc:
+            report = PassReport(status=not_run_patch(str(exc), body.metadata.get("generation"), body.get("status"),
+                                                     datetime.now(UTC)),
+                                events=(EventNote(type="Warning", reason="PassNotFinished", message=str(exc)),))
         patch.status.update(report.status)
         for note in report.events:
             kopf.event(body, type=note.type, reason=note.reason, message=note.message)
@@ -73,14 +122,13 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
 
     @kopf.on.delete(*EVALRUNS, registry=registry, id="release", retries=DELETE_RETRIES, backoff=15)
     def evalrun_deleted(body: kopf.Body, memo: Memo, retry: int, namespace: str | None, name: str, **_: Any) -> None:
-        with memo.passes.lock(body.metadata.uid):
-            try:
-                events = release_object(memo.api, memo.config, memo.stores, body)
-            except Exception as exc:
-                if retry + 1 >= DELETE_RETRIES:
-                    kopf.warn(body, reason="ReleaseGivenUp", message=f"left as is after {DELETE_RETRIES} tries: {exc}")
-                    return
-                raise kopf.TemporaryError(f"cannot release yet: {exc}", delay=15) from exc
+        try:
+            events = _queued(memo, body, lambda: release_object(memo.api, memo.config, memo.stores, body))
+        except Exception as exc:
+            if retry + 1 >= DELETE_RETRIES:
+                kopf.warn(body, reason="ReleaseGivenUp", message=f"left as is after {DELETE_RETRIES} tries: {exc}")
+                return
+            raise kopf.TemporaryError(f"cannot release yet: {exc}", delay=15) from exc
         for note in events:
             kopf.event(body, type=note.type, reason=note.reason, message=note.message)
         prometheus.forget(namespace or "", name)
@@ -102,11 +150,26 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
     return registry
 
 
+def _queued(memo: Memo, body: kopf.Body, work: Callable[[], T]) -> T:
+    """`work` for this EvalRun on the pass queue, within the pass timeout; its cluster as written bounds how many
+    of the cluster's passes run at once."""
+    plural, namespace, name = cluster_of(body)
+    return memo.passes.run(body.metadata.uid or "", body.metadata.namespace or "", f"{plural}/{namespace}/{name}",
+                           work, memo.config.pass_timeout_s)
+
+
 def _rerun_evalruns_on(api: KubeApi, cluster: tuple[str, str | None, str], revision: str) -> None:
     """Annotate the EvalRuns on `cluster` (plural, namespace, name; a ClusterEvalCluster's in every namespace)."""
     for run in api.list("evalruns", cluster[1]):
         if cluster_of(run) == cluster:
             api.annotate("evalruns", run["metadata"]["namespace"], run["metadata"]["name"], {CLUSTER_REVISION: revision})
+
+
+def random_priority() -> int:
+    """kopf pauses EVERY replica when the highest priorities tie (two replicas of one Deployment, same args): a
+    random one per process makes exactly one act; when it dies, the next highest resumes once its peering entry
+    expires."""
+    return secrets.randbelow(2**31 - 2) + 1
 
 
 def run(config: OperatorConfig, *, namespaces: list[str], standalone: bool, liveness: str | None,
@@ -116,7 +179,7 @@ def run(config: OperatorConfig, *, namespaces: list[str], standalone: bool, live
     kopf.configure(log_format=kopf.LogFormat.JSON)
     if metrics_port is not None:
         prometheus.serve(metrics_port)
-    memo = Memo(config=config, api=KubeApi(), passes=Passes(), stores=Stores(config))
+    memo = Memo(config=config, api=KubeApi(), passes=PassQueue(), stores=Stores(config))
     kopf.run(registry=build_registry(config.interval_s), memo=memo, standalone=standalone,
              peering_name=None if standalone else peering, priority=priority, liveness_endpoint=liveness,
              clusterwide=not namespaces, namespaces=namespaces)

@@ -29,7 +29,7 @@ from controller.entry.wiring import cluster_ports, targets_for
 from controller.spec.catalog import Catalog, load_catalog
 from controller.spec.errors import SpecErrors
 from controller.spec.loader import SpecSet, load_objects
-from controller.spec.tenancy import OperatorPolicy
+from controller.spec.tenancy import NamespaceQuota, OperatorPolicy
 
 REQUESTED_AT = "evalrun.io/requestedAt"
 
@@ -42,6 +42,8 @@ class OperatorConfig(Frozen):
     holder: str
     policy: OperatorPolicy = OperatorPolicy()
     namespace: str = Field("evalrun-system", description="the operator's own: the Secrets of ClusterEvalClusters")
+    pass_timeout_s: float = Field(120.0, gt=0, description="a pass not finished by then is Unknown (--pass-timeout)")
+    quota: NamespaceQuota = NamespaceQuota()
 
 
 class PassReport(Frozen):
@@ -87,18 +89,6 @@ class Stores:
             if self._shared is not None:
                 self._shared.close()
                 self._shared = None
-
-
-class Passes:
-    """Serialises passes per EvalRun inside this process (a timer and a change handler may fire together)."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, threading.Lock] = {}
-        self._guard = threading.Lock()
-
-    def lock(self, uid: str) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault(uid, threading.Lock())
 
 
 def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body: Mapping[str, Any],

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -136,3 +137,45 @@ def _ssh_refusals(cluster: EvalCluster, policy: OperatorPolicy) -> list[Refusal]
                           f"identity, never the operator's: set scheduler.{field} (a Secret of namespace "
                           f"{cluster.metadata.namespace})"))
     return found
+
+
+class NamespaceQuota(BaseModel):
+    """How much one namespace may ask of the operator (issue 18): N EvalRuns of 10,000 cells each slowed every
+    namespace linearly."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_evalruns: int = Field(50, ge=1, description="EvalRuns per namespace (--max-evalruns-per-namespace)")
+    max_cells: int = Field(50_000, ge=1, description="cells per namespace, models × benchmarks of its EvalRuns "
+                                                     "(--max-cells-per-namespace)")
+
+
+class QuotaEntry(NamedTuple):
+    """One EvalRun of a namespace, as the operator's index holds it."""
+
+    created: str  # metadata.creationTimestamp: the oldest EvalRuns are admitted first
+    uid: str
+    cells: int
+
+
+def quota_refusal(entries: Sequence[QuotaEntry], uid: str, quota: NamespaceQuota) -> str:
+    """Why the EvalRun `uid` is over its namespace's quota ("" when it is within): EvalRuns are admitted oldest
+    first, while both the count and the cells stay within."""
+    count = cells = 0
+    for entry in sorted(entries):
+        count, cells = count + 1, cells + entry.cells
+        if entry.uid == uid:
+            if count > quota.max_evalruns:
+                return (f"quota: this namespace has {len(entries)} EvalRuns, at most {quota.max_evalruns} are served "
+                        "(oldest first; the operator's --max-evalruns-per-namespace)")
+            if cells > quota.max_cells:
+                return (f"quota: with this EvalRun the namespace asks for {cells} cells, at most {quota.max_cells} "
+                        "are served (oldest EvalRuns first; --max-cells-per-namespace)")
+            return ""
+    return ""
+
+
+def estimated_cells(spec: Mapping[str, Any]) -> int:
+    """Models × benchmarks, from the object as written (what the index can know before a pass resolves it)."""
+    benchmarks = [*(spec.get("datasets") or ()), *(spec.get("presets") or ())]  # lists: the CRD's schema says
+    return len(spec.get("models") or ()) * max(len(benchmarks), 1)

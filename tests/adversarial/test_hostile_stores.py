@@ -86,7 +86,7 @@ def test_reading_a_broken_store_makes_cells_unknown(store_path: Path, make: Call
 class _NoCluster:
     """Ports that would fail the test if the pass launched anything: the store is locked, nothing may act."""
 
-    def observe(self) -> tuple:
+    def observe(self, *_: object) -> tuple:
         return ()
 
     def actor_for(self, target: RunTarget):  # pragma: no cover - reaching it is the failure

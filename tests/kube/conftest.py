@@ -114,12 +114,12 @@ class Lab:
 
     # ------------------------------------------------------------------ resources
 
-    def cluster_yaml(self, env: dict[str, str] | None = None, secret_env: str = "") -> str:
+    def cluster_yaml(self, env: dict[str, str] | None = None, secret_env: str = "", namespace: str | None = None) -> str:
         env = {"FAKE_HARBOR_TASKS": "4", "FAKE_HARBOR_TRIAL_SECONDS": "0.05", **(env or {})}
         return f"""
 apiVersion: evalrun.io/v1alpha1
 kind: EvalCluster
-metadata: {{name: local, namespace: {self.namespace}}}
+metadata: {{name: local, namespace: {namespace or self.namespace}}}
 spec:
   scheduler: {{type: local}}
   jobsDir: jobs

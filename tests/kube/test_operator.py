@@ -143,8 +143,10 @@ def test_operator_and_a_cli_loop_on_the_same_store_never_both_act(lab: Lab):
                                 "0.5", "-f", str(spec), "--store", lab.store], stdout=out, stderr=subprocess.STDOUT,
                                text=True, cwd=lab.root, stdin=subprocess.DEVNULL)
     owned = f"2 × skip: owned by EvalRun {lab.namespace}/demo"
-    eventually(lambda: log.read_text().count(owned) >= 3, "three passes of the CLI loop")
-    cli.send_signal(signal.SIGTERM)
+    try:
+        eventually(lambda: log.read_text().count(owned) >= 3, "three passes of the CLI loop")
+    finally:
+        cli.send_signal(signal.SIGTERM)  # never left looping after a failure
     assert cli.wait(timeout=60) == 143
     assert len(lab.jobs()) == 2, "the CLI loop started nothing"
 

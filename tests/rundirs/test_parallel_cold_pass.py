@@ -79,7 +79,7 @@ def test_workers_give_the_facts_and_the_memo_of_a_serial_pass(tmp_path: Path, re
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     jobs = mixed_fleet(tmp_path / "jobs")
     serial = observe(jobs, SERIAL)
-    serial_memo = vars(memo.memo_for(str(jobs)))
+    serial_memo = dict(memo.memo_for(str(jobs))._runs)
     forget_everything(monkeypatch)
     reads.clear()
 
@@ -87,7 +87,7 @@ def test_workers_give_the_facts_and_the_memo_of_a_serial_pass(tmp_path: Path, re
 
     assert in_workers == serial
     assert reads == [], "read in the workers, not in this process"
-    assert vars(memo.memo_for(str(jobs))) == serial_memo
+    assert dict(memo.memo_for(str(jobs))._runs) == serial_memo
     by_tag = {f.run_tag: f for f in in_workers}
     assert "other_loop" not in by_tag and by_tag["other_tool"].unreadable == ""
     assert {tag for tag, f in by_tag.items() if f.unreadable} == {

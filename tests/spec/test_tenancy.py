@@ -146,3 +146,18 @@ def test_the_cli_has_no_policy(tmp_path: Path):
     local = cluster(scheduler={"type": "local"}, jobsDir=str(tmp_path), logsDir=str(tmp_path),
                     jobScript=os.path.realpath("/bin/true"))
     load_objects([local, run()], tmp_path)  # no policy: accepted
+
+
+def test_a_namespace_is_served_oldest_evalruns_first_within_its_quota() -> None:
+    from controller.spec.tenancy import NamespaceQuota, QuotaEntry, estimated_cells, quota_refusal
+
+    quota = NamespaceQuota(max_evalruns=2, max_cells=100)
+    entries = [QuotaEntry("2026-12-01T10:00:02Z", "c", 10), QuotaEntry("2026-12-01T10:00:00Z", "a", 10),
+               QuotaEntry("2026-12-01T10:00:01Z", "b", 10)]
+    assert quota_refusal(entries, "a", quota) == quota_refusal(entries, "b", quota) == ""
+    assert "at most 2 are served" in quota_refusal(entries, "c", quota)
+    heavy = [QuotaEntry("2026-12-01T10:00:00Z", "a", 60), QuotaEntry("2026-12-01T10:00:01Z", "b", 60)]
+    assert quota_refusal(heavy, "a", quota) == ""
+    assert "asks for 120 cells, at most 100" in quota_refusal(heavy, "b", quota)
+    assert estimated_cells({"models": ["m1", "m2"], "datasets": ["d"], "presets": ["tb2", "v2"]}) == 6
+    assert estimated_cells({"models": ["m1"]}) == 1

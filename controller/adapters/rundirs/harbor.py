@@ -53,7 +53,7 @@ from controller.adapters.rundirs.tree import (
     is_path_error,
     open_tree,
 )
-from controller.core.ports import JobsDirMissing, ObservationError
+from controller.core.ports import JobsDirMissing, ObservationError, RunTagFilter, every_run_tag
 from controller.core.trial_errors import ErrorClasses, ErrorKind
 from controller.core.types import RUN_TAG_PREFIX, QuietFailure, RunDirFacts
 
@@ -97,10 +97,12 @@ class HarborRunDirs:
             self._memo = memo_for(self._tree.root)
             self._tree.recall = self._memo.recall
 
-    def observe(self) -> tuple[RunDirFacts, ...]:
+    def observe(self, wanted: RunTagFilter = every_run_tag) -> tuple[RunDirFacts, ...]:
+        """The facts of the run dirs `wanted` names: a pass reads its own cells' dirs, never a jobs dir's every
+        entry (100,000 foreign `ev_` entries cost gigabytes of memo when they were all read)."""
         tree = self._open_tree()
         try:
-            run_tags = tree.run_tags()
+            run_tags = [tag for tag in tree.run_tags() if wanted(tag)]
         except FileNotFoundError:  # fresh, or an unmounted filesystem: only the cells' history can tell
             raise JobsDirMissing(f"jobs dir {self.jobs_dir} does not exist (unmounted filesystem?)") from None
         except Exception as exc:

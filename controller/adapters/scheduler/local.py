@@ -21,10 +21,12 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from controller.adapters.process import proc_start_ticks
+from controller.adapters.rundirs.tree import Unreadable, read_local
 from controller.adapters.scheduler.commands import inherited_environment
 from controller.adapters.scheduler.output import failure_tail, job_output, read_from, read_tail
 from controller.adapters.secrets import SecretMask
@@ -73,7 +75,8 @@ class LocalScheduler:
     def observe(self) -> tuple[ObservedJob, ...]:
         """Every job of ours, live or ended (queue and accounting are the same files here)."""
         try:
-            entries = sorted(self.jobs_dir.iterdir(), key=lambda p: int(p.name)) if self.jobs_dir.exists() else []
+            listed = self.jobs_dir.iterdir() if self.jobs_dir.exists() else iter(())
+            entries = sorted((p for p in listed if p.name.isdigit()), key=lambda p: int(p.name))  # ours only
             return tuple(job for job in map(self._read, entries) if job is not None)
         except OSError as exc:
             raise ObservationError(f"local scheduler state {self.jobs_dir} unreadable: {exc}") from exc
@@ -83,17 +86,12 @@ class LocalScheduler:
         return matches[-1] if matches else None
 
     def _read(self, job_dir: Path) -> ObservedJob | None:
-        try:
-            job = LocalJob.model_validate_json((job_dir / "job.json").read_text())
-        except FileNotFoundError:
-            return None  # a submit in progress: job.json is written atomically, so this is a dir made just now
-        except ValidationError as exc:
-            raise OSError(f"{job_dir}/job.json is corrupt: {exc}") from exc
-        if not job.name.startswith(RUN_TAG_PREFIX):
-            return None
-        end_file = job_dir / "end.json"
-        if end_file.exists():
-            end = JobEnd.model_validate_json(end_file.read_text())
+        job = _job(job_dir)
+        if job is None or not job.name.startswith(RUN_TAG_PREFIX):
+            return None  # None: a submit in progress (job.json is written atomically: a dir made just now)
+        end_text = _state_text(job_dir / "end.json")
+        if end_text is not None:
+            end = _parsed(JobEnd, end_text, job_dir / "end.json")
             return self._observed(job, end.state, end.started_at, end.ended_at, end.exit_code)
         started = _runner_start(job_dir)
         if started is not None and _alive(job_dir):
@@ -140,12 +138,8 @@ class LocalScheduler:
         """The output file of one of our jobs; None for an id that is not one (no job.json: not there)."""
         if not job_id.isdigit():
             return None  # never a path outside the jobs dir
-        try:
-            return LocalJob.model_validate_json((self.jobs_dir / job_id / "job.json").read_text()).output
-        except FileNotFoundError:
-            return None
-        except ValidationError as exc:
-            raise OSError(f"{self.jobs_dir / job_id}/job.json is corrupt: {exc}") from exc
+        job = _job(self.jobs_dir / job_id)
+        return job.output if job is not None else None
 
     # ------------------------------------------------------------------ mutate
 
@@ -162,10 +156,12 @@ class LocalScheduler:
         env = {**inherited_environment(), **request.env, "EVAL_JOB_ID": job_id, "SLURM_JOB_ID": job_id,
                "SLURM_JOB_NAME": request.name}
         with open(job.output, "ab") as out:
-            subprocess.Popen(
-                [sys.executable, "-m", "controller.adapters.scheduler.local_runner", str(job_dir)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, close_fds=True,
-                start_new_session=True,
+            # `setsid --fork` starts the runner in a session of its own and exits at once: the runner is not our
+            # child, so a long-lived process (the operator) never keeps its zombie after it ends
+            subprocess.run(
+                ["setsid", "--fork", sys.executable, "-m", "controller.adapters.scheduler.local_runner", str(job_dir)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, close_fds=True, check=True,
+                timeout=60,
             )
         return job_id
 
@@ -202,26 +198,58 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+STATE_FILE_CAP = 1 << 20  # job.json holds a command line and its environment
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _state_text(path: Path) -> str | None:
+    """A state file, read as run dirs are: a regular file only, opened without blocking, capped; None when missing.
+
+    The job's own process can write here: a FIFO or device in a state file's place is an OSError (the queue is
+    Unknown), never a read that waits for ever."""
+    content, _ = read_local(str(path), STATE_FILE_CAP)
+    if isinstance(content, Unreadable):
+        raise OSError(f"{path}: {content.reason}")
+    return content.decode(errors="replace") if content is not None else None
+
+
+def _parsed(model: type[_M], text: str, path: Path) -> _M:
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        raise OSError(f"{path} is corrupt: {exc}") from exc
+
+
+def _job(job_dir: Path) -> LocalJob | None:
+    text = _state_text(job_dir / "job.json")
+    return _parsed(LocalJob, text, job_dir / "job.json") if text is not None else None
+
+
+def _pid_fields(job_dir: Path) -> list[str]:
+    """`pid start-ticks started-at` as the runner wrote them; [] before it did."""
+    return (_state_text(job_dir / "pid") or "").split()
+
+
 def _runner_pid(job_dir: Path) -> int | None:
     try:
-        return int((job_dir / "pid").read_text().split()[0])
-    except (FileNotFoundError, ValueError, IndexError):
+        return int(_pid_fields(job_dir)[0])
+    except (ValueError, IndexError):
         return None
 
 
 def _runner_start(job_dir: Path) -> datetime | None:
     try:
-        return datetime.fromisoformat((job_dir / "pid").read_text().split()[2])
-    except (FileNotFoundError, ValueError, IndexError):
+        return datetime.fromisoformat(_pid_fields(job_dir)[2])
+    except (ValueError, IndexError):
         return None
 
 
 def _alive(job_dir: Path) -> bool:
     """The runner still runs: its pid exists AND has the /proc start time it recorded (no pid reuse)."""
     try:
-        pid_text, start_ticks, _ = (job_dir / "pid").read_text().split()
+        pid_text, start_ticks, _ = _pid_fields(job_dir)
         return proc_start_ticks(int(pid_text)) == start_ticks
-    except (FileNotFoundError, ValueError):
+    except ValueError:
         return False
 
 

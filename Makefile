@@ -1,5 +1,5 @@
 # The two commands of the README, and a few helpers. Every target installs what it needs itself.
-.PHONY: demo slurm-demo test bench bench-slurm bench-operator bench-store bench-incremental bench-output crds clean-demo kube-up kube-down
+.PHONY: demo slurm-demo test bench bench-slurm bench-operator bench-store bench-incremental bench-output bench-foreign crds clean-demo kube-up kube-down
 
 # Set up, then converge the local demo (3 models × 2 benchmarks) and print the grid.
 demo:
@@ -65,3 +65,8 @@ kube-down:
 
 clean-demo:
 	rm -rf .evalctl/demo .evalctl/slurm-lab .evalctl/store.db .evalctl/store.db-wal .evalctl/store.db-shm
+
+# A pass over a jobs dir of 100,000 foreign entries reads its own run dirs only: RSS over 50 passes; prints figures.
+bench-foreign:
+	./scripts/bootstrap.sh
+	.venv/bin/python bench/foreign_entries.py

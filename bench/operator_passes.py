@@ -79,9 +79,13 @@ def main(n_runs: int, cells: int) -> None:
     metrics_port = free_port()
     operator = subprocess.Popen(
         [sys.executable, "-m", "controller.entry.cli", "operator", "--standalone", "-n", namespace, "--base-dir",
-         str(root), "--store", f"sqlite:///{root}/store.db", "--interval", "30", "--metrics-port", str(metrics_port)],
+         str(root), "--store", f"sqlite:///{root}/store.db", "--interval", "30", "--metrics-port", str(metrics_port),
+         # a single-user host: local jobs, the repo's job script, and a fleet bigger than the default quotas
+         "--allow-local-scheduler", "--allowed-path-root", str(REPO), "--max-evalruns-per-namespace", "100000",
+         "--max-cells-per-namespace", "100000000"],
         env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    jobs = root / "logs" / ".local-scheduler" / "jobs"
+    state = root / namespace / "logs" / ".local-scheduler"  # a namespace's relative paths: under --base-dir/<ns>/
+    jobs = state / "jobs"
     try:
         latencies = []
         for i in range(6):  # the first one waits for the operator to start watching: a warm-up, not counted
@@ -121,7 +125,7 @@ def main(n_runs: int, cells: int) -> None:
                        capture_output=True, check=False)
         operator.terminate()
         operator.wait(timeout=60)
-        scheduler = LocalScheduler(root / "logs" / ".local-scheduler")
+        scheduler = LocalScheduler(state)
         for job in scheduler.observe():
             if job.state.active:
                 scheduler.cancel(job.job_id)

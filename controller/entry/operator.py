@@ -12,13 +12,14 @@ import hashlib
 import json
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 import kopf
 
 from controller.adapters.kube import GROUP, VERSION, KubeApi, load_client_config
+from controller.adapters.remote.ssh import parse_host
 from controller.entry import prometheus
 from controller.entry.kube_status import EventNote, invalid_spec_patch, not_run_patch
 from controller.entry.operator_pass import (
@@ -93,6 +94,13 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
         """Every EvalRun, per namespace: kopf fills the index before any handler runs, so a quota is known."""
         return {namespace or "": QuotaEntry(str(meta.get("creationTimestamp") or ""), uid, estimated_cells(spec))}
 
+    @kopf.index(*EVALCLUSTERS, registry=registry, id="hosts")
+    def login_host(namespace: str | None, name: str, spec: kopf.Spec, **_: Any) -> dict[str, str]:
+        """Which lane each namespaced cluster's passes wait in: its ssh host (shared by every cluster that reaches
+        it), else itself. Not for ClusterEvalClusters: the admin's hosts are trusted, and an index there would stop
+        an operator that may not list them (the per-namespace install)."""
+        return {f"evalclusters/{namespace}/{name}": pass_lane("evalclusters", namespace, name, spec)}
+
     @kopf.on.create(*EVALRUNS, registry=registry, id="apply")
     @kopf.on.update(*EVALRUNS, registry=registry, id="change")
     @kopf.on.resume(*EVALRUNS, registry=registry, id="resume")
@@ -109,8 +117,8 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
             return
         try:
             with prometheus.PASS_SECONDS.time():
-                report = _queued(memo, body, lambda: reconcile_object(memo.api, memo.config, memo.stores, body,
-                                                                      datetime.now(UTC)))
+                report = _queued(memo, body, kwargs, lambda: reconcile_object(
+                    memo.api, memo.config, memo.stores, body, datetime.now(UTC)))
         except PassNotRun as exc:
             report = PassReport(status=not_run_patch(str(exc), body.metadata.get("generation"), body.get("status"),
                                                      datetime.now(UTC)),
@@ -121,9 +129,10 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
         prometheus.record(namespace or "", name, report)
 
     @kopf.on.delete(*EVALRUNS, registry=registry, id="release", retries=DELETE_RETRIES, backoff=15)
-    def evalrun_deleted(body: kopf.Body, memo: Memo, retry: int, namespace: str | None, name: str, **_: Any) -> None:
+    def evalrun_deleted(body: kopf.Body, memo: Memo, retry: int, namespace: str | None, name: str,
+                        **kwargs: Any) -> None:
         try:
-            events = _queued(memo, body, lambda: release_object(memo.api, memo.config, memo.stores, body))
+            events = _queued(memo, body, kwargs, lambda: release_object(memo.api, memo.config, memo.stores, body))
         except Exception as exc:
             if retry + 1 >= DELETE_RETRIES:
                 kopf.warn(body, reason="ReleaseGivenUp", message=f"left as is after {DELETE_RETRIES} tries: {exc}")
@@ -150,12 +159,24 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
     return registry
 
 
-def _queued(memo: Memo, body: kopf.Body, work: Callable[[], T]) -> T:
-    """`work` for this EvalRun on the pass queue, within the pass timeout; its cluster as written bounds how many
-    of the cluster's passes run at once."""
+def _queued(memo: Memo, body: kopf.Body, kwargs: dict[str, Any], work: Callable[[], T]) -> T:
+    """`work` for this EvalRun on the pass queue, within the pass timeout, in the lane of its cluster's ssh host
+    (or of the cluster itself): a lane holds a bounded number of workers."""
     plural, namespace, name = cluster_of(body)
-    return memo.passes.run(body.metadata.uid or "", body.metadata.namespace or "", f"{plural}/{namespace}/{name}",
-                           work, memo.config.pass_timeout_s)
+    cluster = f"{plural}/{namespace}/{name}"
+    lanes = cast("kopf.Index[str, str]", kwargs["hosts"])
+    lane = next(iter(lanes.get(cluster, ())), cluster)
+    return memo.passes.run(body.metadata.uid or "", body.metadata.namespace or "", lane, work,
+                           memo.config.pass_timeout_s)
+
+
+def pass_lane(plural: str, namespace: str | None, name: str, spec: Mapping[str, Any]) -> str:
+    """`ssh:<host>` for a cluster reached over ssh, whatever the user and port; else the cluster itself."""
+    ssh = (spec.get("scheduler") or {}).get("ssh")
+    try:
+        return f"ssh:{parse_host(ssh)[1]}" if isinstance(ssh, str) else f"{plural}/{namespace}/{name}"
+    except ValueError:
+        return f"{plural}/{namespace}/{name}"
 
 
 def _rerun_evalruns_on(api: KubeApi, cluster: tuple[str, str | None, str], revision: str) -> None:

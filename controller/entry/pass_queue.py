@@ -12,8 +12,8 @@ would lose the in-process run-dir memo every pass; a thread cannot be killed, so
 EvalRun.
 
 Fairness: queued passes are taken namespace by namespace in turn; while other namespaces wait, one namespace holds
-at most `per_namespace` workers and one cluster `per_cluster`, so a namespace of slow or hung clusters delays only
-itself.
+at most `per_namespace` workers and one lane `per_cluster` (a lane: an ssh login host, shared by every cluster that
+reaches it, else the cluster), so a namespace of slow or hung hosts delays only itself.
 """
 
 from __future__ import annotations

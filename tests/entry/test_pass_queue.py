@@ -92,3 +92,13 @@ def test_liveness_sees_a_queue_that_does_not_drain_and_not_a_single_hung_evalrun
     assert stuck.wedged(datetime.now(UTC), limit_s=600) == ""
     gate.set()
     wait_until(lambda: stuck.stuck_for(later) == 0.0, "the queue drained")
+
+
+def test_clusters_on_one_ssh_host_share_one_lane_and_others_keep_their_own() -> None:
+    from controller.entry.operator import pass_lane
+
+    on_login = {"scheduler": {"type": "slurm", "ssh": "alice@login-1.hpc:2222"}}
+    assert pass_lane("evalclusters", "team-a", "a", on_login) == pass_lane(
+        "evalclusters", "team-b", "b", {"scheduler": {"type": "slurm", "ssh": "login-1.hpc"}}) == "ssh:login-1.hpc"
+    assert pass_lane("clusterevalclusters", None, "hpc", {"scheduler": {"type": "local"}}) == \
+        "clusterevalclusters/None/hpc"

@@ -87,6 +87,8 @@ class PassQueue:
             return job.future.result(timeout=max(deadline - time.monotonic(), 0.0))
         except FutureTimeout:
             with self._changed:
+                if job.future.done():  # it finished as the deadline passed: its worker goes on as before
+                    return job.future.result()
                 if job.started is None:
                     self._drop_queued(job)  # type: ignore[arg-type]
                     raise PassNotRun(f"no worker was free within the pass timeout ({timeout_s:g} s): "

@@ -102,3 +102,18 @@ def test_clusters_on_one_ssh_host_share_one_lane_and_others_keep_their_own() -> 
         "evalclusters", "team-b", "b", {"scheduler": {"type": "slurm", "ssh": "login-1.hpc"}}) == "ssh:login-1.hpc"
     assert pass_lane("clusterevalclusters", None, "hpc", {"scheduler": {"type": "local"}}) == \
         "clusterevalclusters/None/hpc"
+
+
+def test_a_hung_worker_that_comes_back_leaves_the_pool_its_size() -> None:
+    def workers() -> int:
+        return sum(1 for thread in threading.enumerate() if thread.name == "evalrun-pass")
+
+    before = workers()
+    queue, hang = PassQueue(workers=2), threading.Event()
+    wait_until(lambda: workers() == before + 2, "the pool started")
+    with pytest.raises(PassNotRun):
+        queue.run("hung", "ns", "c", hang.wait, timeout_s=0.2)
+    assert workers() == before + 3, "a replacement while the hung one holds its worker"
+    hang.set()
+    wait_until(lambda: workers() == before + 2, "the hung worker gone once its pass returned")
+    assert queue.run("hung", "ns", "c", lambda: "again", timeout_s=30) == "again"

@@ -1,5 +1,5 @@
 # The two commands of the README, and a few helpers. Every target installs what it needs itself.
-.PHONY: demo slurm-demo test bench bench-slurm bench-operator bench-store bench-incremental bench-output bench-foreign crds clean-demo kube-up kube-down
+.PHONY: demo slurm-demo test bench bench-slurm bench-operator bench-store bench-incremental bench-output bench-foreign bench-fairness crds clean-demo kube-up kube-down
 
 # Set up, then converge the local demo (3 models × 2 benchmarks) and print the grid.
 demo:
@@ -70,3 +70,8 @@ clean-demo:
 bench-foreign:
 	./scripts/bootstrap.sh
 	.venv/bin/python bench/foreign_entries.py
+
+# What a hostile namespace (silent ssh hosts, a FIFO) costs another one's first status and Ready; prints figures.
+bench-fairness:
+	./scripts/bootstrap.sh
+	.venv/bin/python bench/operator_fairness.py

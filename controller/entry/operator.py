@@ -105,8 +105,9 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
     @kopf.on.update(*EVALRUNS, registry=registry, id="change")
     @kopf.on.resume(*EVALRUNS, registry=registry, id="resume")
     @kopf.timer(*EVALRUNS, registry=registry, id="resync", interval=interval_s, initial_delay=interval_s)
-    def evalrun_pass(body: kopf.Body, patch: kopf.Patch, memo: Memo, namespace: str | None, name: str,
-                     **kwargs: Any) -> None:
+    async def evalrun_pass(body: kopf.Body, patch: kopf.Patch, memo: Memo, namespace: str | None, name: str,
+                           **kwargs: Any) -> None:
+        """On kopf's event loop: the pass runs on the pass queue, and waiting for it holds no thread."""
         if body.metadata.get("deletionTimestamp"):
             return  # the delete handler owns the object now
         quota = cast("kopf.Index[str, QuotaEntry]", kwargs["quota"])  # the index above, by its id
@@ -117,7 +118,7 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
             return
         try:
             with prometheus.PASS_SECONDS.time():
-                report = _queued(memo, body, kwargs, lambda: reconcile_object(
+                report = await _queued(memo, body, kwargs, lambda: reconcile_object(
                     memo.api, memo.config, memo.stores, body, datetime.now(UTC)))
         except PassNotRun as exc:
             report = PassReport(status=not_run_patch(str(exc), body.metadata.get("generation"), body.get("status"),
@@ -129,10 +130,11 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
         prometheus.record(namespace or "", name, report)
 
     @kopf.on.delete(*EVALRUNS, registry=registry, id="release", retries=DELETE_RETRIES, backoff=15)
-    def evalrun_deleted(body: kopf.Body, memo: Memo, retry: int, namespace: str | None, name: str,
-                        **kwargs: Any) -> None:
+    async def evalrun_deleted(body: kopf.Body, memo: Memo, retry: int, namespace: str | None, name: str,
+                              **kwargs: Any) -> None:
         try:
-            events = _queued(memo, body, kwargs, lambda: release_object(memo.api, memo.config, memo.stores, body))
+            events = await _queued(memo, body, kwargs,
+                                   lambda: release_object(memo.api, memo.config, memo.stores, body))
         except Exception as exc:
             if retry + 1 >= DELETE_RETRIES:
                 kopf.warn(body, reason="ReleaseGivenUp", message=f"left as is after {DELETE_RETRIES} tries: {exc}")
@@ -159,15 +161,15 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
     return registry
 
 
-def _queued(memo: Memo, body: kopf.Body, kwargs: dict[str, Any], work: Callable[[], T]) -> T:
+async def _queued(memo: Memo, body: kopf.Body, kwargs: dict[str, Any], work: Callable[[], T]) -> T:
     """`work` for this EvalRun on the pass queue, within the pass timeout, in the lane of its cluster's ssh host
     (or of the cluster itself): a lane holds a bounded number of workers."""
     plural, namespace, name = cluster_of(body)
     cluster = f"{plural}/{namespace}/{name}"
     lanes = cast("kopf.Index[str, str]", kwargs["hosts"])
     lane = next(iter(lanes.get(cluster, ())), cluster)
-    return memo.passes.run(body.metadata.uid or "", body.metadata.namespace or "", lane, work,
-                           memo.config.pass_timeout_s)
+    return await memo.passes.arun(body.metadata.uid or "", body.metadata.namespace or "", lane, work,
+                                  memo.config.pass_timeout_s)
 
 
 def pass_lane(plural: str, namespace: str | None, name: str, spec: Mapping[str, Any]) -> str:

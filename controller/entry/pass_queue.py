@@ -18,6 +18,7 @@ reaches it, else the cluster), so a namespace of slow or hung hosts delays only 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter, deque
@@ -63,19 +64,49 @@ class PassQueue:
         """`work()`'s result, after the EvalRun's pass already queued or running (a timer and a change can fire
         together); PassNotRun when that one hung, or this one did not finish within `timeout_s` in all."""
         deadline = time.monotonic() + timeout_s
-        with self._changed:
-            ahead = self._running.get(uid) or next((q for q in self._queued.get(namespace, ()) if q.uid == uid), None)
+        ahead = self._ahead(uid, namespace)
         if ahead is not None:
-            if ahead.abandoned:
-                raise PassNotRun(f"the previous pass has been running since {_at(ahead.started)}, past the pass "
-                                 "timeout (a read that blocks, or a host that does not answer?)")
             try:
-                ahead.future.result(timeout=timeout_s)
+                ahead.result(timeout=timeout_s)
             except FutureTimeout:
-                raise PassNotRun(f"the previous pass of this EvalRun did not finish within the pass timeout "
-                                 f"({timeout_s:g} s)") from None
+                raise _still_running(timeout_s) from None
             except Exception:  # its own handler reports it
                 pass
+        job = self._enqueue(uid, namespace, cluster, work)
+        try:
+            return job.future.result(timeout=max(deadline - time.monotonic(), 0.0))
+        except FutureTimeout:
+            return self._expired(job, timeout_s)
+
+    async def arun(self, uid: str, namespace: str, cluster: str, work: Callable[[], T], timeout_s: float) -> T:
+        """`run` for kopf's event loop: the handler waits without a thread of its own, so handlers waiting on
+        slow passes never hold kopf's thread pool (six threads here) from another namespace's handler."""
+        deadline = time.monotonic() + timeout_s
+        ahead = self._ahead(uid, namespace)
+        if ahead is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(ahead)), timeout_s)
+            except TimeoutError:
+                raise _still_running(timeout_s) from None
+            except Exception:  # its own handler reports it
+                pass
+        job = self._enqueue(uid, namespace, cluster, work)
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(job.future)),
+                                          max(deadline - time.monotonic(), 0.0))
+        except TimeoutError:
+            return self._expired(job, timeout_s)
+
+    def _ahead(self, uid: str, namespace: str) -> Future[object] | None:
+        """The future of this EvalRun's pass queued or running; PassNotRun when that one is past its deadline."""
+        with self._changed:
+            ahead = self._running.get(uid) or next((q for q in self._queued.get(namespace, ()) if q.uid == uid), None)
+        if ahead is not None and ahead.abandoned:
+            raise PassNotRun(f"the previous pass has been running since {_at(ahead.started)}, past the pass "
+                             "timeout (a read that blocks, or a host that does not answer?)")
+        return ahead.future if ahead is not None else None
+
+    def _enqueue(self, uid: str, namespace: str, cluster: str, work: Callable[[], T]) -> _Pass[T]:
         job: _Pass[T] = _Pass(uid, namespace, cluster, work)
         with self._changed:
             self._queued.setdefault(namespace, deque()).append(job)  # type: ignore[arg-type]
@@ -83,20 +114,22 @@ class PassQueue:
                 self._turns.append(namespace)
             self._stalled_since = self._stalled_since or datetime.now(UTC)
             self._changed.notify()
-        try:
-            return job.future.result(timeout=max(deadline - time.monotonic(), 0.0))
-        except FutureTimeout:
-            with self._changed:
-                if job.future.done():  # it finished as the deadline passed: its worker goes on as before
-                    return job.future.result()
-                if job.started is None:
-                    self._drop_queued(job)  # type: ignore[arg-type]
-                    raise PassNotRun(f"no worker was free within the pass timeout ({timeout_s:g} s): "
-                                     f"{self.waiting()} passes waiting, {len(self._running)} running") from None
-                job.abandoned = True
-                self._start_worker()  # this one's worker may never come back
-            raise PassNotRun(f"the pass did not finish within the pass timeout ({timeout_s:g} s; running since "
-                             f"{_at(job.started)})") from None
+        return job
+
+    def _expired(self, job: _Pass[T], timeout_s: float) -> T:
+        """Its deadline passed: its result if it finished meanwhile, else PassNotRun (dropped from the queue, or
+        abandoned to its worker, which a new one replaces)."""
+        with self._changed:
+            if job.future.done():  # it finished as the deadline passed: its worker goes on as before
+                return job.future.result()
+            if job.started is None:
+                self._drop_queued(job)  # type: ignore[arg-type]
+                raise PassNotRun(f"no worker was free within the pass timeout ({timeout_s:g} s): "
+                                 f"{self.waiting()} passes waiting, {len(self._running)} running")
+            job.abandoned = True
+            self._start_worker()  # this one's worker may never come back
+        raise PassNotRun(f"the pass did not finish within the pass timeout ({timeout_s:g} s; running since "
+                         f"{_at(job.started)})")
 
     def stuck_for(self, now: datetime) -> float:
         """Seconds since a pass was queued with no worker starting or finishing one since (0 when nothing waits
@@ -164,6 +197,10 @@ class PassQueue:
 
     def waiting(self) -> int:
         return sum(len(queue) for queue in self._queued.values())
+
+
+def _still_running(timeout_s: float) -> PassNotRun:
+    return PassNotRun(f"the previous pass of this EvalRun did not finish within the pass timeout ({timeout_s:g} s)")
 
 
 def _at(moment: datetime | None) -> str:

@@ -3,6 +3,7 @@ holds a bounded number of workers. Synchronised on events and on the queue's own
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -117,3 +118,13 @@ def test_a_hung_worker_that_comes_back_leaves_the_pool_its_size() -> None:
     hang.set()
     wait_until(lambda: workers() == before + 2, "the hung worker gone once its pass returned")
     assert queue.run("hung", "ns", "c", lambda: "again", timeout_s=30) == "again"
+
+
+def test_the_wait_on_kopfs_event_loop_gives_what_the_threaded_wait_gives() -> None:
+    queue, hang = PassQueue(workers=1), threading.Event()
+    assert asyncio.run(queue.arun("r", "ns", "c", lambda: "done", timeout_s=30)) == "done"
+    with pytest.raises(PassNotRun, match="did not finish within the pass timeout"):
+        asyncio.run(queue.arun("hung", "ns", "c", hang.wait, timeout_s=0.2))
+    with pytest.raises(PassNotRun, match="previous pass has been running since"):
+        asyncio.run(queue.arun("hung", "ns", "c", lambda: "never", timeout_s=30))
+    hang.set()

@@ -168,8 +168,8 @@ async def _queued(memo: Memo, body: kopf.Body, kwargs: dict[str, Any], work: Cal
     cluster = f"{plural}/{namespace}/{name}"
     lanes = cast("kopf.Index[str, str]", kwargs["hosts"])
     lane = next(iter(lanes.get(cluster, ())), cluster)
-    return await memo.passes.arun(body.metadata.uid or "", body.metadata.namespace or "", lane, work,
-                                  memo.config.pass_timeout_s)
+    return await memo.passes.run(body.metadata.uid or "", body.metadata.namespace or "", lane, work,
+                                 memo.config.pass_timeout_s)
 
 
 def pass_lane(plural: str, namespace: str | None, name: str, spec: Mapping[str, Any]) -> str:

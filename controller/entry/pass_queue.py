@@ -24,7 +24,6 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Generic, TypeVar
@@ -60,27 +59,12 @@ class PassQueue:
         for _ in range(workers):
             self._start_worker()
 
-    def run(self, uid: str, namespace: str, cluster: str, work: Callable[[], T], timeout_s: float) -> T:
+    async def run(self, uid: str, namespace: str, cluster: str, work: Callable[[], T], timeout_s: float) -> T:
         """`work()`'s result, after the EvalRun's pass already queued or running (a timer and a change can fire
-        together); PassNotRun when that one hung, or this one did not finish within `timeout_s` in all."""
-        deadline = time.monotonic() + timeout_s
-        ahead = self._ahead(uid, namespace)
-        if ahead is not None:
-            try:
-                ahead.result(timeout=timeout_s)
-            except FutureTimeout:
-                raise _still_running(timeout_s) from None
-            except Exception:  # its own handler reports it
-                pass
-        job = self._enqueue(uid, namespace, cluster, work)
-        try:
-            return job.future.result(timeout=max(deadline - time.monotonic(), 0.0))
-        except FutureTimeout:
-            return self._expired(job, timeout_s)
+        together); PassNotRun when that one hung, or this one did not finish within `timeout_s` in all.
 
-    async def arun(self, uid: str, namespace: str, cluster: str, work: Callable[[], T], timeout_s: float) -> T:
-        """`run` for kopf's event loop: the handler waits without a thread of its own, so handlers waiting on
-        slow passes never hold kopf's thread pool (six threads here) from another namespace's handler."""
+        Awaited on kopf's event loop: the handler waits without a thread of its own, so handlers waiting on slow
+        passes never hold kopf's thread pool (six threads here) from another namespace's handler."""
         deadline = time.monotonic() + timeout_s
         ahead = self._ahead(uid, namespace)
         if ahead is not None:

@@ -269,8 +269,9 @@ def test_the_same_cells_in_two_namespaces_are_two_tenants_work_and_a_cancel_touc
         lab.kube.kubectl("delete", "evalrun/demo", "-n", lab.namespace, "--wait=true", "--timeout=120s")
         eventually(lambda: sorted(j.state.value for j in shared.scheduler.observe()) == ["Cancelled", "Running"],
                    "the deleted EvalRun's job cancelled, the other namespace's still running")
-        status = lab.kube.json("get", "evalrun", "demo", "-n", other)["status"]
-        assert status["summary"]["running"] == 1, status
+        # its status is as fresh as its last pass, which under load may still be the one that submitted
+        eventually(lambda: lab.kube.json("get", "evalrun", "demo", "-n", other)["status"]["summary"]["running"] == 1,
+                   "the other namespace's status shows its job running")
     finally:
         release(lab, lab.namespace, other)
         shared.delete()

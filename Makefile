@@ -71,7 +71,8 @@ bench-foreign:
 	./scripts/bootstrap.sh
 	.venv/bin/python bench/foreign_entries.py
 
-# What a hostile namespace (silent ssh hosts, a FIFO) costs another one's first status and Ready; prints figures.
+# What a hostile namespace costs another one's first status and Ready; prints figures. HOSTILE=silent (silent ssh
+# hosts and a FIFO), foreign (100,000 foreign run-dir entries) or cells (40 EvalRuns × 10,000 cells).
 bench-fairness:
 	./scripts/bootstrap.sh
-	.venv/bin/python bench/operator_fairness.py
+	.venv/bin/python bench/operator_fairness.py --hostile $${HOSTILE:-silent}

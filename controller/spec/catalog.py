@@ -176,12 +176,13 @@ class Harnesses(CatalogModel):
 
     def needs_pinggy(self, agent: str, harbor_config: str) -> bool:
         """Installed-agent harnesses call the served model back over a tunnel; terminus-2 does not."""
-        names = [_normal(agent), _normal(Path(harbor_config).name)]
-        return any(
-            re.search(rf"(?<![a-z0-9]){re.escape(_normal(marker))}(?![a-z0-9])", name)
-            for marker in self.installed_agent_markers
-            for name in names
-        )
+        return any(self._installed_agent.search(name) for name in (_normal(agent), _normal(Path(harbor_config).name)))
+
+    @functools.cached_property
+    def _installed_agent(self) -> re.Pattern[str]:
+        """Any marker, as a whole word (`(?!)`, matching nothing, when there are none)."""
+        markers = "|".join(re.escape(_normal(marker)) for marker in self.installed_agent_markers) or "(?!)"
+        return re.compile(rf"(?<![a-z0-9])(?:{markers})(?![a-z0-9])")
 
 
 def _normal(text: str) -> str:

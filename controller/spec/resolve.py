@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict
@@ -34,7 +35,7 @@ class Benchmark(BaseModel):
 def resolve(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[Cell, ...]:
     """The run's cells, models outer, benchmarks inner, both in spec order."""
     found = benchmarks(run, cluster, catalog)
-    return tuple(_cell(run, cluster, catalog, model, benchmark) for model in run.spec.models for benchmark in found)
+    return tuple(cell for model in run.spec.models for cell in _cells(run, cluster, catalog, model, found))
 
 
 def resolution_notes(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[str, ...]:
@@ -101,7 +102,9 @@ def benchmark_name(dataset: str) -> str:
     return dataset.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _cell(run: EvalRun, cluster: AnyCluster, catalog: Catalog, model: str, benchmark: Benchmark) -> Cell:
+def _cells(run: EvalRun, cluster: AnyCluster, catalog: Catalog, model: str,
+           found: tuple[Benchmark, ...]) -> Iterator[Cell]:
+    """One model's cells; what depends on the model alone is resolved once for all its benchmarks."""
     spec = run.spec
     settings = _settings(catalog, model, cluster)
     size_rule = catalog.size_policy.choose(model).rule
@@ -113,29 +116,33 @@ def _cell(run: EvalRun, cluster: AnyCluster, catalog: Catalog, model: str, bench
         override_memory_mb=spec.overrides.memory_mb,
         override_storage_mb=spec.overrides.storage_mb,
     )
-    return Cell(
-        evalrun=EvalRunRef(namespace=run.metadata.namespace, name=run.metadata.name),
-        cluster=cluster.metadata.name,
-        model=model,
-        benchmark=benchmark.name,
-        dataset=benchmark.dataset,
-        benchmark_name=benchmark_name(benchmark.dataset),
-        agent=spec.agent,
-        n_concurrent=benchmark.n_concurrent,
-        n_attempts=spec.n_attempts,
-        harbor_config=harbor_config,
-        timeout_multiplier=multiplier,
-        overrides=overrides,
-        agent_kwargs=agent_kwargs,
-        conda_env=settings.conda_env,
-        tensor_parallel_size=settings.tensor_parallel_size,
-        data_parallel_size=settings.data_parallel_size,
-        max_model_len=settings.max_model_len,
-        max_output_tokens=settings.max_output_tokens,
-        needs_pinggy=catalog.harnesses.needs_pinggy(spec.agent, harbor_config),
-        calls_model=spec.agent not in catalog.harnesses.model_free_agents,
-        fingerprint=fingerprint(spec.agent, harbor_config, multiplier, overrides, agent_kwargs, spec.n_attempts),
-    )
+    evalrun = EvalRunRef(namespace=run.metadata.namespace, name=run.metadata.name)
+    needs_pinggy = catalog.harnesses.needs_pinggy(spec.agent, harbor_config)
+    digest = fingerprint(spec.agent, harbor_config, multiplier, overrides, agent_kwargs, spec.n_attempts)
+    for benchmark in found:
+        yield Cell(
+            evalrun=evalrun,
+            cluster=cluster.metadata.name,
+            model=model,
+            benchmark=benchmark.name,
+            dataset=benchmark.dataset,
+            benchmark_name=benchmark_name(benchmark.dataset),
+            agent=spec.agent,
+            n_concurrent=benchmark.n_concurrent,
+            n_attempts=spec.n_attempts,
+            harbor_config=harbor_config,
+            timeout_multiplier=multiplier,
+            overrides=overrides,
+            agent_kwargs=agent_kwargs,
+            conda_env=settings.conda_env,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            data_parallel_size=settings.data_parallel_size,
+            max_model_len=settings.max_model_len,
+            max_output_tokens=settings.max_output_tokens,
+            needs_pinggy=needs_pinggy,
+            calls_model=spec.agent not in catalog.harnesses.model_free_agents,
+            fingerprint=digest,
+        )
 
 
 def _settings(catalog: Catalog, model: str, cluster: AnyCluster) -> ServeSettings:

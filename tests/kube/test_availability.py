@@ -1,7 +1,9 @@
 """One namespace cannot stall the operator for another (issue 18), on the real API server: a hostile namespace's
-scheduler state holds a FIFO and its EvalClusters reach an ssh host that accepts and never answers, while an
-innocent namespace applies an EvalRun. Passes run on the operator's own workers, namespaces take turns, each pass
-has a deadline: the innocent EvalRun's first status and Ready come as they do alone.
+scheduler state holds a FIFO and its EvalClusters reach an ssh host that accepts and never answers; or its jobs
+dir holds 100,000 foreign entries; or it applies 40 EvalRuns of 10,000 cells — while an innocent namespace
+applies an EvalRun. Passes run on the operator's own workers, namespaces take turns, each pass has a deadline,
+observation reads only a pass's own run tags, quotas cap a namespace's cells: the innocent EvalRun's first status
+and Ready come as they do alone.
 
 The deadlines below are bounds for the wait, far above what the innocent pass needs alone (~1 s) and far below
 what it waited before (every kopf handler thread held by a 10-40 s pass to the silent host, or blocked for ever
@@ -61,12 +63,7 @@ def test_a_fifo_and_a_silent_ssh_host_in_one_namespace_do_not_delay_another(lab:
         lab.apply(*hostile)
         eventually(lambda: len(tcp_listener.seen) >= SILENT // 2, "passes held by the silent host")
 
-        lab.apply(lab.cluster_yaml(namespace=innocent), lab.run_yaml(["org/b-8B"], namespace=innocent))
-        eventually(lambda: (lab.kube.json("get", "evalrun", "demo", "-n", innocent).get("status") or {})
-                   .get("conditions"), "the innocent EvalRun's first status", timeout_s=30)
-        eventually(lambda: any(c["type"] == "Ready" and c["status"] == "True" for c in
-                               lab.kube.json("get", "evalrun", "demo", "-n", innocent)["status"]["conditions"]),
-                   "the innocent EvalRun Ready", timeout_s=90)
+        _innocent_served(lab, innocent)
 
         fifo = lab.kube.json("get", "evalrun", "fifo", "-n", lab.namespace)
         reasons = " ".join(item["reason"] for item in fifo["status"].get("attention", []))
@@ -74,6 +71,70 @@ def test_a_fifo_and_a_silent_ssh_host_in_one_namespace_do_not_delay_another(lab:
     finally:
         release(lab, lab.namespace, innocent)
         shutil.rmtree(fifo_job)  # the lab's teardown reads this scheduler state too
+
+
+def _innocent_served(lab: Lab, innocent: str) -> None:
+    """An EvalRun of one cell applied in `innocent` gets its first status, then Ready (bounds for the wait only)."""
+    lab.apply(lab.cluster_yaml(namespace=innocent), lab.run_yaml(["org/b-8B"], namespace=innocent))
+    eventually(lambda: (lab.kube.json("get", "evalrun", "demo", "-n", innocent).get("status") or {})
+               .get("conditions"), "the innocent EvalRun's first status", timeout_s=30)
+    eventually(lambda: any(c["type"] == "Ready" and c["status"] == "True" for c in
+                           lab.kube.json("get", "evalrun", "demo", "-n", innocent)["status"]["conditions"]),
+               "the innocent EvalRun Ready", timeout_s=90)
+
+
+def _resident_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
+
+
+def test_100000_foreign_entries_in_a_jobs_dir_cost_another_namespace_nothing_and_memory_stays_bounded(
+        lab: Lab) -> None:
+    """Every entry used to be listed, read and memoized: +~200 MB a pass, never released (2.17 GB in 5 min). The
+    bound below is half the Deployment's 1 GiB limit; this operator alone stays near 150 MiB (bench/, README)."""
+    innocent = other_namespace(lab)
+    jobs = lab.root / lab.namespace / "jobs"
+    for index in range(100_000):
+        (jobs / f"ev_x__y__{index:012x}__a1").mkdir(parents=True)
+    operator = lab.start_operator("-n", innocent)
+    try:
+        lab.apply(lab.cluster_yaml(), lab.run_yaml(["org/a-8B"], name="foreign"))
+        passes: set[str] = set()
+
+        def passes_seen(at_least: int) -> bool:
+            passes.add((lab.evalrun("foreign").get("status") or {}).get("lastPass", {}).get("at", ""))
+            return len(passes - {""}) >= at_least
+
+        eventually(lambda: passes_seen(1), "the hostile EvalRun's first pass", timeout_s=60)
+        _innocent_served(lab, innocent)
+        eventually(lambda: passes_seen(6), "more passes over the 100,000 entries", timeout_s=120)
+        assert [p.name for p in jobs.iterdir() if not p.name.startswith("ev_x__y__")], "its own run dir among them"
+        assert _resident_mib(operator.pid) < 512, "the operator's memory grew with the foreign entries"
+    finally:
+        release(lab, lab.namespace, innocent)
+        shutil.rmtree(jobs)
+
+
+def test_40_evalruns_of_10000_cells_in_one_namespace_cost_another_namespace_little(lab: Lab) -> None:
+    """The namespace's cell quota (50,000 by default) serves 5 of them; their passes, 10,000 cells each, compute on
+    the workers while the innocent one's run. Suspended: their passes observe and plan as any pass does, but 50,000
+    real jobs would load this machine's two cores, not the operator."""
+    innocent = other_namespace(lab)
+    lab.start_operator("-n", innocent)
+    models, datasets = [f"org/m{index}" for index in range(100)], [f"DCAgent/d{index}" for index in range(100)]
+    big = lab.run_yaml(models, extra="  suspend: true").replace("datasets: [DCAgent/tiny_a]",
+                                                                  f"datasets: {json.dumps(datasets)}")
+    names = [f"big-{index}" for index in range(40)]
+    try:
+        lab.apply(lab.cluster_yaml(), *(big.replace("name: demo,", f"name: {name},") for name in names))
+        served = lambda name: (lab.condition("Ready", name) or {}).get("reason") == "Suspended"  # noqa: E731
+        eventually(lambda: any(served(name) for name in names), "a 10,000-cell pass done", timeout_s=120)
+        _innocent_served(lab, innocent)
+        refused = lambda name: (lab.condition("Stalled", name) or {}).get("reason") == "QuotaExceeded"  # noqa: E731
+        eventually(lambda: sum(map(refused, names)) == 35 and sum(map(served, names)) == 5,
+                   "5 served, 35 refused by the cell quota", timeout_s=180)
+    finally:
+        release(lab, lab.namespace, innocent)
 
 
 def _serving(log: Path) -> bool:
@@ -112,15 +173,20 @@ def test_two_replicas_started_together_one_acts_and_a_kill_hands_over(lab: Lab) 
 def test_an_evalrun_too_big_for_kopfs_annotations_is_handled_and_deletable(lab: Lab) -> None:
     """~450 KB of models and datasets (the CRD accepts it): kopf's copy of it in an annotation overflowed the
     256 KiB budget, so the finalizer patch failed and the object stayed Terminating for ever."""
-    lab.start_operator("--max-cells-per-namespace", "10000000")  # the spec's own check, not the quota, refuses it
+    innocent = other_namespace(lab)
+    lab.start_operator("-n", innocent, "--max-cells-per-namespace", "10000000")  # the spec's own check refuses it
     models = [f"org/{'m' * 180}-{index:04d}" for index in range(1000)]
     datasets = [f"DCAgent/{'d' * 230}-{index:04d}" for index in range(1000)]
     big = lab.run_yaml(models).replace("datasets: [DCAgent/tiny_a]", f"datasets: {json.dumps(datasets)}")
     assert len(big) > 400_000
-    lab.kube.kubectl("create", "-f", "-", stdin=big)  # create: no last-applied annotation of kubectl's
-    stalled = lab.wait_condition("Stalled")
-    assert stalled["reason"] == "InvalidSpec", stalled  # 1,000,000 cells: over the per-EvalRun maximum
-    lab.kube.kubectl("delete", "evalrun/demo", "-n", lab.namespace, "--wait=true", "--timeout=60s")
+    try:
+        lab.kube.kubectl("create", "-f", "-", stdin=big)  # create: no last-applied annotation of kubectl's
+        stalled = lab.wait_condition("Stalled")
+        assert stalled["reason"] == "InvalidSpec", stalled  # 1,000,000 cells: over the per-EvalRun maximum
+        _innocent_served(lab, innocent)
+        lab.kube.kubectl("delete", "evalrun/demo", "-n", lab.namespace, "--wait=true", "--timeout=60s")
+    finally:
+        release(lab, innocent)
 
 
 def test_a_namespace_over_its_quota_is_refused_newest_first_and_served_again_when_room_is_made(lab: Lab) -> None:

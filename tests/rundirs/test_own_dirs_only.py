@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from controller.adapters.rundirs import harbor
 from controller.adapters.rundirs.harbor import HarborRunDirs
+from controller.core.ports import ObservationError
 from controller.core.reconcile import own_run_dir
 from controller.core.types import stem_of
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_config, write_job_result
@@ -27,6 +31,20 @@ def test_only_the_passs_own_tags_and_dirs_not_of_ours_are_read(tmp_path: Path) -
 
     read = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe(lambda tag: own_run_dir(frozenset({OURS}), tag))
     assert sorted(f.run_tag for f in read) == [f"{OURS}1", f"{OURS}2", "legacy-listener-run"]
+
+
+def test_a_flood_of_dirs_not_of_ours_makes_the_jobs_dir_unobserved_never_half_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """They are read in full (adoption needs their config): past the bound, the pass must not read them all, and
+    must not read some and conclude the rest ran nowhere."""
+    monkeypatch.setattr(harbor, "FOREIGN_DIRS_MAX", 3)
+    for name in (f"{OURS}1", "old-1", "old-2", "old-3"):
+        _run_dir(tmp_path, name)
+    wanted = lambda tag: own_run_dir(frozenset({OURS}), tag)  # noqa: E731
+    assert len(HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe(wanted)) == 4  # at the bound: read
+    _run_dir(tmp_path, "old-4")
+    with pytest.raises(ObservationError, match="holds 4 run dirs not named by evalrun-controller, over the 3 a pass"):
+        HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe(wanted)
 
 
 def test_a_stem_is_the_tag_up_to_its_attempt() -> None:

@@ -62,6 +62,10 @@ T = TypeVar("T")
 # Never-read run dirs from which reading them in workers pays for starting those (~0.5 s). Measured, 100 trials a
 # dir, from disk: 64 dirs 1.08 s serial, 1.15-1.22 s in workers; 128 dirs 2.2-2.3 s serial, 1.7 s in workers.
 PARALLEL_FROM = 128
+# Dirs not named like ours are read in full (their config says whose they are): a flood of them must not cost
+# every pass gigabytes, so past this many the jobs dir is not observed (its cells Unknown, with why), never
+# half-read into "no run dir, submit".
+FOREIGN_DIRS_MAX = 10_000
 BATCH = 8  # run dirs per worker task: ~800 trial results, small enough that the cores finish together
 
 RunRead = RunDirFacts | OSError  # an OSError: a fault of the run dir's own path (see `read_run`)
@@ -107,6 +111,11 @@ class HarborRunDirs:
             raise JobsDirMissing(f"jobs dir {self.jobs_dir} does not exist (unmounted filesystem?)") from None
         except Exception as exc:
             raise ObservationError(f"cannot list jobs dir {self.jobs_dir}: {exc}") from exc
+        foreign = sum(not tag.startswith(RUN_TAG_PREFIX) for tag in run_tags)
+        if foreign > FOREIGN_DIRS_MAX:
+            raise ObservationError(
+                f"jobs dir {self.jobs_dir} holds {foreign} run dirs not named by evalrun-controller, over the "
+                f"{FOREIGN_DIRS_MAX} a pass reads to adopt the old listener's runs: move the finished ones out of it")
         with self._read_ahead(tree, run_tags) as ahead:
             return tuple(facts for run_tag in run_tags
                          if (facts := self._observe_run(tree, run_tag, ahead.get(run_tag))) is not None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property
@@ -108,6 +109,13 @@ class Cell(Frozen):
     calls_model: bool = Field(True, description="its agent calls a model (not Harbor's oracle or nop): a trial that "
                                                 "raised without a token may be an instant failure")
     fingerprint: str = Field(description="hash of what changes results (agent, config, multiplier, overrides, kwargs)")
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy whose identities are computed afresh: pydantic copies the cached ones, which an update may change."""
+        copy = super().model_copy(update=update, deep=deep)
+        for name in ("key", "former_key", "label", "tag_stem", "tag_stems"):
+            copy.__dict__.pop(name, None)
+        return copy
 
     @cached_property
     def key(self) -> str:

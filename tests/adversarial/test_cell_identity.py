@@ -57,3 +57,11 @@ def test_a_cell_owned_by_another_evalrun_is_shown_but_not_acted_on():
     assert [a.kind for a in owned.actions] == [ActionKind.SKIP] and "owned by EvalRun other" in owned.reason
     assert owned.phase == Phase.PENDING and owned.row_updates == ()
     assert [a.kind for a in decided.cells[0].actions] == [ActionKind.SUBMIT], "the owned cell used no budget"
+
+
+def test_a_copy_with_another_model_has_that_models_identity_not_the_cached_one():
+    original = cell("org/a-8B")
+    assert original.key and original.tag_stem  # computed, and cached on the instance
+    copy = original.model_copy(update={"model": "org/b-8B"})
+    fresh = cell("org/b-8B")
+    assert (copy.key, copy.tag_stem, copy.label) == (fresh.key, fresh.tag_stem, fresh.label)

@@ -1,17 +1,20 @@
 """Bench: one `plan` pass over a synthetic fleet of ≥1,000 cells and ≥100,000 Harbor trial dirs.
 
 Usage: python bench/plan_pass.py [--root DIR] [--models 25] [--datasets 40] [--trials 100]
-Builds the fleet once (reused while its parameters match), then times a cold pass (page cache
-dropped when we are root; otherwise said so) and a warm pass, each in a fresh process, and prints
-the store queries per pass. Prints figures; asserts nothing about time.
+Builds the fleet once (reused while its parameters match), then times, each in a fresh process: a cold pass
+(page cache dropped when we are root; otherwise said so; no run-dir cache), a warm pass (page cache warm, no
+run-dir cache), and a cached pass (a fresh process with the run-dir cache the pass before wrote, as cron and
+`reconcile --once` run), and prints the store queries per pass. Prints figures; asserts nothing about time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -102,18 +105,22 @@ def main() -> None:
         return
     build(args.root, args.models, args.datasets, args.trials)
 
-    def run() -> dict:
+    def run(cache: str) -> dict:
         out = subprocess.run([sys.executable, __file__, "--measure", "--root", str(args.root)], check=True,
-                             capture_output=True, text=True).stdout
+                             capture_output=True, text=True, env={**os.environ, "EVALCTL_CACHE_DIR": cache}).stdout
         return json.loads(out)
 
     cold_is_cold = drop_page_cache()
-    cold = run()
-    warm = run()
+    cold = run("")  # "": no run-dir cache
+    warm = run("")
+    with tempfile.TemporaryDirectory() as cache:
+        run(cache)  # writes it
+        cached = run(cache)
     trial_dirs = cold["cells"] * args.trials
     print(f"fleet: {cold['cells']} cells, {trial_dirs} trial dirs ({args.root})")
     print(f"cold plan pass: {cold['seconds']:.2f} s" + ("" if cold_is_cold else " (page cache NOT dropped: not root)"))
     print(f"warm plan pass: {warm['seconds']:.2f} s")
+    print(f"cached plan pass (fresh process, run-dir cache): {cached['seconds']:.2f} s")
     print(f"store queries per pass: {warm['store_queries']}")
     print(f"phases: {warm['phases']}")
 

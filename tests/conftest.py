@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,8 @@ pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.postgrest", "tests.
 REPO = Path(__file__).resolve().parents[1]
 # every `python -m controller…` child runs this checkout's code, whatever its cwd and wherever the venv came from
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
+# the run-dir cache of fresh processes (docs/DECISIONS.md) goes to a dir of this session's, not the user's ~/.cache
+os.environ.setdefault("EVALCTL_CACHE_DIR", tempfile.mkdtemp(prefix="evalrun-test-cache-"))
 SESSION_MARKER = "EVALRUN_TEST_SESSION"
 JOB_MARKER = b"EVAL_JOB_ID="  # set by the local scheduler only, for its runner and all the job starts
 KILL_WAIT_S = 15.0  # a job cancelled by a test's teardown gets SIGTERM, then SIGKILL after 5 s

@@ -17,8 +17,9 @@ from urllib.parse import urlsplit
 from fsspec import AbstractFileSystem
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
+from controller.adapters.rundirs.remote import RunDirProbe
 from controller.adapters.rundirs.report import post_eval_analysis, write_post_eval_report
-from controller.adapters.scheduler.commands import CommandFailed, CommandResult, LocalCommands
+from controller.adapters.scheduler.commands import CommandFailed, CommandResult, CommandRunner, LocalCommands
 from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
 from controller.adapters.secrets import SecretMask
@@ -130,7 +131,9 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog, secrets: Secre
         own = admin_secrets if cluster.cluster_scoped and admin_secrets is not None else secrets  # the cluster's refs
         scheduler = scheduler_for(cluster, logs_dir, secret_mask(cluster, specs, own, secrets), own,
                                   public_errors=public_errors)
-        run_dirs = HarborRunDirs(jobs_dir, errors, fs=run_dirs_fs(cluster, jobs_dir, own, public_errors=public_errors))
+        probe = run_dir_probe(cluster, jobs_dir, own, public_errors=public_errors)
+        run_dirs = HarborRunDirs(jobs_dir, errors, probe=probe,
+                                 fs=None if probe else run_dirs_fs(cluster, jobs_dir, own, public_errors=public_errors))
 
         def actor_for(target: RunTarget, cluster: LoadedCluster = cluster, scheduler: Scheduler = scheduler,
                       jobs_dir: str = jobs_dir, logs_dir: str = logs_dir, own: SecretSource = own) -> Actor:
@@ -229,16 +232,33 @@ def scheduler_for(cluster: LoadedCluster, logs_dir: str, mask: SecretMask, secre
     options = SlurmOptions(partition=cspec.partition, account=cspec.account, reservation=cspec.reservation,
                            qos=cspec.qos, gpus_per_job=cspec.gpus_per_job)
     if cspec.scheduler.ssh:  # commands run on the login node, as its login user (asked there: `id -un`)
-        # imported here: paramiko costs ~0.5 s of CLI start-up, paid only for clusters reached over ssh
-        from controller.adapters.remote.ssh import SshCommands
-
-        try:
-            access = ssh_access(cluster, secrets or EnvironmentSecrets())
-        except (MissingSecret, CommandFailed) as exc:
-            return SlurmScheduler(UnavailableCommands(str(exc)), options, logs_dir=logs_dir, user=None, mask=mask)
-        commands = SshCommands(cspec.scheduler.ssh, public_errors=public_errors, **access)
+        commands = ssh_commands(cluster, cspec.scheduler.ssh, secrets, public_errors=public_errors)
         return SlurmScheduler(commands, options, logs_dir=logs_dir, user=None, mask=mask)
     return SlurmScheduler(LocalCommands(), options, logs_dir=logs_dir, user=getpass.getuser(), mask=mask)
+
+
+def ssh_commands(cluster: LoadedCluster, host: str, secrets: SecretSource | None, *,
+                 public_errors: bool) -> CommandRunner:
+    """Commands on the cluster's login node; when its identity cannot be had, commands that fail saying why."""
+    # imported here: paramiko costs ~0.5 s of CLI start-up, paid only for clusters reached over ssh
+    from controller.adapters.remote.ssh import SshCommands
+
+    try:
+        access = ssh_access(cluster, secrets or EnvironmentSecrets())
+    except (MissingSecret, CommandFailed) as exc:
+        return UnavailableCommands(str(exc))
+    return SshCommands(host, public_errors=public_errors, **access)
+
+
+def run_dir_probe(cluster: LoadedCluster, jobs_dir: str, secrets: SecretSource | None = None, *,
+                  public_errors: bool = False) -> RunDirProbe | None:
+    """A plain jobsDir of a cluster reached over ssh is on its login node: the probe reads it there (docs:
+    issue 19). None: read it as the path or URL says (this host, or the URL's filesystem, sftp:// included)."""
+    ssh = cluster.cluster.spec.scheduler.ssh
+    if not ssh or "://" in jobs_dir:
+        return None
+    return RunDirProbe(ssh_commands(cluster, ssh, secrets, public_errors=public_errors), ssh,
+                       cluster.cluster.spec.scheduler.python)
 
 
 def ssh_config_of(cluster: LoadedCluster) -> str | None:
@@ -281,16 +301,17 @@ class UnavailableCommands:
     def __init__(self, reason: str) -> None:
         self.reason = reason
 
-    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> CommandResult:
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float,
+            stdin: str | None = None) -> CommandResult:
         raise CommandFailed(self.reason)
 
 
 def run_dirs_fs(cluster: LoadedCluster, jobs_dir: str, secrets: SecretSource | None = None, *,
                 public_errors: bool = False) -> Callable[[], AbstractFileSystem] | None:
-    """How a cluster reached over ssh reads its run dirs: a plain jobsDir path is on the login node, so sftp
-    there (host key checked, with the same identity as its commands), connected lazily (an unreachable host
-    makes a pass unknown, not the CLI fail). None: read them as the path or URL says (this host, or the URL's
-    filesystem)."""
+    """How a cluster reached over ssh reaches its run dirs as files (the post-eval report is written there; they
+    are observed by the probe): a plain jobsDir path is on the login node, so sftp there (host key checked, with
+    the same identity as its commands), connected lazily (an unreachable host makes a pass unknown, not the CLI
+    fail). None: as the path or URL says (this host, or the URL's filesystem)."""
     ssh = cluster.cluster.spec.scheduler.ssh
     if jobs_dir.startswith("sftp://"):  # fsspec's own sftp accepts any host key: use the checked one
         ssh = urlsplit(jobs_dir).netloc

@@ -26,8 +26,8 @@ from typing import TypeVar
 import pytest
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
+from controller.adapters.rundirs.localfs import TOP_FILE_CAP, TRIAL_RESULT_CAP
 from controller.adapters.rundirs.report import REPORT_NAME, StepStats, step_stats, write_post_eval_report
-from controller.adapters.rundirs.tree import TOP_FILE_CAP, TRIAL_RESULT_CAP
 from controller.core.match import join_cells, run_dir_matches
 from controller.core.metrics import run_metrics
 from controller.core.planner import plan

@@ -12,14 +12,9 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
+from controller.adapters.rundirs.localfs import TOP_FILE_CAP, TRIAL_RESULT_CAP
 from controller.adapters.rundirs.report import REPORT_NAME, write_post_eval_report
-from controller.adapters.rundirs.tree import (
-    TOP_FILE_CAP,
-    TRIAL_RESULT_CAP,
-    FsspecTree,
-    LocalTree,
-    open_tree,
-)
+from controller.adapters.rundirs.tree import FsspecTree, LocalTree, open_tree
 from controller.core.metrics import run_metrics
 from controller.core.ports import JobsDirMissing, ObservationError
 from tests.fixtures.harbor_dirs import (

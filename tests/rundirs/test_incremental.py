@@ -1,5 +1,5 @@
 """A pass costs what is active: a finished run dir is read once per process, a running one only for its new or
-changed trials. Counted at the one place files are read (`tree.read_local`), on real files."""
+changed trials. Counted at the one place files are read (`localfs.read_file`), on real files."""
 
 from __future__ import annotations
 

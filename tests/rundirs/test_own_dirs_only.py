@@ -54,7 +54,8 @@ def test_a_stem_is_the_tag_up_to_its_attempt() -> None:
 
 
 def test_the_memo_forgets_the_least_recently_read_run_dirs_beyond_its_bound(tmp_path: Path) -> None:
-    from controller.adapters.rundirs.memo import JobsDirMemo, signature
+    from controller.adapters.rundirs.localfs import signature
+    from controller.adapters.rundirs.memo import JobsDirMemo
 
     for name in ("r1", "r2", "r3"):
         _run_dir(tmp_path, name)

@@ -46,8 +46,9 @@ def observe(jobs: Path, parallel_from: int) -> tuple[RunDirFacts, ...]:
 
 
 def forget_everything(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As in a new process: no pass read anything yet."""
+    """As in a new process that never read anything yet (without the run-dir cache of earlier processes)."""
     monkeypatch.setattr(memo, "_MEMOS", {})
+    monkeypatch.setenv("EVALCTL_CACHE_DIR", "")
 
 
 def mixed_fleet(jobs: Path) -> Path:
@@ -79,7 +80,7 @@ def test_workers_give_the_facts_and_the_memo_of_a_serial_pass(tmp_path: Path, re
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     jobs = mixed_fleet(tmp_path / "jobs")
     serial = observe(jobs, SERIAL)
-    serial_memo = dict(memo.memo_for(str(jobs))._runs)
+    serial_memo = dict(memo.memo_for(str(jobs), REFERENCE_ERRORS)._runs)
     forget_everything(monkeypatch)
     reads.clear()
 
@@ -87,7 +88,7 @@ def test_workers_give_the_facts_and_the_memo_of_a_serial_pass(tmp_path: Path, re
 
     assert in_workers == serial
     assert reads == [], "read in the workers, not in this process"
-    assert dict(memo.memo_for(str(jobs))._runs) == serial_memo
+    assert dict(memo.memo_for(str(jobs), REFERENCE_ERRORS)._runs) == serial_memo
     by_tag = {f.run_tag: f for f in in_workers}
     assert "other_loop" not in by_tag and by_tag["other_tool"].unreadable == ""
     assert {tag for tag, f in by_tag.items() if f.unreadable} == {
@@ -175,7 +176,7 @@ def test_a_worker_that_dies_is_an_observation_error(tmp_path: Path, monkeypatch:
     with pytest.raises(ObservationError, match="worker process"):
         observe(jobs, parallel_from=1)
 
-    assert not memo.memo_for(str(jobs)).knows(str(jobs / "ev_done_0")), "nothing of the failed pass was kept"
+    assert not memo.memo_for(str(jobs), REFERENCE_ERRORS).knows(str(jobs / "ev_done_0")), "nothing of the failed pass was kept"
 
 
 def test_a_transport_error_in_a_worker_is_the_error_a_serial_pass_raises(tmp_path: Path,
@@ -216,7 +217,7 @@ def test_workers_that_cannot_be_started_leave_the_pass_to_this_process(tmp_path:
     monkeypatch.setattr(parallel, "worker_pool", refusing_pool(BlockingIOError(errno.EAGAIN, "fork refused")))
 
     assert observe(jobs, parallel_from=1) == serial
-    assert memo.memo_for(str(jobs)).knows(str(jobs / "ev_done_0"))
+    assert memo.memo_for(str(jobs), REFERENCE_ERRORS).knows(str(jobs / "ev_done_0"))
 
 
 def test_a_pool_broken_while_starting_is_an_observation_error(tmp_path: Path,

@@ -1,7 +1,8 @@
 """`evalctl reconcile` against a cluster reached over ssh: scheduler commands on the login node (the lab sshd),
-run dirs read and the post-eval report written through sftp, real SLURM and real Harbor (oracle agent).
+run dirs read there by the run-dir probe and the post-eval report written through sftp, real SLURM and real
+Harbor (oracle agent).
 
-The login node is this machine, so what sftp reads is also on the local disk: the tests use that to check
+The login node is this machine, so what the probe reads is also on the local disk: the tests use that to check
 the results, and SLURM's record of where sbatch ran (WorkDir: the remote login's home, while evalctl runs in
 its tmp dir) to check the job really was submitted over ssh.
 """

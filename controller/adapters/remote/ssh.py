@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import re
+import secrets
 import shlex
 import stat
 import subprocess
@@ -51,8 +52,9 @@ def parse_host(text: str) -> tuple[str | None, str, int | None]:
     return match["user"], match["host"].strip("[]"), port
 
 
-def remote_script(argv: Sequence[str], env: Mapping[str, str] | None) -> str:
-    """The stdin of the remote `sh -s`: exports, then exec argv (so its exit code is the command's)."""
+def remote_script(argv: Sequence[str], env: Mapping[str, str] | None, stdin: str | None = None) -> str:
+    """The stdin of the remote `sh -s`: exports, then exec argv (so its exit code is the command's), its own input
+    (`stdin`) in a quoted here-document: no expansion, and a terminator it does not contain."""
     if not argv:
         raise ValueError("empty argv")
     lines = []
@@ -62,7 +64,13 @@ def remote_script(argv: Sequence[str], env: Mapping[str, str] | None) -> str:
         if "\0" in value:
             raise ValueError(f"environment variable {name} holds a NUL byte")  # never the value: a secret
         lines.append(f"export {name}={shlex.quote(value)}")
-    lines.append(f"exec {shlex.join(argv)}")
+    if stdin is None:
+        lines.append(f"exec {shlex.join(argv)}")
+        return "\n".join(lines) + "\n"
+    marker = f"EVALCTL_{secrets.token_hex(8)}"
+    if marker in stdin:  # 2**-64: refuse rather than cut the input short
+        raise ValueError("the command's input holds its here-document terminator")
+    lines += [f"exec {shlex.join(argv)} <<'{marker}'", stdin.rstrip("\n"), marker]
     return "\n".join(lines) + "\n"
 
 
@@ -232,8 +240,9 @@ class SshCommands:
         self.control_path = f"{self.control_dir}/{digest}-%C"
         self._ssh = [*argv, "-o", f"ControlPath={self.control_path}"]
 
-    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> CommandResult:
-        script = remote_script(argv, env)
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float,
+            stdin: str | None = None) -> CommandResult:
+        script = remote_script(argv, env, stdin)
         deadline = time.monotonic() + timeout
         self._ensure_master(timeout)
         try:

@@ -15,6 +15,7 @@ dirs, they are read in worker processes on every core (`parallel`) while this pr
 
 from __future__ import annotations
 
+import base64
 import functools
 import logging
 from collections import Counter
@@ -39,20 +40,19 @@ from controller.adapters.rundirs.harbor_format import (
     trial_api_base,
     trial_outcome,
 )
-from controller.adapters.rundirs.memo import JobsDirMemo, Signature, memo_for, signature
-from controller.adapters.rundirs.tree import (
+from controller.adapters.rundirs.localfs import (
     TRIAL_RESULT,
     Content,
-    JobsTree,
-    LocalTree,
-    RunScan,
+    Signature,
     StatKey,
-    TrialRead,
     Unreadable,
     describe,
     is_path_error,
-    open_tree,
+    signature,
 )
+from controller.adapters.rundirs.memo import JobsDirMemo, memo_for
+from controller.adapters.rundirs.remote import RunDirProbe
+from controller.adapters.rundirs.tree import JobsTree, LocalTree, RunScan, TrialRead, open_tree
 from controller.core.ports import JobsDirMissing, ObservationError, RunTagFilter, every_run_tag
 from controller.core.trial_errors import ErrorClasses, ErrorKind
 from controller.core.types import RUN_TAG_PREFIX, QuietFailure, RunDirFacts
@@ -82,43 +82,92 @@ class HarborRunDirs:
     at construction, and a cached-but-dead connection is replaced.
 
     `parallel_from`: how many never-read run dirs of a local jobs dir make a pass read them in worker processes.
+
+    `probe`: `jobs_dir` is a path on that login node, read there by the run-dir probe in a few round trips a
+    pass, told what this process (or its cache) already knows.
     """
 
     def __init__(self, jobs_dir: str, errors: ErrorClasses,
                  fs: AbstractFileSystem | Callable[[], AbstractFileSystem] | None = None,
-                 parallel_from: int = PARALLEL_FROM) -> None:
+                 parallel_from: int = PARALLEL_FROM, probe: RunDirProbe | None = None) -> None:
         self.jobs_dir = jobs_dir
         self.errors = errors
         self.parallel_from = parallel_from
         self._fs_factory: Callable[[], AbstractFileSystem] | None = None
         self._tree: JobsTree | None = None
         self._memo: JobsDirMemo | None = None
-        if fs is None or isinstance(fs, AbstractFileSystem):
+        self._probe = probe
+        if probe is not None:  # a plain path on the probe's login node: read there, remembered here
+            self._memo = memo_for(jobs_dir, errors, host=probe.host)
+        elif fs is None or isinstance(fs, AbstractFileSystem):
             self._tree = open_tree(jobs_dir, fs)
         else:
             self._fs_factory = fs
         if isinstance(self._tree, LocalTree):  # over sftp every read is a round trip anyway: no memo there yet
-            self._memo = memo_for(self._tree.root)
+            self._memo = memo_for(self._tree.root, errors)
             self._tree.recall = self._memo.recall
 
     def observe(self, wanted: RunTagFilter = every_run_tag) -> tuple[RunDirFacts, ...]:
         """The facts of the run dirs `wanted` names: a pass reads its own cells' dirs, never a jobs dir's every
         entry (100,000 foreign `ev_` entries cost gigabytes of memo when they were all read)."""
-        tree = self._open_tree()
-        try:
-            run_tags = [tag for tag in tree.run_tags() if wanted(tag)]
-        except FileNotFoundError:  # fresh, or an unmounted filesystem: only the cells' history can tell
-            raise JobsDirMissing(f"jobs dir {self.jobs_dir} does not exist (unmounted filesystem?)") from None
-        except Exception as exc:
-            raise ObservationError(f"cannot list jobs dir {self.jobs_dir}: {exc}") from exc
+        if self._probe is not None:
+            observed = self._observe_probed(self._probe, wanted)
+        else:
+            tree = self._open_tree()
+            try:
+                run_tags = self._bounded([tag for tag in tree.run_tags() if wanted(tag)])
+            except FileNotFoundError:  # fresh, or an unmounted filesystem: only the cells' history can tell
+                raise JobsDirMissing(f"jobs dir {self.jobs_dir} does not exist (unmounted filesystem?)") from None
+            except ObservationError:
+                raise
+            except Exception as exc:
+                raise ObservationError(f"cannot list jobs dir {self.jobs_dir}: {exc}") from exc
+            with self._read_ahead(tree, run_tags) as ahead:
+                observed = tuple(facts for run_tag in run_tags
+                                 if (facts := self._observe_run(tree, run_tag, ahead.get(run_tag))) is not None)
+        if self._memo is not None:
+            self._memo.save()
+        return observed
+
+    def _bounded(self, run_tags: list[str]) -> list[str]:
         foreign = sum(not tag.startswith(RUN_TAG_PREFIX) for tag in run_tags)
         if foreign > FOREIGN_DIRS_MAX:
             raise ObservationError(
                 f"jobs dir {self.jobs_dir} holds {foreign} run dirs not named by evalrun-controller, over the "
                 f"{FOREIGN_DIRS_MAX} a pass reads to adopt the old listener's runs: move the finished ones out of it")
-        with self._read_ahead(tree, run_tags) as ahead:
-            return tuple(facts for run_tag in run_tags
-                         if (facts := self._observe_run(tree, run_tag, ahead.get(run_tag))) is not None)
+        return run_tags
+
+    def _observe_probed(self, probe: RunDirProbe, wanted: RunTagFilter) -> tuple[RunDirFacts, ...]:
+        """Two probe calls (list, then scan what the pass wants, in batches), whatever the fleet."""
+        memo = self._memo
+        assert memo is not None
+        run_tags = self._bounded([tag for tag in probe.run_tags(self.jobs_dir) if wanted(tag)])
+        locations = {tag: f"{self.jobs_dir.rstrip('/')}/{tag}" for tag in run_tags}
+        known = {tag: memo.known(location) for tag, location in locations.items()}
+        answers = probe.scan(self.jobs_dir, known)
+        observed = []
+        for tag, location in locations.items():
+            try:
+                facts = self._probed_run(memo, tag, location, known[tag], answers[tag])
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                raise ObservationError(f"the run-dir probe's answer for {location} is malformed: {exc!r}") from exc
+            if facts is not None:
+                observed.append(facts)
+        return tuple(observed)
+
+    def _probed_run(self, memo: JobsDirMemo, run_tag: str, location: str, known: dict[str, Any],
+                    answer: dict[str, Any]) -> RunDirFacts | None:
+        if answer.get("same"):
+            kept = memo.finished(location, tuple(tuple(key) if key else None for key in known["finished"]))
+            if kept is None:
+                raise ObservationError(f"{location}: forgotten while the probe read it; read again next pass")
+            return kept
+        if "fault" in answer:
+            return self._settled(run_tag, location, OSError(str(answer["fault"])), None)
+        sig = tuple(tuple(key) if key else None for key in answer["signature"])
+        scan = probed_scan(answer, functools.partial(memo.recall, location),
+                           functools.partial(memo.remember_trial, location))
+        return self._settled(run_tag, location, run_dir_facts(run_tag, location, scan, self.errors), sig)
 
     def _open_tree(self) -> JobsTree:
         if self._tree is not None:
@@ -168,6 +217,11 @@ class HarborRunDirs:
                 return kept
             remember = functools.partial(memo.remember_trial, location) if memo is not None else None
             facts = read_run(tree, run_tag, self.errors, remember)
+        return self._settled(run_tag, location, facts, sig)
+
+    def _settled(self, run_tag: str, location: str, facts: RunRead, sig: Signature | None) -> RunDirFacts | None:
+        """The facts of a dir read whole, kept by the memo; a fault of its own path makes one of ours unreadable,
+        and another tool's dir skipped (we cannot tell whose cell it is)."""
         if isinstance(facts, OSError):
             if not run_tag.startswith(RUN_TAG_PREFIX):
                 log.warning("skipping unreadable run dir %s: %s", location, facts)
@@ -175,8 +229,8 @@ class HarborRunDirs:
             facts = RunDirFacts(run_tag=run_tag, path=location, unreadable=f"{location}: {describe(facts)}")
         if facts.unreadable:
             log.warning("run dir %s cannot be read (its cell is Unknown): %s", location, facts.unreadable)
-        if memo is not None:
-            memo.settle(location, sig, facts)
+        if self._memo is not None:
+            self._memo.settle(location, sig, facts)
         return facts
 
 
@@ -195,7 +249,7 @@ def read_run(tree: JobsTree, run_tag: str, errors: ErrorClasses,
 def read_cold(root: str, run_tags: Sequence[str], errors: ErrorClasses) -> list[ColdRead]:
     """In a worker: run dirs of the local jobs dir at `root` read whole, each with its signature (taken first,
     as in `_observe_run`) and every trial outcome it parsed, with the StatKey the memo keeps it by."""
-    tree = LocalTree(root, recall=_recall_nothing)  # a recall makes each trial result's StatKey taken before its read
+    tree = LocalTree(root)
     reads: list[ColdRead] = []
     for run_tag in run_tags:
         trials: list[tuple[str, StatKey, TrialOutcome]] = []
@@ -204,8 +258,36 @@ def read_cold(root: str, run_tags: Sequence[str], errors: ErrorClasses) -> list[
     return reads
 
 
-def _recall_nothing(run: str, name: str, key: StatKey) -> object:
-    return None
+def probed_scan(answer: dict[str, Any], recall: Callable[[str, StatKey], object],
+                remember: Callable[[str, StatKey, TrialOutcome], None]) -> RunScan:
+    """A probe's answer for one run dir, as the scan of a local tree would give it: trials it found unchanged
+    come from `recall`, the outcomes it parsed are told to `remember`."""
+    files = {name: _probed_content(value) for name, value in answer["files"].items()}
+    config = answer["trial_config"]
+    trials = []
+    for name, kind, value, mtime, key, active in answer["trials"]:
+        key = (int(key[0]), int(key[1])) if key else None
+        if kind == "known":
+            known = recall(name, key) if key else None
+            if known is None:
+                raise ObservationError(f"{name}: the probe found it unchanged, but it was forgotten meanwhile")
+            trials.append(TrialRead(name, None, mtime, known, key))
+        elif kind == "outcome":
+            outcome = TrialOutcome(*value)
+            if key is not None:
+                remember(name, key, outcome)
+            trials.append(TrialRead(name, None, mtime, outcome, key))
+        elif kind == "unreadable":
+            trials.append(TrialRead(name, Unreadable(str(value)), None))
+        else:
+            trials.append(TrialRead(name, None, None, agent_active=bool(active)))
+    return RunScan(files, bool(answer["no_resume"]), iter(trials),
+                   None if config is None else _probed_content(config))
+
+
+def _probed_content(value: list[str]) -> Content:
+    kind, text = value
+    return Unreadable(text) if kind == "unreadable" else base64.b64decode(text, validate=True)
 
 
 def _collect(into: list[tuple[str, StatKey, TrialOutcome]], name: str, key: StatKey, outcome: TrialOutcome) -> None:

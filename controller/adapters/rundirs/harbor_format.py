@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any, NamedTuple, TypeVar
 
 T = TypeVar("T", int, float)
@@ -103,7 +103,7 @@ def parse_time(value: object) -> datetime | None:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         return None
-    return parsed.astimezone(UTC)  # astimezone() treats a naive value as local time
+    return parsed.astimezone(timezone.utc)  # astimezone() treats a naive value as local time
 
 
 def parse_int(value: object) -> int | None:

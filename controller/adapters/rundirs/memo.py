@@ -9,33 +9,52 @@
   worker processes (`harbor`), which hand back what the memo keeps.
 
 Process-wide, per jobs dir: the adapters are rebuilt every pass, and it is `--loop` and the operator that live
-long. A one-shot `reconcile --once` starts cold. A lock keeps the entries whole while the operator's passes
-observe the same jobs dir from several threads.
+long. A lock keeps the entries whole while the operator's passes observe the same jobs dir from several threads.
+
+Fresh processes (cron, GitOps CI, `reconcile --once` on a login node) remember finished dirs through a cache file
+per jobs dir and error classes (`cache_dir()`): the finished facts with their signatures, written after a pass that
+changed them (atomically), loaded when the process first observes that jobs dir. It is a cache, never evidence: a
+kept fact is used only while its signature is the dir's, and a file that cannot be read or decoded, or was written
+for another format, schema or error classes, is ignored (and replaced by the next pass's).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
+import logging
 import os
+import tempfile
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from controller.adapters.rundirs.tree import StatKey, stat_key
+from controller.adapters.rundirs.localfs import Signature, StatKey, read_local
+from controller.core.trial_errors import ErrorClasses
 from controller.core.types import RunDirFacts
 
-JOB_FILES = ("result.json", "config.json", "meta.env")
+log = logging.getLogger(__name__)
+
 MEMO_RUNS_MAX = 20_000  # run dirs remembered per jobs dir: a lab's whole history, not a flood of foreign entries
-Signature = tuple[StatKey | None, ...]
+CACHE_FORMAT = 1  # bump when what a run dir's files are reduced to changes without RunDirFacts' schema changing
+CACHE_FILE_CAP = 64 << 20  # 20,000 finished dirs' facts are ~30 MiB
 
 
 class JobsDirMemo:
     """Bounded: at most `max_runs` run dirs are remembered, the least recently read forgotten first (a forgotten
     dir is read again when a pass asks for it). A jobs dir of 100,000 foreign entries can no longer grow it."""
 
-    def __init__(self, max_runs: int = MEMO_RUNS_MAX) -> None:
+    def __init__(self, max_runs: int = MEMO_RUNS_MAX, cache: Path | None = None, header: dict[str, Any] | None = None) -> None:
         self.max_runs = max_runs
         self._runs: OrderedDict[str, _Kept] = OrderedDict()  # least recently read first
         self._lock = threading.Lock()  # passes of several EvalRuns on one jobs dir run in threads at once
+        self._cache, self._header = cache, header or {}
+        self._unsaved = False  # finished facts changed since the cache file was written
+        if cache is not None:
+            self._load(cache)
 
     def finished(self, run: str, signature: Signature | None) -> RunDirFacts | None:
         with self._lock:
@@ -54,6 +73,17 @@ class JobsDirMemo:
         trial = kept.trials.get(name) if kept is not None else None
         return trial[1] if trial is not None and trial[0] == key else None
 
+    def known(self, run: str) -> dict[str, Any]:
+        """What a probe on the run dir's host is told of it: the signature of its finished facts, else the StatKeys
+        of the trial results already parsed (`probe.scan`)."""
+        with self._lock:
+            kept = self._runs.get(run)
+            if kept is None:
+                return {}
+            if kept.finished is not None:
+                return {"finished": kept.finished[0]}
+            return {"trials": {name: key for name, (key, _) in kept.trials.items()}}
+
     def remember_trial(self, run: str, name: str, key: StatKey, outcome: object) -> None:
         with self._lock:
             self._kept(run).trials[name] = (key, outcome)
@@ -64,9 +94,45 @@ class JobsDirMemo:
         with self._lock:
             kept = self._kept(run)
             if facts.finished_at is not None and not facts.unreadable and signature is not None:
+                self._unsaved |= kept.finished != (signature, facts)
                 kept.finished, kept.trials = (signature, facts), {}
             else:
+                self._unsaved |= kept.finished is not None
                 kept.finished = None
+
+    def save(self) -> None:
+        """Write the finished facts to the cache file when they changed since; a cache that cannot be written is
+        only slower next time."""
+        if self._cache is None or not self._unsaved:
+            return
+        with self._lock:
+            runs = [[run, kept.finished[0], kept.finished[1].model_dump(mode="json")]
+                    for run, kept in self._runs.items() if kept.finished is not None]
+            self._unsaved = False
+        try:
+            self._cache.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=self._cache.parent, prefix=".rundirs-", delete=False) as out:
+                json.dump({**self._header, "runs": runs}, out, separators=(",", ":"))
+            os.replace(out.name, self._cache)
+        except OSError as exc:
+            log.warning("cannot write the run-dir cache %s: %s", self._cache, exc)
+
+    def _load(self, cache: Path) -> None:
+        content, _ = read_local(str(cache), CACHE_FILE_CAP)
+        if content is None:
+            return
+        try:
+            if not isinstance(content, bytes):
+                raise ValueError(content.reason)
+            document = json.loads(content)
+            if {key: document.get(key) for key in self._header} != self._header:
+                raise ValueError("written for another format, schema, jobs dir or error classes")
+            for run, sig, facts in document["runs"][-self.max_runs:]:
+                self._runs[run] = _Kept(finished=(tuple(tuple(key) if key else None for key in sig),
+                                                  RunDirFacts.model_validate(facts)))
+        except Exception as exc:  # anything: a cache is never trusted over reading the dirs again
+            self._runs.clear()
+            log.info("ignoring the run-dir cache %s: %s", cache, str(exc)[:200])
 
     def _kept(self, run: str) -> _Kept:
         """The run's entry, made the most recent (under the lock); the oldest beyond `max_runs` are dropped."""
@@ -85,27 +151,40 @@ class _Kept:
     trials: dict[str, tuple[StatKey, object]] = field(default_factory=dict)
 
 
-def signature(run: str) -> Signature | None:
-    """The stat of the run dir and its job files; None when the dir itself cannot be stat-ed."""
-    key = stat_key_of_dir(run)
-    if key is None:
-        return None
-    return (key, *(stat_key(os.path.join(run, name)) for name in JOB_FILES))
-
-
-def stat_key_of_dir(path: str) -> StatKey | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
-
-
-_MEMOS: dict[str, JobsDirMemo] = {}
+_MEMOS: dict[tuple[str, str], JobsDirMemo] = {}
 _GUARD = threading.Lock()
 
 
-def memo_for(jobs_dir: str) -> JobsDirMemo:
+def memo_for(jobs_dir: str, errors: ErrorClasses, host: str | None = None) -> JobsDirMemo:
+    """The process's memo of `jobs_dir` (on `host`, else here) as read with `errors` (they decide what a trial
+    counts as; sorted for the digest: a frozenset's order changes from process to process)."""
+    root = os.path.abspath(jobs_dir) if host is None else f"{host}:{jobs_dir}"
+    classes = _digest(json.dumps({name: sorted(names) for name, names in errors.model_dump().items()}, sort_keys=True))
     with _GUARD:
-        return _MEMOS.setdefault(os.path.abspath(jobs_dir), JobsDirMemo())
+        memo = _MEMOS.get((root, classes))
+        if memo is None:
+            header = {"format": CACHE_FORMAT, "jobs_dir": root, "errors": classes, "schema": _schema_digest()}
+            cache = cache_dir()
+            name = f"rundirs-{_digest(json.dumps(header, sort_keys=True))}.json"
+            memo = _MEMOS[(root, classes)] = JobsDirMemo(cache=cache / name if cache else None, header=header)
+        return memo
+
+
+def cache_dir() -> Path | None:
+    """`$EVALCTL_CACHE_DIR`, else `$XDG_CACHE_HOME/evalrun-controller`, else `~/.cache/evalrun-controller`; an
+    empty `EVALCTL_CACHE_DIR` turns the cache off."""
+    configured = os.environ.get("EVALCTL_CACHE_DIR")
+    if configured is not None:
+        return Path(configured) if configured else None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "evalrun-controller"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+@functools.cache
+def _schema_digest() -> str:
+    return _digest(json.dumps(RunDirFacts.model_json_schema(), sort_keys=True))
 

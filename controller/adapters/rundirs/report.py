@@ -22,7 +22,7 @@ import fsspec
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
-from controller.adapters.rundirs.tree import describe, is_trial_dir_name, read_local
+from controller.adapters.rundirs.localfs import describe, is_trial_dir_name, read_local
 from controller.core.metrics import RunMetrics
 from controller.core.tracking import Analysis
 from controller.core.trial_errors import ErrorClasses, ErrorKind

@@ -6,19 +6,16 @@ plus one open/fstat/read per trial result on local disks, and batched `cat` call
 of the first trial's config.json per run dir, and one listing of agent/ per trial WITHOUT a result (the
 running ones), to tell a trial whose agent works from one only created.
 
-A file we need that is there but cannot be read comes back as `Unreadable(reason)`, never as "missing":
-read as missing, a finished trial would look unfinished. Only regular files are read, at most `cap` bytes,
-and nothing waits (a FIFO is opened non-blocking, then refused). Errors of one path (missing, wrong type,
-denied, a symlink loop) are values; any other error (a dropped connection, a timeout, EIO) is raised, so
-the caller can make the whole read unknown.
+What a file that cannot be read comes back as, and which errors are raised, is said in `localfs`, which reads
+local disks; an fsspec tree follows the same rules over its filesystem.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import posixpath
-import stat
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import NamedTuple, Protocol
@@ -26,32 +23,31 @@ from typing import NamedTuple, Protocol
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from controller.adapters.rundirs.localfs import (
+    AGENT_DIR,
+    NO_RESUME,
+    TOP_FILE_CAP,
+    TOP_FILES,
+    TRIAL_CONFIG,
+    TRIAL_RESULT,
+    TRIAL_RESULT_CAP,
+    Content,
+    StatKey,
+    Unreadable,
+    describe,
+    has_entry,
+    is_path_error,
+    is_trial_dir_name,
+    list_run,
+    list_run_tags,
+    path_error,
+    read_file,
+    read_local,
+    size_problem,
+)
 from controller.core.types import RUN_TAG_PREFIX
 
-TOP_FILES = frozenset({"config.json", "meta.env", "result.json"})  # read
-NO_RESUME = ".no-resume"  # a marker: its presence is what matters, it is never read
-TRIAL_RESULT = "result.json"
-TRIAL_CONFIG = "config.json"  # read of the first trial dir only: the endpoint its agent calls
-AGENT_DIR = "agent"  # listed (never read) for trials without a result: an entry in it means the agent is working
-TOP_FILE_CAP = 16 << 20  # job config/result, meta.env: a 300-trial job result is well under 1 MiB
-TRIAL_RESULT_CAP = 4 << 20  # a trial result is a few kB (config, exception traceback); a trial config is smaller
 _CAT_BATCH = 256
-_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-_PATH_ERRNOS = frozenset({errno.ELOOP, errno.ENXIO, errno.ENODEV, errno.ENAMETOOLONG})
-
-
-class Unreadable(NamedTuple):
-    """A file that is there but cannot be read; why, without its path."""
-
-    reason: str
-
-
-Content = bytes | Unreadable
-
-
-StatKey = tuple[int, int]  # (st_mtime_ns, st_size): a file unchanged since it was read has the same key
-
-
 class TrialRead(NamedTuple):
     name: str
     result: Content | None  # None: no result.json (the trial is still running), or `known` is set
@@ -97,181 +93,35 @@ def open_tree(jobs_dir: str, fs: fsspec.AbstractFileSystem | None = None) -> Job
     return FsspecTree(fs, root, jobs_dir)
 
 
-def is_trial_dir_name(name: str) -> bool:
-    """Harbor names trial dirs `<task[:32]>__<7 chars>`; nothing else in a run dir has `__`."""
-    return "__" in name and not name.startswith(".")
-
-
-def is_path_error(exc: BaseException) -> bool:
-    """A fault of one path (missing, wrong type, denied, a loop), not of the transport or the disk reading it
-    (a timeout, a dropped connection, EIO: those make the whole read unknown)."""
-    if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)):
-        return True
-    return isinstance(exc, OSError) and exc.errno in _PATH_ERRNOS
-
-
-def describe(exc: OSError) -> str:
-    """The error without the path it names (callers put the path first)."""
-    return exc.strerror or f"{type(exc).__name__}: {exc}"
-
-
-def _path_error(exc: OSError) -> Unreadable:
-    if not is_path_error(exc):
-        raise exc
-    return Unreadable(describe(exc))
-
-
 class LocalTree:
     """`recall` (set by an observer that keeps what it parsed): a trial result whose mtime and size are those of
-    a file parsed before is not read again, only stat-ed."""
+    a file parsed before is not read again, only opened and fstat-ed."""
 
     def __init__(self, root: str, recall: Recall | None = None) -> None:
         self.root = root
         self.recall = recall
 
     def run_tags(self) -> list[str]:
-        with os.scandir(self.root) as entries:
-            return sorted(e.name for e in entries if _is_run_dir_entry(e))
+        return list_run_tags(self.root, RUN_TAG_PREFIX)
 
     def location(self, run_tag: str) -> str:
         return os.path.join(self.root, run_tag)
 
     def scan(self, run_tag: str) -> RunScan:
         run = self.location(run_tag)
-        present: list[str] = []
-        trials: list[str] = []
-        no_resume = False
-        with os.scandir(run) as entries:
-            for entry in entries:  # d_type answers is_dir() without a stat on local file systems
-                if entry.name in TOP_FILES:
-                    present.append(entry.name)
-                elif entry.name == NO_RESUME:
-                    no_resume = True
-                elif is_trial_dir_name(entry.name) and _dir_or_broken(entry):
-                    trials.append(entry.name)
-        files = {name: content for name in present
+        listing = list_run(run)
+        files = {name: content for name in listing.top_files
                  if (content := read_local(os.path.join(run, name), TOP_FILE_CAP)[0]) is not None}
-        trials.sort()
+        trials = listing.trials
         trial_config = read_local(os.path.join(run, trials[0], TRIAL_CONFIG), TRIAL_RESULT_CAP)[0] if trials else None
-        return RunScan(files, no_resume, self._results(run, trials), trial_config)
+        return RunScan(files, listing.no_resume, self._results(run, trials), trial_config)
 
     def _results(self, run: str, trials: list[str]) -> Iterator[TrialRead]:
         for name in trials:
-            path = os.path.join(run, name, TRIAL_RESULT)
-            key = None
-            if self.recall is not None:
-                key = stat_key(path)
-                known = None if key is None else self.recall(run, name, key)
-                if known is not None:
-                    assert key is not None
-                    yield TrialRead(name, None, key[0] / 1e9, known, key)
-                    continue
-            data, mtime = read_local(path, TRIAL_RESULT_CAP)
-            active = data is None and _has_entry(os.path.join(run, name, AGENT_DIR))
-            yield TrialRead(name, data, mtime, None, key, active)
-
-
-def stat_key(path: str) -> StatKey | None:
-    """A regular file's StatKey; None for anything else (missing, not a regular file, unreadable)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size) if stat.S_ISREG(st.st_mode) else None
-
-
-def _has_entry(path: str) -> bool:
-    """Whether the directory at `path` lists anything: one scandir, stopped at the first entry. Missing, not a
-    directory or unlistable is False: it only tells a working agent, and is not one of the files we read."""
-    try:
-        with os.scandir(path) as entries:
-            return next(entries, None) is not None
-    except OSError as exc:
-        if not is_path_error(exc):
-            raise  # a transport or disk error (EIO, a timeout): the whole read is unknown
-        return False
-
-
-def _is_run_dir_entry(entry: os.DirEntry[str]) -> bool:
-    """Dirs, and every `ev_` entry: one of ours that is not a dir (a file, a dangling link) is reported unreadable."""
-    if entry.name.startswith("."):
-        return False
-    return entry.name.startswith(RUN_TAG_PREFIX) or _dir_or_broken(entry)
-
-
-def _dir_or_broken(entry: os.DirEntry[str]) -> bool:
-    """is_dir(), but True when that cannot be told (a symlink loop): reading it then fails, naming its own path."""
-    try:
-        return entry.is_dir()
-    except OSError:
-        return True
-
-
-def read_local(path: str, cap: int) -> tuple[Content | None, float | None]:
-    """A regular file's content (at most `cap` bytes) and mtime: open + fstat + read, no separate stat.
-
-    None when there is no such entry. O_NONBLOCK: opening a FIFO does not wait for a writer; fstat refuses it.
-    """
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except FileNotFoundError:
-        return _missing_or_dangling(path), None
-    except OSError as exc:
-        return _path_error(exc), None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return Unreadable(f"not a regular file ({_file_kind(st.st_mode)})"), None
-        if st.st_size > cap:
-            return _too_large(cap), None
-        data = _read_capped(fd, st.st_size, cap)
-    except OSError as exc:
-        return _path_error(exc), None
-    finally:
-        os.close(fd)
-    problem = _size_problem(len(data), cap)
-    return (problem, None) if problem else (data, st.st_mtime)
-
-
-def _missing_or_dangling(path: str) -> Unreadable | None:
-    """None when nothing is there (a trial still running); a symlink to nothing is there, and unreadable."""
-    try:
-        os.lstat(path)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return _path_error(exc)
-    return Unreadable("dangling symlink")
-
-
-def _read_capped(fd: int, size: int, cap: int) -> bytes:
-    """Read to the end, but never more than cap + 1 bytes (so "too large" can be told); one read() when the
-    file did not grow since fstat (a short read of a regular file is its end)."""
-    data = os.read(fd, size + 1)
-    if len(data) <= size:
-        return data
-    chunks = [data]
-    total = len(data)
-    while total <= cap and (chunk := os.read(fd, cap + 1 - total)):
-        chunks.append(chunk)
-        total += len(chunk)
-    return b"".join(chunks)
-
-
-def _size_problem(size: int, cap: int) -> Unreadable | None:
-    if size > cap:
-        return _too_large(cap)
-    return Unreadable("empty file") if size == 0 else None
-
-
-def _too_large(cap: int) -> Unreadable:
-    return Unreadable(f"larger than the {cap >> 20} MiB cap")
-
-
-def _file_kind(mode: int) -> str:
-    kinds = ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
-             (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
-    return next((name for test, name in kinds if test(mode)), f"mode {mode:o}")
+            recall = None if self.recall is None else functools.partial(self.recall, run, name)
+            read = read_file(os.path.join(run, name, TRIAL_RESULT), TRIAL_RESULT_CAP, recall)
+            active = read.content is None and read.known is None and has_entry(os.path.join(run, name, AGENT_DIR))
+            yield TrialRead(name, read.content, read.mtime, read.known, read.key, active)
 
 
 class FsspecTree:
@@ -376,11 +226,11 @@ class FsspecTree:
             except FileNotFoundError:
                 return Unreadable("dangling symlink"), info
             except OSError as exc:
-                return _path_error(exc), info
+                return path_error(exc), info
         if info.get("type") != "file":
             return Unreadable(f"not a regular file ({info.get('type')})"), info
         size = info.get("size")
-        return (_size_problem(size, cap) if isinstance(size, int) else None), info
+        return (size_problem(size, cap) if isinstance(size, int) else None), info
 
     def _cat(self, paths: list[str], cap: int) -> dict[str, Content | None]:
         if not paths:
@@ -397,7 +247,7 @@ def _cat_content(value: bytes | OSError, cap: int) -> Content | None:
         return None  # gone since the listing
     if isinstance(value, OSError):
         return Unreadable(describe(value))
-    return _size_problem(len(value), cap) or value
+    return size_problem(len(value), cap) or value
 
 
 def _strip(fs: fsspec.AbstractFileSystem, path: str) -> str:

@@ -26,8 +26,10 @@ class CommandFailed(RuntimeError):
 
 
 class CommandRunner(Protocol):
-    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> CommandResult:
-        """Run argv with `env` added to the environment; raise CommandFailed when it could not finish."""
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float,
+            stdin: str | None = None) -> CommandResult:
+        """Run argv with `env` added to the environment and `stdin` as its input; raise CommandFailed when it could
+        not finish."""
         ...
 
 
@@ -52,12 +54,13 @@ class LocalCommands:
     def __init__(self, base_env: Mapping[str, str] | None = None):
         self.base_env = dict(base_env or {})
 
-    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> CommandResult:
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float,
+            stdin: str | None = None) -> CommandResult:
         try:
             proc = subprocess.run(
                 list(argv), env={**inherited_environment(), **self.base_env, **(env or {})}, capture_output=True,
                 text=True, encoding="utf-8", errors="replace",  # a job's log bytes must not fail the decode
-                timeout=timeout, stdin=subprocess.DEVNULL, check=False,
+                timeout=timeout, check=False, **({"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}),
             )
         except subprocess.TimeoutExpired as exc:
             raise CommandFailed(f"{argv[0]} did not answer within {timeout:g} s") from exc

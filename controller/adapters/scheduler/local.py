@@ -26,7 +26,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from controller.adapters.process import proc_start_ticks
-from controller.adapters.rundirs.tree import Unreadable, read_local
+from controller.adapters.rundirs.localfs import Unreadable, read_local
 from controller.adapters.scheduler.commands import inherited_environment
 from controller.adapters.scheduler.output import failure_tail, job_output, read_from, read_tail
 from controller.adapters.secrets import SecretMask

@@ -1,5 +1,5 @@
 # The two commands of the README, and a few helpers. Every target installs what it needs itself.
-.PHONY: demo slurm-demo test bench bench-slurm bench-operator bench-store bench-incremental bench-output bench-foreign bench-fairness crds clean-demo kube-up kube-down
+.PHONY: demo slurm-demo test bench bench-slurm bench-operator bench-store bench-incremental bench-output bench-foreign bench-fairness bench-remote crds clean-demo kube-up kube-down
 
 # Set up, then converge the local demo (3 models × 2 benchmarks) and print the grid.
 demo:
@@ -70,6 +70,12 @@ clean-demo:
 bench-foreign:
 	./scripts/bootstrap.sh
 	.venv/bin/python bench/foreign_entries.py
+
+# Run dirs on a login node (the lab sshd) read by the probe at 0/1/10/50 ms added RTT, beside a local read; prints figures.
+bench-remote:
+	./scripts/bootstrap.sh
+	./scripts/sshd-up.sh
+	.venv/bin/python bench/remote_pass.py --sftp
 
 # What a hostile namespace costs another one's first status and Ready; prints figures. HOSTILE=silent (silent ssh
 # hosts and a FIFO), foreign (100,000 foreign run-dir entries) or cells (40 EvalRuns × 10,000 cells).

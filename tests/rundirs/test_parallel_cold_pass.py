@@ -42,7 +42,8 @@ def trial_reads(reads: list[str]) -> list[str]:
 
 
 def observe(jobs: Path, parallel_from: int) -> tuple[RunDirFacts, ...]:
-    return HarborRunDirs(str(jobs), REFERENCE_ERRORS, parallel_from=parallel_from).observe()
+    """`workers_from_s=0`: from `parallel_from` cold dirs on, workers read them all, however fast this host is."""
+    return HarborRunDirs(str(jobs), REFERENCE_ERRORS, parallel_from=parallel_from, workers_from_s=0).observe()
 
 
 def forget_everything(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,3 +228,34 @@ def test_a_pool_broken_while_starting_is_an_observation_error(tmp_path: Path,
 
     with pytest.raises(ObservationError, match="worker process"):
         observe(tmp_path / "jobs", parallel_from=1)
+
+
+def test_workers_start_only_when_the_first_dirs_say_reading_here_would_take_longer(
+        tmp_path: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the page cache, workers lost (their start costs more than they win): the first cold dirs are read here
+    and timed, and the rest go to workers only when reading them here would take longer than `workers_from_s`."""
+    jobs = tmp_path / "jobs"
+    for i in range(harbor.SAMPLE_DIRS + 8):
+        write_synthetic_run_dir(jobs / f"ev_done_{i:02d}", 5)
+    serial = observe(jobs, SERIAL)
+    run_dirs_read = lambda: {Path(p).parent.parent.name for p in reads  # noqa: E731 - whose trial results were read
+                             if p.endswith("/result.json") and "__" in Path(p).parent.name}
+    started: list[bool] = []
+    real_pool = parallel.worker_pool
+
+    def pool() -> Any:
+        started.append(True)
+        return real_pool()
+
+    monkeypatch.setattr(parallel, "worker_pool", pool)
+    forget_everything(monkeypatch)
+    reads.clear()
+    fast = HarborRunDirs(str(jobs), REFERENCE_ERRORS, parallel_from=1, workers_from_s=3600.0).observe()
+    assert (fast, started) == (serial, []), "a fleet read quickly here starts no worker"
+    assert len(run_dirs_read()) == len(serial)
+
+    forget_everything(monkeypatch)
+    reads.clear()
+    slow = HarborRunDirs(str(jobs), REFERENCE_ERRORS, parallel_from=1, workers_from_s=1e-9).observe()
+    assert (slow, started) == (serial, [True])
+    assert run_dirs_read() == {f"ev_done_{i:02d}" for i in range(harbor.SAMPLE_DIRS)}, "the sample here, the rest there"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import functools
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
@@ -62,6 +63,11 @@ T = TypeVar("T")
 # Never-read run dirs from which reading them in workers pays for starting those (~0.5 s). Measured, 100 trials a
 # dir, from disk: 64 dirs 1.08 s serial, 1.15-1.22 s in workers; 128 dirs 2.2-2.3 s serial, 1.7 s in workers.
 PARALLEL_FROM = 128
+# Workers only when they win: from the page cache, 200 dirs read serially in 0.33 s and in workers in 0.72-0.81 s
+# (their start). So the first SAMPLE_DIRS cold dirs are read here, timed, and the rest go to workers only when
+# reading them here would take longer than WORKERS_WIN_FROM_S.
+SAMPLE_DIRS = 16
+WORKERS_WIN_FROM_S = 1.0
 # Dirs not named like ours are read in full (their config says whose they are): a flood of them must not cost
 # every pass gigabytes, so past this many the jobs dir is not observed (its cells Unknown, with why), never
 # half-read into "no run dir, submit".
@@ -81,7 +87,8 @@ class HarborRunDirs:
     cannot be made (host down, host key refused) then makes that pass's observation unknown instead of failing
     at construction, and a cached-but-dead connection is replaced.
 
-    `parallel_from`: how many never-read run dirs of a local jobs dir make a pass read them in worker processes.
+    `parallel_from`: how many never-read run dirs of a local jobs dir make a pass consider worker processes;
+    `workers_from_s`: how long reading the rest here must promise to take for workers to be started (0: always).
 
     `probe`: `jobs_dir` is a path on that login node, read there by the run-dir probe in a few round trips a
     pass, told what this process (or its cache) already knows.
@@ -89,10 +96,11 @@ class HarborRunDirs:
 
     def __init__(self, jobs_dir: str, errors: ErrorClasses,
                  fs: AbstractFileSystem | Callable[[], AbstractFileSystem] | None = None,
-                 parallel_from: int = PARALLEL_FROM, probe: RunDirProbe | None = None) -> None:
+                 parallel_from: int = PARALLEL_FROM, probe: RunDirProbe | None = None,
+                 workers_from_s: float = WORKERS_WIN_FROM_S) -> None:
         self.jobs_dir = jobs_dir
         self.errors = errors
-        self.parallel_from = parallel_from
+        self.parallel_from, self.workers_from_s = parallel_from, workers_from_s
         self._fs_factory: Callable[[], AbstractFileSystem] | None = None
         self._tree: JobsTree | None = None
         self._memo: JobsDirMemo | None = None
@@ -122,9 +130,11 @@ class HarborRunDirs:
                 raise
             except Exception as exc:
                 raise ObservationError(f"cannot list jobs dir {self.jobs_dir}: {exc}") from exc
-            with self._read_ahead(tree, run_tags) as ahead:
+            sampled: dict[str, RunDirFacts | None] = {}
+            with self._read_ahead(tree, run_tags, sampled) as ahead:
                 observed = tuple(facts for run_tag in run_tags
-                                 if (facts := self._observe_run(tree, run_tag, ahead.get(run_tag))) is not None)
+                                 if (facts := sampled[run_tag] if run_tag in sampled
+                                     else self._observe_run(tree, run_tag, ahead.get(run_tag))) is not None)
         if self._memo is not None:
             self._memo.save()
         return observed
@@ -163,7 +173,7 @@ class HarborRunDirs:
                 raise ObservationError(f"{location}: forgotten while the probe read it; read again next pass")
             return kept
         if "fault" in answer:
-            return self._settled(run_tag, location, OSError(str(answer["fault"])), None)
+            return self._settled(run_tag, location, OSError(0, str(answer["fault"])), None)  # strerror: the why
         sig = tuple(tuple(key) if key else None for key in answer["signature"])
         scan = probed_scan(answer, functools.partial(memo.recall, location),
                            functools.partial(memo.remember_trial, location))
@@ -179,15 +189,25 @@ class HarborRunDirs:
             raise ObservationError(f"cannot reach jobs dir {self.jobs_dir}: {exc}") from exc
 
     @contextmanager
-    def _read_ahead(self, tree: JobsTree, run_tags: Sequence[str]) -> Iterator[dict[str, Ahead]]:
+    def _read_ahead(self, tree: JobsTree, run_tags: Sequence[str],
+                    sampled: dict[str, RunDirFacts | None]) -> Iterator[dict[str, Ahead]]:
         """The run dirs of a local jobs dir that this process never read, being read in worker processes, when
-        there are `parallel_from` of them and more than one CPU (and the workers could be started); else none.
+        there are `parallel_from` of them, more than one CPU, the workers could be started, and the first few
+        (read here, into `sampled`) say the rest would take longer here than `workers_from_s`; else none.
         The workers are gone after the block."""
         memo = self._memo if tree is self._tree else None
         cold = [tag for tag in run_tags if not memo.knows(tree.location(tag))] if memo is not None else []
         if len(cold) < max(self.parallel_from, 1) or parallel.cpus() < 2:
             yield {}
             return
+        if self.workers_from_s > 0:
+            started = time.perf_counter()
+            for run_tag in cold[:SAMPLE_DIRS]:
+                sampled[run_tag] = self._observe_run(tree, run_tag)
+            cold = cold[SAMPLE_DIRS:]
+            if (time.perf_counter() - started) / len(sampled) * len(cold) < self.workers_from_s:
+                yield {}
+                return
         assert isinstance(tree, LocalTree)  # the memo is for local trees only
         batches = [cold[start : start + BATCH] for start in range(0, len(cold), BATCH)]
         with parallel.worker_pool() as pool:

@@ -149,8 +149,8 @@ def plan(
     bad_nodes = tuple(sorted({q.name for q in (*ours, *deciding) if q.kind == QuarantineKind.NODE}))
     backing_off = next((q for q in (*ours, *deciding) if q.kind == QuarantineKind.CLUSTER), None)
     remaining = 0 if backing_off else policy.max_submissions_per_pass if budget is None else budget
-    over_budget = OVER_BUDGET if backing_off is None else (
-        f"launches on {policy.cluster} back off until {backing_off.until:%H:%M} UTC: {backing_off.reason}")
+    over_budget = Wait(reason=OVER_BUDGET if backing_off is None else (
+        f"launches on {policy.cluster} back off until {backing_off.until:%H:%M} UTC: {backing_off.reason}"))
     planned = []
     for cell_plan in decided:
         launch = launch_of(cell_plan)
@@ -159,7 +159,7 @@ def plan(
             if cell_plan.cell.needs_pinggy and pair is None:
                 cell_plan = _without_launch(cell_plan, _no_pair(policy, holders, locked))
             elif remaining <= 0:
-                cell_plan = _without_launch(cell_plan, Wait(reason=over_budget))
+                cell_plan = _without_launch(cell_plan, over_budget)  # one Wait for all: 10,000 cells wait alike
             else:
                 remaining -= 1
                 if pair is not None:

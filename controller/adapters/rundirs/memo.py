@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from controller.adapters.rundirs.localfs import Signature, StatKey, read_local
 from controller.core.trial_errors import ErrorClasses
 from controller.core.types import RunDirFacts
@@ -47,11 +49,12 @@ class JobsDirMemo:
     """Bounded: at most `max_runs` run dirs are remembered, the least recently read forgotten first (a forgotten
     dir is read again when a pass asks for it). A jobs dir of 100,000 foreign entries can no longer grow it."""
 
-    def __init__(self, max_runs: int = MEMO_RUNS_MAX, cache: Path | None = None, header: dict[str, Any] | None = None) -> None:
+    def __init__(self, max_runs: int = MEMO_RUNS_MAX, cache: Path | None = None,
+                 header: CacheHeader | None = None) -> None:
         self.max_runs = max_runs
         self._runs: OrderedDict[str, _Kept] = OrderedDict()  # least recently read first
         self._lock = threading.Lock()  # passes of several EvalRuns on one jobs dir run in threads at once
-        self._cache, self._header = cache, header or {}
+        self._cache, self._header = cache, header
         self._unsaved = False  # finished facts changed since the cache file was written
         if cache is not None:
             self._load(cache)
@@ -106,30 +109,30 @@ class JobsDirMemo:
         if self._cache is None or not self._unsaved:
             return
         with self._lock:
-            runs = [[run, kept.finished[0], kept.finished[1].model_dump(mode="json")]
-                    for run, kept in self._runs.items() if kept.finished is not None]
+            runs = [(run, *kept.finished) for run, kept in self._runs.items() if kept.finished is not None]
             self._unsaved = False
         try:
             self._cache.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile("w", dir=self._cache.parent, prefix=".rundirs-", delete=False) as out:
-                json.dump({**self._header, "runs": runs}, out, separators=(",", ":"))
+                out.write(_CacheFile.model_construct(**dict(self._header or {}), runs=runs).model_dump_json())
             os.replace(out.name, self._cache)
         except OSError as exc:
             log.warning("cannot write the run-dir cache %s: %s", self._cache, exc)
 
     def _load(self, cache: Path) -> None:
+        """One validation of the whole file (JSON parsed and checked by pydantic-core: 70 ms for 1,000 dirs, where
+        json.loads then a model_validate each took 100-140 ms)."""
         content, _ = read_local(str(cache), CACHE_FILE_CAP)
         if content is None:
             return
         try:
             if not isinstance(content, bytes):
                 raise ValueError(content.reason)
-            document = json.loads(content)
-            if {key: document.get(key) for key in self._header} != self._header:
+            document = _CacheFile.model_validate_json(content)
+            if CacheHeader.model_validate(document.model_dump(exclude={"runs"})) != self._header:
                 raise ValueError("written for another format, schema, jobs dir or error classes")
-            for run, sig, facts in document["runs"][-self.max_runs:]:
-                self._runs[run] = _Kept(finished=(tuple(tuple(key) if key else None for key in sig),
-                                                  RunDirFacts.model_validate(facts)))
+            for run, sig, facts in document.runs[-self.max_runs:]:
+                self._runs[run] = _Kept(finished=(sig, facts))
         except Exception as exc:  # anything: a cache is never trusted over reading the dirs again
             self._runs.clear()
             log.info("ignoring the run-dir cache %s: %s", cache, str(exc)[:200])
@@ -143,6 +146,20 @@ class JobsDirMemo:
         while len(self._runs) > self.max_runs:
             self._runs.popitem(last=False)
         return kept
+
+
+class CacheHeader(BaseModel):
+    """What a cache file was written for: facts kept under anything else are not these."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    format: int
+    jobs_dir: str
+    errors: str  # digest of the error classes
+    facts_schema: str  # digest of RunDirFacts' JSON schema
+
+
+class _CacheFile(CacheHeader):
+    runs: list[tuple[str, Signature, RunDirFacts]]
 
 
 @dataclass
@@ -163,9 +180,9 @@ def memo_for(jobs_dir: str, errors: ErrorClasses, host: str | None = None) -> Jo
     with _GUARD:
         memo = _MEMOS.get((root, classes))
         if memo is None:
-            header = {"format": CACHE_FORMAT, "jobs_dir": root, "errors": classes, "schema": _schema_digest()}
+            header = CacheHeader(format=CACHE_FORMAT, jobs_dir=root, errors=classes, facts_schema=_schema_digest())
             cache = cache_dir()
-            name = f"rundirs-{_digest(json.dumps(header, sort_keys=True))}.json"
+            name = f"rundirs-{_digest(header.model_dump_json())}.json"
             memo = _MEMOS[(root, classes)] = JobsDirMemo(cache=cache / name if cache else None, header=header)
         return memo
 

@@ -27,8 +27,10 @@ sys.path.insert(0, str(REPO))
 
 from fleet import drop_page_cache  # noqa: E402
 
+os.environ["EVALCTL_CACHE_DIR"] = ""  # an in-process memo's figures: a cold pass with nothing from earlier runs
+
 from controller.adapters.rundirs.harbor import PARALLEL_FROM, HarborRunDirs  # noqa: E402
-from controller.adapters.rundirs.memo import JOB_FILES  # noqa: E402
+from controller.adapters.rundirs.localfs import JOB_FILES  # noqa: E402
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_synthetic_run_dir, write_trial  # noqa: E402
 
 

@@ -8,6 +8,7 @@ peering keeps a second replica idle, and the store's lease keeps a CLI on the sa
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -209,6 +210,7 @@ def run(config: OperatorConfig, *, namespaces: list[str], standalone: bool, live
     if metrics_port is not None:
         prometheus.serve(metrics_port)
     memo = Memo(config=config, api=KubeApi(), passes=PassQueue(), stores=Stores(config))
+    gc.freeze()  # what is loaded by now lives as long as the process: kept out of every pass's full collections
     kopf.run(registry=build_registry(config.interval_s), memo=memo, standalone=standalone,
              peering_name=None if standalone else peering, priority=priority, liveness_endpoint=liveness,
              clusterwide=not namespaces, namespaces=namespaces)

@@ -90,3 +90,22 @@ def test_the_cache_is_per_set_of_error_classes(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", code, str(jobs)], check=True, capture_output=True,
                    env={**os.environ, "EVALCTL_CACHE_DIR": str(cache)})
     assert len(list(cache.glob("rundirs-*.json"))) == 2
+
+
+def test_dirs_the_cache_knows_by_an_old_signature_are_cold_reads(tmp_path: Path) -> None:
+    """A cache whose every entry went stale (the dirs were resumed, or rebuilt) must not make a process read them
+    serially as if it knew them: they are cold, and the cold pass may read them in workers."""
+    jobs, cache = tmp_path / "jobs", tmp_path / "cache"
+    runs = _fleet(jobs)
+    _observe_fresh(jobs, cache)
+    (runs[0] / "result.json").write_text((runs[0] / "result.json").read_text() + " ")
+    code = """
+import json, sys
+from controller.adapters.rundirs.memo import memo_for
+from tests.fixtures.harbor_dirs import REFERENCE_ERRORS
+memo = memo_for(sys.argv[1], REFERENCE_ERRORS)
+print(json.dumps(sorted(run.rsplit("/", 1)[1] for run in memo._runs if memo.knows(run))))
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(jobs)], check=True, capture_output=True, text=True,
+                         env={**os.environ, "EVALCTL_CACHE_DIR": str(cache)})
+    assert json.loads(out.stdout) == sorted(run.name for run in runs[1:])

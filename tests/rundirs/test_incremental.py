@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
+from controller.adapters.rundirs import localfs
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.core.types import ErrorKind, QuietFailure, RunDirFacts
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_job_result, write_synthetic_run_dir, write_trial
@@ -83,3 +86,23 @@ def test_a_changed_trial_result_of_a_running_dir_is_read_again(tmp_path: Path, r
 
     assert [os.path.basename(os.path.dirname(p)) for p in trial_reads(reads)] == ["flaky__zzzzzzz"]
     assert again.n_scored == 4 and again.n_infra_errors == 1
+
+
+def test_a_trial_result_costs_one_stat_when_unchanged_and_none_before_its_first_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unchanged result is stat-ed and recalled (no open); a result of a dir the memo keeps nothing of is opened
+    straight away (the fstat of the open is its StatKey), not stat-ed first."""
+    run = tmp_path / "jobs" / "ev_running"
+    write_synthetic_run_dir(run, 6, n_total=20, finished=False)
+    stats: list[str] = []
+    real = localfs.stat_key
+    monkeypatch.setattr(localfs, "stat_key", lambda path: stats.append(path) or real(path))
+
+    a_pass(tmp_path / "jobs")
+    trial_stats = [p for p in stats if "__" in os.path.basename(os.path.dirname(p))]
+    assert trial_stats == [], "a cold read stats nothing before opening"
+
+    stats.clear()
+    a_pass(tmp_path / "jobs")
+    trial_stats = [p for p in stats if "__" in os.path.basename(os.path.dirname(p))]
+    assert len(trial_stats) == len(set(trial_stats)) == 6, "one stat per unchanged trial result"

@@ -113,7 +113,7 @@ class HarborRunDirs:
             self._fs_factory = fs
         if isinstance(self._tree, LocalTree):  # over sftp every read is a round trip anyway: no memo there yet
             self._memo = memo_for(self._tree.root, errors)
-            self._tree.recall = self._memo.recall
+            self._tree.recall = self._memo.recall_for
 
     def observe(self, wanted: RunTagFilter = every_run_tag) -> tuple[RunDirFacts, ...]:
         """The facts of the run dirs `wanted` names: a pass reads its own cells' dirs, never a jobs dir's every

@@ -148,8 +148,15 @@ def read_local(path: str, cap: int) -> tuple[Content | None, float | None]:
 
 
 def read_file(path: str, cap: int, recall: Callable[[StatKey], object] | None = None) -> FileRead:
-    """open + fstat + read, no separate stat. O_NONBLOCK: opening a FIFO does not wait for a writer; fstat
-    refuses it. `recall`: given the file's StatKey, what was parsed from it before (None: read it)."""
+    """open + fstat + read. O_NONBLOCK: opening a FIFO does not wait for a writer; fstat refuses it.
+
+    `recall`: given the file's StatKey, what was parsed from it before (None: read it). It costs a stat first, so
+    an unchanged file costs that stat alone; pass it only when something may be recalled (a cold read would pay
+    a stat for nothing)."""
+    if recall is not None:
+        key = stat_key(path)
+        if key is not None and (known := recall(key)) is not None:
+            return FileRead(None, key[0] / 1e9, key, known)
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
@@ -160,9 +167,7 @@ def read_file(path: str, cap: int, recall: Callable[[StatKey], object] | None = 
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return FileRead(Unreadable(f"not a regular file ({_file_kind(st.st_mode)})"), None)
-        key = (st.st_mtime_ns, st.st_size)
-        if recall is not None and (known := recall(key)) is not None:
-            return FileRead(None, st.st_mtime, key, known)
+        key = (st.st_mtime_ns, st.st_size)  # of what is read: the file may have changed since a stat
         if st.st_size > cap:
             return FileRead(_too_large(cap), None, key)
         data = _read_capped(fd, st.st_size, cap)

@@ -28,13 +28,14 @@ import os
 import tempfile
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from controller.adapters.rundirs.localfs import Signature, StatKey, read_local
+from controller.adapters.rundirs.localfs import Signature, StatKey, read_local, signature
 from controller.core.trial_errors import ErrorClasses
 from controller.core.types import RunDirFacts
 
@@ -68,13 +69,22 @@ class JobsDirMemo:
             return kept.finished[1]
 
     def knows(self, run: str) -> bool:
-        """Whether a pass of this process read the run dir (and it was not forgotten since)."""
-        return run in self._runs
+        """Whether a pass of this process read the run dir (and it was not forgotten since), or the cache holds its
+        facts as of its current signature: else reading it is a cold read."""
+        kept = self._runs.get(run)
+        if kept is None:
+            return False
+        return not kept.cached or (kept.finished is not None and kept.finished[0] == signature(run))
 
     def recall(self, run: str, name: str, key: StatKey) -> object:
         kept = self._runs.get(run)
         trial = kept.trials.get(name) if kept is not None else None
         return trial[1] if trial is not None and trial[0] == key else None
+
+    def recall_for(self, run: str) -> Callable[[str, StatKey], object] | None:
+        """`recall` for the trials of `run`; None when none of them is kept (a cold dir: nothing to stat for)."""
+        kept = self._runs.get(run)
+        return None if kept is None or not kept.trials else functools.partial(self.recall, run)
 
     def known(self, run: str) -> dict[str, Any]:
         """What a probe on the run dir's host is told of it: the signature of its finished facts, else the StatKeys
@@ -96,6 +106,7 @@ class JobsDirMemo:
         facts, keeping it known (even with no trial result yet) so that it is not taken for a cold dir."""
         with self._lock:
             kept = self._kept(run)
+            kept.cached = False
             if facts.finished_at is not None and not facts.unreadable and signature is not None:
                 self._unsaved |= kept.finished != (signature, facts)
                 kept.finished, kept.trials = (signature, facts), {}
@@ -132,7 +143,7 @@ class JobsDirMemo:
             if CacheHeader.model_validate(document.model_dump(exclude={"runs"})) != self._header:
                 raise ValueError("written for another format, schema, jobs dir or error classes")
             for run, sig, facts in document.runs[-self.max_runs:]:
-                self._runs[run] = _Kept(finished=(sig, facts))
+                self._runs[run] = _Kept(finished=(sig, facts), cached=True)
         except Exception as exc:  # anything: a cache is never trusted over reading the dirs again
             self._runs.clear()
             log.info("ignoring the run-dir cache %s: %s", cache, str(exc)[:200])
@@ -166,6 +177,7 @@ class _CacheFile(CacheHeader):
 class _Kept:
     finished: tuple[Signature, RunDirFacts] | None = None
     trials: dict[str, tuple[StatKey, object]] = field(default_factory=dict)
+    cached: bool = False  # from the cache file, not read by this process yet
 
 
 _MEMOS: dict[tuple[str, str], JobsDirMemo] = {}

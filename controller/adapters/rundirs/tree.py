@@ -57,8 +57,9 @@ class TrialRead(NamedTuple):
     agent_active: bool = False  # no result.json, but its agent/ holds an entry: started, not just created
 
 
-# Given a run dir path, a trial name and the StatKey of its result.json: what was parsed from it before, if kept.
-Recall = Callable[[str, str, StatKey], object]
+# Given a run dir path: None when nothing of it is kept, else (trial name, StatKey of its result.json) → what was
+# parsed from that very file before, if kept.
+Recall = Callable[[str], Callable[[str, StatKey], object] | None]
 
 
 class RunScan(NamedTuple):
@@ -95,7 +96,8 @@ def open_tree(jobs_dir: str, fs: fsspec.AbstractFileSystem | None = None) -> Job
 
 class LocalTree:
     """`recall` (set by an observer that keeps what it parsed): a trial result whose mtime and size are those of
-    a file parsed before is not read again, only opened and fstat-ed."""
+    a file parsed before is not read again, only stat-ed; the trials of a dir it keeps nothing of are read
+    without that stat (open + fstat + read)."""
 
     def __init__(self, root: str, recall: Recall | None = None) -> None:
         self.root = root
@@ -117,8 +119,9 @@ class LocalTree:
         return RunScan(files, listing.no_resume, self._results(run, trials), trial_config)
 
     def _results(self, run: str, trials: list[str]) -> Iterator[TrialRead]:
+        kept = None if self.recall is None else self.recall(run)
         for name in trials:
-            recall = None if self.recall is None else functools.partial(self.recall, run, name)
+            recall = None if kept is None else functools.partial(kept, name)
             read = read_file(os.path.join(run, name, TRIAL_RESULT), TRIAL_RESULT_CAP, recall)
             active = read.content is None and read.known is None and has_entry(os.path.join(run, name, AGENT_DIR))
             yield TrialRead(name, read.content, read.mtime, read.known, read.key, active)

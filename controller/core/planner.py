@@ -109,6 +109,8 @@ class Policy(Frozen):
     overlong: timedelta | None = None
     force_upload: bool = Field(False, description="the gates' holds are released by a human")
     max_submissions_per_pass: int = 6
+    max_live_jobs: int = Field(50, description="the cluster's ceiling on our queued + running jobs (the caller's "
+                                               "budget counts it)")
     tunnel_pairs: tuple[str, ...] = ()
     tunnel_urls: dict[str, str] = Field(default_factory=dict, description="pair → its public URL, where given")
     cancel_on_delete: bool = Field(False, description="deletionPolicy Cancel: deleting the EvalRun cancels its jobs")
@@ -123,13 +125,15 @@ def plan(
     policy: Policy,
     now: datetime,
     budget: int | None = None,
+    budget_note: str = OVER_BUDGET,
     tunnel_leases: Sequence[TunnelLease] = (),
     live_job_names: frozenset[str] | None = None,
     owners: Mapping[str, EvalRunRef] | None = None,
     quarantined: Sequence[Quarantined] = (),
 ) -> Plan:
     """Decide every cell, then share out what is scarce: launches (`budget`, default the policy's
-    per-pass cap) and pinggy pairs (`policy.tunnel_pairs` minus those leased to live jobs or locked).
+    per-pass cap; `budget_note`: why the cells past it wait) and pinggy pairs (`policy.tunnel_pairs` minus those
+    leased to live jobs or locked).
 
     `live_job_names`: every queued or running job on the cluster (None: the queue was not read).
     `owners`: cell key → the OTHER EvalRun that acts for it; such a cell is shown, never acted on.
@@ -149,7 +153,7 @@ def plan(
     bad_nodes = tuple(sorted({q.name for q in (*ours, *deciding) if q.kind == QuarantineKind.NODE}))
     backing_off = next((q for q in (*ours, *deciding) if q.kind == QuarantineKind.CLUSTER), None)
     remaining = 0 if backing_off else policy.max_submissions_per_pass if budget is None else budget
-    over_budget = Wait(reason=OVER_BUDGET if backing_off is None else (
+    over_budget = Wait(reason=budget_note if backing_off is None else (
         f"launches on {policy.cluster} back off until {backing_off.until:%H:%M} UTC: {backing_off.reason}"))
     planned = []
     for cell_plan in decided:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -19,7 +20,7 @@ from pydantic import Field
 
 from controller.core.actor import Actor
 from controller.core.match import join_cells
-from controller.core.planner import Policy, launch_of, plan, plan_deletion
+from controller.core.planner import OVER_BUDGET, Policy, launch_of, plan, plan_deletion
 from controller.core.ports import (
     JobsDirMissing,
     ObservationError,
@@ -80,12 +81,33 @@ class ClusterPorts:
 
 
 class ClusterView:
-    """One pass's reads of a cluster (queue and accounting, run dirs), and the launches it still allows."""
+    """One pass's reads of a cluster (queue and accounting, run dirs), and the launches it still allows: the
+    pass's cap and the cluster's rate, and room under `maxLiveJobs` (our queued + running jobs, from the queue).
 
-    def __init__(self, ports: ClusterPorts, max_per_pass: int, now: datetime, stems: frozenset[str]):
+    `launching`: whether this pass may launch there at all (it holds the cluster's launch lease, taken BEFORE the
+    queue is read: another process that launched meanwhile has released it, and its jobs are in this read)."""
+
+    def __init__(self, ports: ClusterPorts, policy: Policy, now: datetime, stems: frozenset[str],
+                 launching: str | None = None):
         self.jobs = _read(ports.scheduler.observe)
         self.dirs = _read(functools.partial(ports.run_dirs.observe, functools.partial(own_run_dir, stems)))
-        self.budget = min(rate_budget(self.jobs, ports.submissions_per_minute, now), max_per_pass)
+        self.paced = min(rate_budget(self.jobs, ports.submissions_per_minute, now), policy.max_submissions_per_pass)
+        self.max_live = policy.max_live_jobs
+        self.live = 0 if isinstance(self.jobs, ObservationError) else sum(1 for job in self.jobs if job.state.active)
+        self.not_launching = launching  # why this pass launches nothing on the cluster, when it does not
+
+    @property
+    def budget(self) -> int:
+        return 0 if self.not_launching else max(min(self.paced, self.max_live - self.live), 0)
+
+    @property
+    def budget_note(self) -> str:
+        """Why cells past the budget wait."""
+        if self.not_launching:
+            return self.not_launching
+        if self.max_live - self.live <= self.paced:  # the ceiling binds: once this budget is spent, it is reached
+            return f"cluster at maxLiveJobs ({self.max_live} live)"
+        return OVER_BUDGET
 
     @property
     def live_job_names(self) -> frozenset[str] | None:
@@ -95,7 +117,9 @@ class ClusterView:
         return frozenset(job.name for job in self.jobs if job.state.active)
 
     def spend(self, the_plan: Plan) -> None:
-        self.budget -= sum(1 for cell in the_plan.cells if launch_of(cell) is not None)
+        launched = sum(1 for cell in the_plan.cells if launch_of(cell) is not None)
+        self.paced -= launched
+        self.live += launched
 
 
 class Observed(Frozen):
@@ -141,12 +165,32 @@ def reconcile_pass(
     stems: dict[ClusterRef, set[str]] = defaultdict(set)  # the run dirs a cluster's EvalRuns here can own
     for target in targets:
         stems[target.cluster].update(stem for cell in target.cells for stem in cell.tag_stems)
+    launcher = f"{holder}#{uuid.uuid4().hex[:12]}"  # this pass: another pass of this process is another launcher
+    launch_leases: list[str] = []
+    try:
+        return _each_target(targets, store, clusters, now, act, holder, holder_is_dead, lease_ttl, views, stems,
+                            launcher, launch_leases)
+    finally:
+        for lease in launch_leases:
+            _release(store, lease, launcher)
+
+
+def _each_target(targets: Sequence[RunTarget], store: Store, clusters: dict[ClusterRef, ClusterPorts],
+                 now: datetime, act: bool, holder: str, holder_is_dead: Callable[[str], bool], lease_ttl: timedelta,
+                 views: dict[ClusterRef, ClusterView], stems: dict[ClusterRef, set[str]], launcher: str,
+                 launch_leases: list[str]) -> list[PassResult]:
     results = []
     for target in targets:
         ports = clusters[target.cluster]
-        if target.cluster not in views:  # max_submissions_per_pass is a cluster field: the same for every run on it
-            views[target.cluster] = ClusterView(ports, target.policy.max_submissions_per_pass, now,
-                                                frozenset(stems[target.cluster]))
+        if target.cluster not in views:  # the caps are cluster fields: the same for every run on it
+            not_launching = None
+            if act and not target.policy.suspend:
+                lease = f"launch/{target.cluster}"
+                not_launching = _launch_lease(store, lease, launcher, holder_is_dead, lease_ttl)
+                if not_launching is None:
+                    launch_leases.append(lease)
+            views[target.cluster] = ClusterView(ports, target.policy, now, frozenset(stems[target.cluster]),
+                                                not_launching)
         view = views[target.cluster]
         observed = observe(target, store, view, ports.scheduler)
         acting = _acting(target, store, observed, act, holder, holder_is_dead, lease_ttl)
@@ -154,7 +198,7 @@ def reconcile_pass(
         try:
             snapshot = observed.snapshot
             the_plan = plan(target.evalrun, target.cells, observed.cells, target.policy, now, budget=view.budget,
-                            tunnel_leases=snapshot.tunnel_leases if snapshot else (),
+                            budget_note=view.budget_note, tunnel_leases=snapshot.tunnel_leases if snapshot else (),
                             live_job_names=view.live_job_names, owners=acting.owners,
                             quarantined=snapshot.quarantined if snapshot else ())
             view.spend(the_plan)
@@ -267,6 +311,19 @@ def _acting(target: RunTarget, store: Store, observed: Observed, act: bool, hold
         return Acting(granted=False, owners=watching, note=f"planned only: {exc}", blocked=True)
     # A cell another EvalRun won since this pass observed it (a race) is watched, not acted on.
     return Acting(granted=True, owners={key: owner for key, owner in owners.items() if owner != target.evalrun})
+
+
+def _launch_lease(store: Store, lease: str, launcher: str, holder_is_dead: Callable[[str], bool],
+                  lease_ttl: timedelta) -> str | None:
+    """Take the cluster's launch lease for this pass; None when taken, else why this pass launches nothing there.
+    Launches on one cluster are one pass's at a time, so the ceiling and the rate hold across processes."""
+    try:
+        if _take_lease(store, lease, launcher, lambda other: holder_is_dead(other.partition("#")[0]),
+                       lease_ttl.total_seconds()):
+            return None
+    except StoreUnavailable as exc:
+        return f"no launch this pass: {exc}"
+    return "another pass is launching on this cluster; next pass"
 
 
 def _take_lease(store: Store, lease: str, holder: str, holder_is_dead: Callable[[str], bool], ttl: float) -> bool:

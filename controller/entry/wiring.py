@@ -81,6 +81,7 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog) -> Poli
         overlong=None if spec.upload.overlong_hours is None else timedelta(hours=spec.upload.overlong_hours),
         force_upload=spec.upload.force_upload,
         max_submissions_per_pass=cspec.max_submissions_per_pass,
+        max_live_jobs=cspec.max_live_jobs,
         tunnel_pairs=tuple(pair.name for pair in spec.pinggy.pairs),
         tunnel_urls={pair.name: pair.url for pair in spec.pinggy.pairs if pair.url},
         cancel_on_delete=spec.deletion_policy == "Cancel",

@@ -292,6 +292,10 @@ class EvalClusterSpec(SpecModel):
                                                description="Ceiling for a cell's n_concurrent on this cluster.")
     max_submissions_per_pass: PositiveInt = Field(6, le=1000,
                                                   description="At most this many submit/resume actions per pass.")
+    max_live_jobs: PositiveInt = Field(50, le=100_000,
+                                       description="A ceiling on our queued + running jobs on this cluster, counted "
+                                                   "from the queue every pass (across EvalRuns, processes and the "
+                                                   "operator): cells over it wait.")
     env: dict[str, EnvValue] = Field(default_factory=dict, max_length=ENV_ENTRIES_MAX,
                                      description="Extra non-secret environment for every job.")
     secret_env: list[SecretEnv] = Field(default_factory=list, max_length=POOL_MAX,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -167,12 +168,16 @@ def reconcile_pass(
         stems[target.cluster].update(stem for cell in target.cells for stem in cell.tag_stems)
     launcher = f"{holder}#{uuid.uuid4().hex[:12]}"  # this pass: another pass of this process is another launcher
     launch_leases: list[str] = []
+    with _LAUNCHERS_GUARD:
+        _LAUNCHERS.add(launcher)
     try:
         return _each_target(targets, store, clusters, now, act, holder, holder_is_dead, lease_ttl, views, stems,
                             launcher, launch_leases)
     finally:
         for lease in launch_leases:
             _release(store, lease, launcher)
+        with _LAUNCHERS_GUARD:
+            _LAUNCHERS.discard(launcher)
 
 
 def _each_target(targets: Sequence[RunTarget], store: Store, clusters: dict[ClusterRef, ClusterPorts],
@@ -316,14 +321,27 @@ def _acting(target: RunTarget, store: Store, observed: Observed, act: bool, hold
 def _launch_lease(store: Store, lease: str, launcher: str, holder_is_dead: Callable[[str], bool],
                   lease_ttl: timedelta) -> str | None:
     """Take the cluster's launch lease for this pass; None when taken, else why this pass launches nothing there.
-    Launches on one cluster are one pass's at a time, so the ceiling and the rate hold across processes."""
+    Launches on one cluster are one pass's at a time, so the ceiling and the rate hold across processes.
+
+    A lease left by an ended pass of this very process (its release failed: the store was down) is taken over, as
+    is one of a dead process: else a `--loop` would wait out the lease's TTL after every store outage."""
+    holder = launcher.partition("#")[0]
+
+    def ended(other: str) -> bool:
+        owner = other.partition("#")[0]
+        with _LAUNCHERS_GUARD:
+            return (owner == holder and other not in _LAUNCHERS) or holder_is_dead(owner)
+
     try:
-        if _take_lease(store, lease, launcher, lambda other: holder_is_dead(other.partition("#")[0]),
-                       lease_ttl.total_seconds()):
+        if _take_lease(store, lease, launcher, ended, lease_ttl.total_seconds()):
             return None
     except StoreUnavailable as exc:
         return f"no launch this pass: {exc}"
     return "another pass is launching on this cluster; next pass"
+
+
+_LAUNCHERS: set[str] = set()  # the passes of this process under way (`holder#nonce`), for `_launch_lease`
+_LAUNCHERS_GUARD = threading.Lock()
 
 
 def _take_lease(store: Store, lease: str, holder: str, holder_is_dead: Callable[[str], bool], ttl: float) -> bool:

@@ -8,6 +8,11 @@ import json
 
 from controller.adapters.process import process_identity
 from controller.adapters.store.sqlite import SqliteStore
+from controller.core.reconcile import reconcile_pass
+from controller.core.store import Store
+from controller.entry.wiring import cluster_ports, targets_for, utc_now
+from controller.spec.catalog import load_catalog
+from controller.spec.loader import load_specs
 
 HANGING = {"FAKE_HARBOR_HANG_AFTER": "1", "FAKE_HARBOR_TASKS": "4"}
 
@@ -58,3 +63,19 @@ def test_a_pass_of_another_process_launching_on_the_cluster_makes_this_one_launc
     out = cluster.evalctl("reconcile", "--once").stdout
     assert out.count("submitted job") == 6, out
     assert SqliteStore(cluster.root / "store.db").lease_holder("launch/local") is None, "released after the pass"
+
+
+def test_a_launch_lease_an_ended_pass_of_this_process_left_is_taken_over(cluster) -> None:
+    """Its release failed (the store was down): the same process's next pass must not wait out the TTL."""
+    _two_evalruns(cluster, max_live=10)
+    store = SqliteStore(cluster.root / "store.db")
+    assert store.try_lease("launch/local", "this-process#an-ended-pass", 600)
+    catalog = load_catalog()
+    specs = load_specs([cluster.spec], catalog)
+    both = Store(store, store)
+    try:
+        results = reconcile_pass(targets_for(specs, catalog), both, cluster_ports(specs, both, catalog), utc_now(),
+                                 act=True, holder="this-process")
+    finally:
+        both.close()
+    assert sum(o.ok for r in results for o in r.outcomes if o.action == "submit") == 6, results

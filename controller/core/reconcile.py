@@ -170,51 +170,49 @@ def reconcile_pass(
     launch_leases: list[str] = []
     with _LAUNCHERS_GUARD:
         _LAUNCHERS.add(launcher)
+    results = []
     try:
-        return _each_target(targets, store, clusters, now, act, holder, holder_is_dead, lease_ttl, views, stems,
-                            launcher, launch_leases)
+        for target in targets:
+            ports = clusters[target.cluster]
+            if target.cluster not in views:  # the caps are cluster fields: the same for every run on it
+                not_launching = None
+                if act and not target.policy.suspend:
+                    launch_lease = f"launch/{target.cluster}"
+                    not_launching = _launch_lease(store, launch_lease, launcher, holder_is_dead, lease_ttl)
+                    if not_launching is None:
+                        launch_leases.append(launch_lease)
+                views[target.cluster] = ClusterView(ports, target.policy, now, frozenset(stems[target.cluster]),
+                                                    not_launching)
+            results.append(_target_pass(target, store, ports, views[target.cluster], now, act, holder,
+                                        holder_is_dead, lease_ttl))
     finally:
-        for lease in launch_leases:
-            _release(store, lease, launcher)
+        for launch_lease in launch_leases:
+            _release(store, launch_lease, launcher)
         with _LAUNCHERS_GUARD:
             _LAUNCHERS.discard(launcher)
-
-
-def _each_target(targets: Sequence[RunTarget], store: Store, clusters: dict[ClusterRef, ClusterPorts],
-                 now: datetime, act: bool, holder: str, holder_is_dead: Callable[[str], bool], lease_ttl: timedelta,
-                 views: dict[ClusterRef, ClusterView], stems: dict[ClusterRef, set[str]], launcher: str,
-                 launch_leases: list[str]) -> list[PassResult]:
-    results = []
-    for target in targets:
-        ports = clusters[target.cluster]
-        if target.cluster not in views:  # the caps are cluster fields: the same for every run on it
-            not_launching = None
-            if act and not target.policy.suspend:
-                lease = f"launch/{target.cluster}"
-                not_launching = _launch_lease(store, lease, launcher, holder_is_dead, lease_ttl)
-                if not_launching is None:
-                    launch_leases.append(lease)
-            views[target.cluster] = ClusterView(ports, target.policy, now, frozenset(stems[target.cluster]),
-                                                not_launching)
-        view = views[target.cluster]
-        observed = observe(target, store, view, ports.scheduler)
-        acting = _acting(target, store, observed, act, holder, holder_is_dead, lease_ttl)
-        lease = f"evalrun/{target.evalrun}"
-        try:
-            snapshot = observed.snapshot
-            the_plan = plan(target.evalrun, target.cells, observed.cells, target.policy, now, budget=view.budget,
-                            budget_note=view.budget_note, tunnel_leases=snapshot.tunnel_leases if snapshot else (),
-                            live_job_names=view.live_job_names, owners=acting.owners,
-                            quarantined=snapshot.quarantined if snapshot else ())
-            view.spend(the_plan)
-            outcomes = tuple(ports.actor_for(target).act(the_plan)) if acting.granted else ()
-        finally:
-            if acting.granted:
-                _release(store, lease, holder)
-        results.append(PassResult(evalrun=target.evalrun, plan=the_plan, outcomes=outcomes, acted=acting.granted,
-                                  status=summarize(the_plan, outcomes, target.generation), note=acting.note,
-                                  blocked=acting.blocked))
     return results
+
+
+def _target_pass(target: RunTarget, store: Store, ports: ClusterPorts, view: ClusterView, now: datetime, act: bool,
+                 holder: str, holder_is_dead: Callable[[str], bool], lease_ttl: timedelta) -> PassResult:
+    """One EvalRun's share of the pass: observe, take its lease, plan within the cluster's budget, act."""
+    observed = observe(target, store, view, ports.scheduler)
+    acting = _acting(target, store, observed, act, holder, holder_is_dead, lease_ttl)
+    lease = f"evalrun/{target.evalrun}"
+    try:
+        snapshot = observed.snapshot
+        the_plan = plan(target.evalrun, target.cells, observed.cells, target.policy, now, budget=view.budget,
+                        budget_note=view.budget_note, tunnel_leases=snapshot.tunnel_leases if snapshot else (),
+                        live_job_names=view.live_job_names, owners=acting.owners,
+                        quarantined=snapshot.quarantined if snapshot else ())
+        view.spend(the_plan)
+        outcomes = tuple(ports.actor_for(target).act(the_plan)) if acting.granted else ()
+    finally:
+        if acting.granted:
+            _release(store, lease, holder)
+    return PassResult(evalrun=target.evalrun, plan=the_plan, outcomes=outcomes, acted=acting.granted,
+                      status=summarize(the_plan, outcomes, target.generation), note=acting.note,
+                      blocked=acting.blocked)
 
 
 def own_run_dir(stems: frozenset[str], run_tag: str) -> bool:

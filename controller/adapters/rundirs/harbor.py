@@ -168,13 +168,13 @@ class HarborRunDirs:
     def _probed_run(self, memo: JobsDirMemo, run_tag: str, location: str, known: dict[str, Any],
                     answer: dict[str, Any]) -> RunDirFacts | None:
         if answer.get("same"):
-            kept = memo.finished(location, tuple(tuple(key) if key else None for key in known["finished"]))
+            kept = memo.finished(location, _signature(known["finished"]))
             if kept is None:
                 raise ObservationError(f"{location}: forgotten while the probe read it; read again next pass")
             return kept
         if "fault" in answer:
             return self._settled(run_tag, location, OSError(0, str(answer["fault"])), None)  # strerror: the why
-        sig = tuple(tuple(key) if key else None for key in answer["signature"])
+        sig = _signature(answer["signature"])
         scan = probed_scan(answer, functools.partial(memo.recall, location),
                            functools.partial(memo.remember_trial, location))
         return self._settled(run_tag, location, run_dir_facts(run_tag, location, scan, self.errors), sig)
@@ -303,6 +303,11 @@ def probed_scan(answer: dict[str, Any], recall: Callable[[str, StatKey], object]
             trials.append(TrialRead(name, None, None, agent_active=bool(active)))
     return RunScan(files, bool(answer["no_resume"]), iter(trials),
                    None if config is None else _probed_content(config))
+
+
+def _signature(value: Sequence[Sequence[int] | None]) -> Signature:
+    """A signature as JSON carries it (lists) or the memo keeps it (tuples), as the memo compares it."""
+    return tuple((int(key[0]), int(key[1])) if key else None for key in value)
 
 
 def _probed_content(value: list[str]) -> Content:

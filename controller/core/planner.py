@@ -11,8 +11,9 @@ Per cell, the first rule that applies decides (each names its `Rule`):
      interrupted submission is finished first, then the cell's run dir is classified (§4): a dir on disk
      is worth more than a fresh start; a finished run is verified (§5) and its upload gated.
 Then, for the whole EvalRun: cells another EvalRun owns only watch; pinggy leases whose job is over are
-released; launches share the submission budget and the free pinggy pairs in cell order; `suspend` turns
-every mutation into a hold.
+released; launches share the submission budget and the free pinggy pairs in cell order (cells with nothing
+observed that wait past the budget share one plan, decided once by the same rules); `suspend` turns every
+mutation into a hold.
 """
 
 from __future__ import annotations
@@ -140,14 +141,17 @@ def plan(
     `quarantined`: nodes, pairs and cluster launches not to use now (the store's unexpired quarantines).
     """
     leased = {lease.holder: lease.pair for lease in tunnel_leases}
-    decided = [plan_cell(cell, obs, policy, now, leased=leased, quarantined=quarantined)
-               for cell, obs in zip(cells, observations, strict=True)]
-    decided = [owned_elsewhere(c, owners[c.cell.key]) if owners and c.cell.key in owners else c for c in decided]
+    decided: list[CellPlan | Cell] = [  # a Cell: nothing observed, decided below with the budget
+        cell if _untouched(cell, obs) and not (owners and cell.key in owners)
+        else plan_cell(cell, obs, policy, now, leased=leased, quarantined=quarantined)
+        for cell, obs in zip(cells, observations, strict=True)]
+    decided = [owned_elsewhere(c, owners[c.cell.key]) if isinstance(c, CellPlan) and owners and c.cell.key in owners
+               else c for c in decided]
     released = () if policy.suspend else ended_leases(evalrun, tunnel_leases, observations, live_job_names)
     holders = {lease.pair: lease.holder for lease in tunnel_leases if lease not in released}
     ours = tuple(q for q in quarantined if q.scope in (str(evalrun), policy.cluster))
     # what this very plan quarantines counts for its own launches (a refire must not go back to the bad node)
-    deciding = [q for c in decided for a in c.actions if isinstance(a, Quarantine)
+    deciding = [q for c in decided if isinstance(c, CellPlan) for a in c.actions if isinstance(a, Quarantine)
                 if (q := _as_quarantined(a, now)).scope in (str(evalrun), policy.cluster)]
     locked = {q.name for q in (*ours, *deciding) if q.kind == QuarantineKind.PAIR}
     bad_nodes = tuple(sorted({q.name for q in (*ours, *deciding) if q.kind == QuarantineKind.NODE}))
@@ -155,8 +159,15 @@ def plan(
     remaining = 0 if backing_off else policy.max_submissions_per_pass if budget is None else budget
     over_budget = Wait(reason=budget_note if backing_off is None else (
         f"launches on {policy.cluster} back off until {backing_off.until:%H:%M} UTC: {backing_off.reason}"))
+    untouched_waits: CellPlan | None = None  # 10,000 fresh cells past the budget: their one plan, decided once
     planned = []
     for cell_plan in decided:
+        if isinstance(cell_plan, Cell) and remaining <= 0:
+            untouched_waits = untouched_waits or _without_launch(
+                plan_cell(cell_plan, UNTOUCHED, policy, now), over_budget)
+            cell_plan = untouched_waits.model_copy(update={"cell": cell_plan})
+        elif isinstance(cell_plan, Cell):
+            cell_plan = plan_cell(cell_plan, UNTOUCHED, policy, now)
         launch = launch_of(cell_plan)
         if launch is not None:
             pair = _pair_for(launch, policy, holders, locked) if cell_plan.cell.needs_pinggy else None
@@ -174,6 +185,14 @@ def plan(
         planned.append(cell_plan)
     return Plan(evalrun=evalrun, cells=tuple(planned), suspended=policy.suspend, tunnel_releases=released,
                 quarantined=ours)
+
+
+UNTOUCHED = Observation(rows=(), submissions=(), jobs=(), run_dirs=())
+
+
+def _untouched(cell: Cell, obs: Observation) -> bool:
+    """Nothing seen of a cell that needs no pinggy pair: its plan depends on the budget alone."""
+    return obs == UNTOUCHED and not cell.needs_pinggy
 
 
 def _as_quarantined(action: Quarantine, now: datetime) -> Quarantined:

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.core.planner import plan, plan_cell
-from controller.core.types import JobState, Observation, RowStatus
+from controller.core.types import EvalRunRef, JobState, Observation, RowStatus
 from controller.core.vocabulary import ActionKind, Phase
 from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, job, obs, row, sub
 
@@ -138,6 +138,24 @@ def test_submission_budget_caps_launches_per_pass():
     assert len(launched) == 3
     assert all(kinds(c) == ["wait"] and "budget used up" in c.actions[0].reason for c in the_plan.cells if c not in launched)
 
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["untouched", "seen", "pinggy", "owned"]), min_size=1, max_size=12),
+       st.integers(0, 4), st.booleans())
+def test_cells_with_nothing_observed_are_planned_as_the_rules_plan_them(kinds_of_cells, budget, suspend):
+    """plan() decides untouched cells once for all past the budget; the result is what each cell's rules say."""
+    cells = [cell(model=f"org/m{i}", needs_pinggy=kind == "pinggy")
+             for i, kind in enumerate(kinds_of_cells)]
+    untouched = obs()
+    seen_alike = untouched.model_copy(update={"outputs": None})  # the same facts, not the untouched fast path
+    observed = [seen_alike if kind == "seen" else untouched for kind in kinds_of_cells]
+    owners = {c.key: EvalRunRef(name="other") for c, kind in zip(cells, kinds_of_cells, strict=True) if kind == "owned"}
+    policy = POLICY.model_copy(update={"suspend": suspend, "tunnel_pairs": ("p1",)})
+    fast = plan(RUN, cells, observed, policy, NOW, budget=budget, owners=owners)
+    by_rules = plan(RUN, cells, [seen_alike] * len(cells), policy, NOW, budget=budget, owners=owners)
+    assert fast == by_rules
+    assert [c.cell for c in fast.cells] == cells
 
 def test_suspend_turns_every_mutation_into_a_hold():
     the_plan = plan(RUN, [C], [obs()], POLICY.model_copy(update={"suspend": True}), NOW)

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from pydantic import Field
 
+from controller.core.intake import RegisteredModel, Selection
 from controller.core.types import (
     CellMemory,
     CellOwner,
@@ -155,6 +156,11 @@ class ResultsDB(Protocol):
         """One row, to verify an upload landed."""
         ...
 
+    def read_models(self) -> tuple[RegisteredModel, ...]:
+        """Every canonical registered model (`duplicate_of` null), with its `creation_time`, in one statement:
+        what a modelSelector chooses from."""
+        ...
+
     def create_row(self, row: NewRow) -> None:
         """Insert a row of `row.username`, registering its model and benchmark if new. An existing id (whoever
         owns it) is left as it is, so repeating it is a no-op.
@@ -201,6 +207,15 @@ class ControllerState(Protocol):
         """Make `evalrun` the owner of each named cell that is free, its own, or whose owner has not renewed
         its claim within `ttl_s`; drop its claims on cells it no longer names. One transaction, so two
         reconcilers never both own a cell. Returns the owner of every named cell afterwards."""
+        ...
+
+    def read_selections(self, evalrun: EvalRunRef) -> tuple[Selection, ...]:
+        """The models `evalrun`'s modelSelector took, oldest first. One statement."""
+        ...
+
+    def record_selections(self, evalrun: EvalRunRef, selections: Sequence[Selection]) -> None:
+        """Record what a selector took, before any of its cells acts. One transaction; a model recorded before
+        keeps its first record."""
         ...
 
     def remember(self, cell_key: str, memory: CellMemory) -> None:

@@ -20,6 +20,7 @@ from typing import TypeVar
 from pydantic import Field
 
 from controller.core.actor import Actor
+from controller.core.intake import Selection
 from controller.core.match import join_cells
 from controller.core.planner import OVER_BUDGET, Policy, launch_of, plan, plan_deletion
 from controller.core.ports import (
@@ -60,6 +61,9 @@ class RunTarget(Frozen):
     cells: tuple[Cell, ...]
     policy: Policy
     generation: int | None = Field(None, description="the object's metadata.generation (operator), for status")
+    selections: tuple[Selection, ...] = Field((), description="the models its modelSelector took (cells included)")
+    intake: str = Field("", description="what its modelSelector did this pass, in words")
+    unknown: str = Field("", description="why this pass cannot know its cells (its selections could not be read)")
 
 
 class PassResult(Frozen):
@@ -205,6 +209,7 @@ def _target_pass(target: RunTarget, store: Store, ports: ClusterPorts, view: Clu
                         budget_note=view.budget_note, tunnel_leases=snapshot.tunnel_leases if snapshot else (),
                         live_job_names=view.live_job_names, owners=acting.owners,
                         quarantined=snapshot.quarantined if snapshot else ())
+        the_plan = the_plan.model_copy(update={"selections": target.selections, "intake": target.intake})
         view.spend(the_plan)
         outcomes = tuple(ports.actor_for(target).act(the_plan)) if acting.granted else ()
     finally:
@@ -246,8 +251,8 @@ def release_pass(target: RunTarget, store: Store, ports: ClusterPorts) -> list[O
 def observe(target: RunTarget, store: Store, view: ClusterView, scheduler: Scheduler) -> Observed:
     """The store (one read for the EvalRun) joined with its cluster's reads: one Observation per cell, with what
     its running jobs printed since the last pass (one more read, from the offsets the cells remember)."""
-    read = _read(functools.partial(store.observe, target.evalrun, _models(target), _benchmarks(target),
-                                   _read_keys(target)))
+    read = ObservationError(target.unknown) if target.unknown else _read(functools.partial(
+        store.observe, target.evalrun, _models(target), _benchmarks(target), _read_keys(target)))
     snapshot = None if isinstance(read, ObservationError) else read
     missing = str(view.dirs) if isinstance(view.dirs, JobsDirMissing) else ""
     failures = [str(x) for x in (read, view.jobs, view.dirs) if isinstance(x, ObservationError) and str(x) != missing]
@@ -300,6 +305,8 @@ def _acting(target: RunTarget, store: Store, observed: Observed, act: bool, hold
         return Acting(granted=False, owners=watching, note="plan")
     if target.policy.suspend:
         return Acting(granted=False, owners=watching, note="suspended")
+    if target.unknown:  # its cells are not all known: claiming the ones it knows would give up the others
+        return Acting(granted=False, owners=watching, note=f"planned only: {target.unknown}", blocked=True)
     lease = f"evalrun/{target.evalrun}"
     try:
         if not _take_lease(store, lease, holder, holder_is_dead, lease_ttl.total_seconds()):

@@ -48,6 +48,8 @@ class RunStatus(Frozen):
     attention_omitted: int = Field(0, description="cells that need attention beyond the list")
     failed_actions: int = 0
     suspended: bool = False
+    selected: int = Field(0, description="models its modelSelector took, cells included in `total`")
+    selection: str = Field("", description="what its modelSelector did in the last pass")
 
     @property
     def done(self) -> int:
@@ -88,6 +90,8 @@ def summarize(plan: Plan, outcomes: Sequence[Outcome] = (), generation: int | No
         attention_omitted=max(len(attention) - ATTENTION_LIMIT, 0),
         failed_actions=len(failed_actions),
         suspended=plan.suspended,
+        selected=len(plan.selections),
+        selection=plan.intake,
     )
 
 

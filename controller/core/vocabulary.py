@@ -14,6 +14,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
+from controller.core.intake import Selection
 from controller.core.types import (
     Cell,
     CellMemory,
@@ -318,6 +319,8 @@ class Plan(Frozen):
     tunnel_releases: tuple[TunnelLease, ...] = Field((), description="pinggy leases whose job is over")
     quarantined: tuple[Quarantined, ...] = Field((), description="its cluster's bad nodes and back-off, its locked "
                                                                  "pairs: what status lists")
+    selections: tuple[Selection, ...] = Field((), description="the models its modelSelector took (or would take)")
+    intake: str = Field("", description="what its modelSelector did this pass, in words")
 
 
 # --------------------------------------------------------------------------- what acting said

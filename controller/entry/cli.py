@@ -29,6 +29,7 @@ from controller.core.reconcile import PassResult, reconcile_pass
 from controller.core.store import Store
 from controller.core.vocabulary import Plan
 from controller.entry import render
+from controller.entry.intake import flag_query, selector_rule, targets_with_selections, unevaluated_candidates
 from controller.entry.logs import configure_logging
 from controller.entry.wiring import cluster_ports, targets_for, utc_now
 from controller.spec.catalog import load_catalog
@@ -172,7 +173,9 @@ def _seconds(text: str) -> float:
 
 def _pass(specs: SpecSet, store: Store, *, act: bool) -> list[PassResult]:
     catalog = load_catalog()
-    return reconcile_pass(targets_for(specs, catalog), store, cluster_ports(specs, store, catalog), utc_now(),
+    now = utc_now()
+    targets = targets_with_selections(specs, targets_for(specs, catalog), catalog, store, now, act=act)
+    return reconcile_pass(targets, store, cluster_ports(specs, store, catalog), now,
                           act=act, holder=process_identity(), holder_is_dead=identity_is_dead)
 
 
@@ -457,6 +460,65 @@ def db_check(
             render.db_findings(findings, rows_read, out)
         if findings:
             raise typer.Exit(1)
+
+
+models_app = typer.Typer(no_args_is_help=True, help="The results DB's models, as a modelSelector chooses them.")
+app.add_typer(models_app, name="models")
+
+
+class ModelsOutput(StrEnum):
+    table = "table"
+    json = "json"
+    list = "list"
+
+
+@models_app.command("unevaluated")
+def models_unevaluated(
+    files: Files = [],  # noqa: B006
+    benchmark: Annotated[str | None, typer.Option("--benchmark", help="A preset (tb2, v2, …) or a dataset "
+                                                                      "(Org/name): its family is checked.")] = None,
+    size: Annotated[float | None, typer.Option("--size", help="A size in billions: the size policy's band "
+                                                              "around it (8 → 8B-class).")] = None,
+    within: Annotated[str | None, typer.Option("--within", help="Registered this recently: 14d, 36h, 2w.")] = None,
+    store: StoreURL = None,
+    output: Annotated[ModelsOutput, typer.Option("-o", "--output", help="table, json, or list (one name a line: "
+                                                                          "a priority file).")] = ModelsOutput.table,
+    verbose: Verbose = 0,
+) -> None:
+    """The newest unevaluated models, by a spec's modelSelector (-f: what it would select now) or by
+    --benchmark/--size/--within (every match). Read-only: the same query the selector runs."""
+    configure_logging(verbose)
+    with _exits():
+        _refuse((bool(files) and any(v is not None for v in (benchmark, size, within)),
+                 "use -f SPEC or --benchmark/--size/--within, not both"),
+                (not files and benchmark is None, "name a spec with -f, or a benchmark with --benchmark"))
+        catalog = load_catalog()
+        if files:
+            specs = _load(files)
+            queries = [(r, specs.cluster_of(r)) for r in specs.evalruns if r.run.spec.model_selector is not None]
+            if not queries:
+                raise UsageError("no EvalRun in these files has a modelSelector")
+        else:
+            assert benchmark is not None
+            try:
+                queries = [flag_query(catalog, benchmark, size, within)]
+            except ValueError as error:
+                raise UsageError(str(error)) from None
+        opened = _store(StoreURLs(store, None), readonly=True)
+        try:
+            found = [(run, unevaluated_candidates(
+                selector_rule(selector), run, cluster, catalog, opened, set(run.run.spec.models), utc_now(),
+                selector.limit if files else None))
+                for run, cluster in queries if (selector := run.run.spec.model_selector) is not None]
+        finally:
+            opened.close()
+        if output == ModelsOutput.list:
+            print("\n".join(dict.fromkeys(c.name for _, chosen in found for c in chosen)))
+        elif output == ModelsOutput.json:
+            print(render.candidates_json([(str(run.ref) if files else None, chosen) for run, chosen in found]))
+        else:
+            for run, chosen in found:
+                render.candidates_table(str(run.ref) if files else None, chosen, out)
 
 
 @app.command()

@@ -38,6 +38,7 @@ def status_patch(summary: RunStatus, previous: Mapping[str, Any] | None, now: da
         "attentionOmitted": summary.attention_omitted,
         "lastPass": {"at": _timestamp(now), "failedActions": summary.failed_actions, "note": note},
         "lastHandledReconcileAt": requested_at,
+        "modelSelector": {"selected": summary.selected, "note": summary.selection} if summary.selection else None,
     }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,13 @@ from pydantic import Field
 from controller.adapters.kube import KubeApi, KubernetesSecrets
 from controller.adapters.process import identity_is_dead
 from controller.adapters.store import open_store, shareable_across_threads
+from controller.core.ports import ObservationError
 from controller.core.reconcile import ClusterPorts, reconcile_pass, release_pass
 from controller.core.status import RunStatus
 from controller.core.store import CELL_OWNER_TTL, Store
 from controller.core.types import ClusterRef, EvalRunRef, Frozen
 from controller.core.vocabulary import Outcome
+from controller.entry.intake import targets_with_selections
 from controller.entry.kube_status import EventNote, aggregate_events, invalid_spec_patch, status_patch
 from controller.entry.wiring import cluster_ports, targets_for
 from controller.spec.catalog import Catalog, load_catalog
@@ -104,7 +106,8 @@ def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body:
                           events=(EventNote(type="Warning", reason="InvalidSpec", message="; ".join(messages)[:1000]),))
     catalog = load_catalog()
     with stores.open() as store:
-        [result] = reconcile_pass(targets_for(specs, catalog), store,
+        targets = targets_with_selections(specs, targets_for(specs, catalog), catalog, store, now, act=True)
+        [result] = reconcile_pass(targets, store,
                                   _ports(api, config, specs, store, catalog, meta["namespace"]),
                                   now, act=True, holder=config.holder, holder_is_dead=identity_is_dead)
     requested = (meta.get("annotations") or {}).get(REQUESTED_AT)
@@ -131,8 +134,11 @@ def release_object(api: KubeApi, config: OperatorConfig, stores: Stores, body: M
                                     CELL_OWNER_TTL.total_seconds())
         return []
     catalog = load_catalog()
-    [target] = targets_for(specs, catalog)
     with stores.open() as store:
+        [target] = targets_with_selections(specs, targets_for(specs, catalog), catalog, store, datetime.now(UTC),
+                                           act=False, select_new=False)
+        if target.unknown:  # which jobs are its own is not known: retry rather than cancel too few
+            raise ObservationError(target.unknown)
         ports = _ports(api, config, specs, store, catalog, body["metadata"]["namespace"])
         return aggregate_events(release_pass(target, store, ports[target.cluster]))
 

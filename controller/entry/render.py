@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from controller.core.db_check import Finding
+from controller.core.intake import Candidate
 from controller.core.reconcile import PassResult
 from controller.core.status import RunStatus, summarize
 from controller.core.vocabulary import CellPlan, Phase, Plan
@@ -25,8 +26,16 @@ PHASE_STYLE = {
 
 def plan_json(plans: Sequence[Plan]) -> str:
     return json.dumps({"evalruns": [
-        {"name": str(p.evalrun), "suspended": p.suspended, "cells": [_cell_json(c) for c in p.cells]} for p in plans
+        {"name": str(p.evalrun), "suspended": p.suspended, "cells": [_cell_json(c) for c in p.cells],
+         **_selector_json(p)} for p in plans
     ]}, indent=2)
+
+
+def _selector_json(plan: Plan) -> dict[str, Any]:
+    if not plan.intake:
+        return {}
+    return {"modelSelector": {"note": plan.intake,
+                              "selected": [s.model_dump(mode="json") for s in plan.selections]}}
 
 
 def _cell_json(cell: CellPlan) -> dict[str, Any]:
@@ -50,6 +59,7 @@ def plan_table(plan: Plan, console: Console) -> None:
     title = f"EvalRun {plan.evalrun}" + (" (suspended)" if plan.suspended else "")
     if len(plan.cells) > TABLE_CELLS_MAX:
         _decisions_table(plan, title, console)
+        selections(plan, console)
         return
     table = Table(title=title, expand=False)
     for column in ("model", "benchmark", "phase", "actions", "reason"):
@@ -57,6 +67,19 @@ def plan_table(plan: Plan, console: Console) -> None:
     for cell in plan.cells:
         table.add_row(cell.cell.model, cell.cell.benchmark, _phase(cell.phase), _actions(cell), cell.reason)
     console.print(table)
+    selections(plan, console)
+
+
+def selections(plan: Plan, console: Console) -> None:
+    """What the modelSelector did, and which models it took: when, and by which rule."""
+    if not plan.intake:
+        return
+    console.print(f"modelSelector: {plan.intake}", markup=False)
+    for selection in plan.selections[:TABLE_CELLS_MAX]:
+        console.print(f"  {selection.model}: selected {selection.selected_at:%Y-%m-%d %H:%M} UTC by "
+                      f"{selection.rule}", markup=False)
+    if len(plan.selections) > TABLE_CELLS_MAX:
+        console.print(f"  … and {len(plan.selections) - TABLE_CELLS_MAX} more (-o json lists them)", markup=False)
 
 
 def _decisions_table(plan: Plan, title: str, console: Console) -> None:
@@ -96,6 +119,7 @@ def status_grid(plan: Plan, console: Console) -> None:
     for q in plan.quarantined:
         console.print(f"  quarantined {q.kind.value} {q.name} until {q.until:%Y-%m-%d %H:%M} UTC: {q.reason}",
                       highlight=False)
+    selections(plan, console)
 
 
 def status_json(plans: Sequence[Plan]) -> str:
@@ -111,6 +135,7 @@ def _status_json(plan: Plan, summary: RunStatus) -> dict[str, Any]:
         "attention": [a.model_dump(mode="json") for a in summary.attention],
         "cells": [_cell_json(c) for c in plan.cells],
         "quarantined": [q.model_dump(mode="json") for q in plan.quarantined],
+        **_selector_json(plan),
     }
 
 
@@ -180,3 +205,20 @@ def db_findings(findings: Sequence[Finding], rows_read: int, console: Console) -
 
 def db_findings_json(findings: Sequence[Finding], rows_read: int) -> str:
     return json.dumps({"rows": rows_read, "findings": [f.model_dump(mode="json") for f in findings]}, indent=2)
+
+
+def candidates_table(evalrun: str | None, chosen: Sequence[Candidate], console: Console) -> None:
+    title = f"unevaluated models for EvalRun {evalrun}" if evalrun else "unevaluated models"
+    table = Table(title=f"{title}: {len(chosen)}, newest first", expand=False)
+    for column in ("model", "size", "registered"):
+        table.add_column(column, overflow="fold")
+    for candidate in chosen:
+        table.add_row(candidate.name, "—" if candidate.size_b is None else f"{candidate.size_b:g}B",
+                      "—" if candidate.created_at is None else f"{candidate.created_at:%Y-%m-%d %H:%M} UTC")
+    console.print(table)
+
+
+def candidates_json(found: Sequence[tuple[str | None, Sequence[Candidate]]]) -> str:
+    return json.dumps({"models": [{"evalrun": evalrun, "model": c.name, "size_b": c.size_b,
+                                   "created_at": None if c.created_at is None else c.created_at.isoformat()}
+                                  for evalrun, chosen in found for c in chosen]}, indent=2)

@@ -518,13 +518,68 @@ class ClusterReference(SpecModel):
     name: Name = Field(description="Its name.")
 
 
+DURATION = re.compile(r"(\d+(?:\.\d+)?)([hdw])")
+DURATION_UNITS = {"h": 1, "d": 24, "w": 24 * 7}  # hours
+PATTERNS_MAX = 100
+SELECTOR_LIMIT_MAX = 1_000
+
+
+def _duration(value: str) -> str:
+    match = DURATION.fullmatch(value.strip())
+    if match is None or not 0 < float(match[1]) * DURATION_UNITS[match[2]] <= HOURS_MAX:
+        raise ValueError(f"{value!r} is not a duration up to a year: write a number and h, d or w, e.g. 14d")
+    return value.strip()
+
+
+def duration_hours(value: str) -> float:
+    match = DURATION.fullmatch(value)
+    assert match is not None  # _duration
+    return float(match[1]) * DURATION_UNITS[match[2]]
+
+
+Glob = Annotated[str, Field(min_length=1, max_length=MODEL_MAX), AfterValidator(_visible)]
+
+
+class SizeBand(SpecModel):
+    """Billions of parameters, read from the model name as the size policy reads it (`Qwen3-30B-A3B` → 30)."""
+
+    min_b: float = Field(0, ge=0, le=100_000, description="Smallest size, in billions (inclusive).")
+    max_b: float = Field(100_000, gt=0, le=100_000, description="Largest size, in billions (inclusive).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SizeBand:
+        if self.min_b > self.max_b:
+            raise entry_error(("maxB",), "band_order", f"maxB {self.max_b:g} is below minB {self.min_b:g}: swap them")
+        return self
+
+
+class ModelSelector(SpecModel):
+    """Models chosen from the results DB's `models` table each pass, newest first (`query_unevaled_models.py`
+    as a rule). Sticky: a model once selected stays a cell of this EvalRun, whatever the DB says later."""
+
+    name_patterns: list[Glob] = Field(default_factory=lambda: ["*"], min_length=1, max_length=PATTERNS_MAX,
+                                      description="Shell globs a model name must match one of, e.g. laion/*-8B*.")
+    size_band: SizeBand | None = Field(None, description="Only models whose name gives a size in this band.")
+    created_within: Annotated[str, Field(max_length=16), AfterValidator(_duration)] | None = Field(
+        None, description="Only models registered this recently (models.creation_time), e.g. 14d, 36h, 2w.")
+    unevaluated: bool = Field(True, description="Only models with a cell that has no Finished row with metrics in "
+                                                "its benchmark's family for the cell's config, whoever wrote it.")
+    exclude: list[Glob] = Field(default_factory=list, max_length=PATTERNS_MAX,
+                                description="Globs of models never to select.")
+    limit: PositiveInt = Field(le=SELECTOR_LIMIT_MAX, description="How many models this EvalRun selects in all "
+                                                                  "(raise it to take more).")
+
+
 class EvalRunSpec(SpecModel):
     """What must be evaluated: models × benchmarks on one cluster, and how the reconciler treats the jobs."""
 
     cluster: Name | None = Field(None, description="Name of an EvalCluster in the EvalRun's namespace (or clusterRef).")
     cluster_ref: ClusterReference | None = Field(None, description="The cluster, by kind and name (or cluster).")
-    models: list[Model] = Field(min_length=1, max_length=MODELS_MAX,
-                                description="HF model names, e.g. laion/Qwen3-8B-sft-v3.")
+    models: list[Model] = Field(default_factory=list, max_length=MODELS_MAX,
+                                description="HF model names, e.g. laion/Qwen3-8B-sft-v3; the priority list when "
+                                            "modelSelector adds more.")
+    model_selector: ModelSelector | None = Field(None, description="Models chosen from the results DB (after the "
+                                                                   "listed ones).")
     presets: list[Short] | None = Field(
         None, max_length=PRESETS_MAX, description="Benchmark presets (tb2, v2, swebench, …; 'id' = all three)."
     )
@@ -573,6 +628,13 @@ class EvalRunSpec(SpecModel):
         name = self.cluster_ref.name if self.cluster_ref is not None else self.cluster
         assert name is not None  # _one_cluster
         return name
+
+    @model_validator(mode="after")
+    def _some_models(self) -> EvalRunSpec:
+        if not self.models and self.model_selector is None:
+            raise entry_error(("models",), "no_models", "list models (e.g. [laion/Qwen3-8B-sft]) or set modelSelector "
+                                               "(e.g. {namePatterns: ['laion/*'], limit: 10})")
+        return self
 
     @model_validator(mode="after")
     def _benchmarks_one_way(self) -> EvalRunSpec:

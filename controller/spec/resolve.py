@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict
@@ -32,10 +32,12 @@ class Benchmark(BaseModel):
     n_concurrent: int
 
 
-def resolve(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[Cell, ...]:
-    """The run's cells, models outer, benchmarks inner, both in spec order."""
+def resolve(run: EvalRun, cluster: AnyCluster, catalog: Catalog, models: Sequence[str] | None = None) -> tuple[Cell, ...]:
+    """The run's cells, models outer (`models`, default the listed ones: a selector adds more), benchmarks inner,
+    both in order."""
     found = benchmarks(run, cluster, catalog)
-    return tuple(cell for model in run.spec.models for cell in _cells(run, cluster, catalog, model, found))
+    return tuple(cell for model in (run.spec.models if models is None else models)
+                 for cell in _cells(run, cluster, catalog, model, found))
 
 
 def resolution_notes(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[str, ...]:

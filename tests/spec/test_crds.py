@@ -147,7 +147,7 @@ def test_nullability_and_bounds_survive_the_rewrite() -> None:
         0.97,
     )
     assert spec["properties"]["resume"]["default"] == {}
-    assert spec["required"] == ["models"], "cluster or clusterRef: the loader checks there is exactly one"
+    assert "required" not in spec, "cluster or clusterRef, models or modelSelector: the loader checks them"
     cluster_spec = schema_of("EvalCluster")["properties"]["spec"]
     assert cluster_spec["properties"]["env"]["additionalProperties"] == {"type": "string", "maxLength": 32 * 1024}
     assert cluster_spec["properties"]["scheduler"]["properties"]["type"]["enum"] == ["local", "slurm"]
@@ -164,11 +164,11 @@ def test_example_fits_the_schema_unpruned() -> None:
 
 
 def test_checker_catches_what_it_should() -> None:
-    bad = {"cluster": 3, "extra": 1, "resume": {"maxTotalFires": None}}
+    bad = {"cluster": 3, "extra": 1, "resume": {"maxTotalFires": None}, "modelSelector": {}}
     assert check_value(bad, schema_of("EvalRun")["properties"]["spec"], "spec") == [
         "spec.extra: would be pruned",
         "spec.cluster: 3 is not string",
         "spec.resume.maxTotalFires: null",
-        "spec.models: required",
+        "spec.modelSelector.limit: required",
     ]
     assert walk({"type": "object", "properties": {"x": {"anyOf": []}}}) == ["x: anyOf", "x: type None"]

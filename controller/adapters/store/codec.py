@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from controller.core.intake import RegisteredModel, Selection
 from controller.core.metrics import same_metrics
 from controller.core.ports import NamedRow, SandboxJobRow, StateSnapshot, WriteRefused
 from controller.core.types import CellMemory, CellOwner, Metric, Quarantined, Submission, TunnelLease
@@ -144,6 +145,27 @@ def reused_id(records: Iterable[Mapping[str, Any]]) -> str | None:
     """The id of the row a new row reuses among these rows of one name (`registry_order`), None if there are none."""
     first = min(records, key=registry_order, default=None)
     return None if first is None else str(first["id"])
+
+
+def registered_models(records: Iterable[Mapping[str, Any]]) -> tuple[RegisteredModel, ...]:
+    """`(name, creation_time)` records: a time that does not decode (or an infinite one) is unknown, so such a
+    model is never taken for a recent one."""
+    models = []
+    for record in records:
+        try:
+            created = None if record["creation_time"] in _INFINITE else parse_timestamp(record["creation_time"])
+        except ValueError:
+            created = None
+        models.append(RegisteredModel(name=record["name"], created_at=created))
+    return tuple(models)
+
+
+def model_selections(records: Iterable[Mapping[str, Any]]) -> tuple[Selection, ...]:
+    """Raises ValueError on a record that does not decode: the caller fails the read closed."""
+    try:
+        return tuple(Selection(model=r["model"], rule=r["rule"], selected_at=r["selected_at"]) for r in records)
+    except ValidationError as error:
+        raise ValueError(_first_line(error)) from None
 
 
 def state_snapshot(tables: Mapping[str, Iterable[Mapping[str, Any]]]) -> StateSnapshot:

@@ -34,11 +34,14 @@ from controller.adapters.store.codec import (
     check_owner,
     decode_families,
     decode_rows,
+    model_selections,
+    registered_models,
     sandbox_job_row,
     state_snapshot,
     stored_metrics_are,
 )
 from controller.adapters.store.errors import StoreUnavailable, WriteRefused
+from controller.core.intake import RegisteredModel, Selection
 from controller.core.ports import (
     NewRow,
     ObservationError,
@@ -131,6 +134,13 @@ class PostgresStore:
         models, benchmarks = decode_families(family_records)
         decoded, undecodable = decode_rows(row_records)
         return ResultsSnapshot(models=models, benchmarks=benchmarks, rows=decoded, undecodable=undecodable)
+
+    def read_models(self) -> tuple[RegisteredModel, ...]:
+        with self._reading() as conn:
+            if not self._have(conn, ("models",)):
+                return ()
+            (cursor,) = self._round(conn, (sql.REGISTERED_MODELS, None))
+            return registered_models(_dicts(cursor))
 
     def read_row(self, row_id: str) -> SandboxJobRow | None:
         with self._reading() as conn:
@@ -225,6 +235,24 @@ class PostgresStore:
                 return state_snapshot(found)
             except ValueError as error:
                 raise ObservationError(f"store {self.name}: controller state: {_first_line(error)}") from None
+
+    def read_selections(self, evalrun: EvalRunRef) -> tuple[Selection, ...]:
+        with self._reading() as conn:
+            if not self._have(conn, ("evalrun_model_selections",)):
+                return ()
+            (cursor,) = self._round(conn, (sql.MODEL_SELECTIONS, (str(evalrun),)))
+            records = _dicts(cursor)
+        try:
+            return model_selections(records)
+        except ValueError as error:
+            raise ObservationError(f"store {self.name}: model selections: {_first_line(error)}") from None
+
+    def record_selections(self, evalrun: EvalRunRef, selections: Sequence[Selection]) -> None:
+        """One statement, whatever the number of models."""
+        with self._writing() as conn:
+            self._round(conn, (sql.RECORD_SELECTION, {
+                "evalrun": str(evalrun), "models": [s.model for s in selections],
+                "rules": [s.rule for s in selections], "times": [s.selected_at for s in selections]}))
 
     def record_submission(self, submission: Submission) -> None:
         with self._writing() as conn:

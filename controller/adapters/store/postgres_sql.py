@@ -23,7 +23,7 @@ REGISTRY_LOCK = 0x65766C72756E0002
 MIGRATIONS = "evalrun_schema_migrations"  # version, name, applied_at of every migration applied
 OT_AGENT_TABLES = ("models", "benchmarks", "sandbox_jobs")
 OWN_TABLES = ("evalrun_submissions", "evalrun_leases", "evalrun_cell_owners", "evalrun_tunnel_leases",
-              "evalrun_cell_memory", "evalrun_quarantine")
+              "evalrun_cell_memory", "evalrun_quarantine", "evalrun_model_selections")
 
 # Created one by one, only where absent (CREATE needs a privilege a lab user may lack even when the table
 # exists, so existing tables are not even named in a CREATE). Indexes only come with a table we create.
@@ -167,6 +167,14 @@ LIVE_QUARANTINES = """
 SELECT kind, scope, name, reason, until FROM evalrun_quarantine WHERE until > now() ORDER BY kind, scope, name
 """
 
+# The canonical models (a duplicate is another name of one of them), for a modelSelector. creation_time as text,
+# decoded by codec like every other time: a lab copy whose column is text sorts and filters the same way.
+REGISTERED_MODELS = "SELECT name, creation_time::text AS creation_time FROM models WHERE duplicate_of IS NULL"
+
+MODEL_SELECTIONS = """
+SELECT model, rule, selected_at FROM evalrun_model_selections WHERE evalrun = %s ORDER BY selected_at, model
+"""
+
 # --------------------------------------------------------------------------- results DB writes
 
 # Look the model up (legacy data has several rows per name: the order is codec.registry_order's, the ids
@@ -305,3 +313,12 @@ INSERT INTO evalrun_tunnel_leases (pair, holder, evalrun, leased_at) VALUES (%s,
 TUNNEL_HOLDER = "SELECT holder FROM evalrun_tunnel_leases WHERE pair = %s"
 
 DELETE_TUNNEL = "DELETE FROM evalrun_tunnel_leases WHERE pair = %s AND holder = %s"
+
+# --------------------------------------------------------------------------- model selections
+
+RECORD_SELECTION = """
+INSERT INTO evalrun_model_selections (evalrun, model, rule, selected_at)
+SELECT %(evalrun)s, s.model, s.rule, s.selected_at
+  FROM unnest(%(models)s::text[], %(rules)s::text[], %(times)s::timestamptz[]) AS s(model, rule, selected_at)
+    ON CONFLICT (evalrun, model) DO NOTHING
+"""

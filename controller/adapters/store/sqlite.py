@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from os import PathLike
@@ -25,12 +25,15 @@ from controller.adapters.store.codec import (
     decode_rows,
     format_metrics,
     format_timestamp,
+    model_selections,
+    registered_models,
     reused_id,
     sandbox_job_row,
     state_snapshot,
     stored_metrics_are,
 )
 from controller.adapters.store.errors import StoreUnavailable, WriteRefused
+from controller.core.intake import RegisteredModel, Selection
 from controller.core.ports import (
     NamedRow,
     NewRow,
@@ -100,6 +103,15 @@ class SqliteStore:
         except (sqlite3.Error, ValueError) as error:
             raise ObservationError(f"store {self.path}: {error}") from error
 
+    def read_models(self) -> tuple[RegisteredModel, ...]:
+        conn = self._connection()
+        if conn is None or "models" not in self._tables(conn):
+            return ()
+        try:
+            return registered_models(dict(r) for r in self._run(conn, sql.REGISTERED_MODELS).fetchall())
+        except sqlite3.Error as error:
+            raise ObservationError(_unavailable(self.path, error)) from error
+
     # ----------------------------------------------------------------------- results DB: writes
 
     def create_row(self, row: NewRow) -> None:
@@ -155,6 +167,21 @@ class SqliteStore:
                 "evalrun_quarantine": map(dict, quarantined)})
         except (sqlite3.Error, ValueError) as error:
             raise ObservationError(_unavailable(self.path, error)) from error
+
+    def read_selections(self, evalrun: EvalRunRef) -> tuple[Selection, ...]:
+        conn = self._connection()
+        if conn is None or "evalrun_model_selections" not in self._tables(conn):
+            return ()
+        try:
+            return model_selections(dict(r) for r in self._run(conn, sql.MODEL_SELECTIONS, (str(evalrun),)))
+        except (sqlite3.Error, ValueError) as error:
+            raise ObservationError(_unavailable(self.path, error)) from error
+
+    def record_selections(self, evalrun: EvalRunRef, selections: Sequence[Selection]) -> None:
+        with self._write() as conn:
+            for selection in selections:
+                self._run(conn, sql.RECORD_SELECTION, (str(evalrun), selection.model, selection.rule,
+                                                       format_timestamp(selection.selected_at)))
 
     def record_submission(self, submission: Submission) -> None:
         with self._write() as conn:

@@ -96,11 +96,19 @@ CREATE TABLE IF NOT EXISTS evalrun_quarantine (
     until  TEXT NOT NULL,
     PRIMARY KEY (kind, scope, name)
 );
+
+CREATE TABLE IF NOT EXISTS evalrun_model_selections (
+    evalrun     TEXT NOT NULL,
+    model       TEXT NOT NULL,
+    rule        TEXT NOT NULL,
+    selected_at TEXT NOT NULL,
+    PRIMARY KEY (evalrun, model)
+);
 """
 
 OT_AGENT_TABLES = ("models", "benchmarks", "sandbox_jobs")
 OWN_TABLES = ("evalrun_submissions", "evalrun_leases", "evalrun_tunnel_leases", "evalrun_cell_owners",
-              "evalrun_cell_memory", "evalrun_quarantine")
+              "evalrun_cell_memory", "evalrun_quarantine", "evalrun_model_selections")
 
 # --------------------------------------------------------------------------- observe
 
@@ -255,3 +263,16 @@ INSERT INTO evalrun_tunnel_leases (pair, holder, evalrun, leased_at) VALUES (?, 
 TUNNEL_HOLDER = "SELECT holder FROM evalrun_tunnel_leases WHERE pair = ?"
 
 DELETE_TUNNEL = "DELETE FROM evalrun_tunnel_leases WHERE pair = ? AND holder = ?"
+
+# --------------------------------------------------------------------------- model selections
+
+# creation_time is text here in whatever spelling its writer chose: codec decodes it, Python filters by time.
+REGISTERED_MODELS = "SELECT name, creation_time FROM models WHERE duplicate_of IS NULL"
+
+MODEL_SELECTIONS = """
+SELECT model, rule, selected_at FROM evalrun_model_selections WHERE evalrun = ? ORDER BY selected_at, model
+"""
+
+RECORD_SELECTION = """
+INSERT OR IGNORE INTO evalrun_model_selections (evalrun, model, rule, selected_at) VALUES (?, ?, ?, ?)
+"""

@@ -28,10 +28,12 @@ from controller.adapters.store.codec import (
     check_owner,
     decode_rows,
     format_timestamp,
+    registered_models,
     reused_id,
     sandbox_job_row,
     stored_metrics_are,
 )
+from controller.core.intake import RegisteredModel
 from controller.core.ports import (
     NamedRow,
     NewRow,
@@ -128,6 +130,13 @@ class SupabaseResults:
         unique = {str(record.get("id")): record for record in records}
         rows, undecodable = decode_rows(unique[row_id] for row_id in sorted(unique))
         return ResultsSnapshot(models=models, benchmarks=benchmarks, rows=rows, undecodable=undecodable)
+
+    def read_models(self) -> tuple[RegisteredModel, ...]:
+        """The canonical models, paged (20,000 models: 20 requests at the default page size)."""
+        with self._failing_as(ObservationError):
+            records = self._select("models", "id,name,creation_time", any_of="duplicate_of.is.null")
+        unique = {str(record.get("id")): record for record in records}
+        return registered_models(unique.values())
 
     def read_row(self, row_id: str) -> SandboxJobRow | None:
         with self._failing_as(ObservationError):

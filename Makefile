@@ -1,5 +1,5 @@
 # The two commands of the README, and a few helpers. Every target installs what it needs itself.
-.PHONY: demo slurm-demo test bench bench-slurm bench-operator bench-store bench-incremental bench-output bench-foreign bench-fairness bench-remote bench-planner crds clean-demo kube-up kube-down
+.PHONY: demo slurm-demo test bench bench-slurm bench-operator bench-store bench-incremental bench-output bench-foreign bench-fairness bench-remote bench-planner bench-selector crds clean-demo kube-up kube-down
 
 # Set up, then converge the local demo (3 models × 2 benchmarks) and print the grid.
 demo:
@@ -41,6 +41,11 @@ bench-store:
 bench-incremental:
 	./scripts/bootstrap.sh
 	.venv/bin/python bench/incremental_pass.py
+
+# A modelSelector over 20,000 models and 200,000 rows on the lab PostgreSQL: statements and time per pass.
+bench-selector:
+	./scripts/bootstrap.sh
+	.venv/bin/python bench/selector.py
 
 # plan() alone over 10,000 cells: fresh, finished and running.
 bench-planner:

@@ -19,6 +19,8 @@ lock() {
 }
 
 ctld_up() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
+# the node offers the lab's fake GPUs (a lab started before they were configured does not: slurm-down.sh first)
+node_has_gpus() { sinfo -h -n "$(hostname -s)" -o '%G' 2>/dev/null | grep -q 'gpu:'; }
 # the node is usable; right after a slurmctld (re)start it reads "unknown" for ~4 s until slurmd re-registers
 node_ready() { sinfo -h -n "$(hostname -s)" -o '%T' 2>/dev/null | grep -qE '^(idle|mixed|allocated|completing)$'; }
 

@@ -12,7 +12,8 @@ lock
 t0=$(date +%s%N)
 elapsed() { local ms=$(( ($(date +%s%N) - t0) / 1000000 )); printf '%d.%02d' $((ms / 1000)) $((ms % 1000 / 10)); }
 
-if alive mariadbd && alive slurmdbd && alive slurmctld && alive slurmd && ctld_up && node_ready && munge -n </dev/null >/dev/null 2>&1; then
+if alive mariadbd && alive slurmdbd && alive slurmctld && alive slurmd && ctld_up && node_ready && node_has_gpus &&
+    munge -n </dev/null >/dev/null 2>&1; then
   echo "slurm-up: already up (SLURM_CONF=$SLURM_CONF)"; exit 0
 fi
 
@@ -29,11 +30,12 @@ if [ -n "$need" ]; then
   echo "slurm-up: packages installed at $(elapsed)s"
 fi
 
-mkdir -p "$LAB"/{etc,state,spool,log,run,pids,mysql}
+mkdir -p "$LAB"/{etc,state,spool,log,run,pids,mysql,dev}
 NODE=$(hostname -s)
 # Describe the node exactly as slurmd sees it (RealMemory a bit lower so the node is never drained for it).
 eval "$(slurmd -C | head -1 | tr ' ' '\n' | grep -E '^(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore|RealMemory)=')"
 MEM=$(( RealMemory * 95 / 100 ))
+LAB_GPUS=4  # fake GPUs the node offers: jobs that ask --gres gpu:N are allocated and accounted N GPUs
 
 cat >"$LAB/etc/slurm.conf.new" <<CONF
 ClusterName=evalrun
@@ -74,8 +76,17 @@ AccountingStorageHost=127.0.0.1
 AccountingStoragePort=$((PORT_BASE + 2))
 JobCompType=jobcomp/filetxt
 JobCompLoc=$LOGS/jobcomp.txt
-NodeName=${NODE} NodeAddr=127.0.0.1 CPUs=${CPUs} Boards=${Boards} SocketsPerBoard=${SocketsPerBoard} CoresPerSocket=${CoresPerSocket} ThreadsPerCore=${ThreadsPerCore} RealMemory=${MEM} State=UNKNOWN
+# Fake GPUs (gres.conf below): jobs asking --gres gpu:N run, and sacct's AllocTRES shows gres/gpu=N
+GresTypes=gpu
+AccountingStorageTRES=gres/gpu
+NodeName=${NODE} NodeAddr=127.0.0.1 Gres=gpu:${LAB_GPUS} CPUs=${CPUs} Boards=${Boards} SocketsPerBoard=${SocketsPerBoard} CoresPerSocket=${CoresPerSocket} ThreadsPerCore=${ThreadsPerCore} RealMemory=${MEM} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+CONF
+# slurmd drops GPUs without device files, so each fake GPU is a file: a symlink to /dev/null
+for i in $(seq 0 $((LAB_GPUS - 1))); do ln -sfn /dev/null "$LAB/dev/gpu$i"; done
+cat >"$LAB/etc/gres.conf.new" <<CONF
+AutoDetect=off
+NodeName=${NODE} Name=gpu File=$LAB/dev/gpu[0-$((LAB_GPUS - 1))]
 CONF
 # slurmdbd.conf must sit next to slurm.conf and be mode 600, or slurmdbd refuses it.
 cat >"$LAB/etc/slurmdbd.conf.new" <<CONF
@@ -94,7 +105,7 @@ StorageUser=slurm
 StoragePass=slurmpw
 StorageLoc=slurm_acct_db
 CONF
-for f in slurm.conf slurmdbd.conf; do
+for f in slurm.conf gres.conf slurmdbd.conf; do
   if ! cmp -s "$LAB/etc/$f.new" "$LAB/etc/$f"; then
     alive slurmctld && echo "slurm-up: WARNING: $f changed while daemons run; run slurm-down.sh first" >&2
     mv "$LAB/etc/$f.new" "$LAB/etc/$f"
@@ -151,6 +162,10 @@ sacctmgr -n -P list cluster format=Cluster | grep -qx evalrun || sacctmgr -i add
 start_slurmctld
 if ! alive slurmd; then
   start slurmd /usr/sbin/slurmd -D
+fi
+# a node a start before the fake GPUs drained for them (its state outlives restarts) is usable now
+if sinfo -h -n "$NODE" -o '%E' 2>/dev/null | grep -q 'gres/gpu count reported lower'; then
+  poll 30 - node_has_gpus && scontrol update NodeName="$NODE" State=RESUME
 fi
 wait_node_ready
 # plain sacct answers once slurmctld has registered with slurmdbd

@@ -168,12 +168,13 @@ class Actor:
             case Analyze(facts=facts):
                 work.analyses[facts.run_tag] = self.analyze_dir(facts, work.metrics(facts))
                 work.learnt(analyzed_run_tag=facts.run_tag)
+                self.state.finish_attempt(facts.run_tag)  # its GPU-hours are history from now on
                 return f"post-eval report written for {facts.run_tag}"
-            case Upload(facts=facts, row_id=row_id):
-                message = self._upload(work, facts, row_id)
-                return message if self.tracker is None else f"{message}; {self._track(work, facts)}"
-            case Track(facts=facts):
-                return self._track(work, facts)
+            case Upload(facts=facts, row_id=row_id, gpu_hours=gpu_hours):
+                message = self._upload(work, facts, row_id, gpu_hours)
+                return message if self.tracker is None else f"{message}; {self._track(work, facts, gpu_hours)}"
+            case Track(facts=facts, gpu_hours=gpu_hours):
+                return self._track(work, facts, gpu_hours)
             case Quarantine(subject=subject, scope=scope, name=name, ttl_s=ttl_s):
                 self.state.quarantine(subject, scope, name, action.reason, ttl_s)
                 return f"{subject.value} {name} quarantined for {ttl_s / 3600:g} h: {action.reason}"
@@ -182,6 +183,8 @@ class Actor:
 
     def _bookkeeping(self, cell_plan: CellPlan) -> None:
         for update in cell_plan.row_updates:
+            if update.submission_name and update.gpu_hours is not None:
+                self.state.record_gpu_hours(update.submission_name, update.gpu_hours)
             if update.submission_name and update.job_id:
                 self._record_job_id(update.submission_name, update.job_id, update.row_id)
             if update.row_id and update.status:
@@ -199,7 +202,8 @@ class Actor:
         now = self.now()
         submission = Submission(name=name, run_tag=launch.run_tag, evalrun=cell.evalrun, cell_key=cell.key,
                                 attempt=launch.attempt, fire=launch.fire, row_id=row_id,
-                                created_at=launch.intent_at or now)  # a repair keeps the recorded intent's time
+                                created_at=launch.intent_at or now,  # a repair keeps the recorded intent's time
+                                model=cell.model, benchmark=cell.benchmark_name)
         # Intent first, then its row: a crash in between leaves an intent without a row, which the next pass
         # finishes; the reverse would leave a row that looks like a run to resume. The row is written every
         # time (an existing one is left as it is), so a repair also restores a row that was never written.
@@ -231,7 +235,7 @@ class Actor:
                       benchmark_name=cell.benchmark_name, job_status=RowStatus.PENDING, submitted_at=now,
                       n_rep_eval=cell.n_attempts, config=row_config(cell, run_tag))
 
-    def _upload(self, work: _CellWork, facts: RunDirFacts, row_id: str | None) -> str:
+    def _upload(self, work: _CellWork, facts: RunDirFacts, row_id: str | None, gpu_hours: float | None) -> str:
         result = work.metrics(facts)
         accuracy = result.score
         if accuracy is None:
@@ -240,8 +244,10 @@ class Actor:
             row_id = row_id_for(facts.run_tag)
             self.results.create_row(self._pending_row(work.cell, facts.run_tag, row_id, self.now()).model_copy(
                 update={"job_status": RowStatus.STARTED, "started_at": facts.started_at}))
-        written = self.results.upload_result(row_id, result.upload(ended_at=facts.finished_at or self.now()),
-                                             owner=self.launcher.username)
+        upload = result.upload(ended_at=facts.finished_at or self.now())
+        if gpu_hours is not None:
+            upload = upload.model_copy(update={"stats": {**upload.stats, "gpu_hours": gpu_hours}})
+        written = self.results.upload_result(row_id, upload, owner=self.launcher.username)
         landed = self.results.read_row(row_id)
         if landed is None or landed.job_status != RowStatus.FINISHED or not same_metrics(landed.metrics,
                                                                                           result.metrics):
@@ -251,7 +257,7 @@ class Actor:
             return f"accuracy={accuracy:.4f} for {facts.run_tag} was already in row {row_id} (verified, not rewritten)"
         return f"uploaded accuracy={accuracy:.4f} for {facts.run_tag} (row {row_id}, verified)"
 
-    def _track(self, work: _CellWork, facts: RunDirFacts) -> str:
+    def _track(self, work: _CellWork, facts: RunDirFacts, gpu_hours: float | None) -> str:
         """Log to the tracker, read the run back, compare; the memory gets the outcome, so the planner can say it."""
         if self.tracker is None:
             raise UploadNotVerified("upload.mlflow is on but this pass has no tracker configured")
@@ -260,7 +266,7 @@ class Actor:
         if result.score is None:
             raise UploadNotVerified(f"{facts.run_tag}: no score could be computed (no valid trials): not logged")
         analysis = work.analyses.get(facts.run_tag) or self.analyze_dir(facts, result)
-        record = tracker_record(work.cell, facts, result, analysis, self.errors)
+        record = tracker_record(work.cell, facts, result, analysis, self.errors, gpu_hours)
         work.learnt(tracked_run_tag=None, track_error=None)
         try:
             tracker.log(experiment, record)

@@ -11,9 +11,10 @@ Per cell, the first rule that applies decides (each names its `Rule`):
      interrupted submission is finished first, then the cell's run dir is classified (§4): a dir on disk
      is worth more than a fresh start; a finished run is verified (§5) and its upload gated.
 Then, for the whole EvalRun: cells another EvalRun owns only watch; pinggy leases whose job is over are
-released; launches share the submission budget and the free pinggy pairs in cell order (cells with nothing
-observed that wait past the budget share one plan, decided once by the same rules); `suspend` turns every
-mutation into a hold.
+released; launches share the free pinggy pairs, the GPU-hour budget (`spec.budget.maxGpuHours`: a launch that
+would take spent + estimated hours past it is held, with the numbers) and the submission budget, in cell order
+(cells with nothing observed that wait past the submission budget share one plan, decided once by the same
+rules); `suspend` turns every mutation into a hold.
 """
 
 from __future__ import annotations
@@ -25,6 +26,17 @@ from datetime import datetime, timedelta
 from pydantic import Field
 
 from controller.core.dedup import DEDUP_TABLE, RowCase, newest, row_case
+from controller.core.gpu_hours import (
+    UNKNOWN,
+    GpuBudget,
+    GpuEstimate,
+    SizeBands,
+    budget_reason,
+    cell_hours,
+    job_of,
+    launch_cost,
+    past_gpu_budget,
+)
 from controller.core.health import (
     HealthLimits,
     bad_request_share,
@@ -117,6 +129,9 @@ class Policy(Frozen):
     cancel_on_delete: bool = Field(False, description="deletionPolicy Cancel: deleting the EvalRun cancels its jobs")
     health: HealthLimits = HealthLimits()
     cluster: str = Field("", description="the EvalCluster, as quarantines of its nodes and launches name it")
+    max_gpu_hours: float | None = Field(None, description="spec.budget.maxGpuHours: launches past it are held")
+    gpus_per_job: int = Field(0, description="the cluster's gpusPerJob: what a run dir's wall time costs")
+    size_bands: SizeBands = Field(SizeBands(), description="the size policy's bands: whose GPU-hours compare")
 
 
 def plan(
@@ -131,6 +146,7 @@ def plan(
     live_job_names: frozenset[str] | None = None,
     owners: Mapping[str, EvalRunRef] | None = None,
     quarantined: Sequence[Quarantined] = (),
+    estimates: Mapping[str, GpuEstimate] | None = None,
 ) -> Plan:
     """Decide every cell, then share out what is scarce: launches (`budget`, default the policy's
     per-pass cap; `budget_note`: why the cells past it wait) and pinggy pairs (`policy.tunnel_pairs` minus those
@@ -139,7 +155,9 @@ def plan(
     `live_job_names`: every queued or running job on the cluster (None: the queue was not read).
     `owners`: cell key → the OTHER EvalRun that acts for it; such a cell is shown, never acted on.
     `quarantined`: nodes, pairs and cluster launches not to use now (the store's unexpired quarantines).
+    `estimates`: cell key → the estimated GPU-hours of one attempt (unknown where missing), for the budget.
     """
+    estimates = estimates or {}
     leased = {lease.holder: lease.pair for lease in tunnel_leases}
     decided: list[CellPlan | Cell] = [  # a Cell: nothing observed, decided below with the budget
         cell if _untouched(cell, obs) and not (owners and cell.key in owners)
@@ -160,6 +178,7 @@ def plan(
     over_budget = Wait(reason=budget_note if backing_off is None else (
         f"launches on {policy.cluster} back off until {backing_off.until:%H:%M} UTC: {backing_off.reason}"))
     untouched_waits: CellPlan | None = None  # 10,000 fresh cells past the budget: their one plan, decided once
+    gpu = _gpu_budget(evalrun, decided, observations, policy, estimates)
     planned = []
     for cell_plan in decided:
         if isinstance(cell_plan, Cell) and remaining <= 0:
@@ -171,12 +190,19 @@ def plan(
         launch = launch_of(cell_plan)
         if launch is not None:
             pair = _pair_for(launch, policy, holders, locked) if cell_plan.cell.needs_pinggy else None
+            cost = launch_cost(estimates.get(cell_plan.cell.key, UNKNOWN), cell_plan.run_dir,
+                               resume=isinstance(launch, Resume))
             if cell_plan.cell.needs_pinggy and pair is None:
                 cell_plan = _without_launch(cell_plan, _no_pair(policy, holders, locked))
+            elif past_gpu_budget(gpu, cost):
+                cell_plan = _without_launch(cell_plan, Hold(reason=budget_reason(gpu, cost)))
+                gpu = gpu.model_copy(update={"held": gpu.held + 1})
             elif remaining <= 0:
                 cell_plan = _without_launch(cell_plan, over_budget)  # one Wait for all: 10,000 cells wait alike
             else:
                 remaining -= 1
+                gpu = gpu.model_copy(update={"committed": gpu.committed + (cost or 0.0),
+                                             "unestimated": gpu.unestimated + (cost is None)})
                 if pair is not None:
                     holders[pair] = launch.submission_name
                 cell_plan = _placed(cell_plan, launch, pair, bad_nodes)
@@ -184,7 +210,31 @@ def plan(
             cell_plan = _suspended(cell_plan)
         planned.append(cell_plan)
     return Plan(evalrun=evalrun, cells=tuple(planned), suspended=policy.suspend, tunnel_releases=released,
-                quarantined=ours)
+                quarantined=ours, estimates=dict(estimates), gpu_budget=gpu)
+
+
+def _gpu_budget(evalrun: EvalRunRef, decided: Sequence[CellPlan | Cell], observations: Sequence[Observation],
+                policy: Policy, estimates: Mapping[str, GpuEstimate]) -> GpuBudget:
+    """Before any launch: what this EvalRun's jobs have spent, plus what its live cells are still expected to
+    spend (their estimate less what their live attempt has used; an unknown one counts 0 and is counted)."""
+    spent = committed = 0.0
+    unestimated = 0
+    for decision, obs in zip(decided, observations, strict=True):
+        if isinstance(decision, Cell) or not obs.submissions or obs.jobs is None:
+            continue
+        ours = [s for s in obs.submissions if evalrun.known_as(s.evalrun)]
+        spent += cell_hours(ours, obs.jobs) or 0.0
+        live = next((job for job in obs.jobs if job.state.active), None)
+        if live is None:
+            continue
+        estimate = estimates.get(decision.cell.key, UNKNOWN).hours
+        if estimate is None:
+            unestimated += 1
+            continue
+        attempt = run_tag_of(live.name)
+        committed += max(estimate - (cell_hours(ours, obs.jobs, run_tag=attempt) or 0.0), 0.0)
+    return GpuBudget(max_hours=policy.max_gpu_hours, spent=spent, committed=spent + committed,
+                     unestimated=unestimated)
 
 
 UNTOUCHED = Observation(rows=(), submissions=(), jobs=(), run_dirs=())
@@ -322,7 +372,21 @@ class _CellRules:
             for s in self.subs
             if s.job_id is None
             and (job := self._newest([j for j in self._jobs_named(s.name) if s.may_have_launched(j)])) is not None
-        ]
+        ] + self._gpu_recordings()
+        self.gpu_hours = cell_hours([s for s in self.subs if cell.evalrun.known_as(s.evalrun)], self.jobs)
+
+    def _gpu_recordings(self) -> list[RowUpdate]:
+        """Our submissions whose job has ended with GPU-hours not recorded yet: recorded now, so they outlive the
+        scheduler's accounting window (sacct looks back 14 days)."""
+        found = []
+        for sub in self.subs:
+            job = job_of(sub, self.jobs)
+            if job is not None and not job.state.active and job.gpu_hours is not None and sub.gpu_hours is None:
+                found.append(RowUpdate(submission_name=sub.name, gpu_hours=job.gpu_hours))
+        return found
+
+    def _attempt_hours(self, run_tag: str) -> float | None:
+        return cell_hours(self.subs, self.jobs, run_tag=run_tag)
 
     # ------------------------------------------------------------------ a job is queued or running
 
@@ -565,7 +629,8 @@ class _CellRules:
         if self._needs_tracking(row, facts):
             assert facts is not None
             reason = self._not_verified()
-            upload = Upload(facts=facts, row_id=row.id, reason=f"{reason}: log and read back")
+            upload = Upload(facts=facts, row_id=row.id, reason=f"{reason}: log and read back",
+                            gpu_hours=self._attempt_hours(facts.run_tag))
             return self._result(Phase.EVALUATED, [self._analyze(facts), upload], reason, Rule.VERIFY_UPLOAD,
                                 facts=facts, score=score)
         return self._result(Phase.COMPLETED, [Skip(reason="job finished")], "job finished", rule, facts=facts,
@@ -684,7 +749,8 @@ class _CellRules:
             return self._result(Phase.FAILED, [Hold(reason=reason)], reason, Rule.UPLOAD_GATE, facts=facts)
         if not self.policy.upload_db:
             return self._without_db_upload(facts, rule)
-        upload = Upload(facts=facts, row_id=row_id, reason=f"{verdict.reason} ({_progress(facts)}): upload metrics")
+        upload = Upload(facts=facts, row_id=row_id, reason=f"{verdict.reason} ({_progress(facts)}): upload metrics",
+                        gpu_hours=self._attempt_hours(facts.run_tag))
         return self._result(Phase.EVALUATED, [self._analyze(facts), upload], f"{verdict.reason}: analyze and upload",
                             rule, facts=facts)
 
@@ -696,7 +762,8 @@ class _CellRules:
             return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts)
         if self.policy.track:
             reason = self._not_verified()
-            track = Track(facts=facts, reason=f"{reason}: log and read back (upload.db is off)")
+            track = Track(facts=facts, reason=f"{reason}: log and read back (upload.db is off)",
+                          gpu_hours=self._attempt_hours(facts.run_tag))
             return self._result(Phase.EVALUATED, [self._analyze(facts), track], reason, Rule.VERIFY_UPLOAD,
                                 facts=facts)
         if self.memory.analyzed_run_tag == tag:
@@ -809,7 +876,7 @@ class _CellRules:
         return CellPlan(cell=self.cell, phase=phase, actions=tuple(actions), reason=reason, rule=rule,
                         row_updates=(*self.adoptions, *(updates or ())), run_dir=facts, score=score,
                         memory=self.memory, remember=remember if remember != self.memory else None,
-                        health=state, health_note=note)
+                        health=state, health_note=note, gpu_hours=self.gpu_hours)
 
 
 # ---------------------------------------------------------------------- caps

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from pydantic import Field
 
+from controller.core.gpu_hours import AttemptCost
 from controller.core.intake import RegisteredModel, Selection
 from controller.core.types import (
     CellMemory,
@@ -97,6 +98,8 @@ class StateSnapshot(Frozen):
     cell_owners: tuple[CellOwner, ...] = Field((), description="live claims on the named cells, whoever holds them")
     cell_memory: dict[str, CellMemory] = Field(default_factory=dict, description="what rules remembered per cell")
     quarantined: tuple[Quarantined, ...] = Field((), description="every unexpired quarantine (nodes, pairs, clusters)")
+    gpu_history: tuple[AttemptCost, ...] = Field((), description="finished attempts of the named benchmarks, newest "
+                                                                 "first: what GPU-hours are estimated from")
 
 
 class StoreSnapshot(Frozen):
@@ -110,6 +113,7 @@ class StoreSnapshot(Frozen):
     cell_owners: tuple[CellOwner, ...] = ()
     cell_memory: dict[str, CellMemory] = Field(default_factory=dict)
     quarantined: tuple[Quarantined, ...] = ()
+    gpu_history: tuple[AttemptCost, ...] = ()
 
 
 class NewRow(Frozen):
@@ -189,10 +193,12 @@ class ResultsDB(Protocol):
 class ControllerState(Protocol):
     """The reconciler's own bookkeeping. Expiry is decided by the database's clock, never a client's."""
 
-    def read_state(self, evalrun: EvalRunRef, cell_keys: list[str], owner_ttl_s: float) -> StateSnapshot:
+    def read_state(self, evalrun: EvalRunRef, cell_keys: list[str], owner_ttl_s: float,
+                   benchmarks: Sequence[str] = ()) -> StateSnapshot:
         """Submissions of this EvalRun and of the named cells (whichever EvalRun made them: a cell's history is
         the cell's), every tunnel lease, the claims on the named cells renewed within `owner_ttl_s`, their
-        memory, and every unexpired quarantine. One read transaction."""
+        memory, every unexpired quarantine, and the newest GPU_HISTORY_MAX finished attempts of the named
+        `benchmarks` whose GPU-hours are all recorded (any EvalRun's, any cell's). One read transaction."""
         ...
 
     def record_submission(self, submission: Submission) -> None:
@@ -201,6 +207,15 @@ class ControllerState(Protocol):
 
     def record_job_id(self, submission_name: str, job_id: str) -> None:
         """Step 3: remember the scheduler's id. Idempotent."""
+        ...
+
+    def record_gpu_hours(self, submission_name: str, gpu_hours: float) -> None:
+        """The actual GPU-hours of the submission's ended job. Idempotent."""
+        ...
+
+    def finish_attempt(self, run_tag: str) -> None:
+        """Mark the attempt's submissions finished (its report was written): from now on its GPU-hours are history
+        that estimates go by. The first time is kept; repeating it is a no-op."""
         ...
 
     def claim_cells(self, evalrun: EvalRunRef, cell_keys: list[str], ttl_s: float) -> dict[str, EvalRunRef]:
@@ -273,6 +288,8 @@ class OutputCursor(Frozen):
     name: str
     offset: int = 0
 
+
+GPU_HISTORY_MAX = 2_000  # finished attempts an estimate reads, newest first: a constant-size read however old the lab
 
 OUTPUT_READ_CAP = 256 << 10  # bytes of one job's output read per pass: a pass stays cheap, a backlog catches up
 

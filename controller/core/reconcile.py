@@ -20,6 +20,7 @@ from typing import TypeVar
 from pydantic import Field
 
 from controller.core.actor import Actor
+from controller.core.gpu_hours import estimates
 from controller.core.intake import Selection
 from controller.core.match import join_cells
 from controller.core.planner import OVER_BUDGET, Policy, launch_of, plan, plan_deletion
@@ -205,10 +206,14 @@ def _target_pass(target: RunTarget, store: Store, ports: ClusterPorts, view: Clu
     lease = f"evalrun/{target.evalrun}"
     try:
         snapshot = observed.snapshot
-        the_plan = plan(target.evalrun, target.cells, observed.cells, target.policy, now, budget=view.budget,
+        policy = target.policy
+        estimated = estimates(target.cells, snapshot.gpu_history if snapshot else (),
+                              () if isinstance(view.dirs, ObservationError) else view.dirs, policy.size_bands,
+                              policy.gpus_per_job)
+        the_plan = plan(target.evalrun, target.cells, observed.cells, policy, now, budget=view.budget,
                         budget_note=view.budget_note, tunnel_leases=snapshot.tunnel_leases if snapshot else (),
                         live_job_names=view.live_job_names, owners=acting.owners,
-                        quarantined=snapshot.quarantined if snapshot else ())
+                        quarantined=snapshot.quarantined if snapshot else (), estimates=estimated)
         the_plan = the_plan.model_copy(update={"selections": target.selections, "intake": target.intake})
         view.spend(the_plan)
         outcomes = tuple(ports.actor_for(target).act(the_plan)) if acting.granted else ()

@@ -38,6 +38,27 @@ class AttentionItem(Frozen):
     reason: str
 
 
+class GpuSummary(Frozen):
+    """GPU-hours of an EvalRun: spent so far, estimated for the cells not yet run, and its budget."""
+
+    spent: float = Field(0.0, description="actual GPU-hours of its jobs, summed over its cells")
+    estimated: float = Field(0.0, description="estimated GPU-hours of its cells not yet run (known estimates)")
+    not_yet_run: int = Field(0, description="cells not yet run")
+    by_source: dict[str, int] = Field(default_factory=dict, description="of those, how many each source estimated "
+                                                                        "(history, run dirs, unknown)")
+    max_hours: float | None = Field(None, description="spec.budget.maxGpuHours")
+    held: int = Field(0, description="launches the budget held this pass")
+
+
+def gpu_summary(plan: Plan) -> GpuSummary:
+    spent = sum(c.gpu_hours for c in plan.cells if c.gpu_hours is not None)
+    waiting = [e for c in plan.cells if (e := plan.estimate(c)) is not None]
+    sources = Counter(e.source.value for e in waiting)
+    return GpuSummary(spent=spent, estimated=sum(e.hours for e in waiting if e.hours is not None),
+                      not_yet_run=len(waiting), by_source=dict(sorted(sources.items())),
+                      max_hours=plan.gpu_budget.max_hours, held=plan.gpu_budget.held)
+
+
 class RunStatus(Frozen):
     evalrun: EvalRunRef
     observed_generation: int | None = None
@@ -50,6 +71,7 @@ class RunStatus(Frozen):
     suspended: bool = False
     selected: int = Field(0, description="models its modelSelector took, cells included in `total`")
     selection: str = Field("", description="what its modelSelector did in the last pass")
+    gpu_hours: GpuSummary = GpuSummary()
 
     @property
     def done(self) -> int:
@@ -92,6 +114,7 @@ def summarize(plan: Plan, outcomes: Sequence[Outcome] = (), generation: int | No
         suspended=plan.suspended,
         selected=len(plan.selections),
         selection=plan.intake,
+        gpu_hours=gpu_summary(plan),
     )
 
 

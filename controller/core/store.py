@@ -28,14 +28,14 @@ class Store:
         Any row that cannot be decoded fails the whole read: guessing would make the planner resubmit.
         """
         results = self.results.read_results(model_names, benchmark_names)
-        state = self.state.read_state(evalrun, cell_keys or [], owner_ttl_s)
+        state = self.state.read_state(evalrun, cell_keys or [], owner_ttl_s, benchmark_names)
         if results.undecodable:
             raise ObservationError("; ".join(results.undecodable[:3])
                                    + (f" (+{len(results.undecodable) - 3} more)" if len(results.undecodable) > 3 else ""))
         return StoreSnapshot(models=results.models, benchmarks=results.benchmarks, rows=results.rows,
                              submissions=state.submissions, tunnel_leases=state.tunnel_leases,
                              cell_owners=state.cell_owners, cell_memory=state.cell_memory,
-                             quarantined=state.quarantined)
+                             quarantined=state.quarantined, gpu_history=state.gpu_history)
 
     def close(self) -> None:
         self.results.close()

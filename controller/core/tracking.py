@@ -24,9 +24,10 @@ class Analysis(Frozen):
 
 
 def tracker_record(cell: Cell, facts: RunDirFacts, result: RunMetrics, analysis: Analysis,
-                   errors: ErrorClasses) -> TrackerRecord:
+                   errors: ErrorClasses, gpu_hours: float | None = None) -> TrackerRecord:
     """Every known error class is a metric, zeros included, and the classes not in the catalog are summed in
-    `errors.other`, so all runs share the same metric names (dashboards stay dimensionally stable)."""
+    `errors.other`, so all runs share the same metric names (dashboards stay dimensionally stable). `gpu_hours`:
+    the attempt's actual GPU-hours, where the scheduler said."""
     metrics = {m.name: float(m.value) for m in result.metrics if m.value is not None}
     metrics |= {"n_valid_trials": float(result.stats.n_trials), "n_infra_errors": float(result.stats.n_infra_errors),
                 "n_completed_trials": float(facts.n_completed), "n_scored_trials": float(facts.n_scored)}
@@ -37,6 +38,8 @@ def tracker_record(cell: Cell, facts: RunDirFacts, result: RunMetrics, analysis:
     metrics |= {f"errors.{name}": float(by_class.get(name, 0)) for name in sorted(known)}
     metrics["errors.other"] = float(sum(count for name, count in by_class.items() if name not in known))
     metrics |= analysis.step_stats
+    if gpu_hours is not None:
+        metrics["gpu_hours"] = gpu_hours
     return TrackerRecord(
         run_tag=facts.run_tag,
         tags={"cell_key": cell.key, "model": cell.model, "benchmark": cell.benchmark_name, "dataset": cell.dataset,

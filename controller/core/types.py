@@ -295,6 +295,9 @@ class ObservedJob(Frozen):
     reason: str = ""
     nodes: str = Field("", description="where it ran (SLURM NodeList), when the scheduler says")
     log_tail: str = Field("", description="the last lines of a failed job's output, masked: what diagnoses it")
+    gpu_hours: float | None = Field(None, description="elapsed × allocated GPUs, so far while it runs (sacct "
+                                                      "ElapsedRaw × AllocTRES gres/gpu; local: wall × gpusPerJob); "
+                                                      "None: the scheduler does not say (yet)")
 
 
 class QuietFailure(Frozen):
@@ -354,6 +357,10 @@ class Submission(Frozen):
     row_id: str | None = None
     job_id: str | None = None
     created_at: datetime
+    model: str | None = Field(None, description="the cell's model and benchmark name: what GPU-hour history is "
+                                                "grouped by (None in records before 0.4)")
+    benchmark: str | None = None
+    gpu_hours: float | None = Field(None, description="its job's actual GPU-hours, recorded once the job ended")
 
     def may_have_launched(self, job: ObservedJob) -> bool:
         """Could `job`, found by this submission's name, be the one it launched (the crash repair)?

@@ -14,6 +14,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
+from controller.core.gpu_hours import GpuBudget, GpuEstimate
 from controller.core.intake import Selection
 from controller.core.types import (
     Cell,
@@ -231,6 +232,7 @@ class Upload(_Mutation):
     kind: Literal[ActionKind.UPLOAD] = ActionKind.UPLOAD
     facts: RunDirFacts
     row_id: str | None = Field(description="our row of the run; None: an orphan dir, given a row of ours first")
+    gpu_hours: float | None = Field(None, description="the attempt's actual GPU-hours: its row's stats, MLflow")
 
 
 class Track(_Mutation):
@@ -239,6 +241,7 @@ class Track(_Mutation):
     step: ClassVar[Step] = Step.TRACK
     kind: Literal[ActionKind.TRACK] = ActionKind.TRACK
     facts: RunDirFacts
+    gpu_hours: float | None = None
 
 
 class Quarantine(_Mutation):
@@ -294,6 +297,7 @@ class RowUpdate(Frozen):
     started_at: datetime | None = None
     submission_name: str | None = None
     job_id: str | None = None
+    gpu_hours: float | None = Field(None, description="the actual GPU-hours of the ended job of `submission_name`")
 
 
 class CellPlan(Frozen):
@@ -310,6 +314,8 @@ class CellPlan(Frozen):
                                                           "actions (None: unchanged)")
     health: HealthState | None = Field(None, description="of a running job: does it work (REFERENCE §8)")
     health_note: str = Field("", description="the verdict in words: 'alive: 14 trials scored, 42 req/min, …'")
+    gpu_hours: float | None = Field(None, description="actual GPU-hours of this EvalRun's jobs of the cell, summed "
+                                                      "(None: none known)")
 
 
 class Plan(Frozen):
@@ -321,6 +327,15 @@ class Plan(Frozen):
                                                                  "pairs: what status lists")
     selections: tuple[Selection, ...] = Field((), description="the models its modelSelector took (or would take)")
     intake: str = Field("", description="what its modelSelector did this pass, in words")
+    estimates: dict[str, GpuEstimate] = Field(default_factory=dict, description="cell key → estimated GPU-hours "
+                                                                                 "of one attempt")
+    gpu_budget: GpuBudget = Field(GpuBudget(), description="GPU-hours spent and committed, against maxGpuHours")
+
+    def estimate(self, cell: CellPlan) -> GpuEstimate | None:
+        """A cell's estimate when it has not run yet (no GPU-hours of its own, not done): what `plan` shows."""
+        if cell.gpu_hours is not None or cell.phase in (Phase.COMPLETED, Phase.EVALUATED):
+            return None
+        return self.estimates.get(cell.cell.key)
 
 
 # --------------------------------------------------------------------------- what acting said

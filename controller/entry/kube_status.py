@@ -39,7 +39,15 @@ def status_patch(summary: RunStatus, previous: Mapping[str, Any] | None, now: da
         "lastPass": {"at": _timestamp(now), "failedActions": summary.failed_actions, "note": note},
         "lastHandledReconcileAt": requested_at,
         "modelSelector": {"selected": summary.selected, "note": summary.selection} if summary.selection else None,
+        "gpuHours": _gpu_hours(summary),
     }
+
+
+def _gpu_hours(summary: RunStatus) -> dict[str, Any]:
+    """Spent, estimated for the cells not yet run (and from what), and the budget (null: none)."""
+    gpu = summary.gpu_hours
+    return {"spent": round(gpu.spent, 3), "estimated": round(gpu.estimated, 3), "notYetRun": gpu.not_yet_run,
+            "estimatedFrom": gpu.by_source, "max": gpu.max_hours, "heldByBudget": gpu.held}
 
 
 def invalid_spec_patch(messages: Sequence[str], generation: int | None, previous: Mapping[str, Any] | None,

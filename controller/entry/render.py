@@ -13,7 +13,7 @@ from rich.table import Table
 from controller.core.db_check import Finding
 from controller.core.intake import Candidate
 from controller.core.reconcile import PassResult
-from controller.core.status import RunStatus, summarize
+from controller.core.status import GpuSummary, RunStatus, gpu_summary, summarize
 from controller.core.vocabulary import CellPlan, Phase, Plan
 
 TABLE_CELLS_MAX = 200  # past this many cells, `plan` shows a row per decision rather than per cell
@@ -26,8 +26,8 @@ PHASE_STYLE = {
 
 def plan_json(plans: Sequence[Plan]) -> str:
     return json.dumps({"evalruns": [
-        {"name": str(p.evalrun), "suspended": p.suspended, "cells": [_cell_json(c) for c in p.cells],
-         **_selector_json(p)} for p in plans
+        {"name": str(p.evalrun), "suspended": p.suspended, "cells": [_cell_json(c, p) for c in p.cells],
+         "gpu_hours": gpu_summary(p).model_dump(mode="json"), **_selector_json(p)} for p in plans
     ]}, indent=2)
 
 
@@ -38,7 +38,8 @@ def _selector_json(plan: Plan) -> dict[str, Any]:
                               "selected": [s.model_dump(mode="json") for s in plan.selections]}}
 
 
-def _cell_json(cell: CellPlan) -> dict[str, Any]:
+def _cell_json(cell: CellPlan, plan: Plan) -> dict[str, Any]:
+    estimate = plan.estimate(cell)
     return {
         "model": cell.cell.model,
         "benchmark": cell.cell.benchmark,
@@ -49,6 +50,8 @@ def _cell_json(cell: CellPlan) -> dict[str, Any]:
         "rule": cell.rule.value,
         "health": None if cell.health is None else {"state": cell.health.value, "note": cell.health_note},
         "score": cell.score,
+        "gpu_hours": cell.gpu_hours,
+        "est_gpu_hours": None if estimate is None else estimate.model_dump(mode="json"),
     }
 
 
@@ -62,12 +65,33 @@ def plan_table(plan: Plan, console: Console) -> None:
         selections(plan, console)
         return
     table = Table(title=title, expand=False)
-    for column in ("model", "benchmark", "phase", "actions", "reason"):
+    for column in ("model", "benchmark", "phase", "est. GPU-h", "actions", "reason"):
         table.add_column(column, overflow="fold")
     for cell in plan.cells:
-        table.add_row(cell.cell.model, cell.cell.benchmark, _phase(cell.phase), _actions(cell), cell.reason)
+        table.add_row(cell.cell.model, cell.cell.benchmark, _phase(cell.phase), _gpu_cell(cell, plan), _actions(cell),
+                      cell.reason)
     console.print(table)
+    console.print(gpu_line(gpu_summary(plan)), highlight=False)
     selections(plan, console)
+
+
+def _gpu_cell(cell: CellPlan, plan: Plan) -> str:
+    """A cell not yet run: its estimate and where it comes from; one that ran: what it spent."""
+    estimate = plan.estimate(cell)
+    if estimate is not None:
+        return f"? ({estimate.source.value})" if estimate.hours is None else f"{estimate.hours:.2f} ({estimate.source.value})"
+    return "—" if cell.gpu_hours is None else f"{cell.gpu_hours:.2f} spent"
+
+
+def gpu_line(gpu: GpuSummary) -> str:
+    """`est. GPU-h: 12.40 for 3 cell(s) not yet run (history 2, unknown 1); 3.10 spent; budget 400 GPU-h`."""
+    sources = ", ".join(f"{source} {n}" for source, n in gpu.by_source.items())
+    line = (f"est. GPU-h: {gpu.estimated:.2f} for {gpu.not_yet_run} cell(s) not yet run"
+            + (f" ({sources})" if sources else "") + f"; {gpu.spent:.2f} spent")
+    if gpu.max_hours is not None:
+        line += f"; budget {gpu.max_hours:g} GPU-h (spec.budget.maxGpuHours)"
+        line += f", {gpu.held} launch(es) held" if gpu.held else ""
+    return line
 
 
 def selections(plan: Plan, console: Console) -> None:
@@ -95,6 +119,7 @@ def _decisions_table(plan: Plan, title: str, console: Console) -> None:
         table.add_row(str(len(cells)), _phase(phase), f"{first.cell.model} × {first.cell.benchmark}", _actions(first),
                       first.reason)
     console.print(table)
+    console.print(gpu_line(gpu_summary(plan)), highlight=False)
 
 
 def _actions(cell: CellPlan) -> str:
@@ -116,6 +141,7 @@ def status_grid(plan: Plan, console: Console) -> None:
         cells = [by_key.get((model, bench)) for bench in benchmarks]
         table.add_row(model, *(_grid_cell(c) for c in cells))
     console.print(table)
+    console.print(gpu_line(gpu_summary(plan)), highlight=False)
     for q in plan.quarantined:
         console.print(f"  quarantined {q.kind.value} {q.name} until {q.until:%Y-%m-%d %H:%M} UTC: {q.reason}",
                       highlight=False)
@@ -133,7 +159,8 @@ def _status_json(plan: Plan, summary: RunStatus) -> dict[str, Any]:
         "counts": {phase.value: n for phase, n in summary.counts.items() if n},
         "conditions": [c.model_dump(mode="json", exclude_none=True) for c in summary.conditions],
         "attention": [a.model_dump(mode="json") for a in summary.attention],
-        "cells": [_cell_json(c) for c in plan.cells],
+        "cells": [_cell_json(c, plan) for c in plan.cells],
+        "gpu_hours": summary.gpu_hours.model_dump(mode="json"),
         "quarantined": [q.model_dump(mode="json") for q in plan.quarantined],
         **_selector_json(plan),
     }
@@ -169,6 +196,8 @@ def explain(cell: CellPlan, console: Console) -> None:
     console.print(f"  reason: {cell.reason}", highlight=False)
     if cell.health is not None:
         console.print(f"  health: {cell.health.value}: {cell.health_note}", highlight=False)
+    if cell.gpu_hours is not None:
+        console.print(f"  GPU-hours: {cell.gpu_hours:.2f} spent (this EvalRun's jobs of the cell)", highlight=False)
     for action in cell.actions:
         console.print(f"  action: {action.render()}", highlight=False)
     for update in cell.row_updates:
@@ -186,7 +215,8 @@ def _grid_cell(cell: CellPlan | None) -> str:
     if cell is None:
         return ""
     score = f" {cell.score:.3f}" if cell.score is not None else ""
-    return f"{_phase(cell.phase)}{score}"
+    spent = f" · {cell.gpu_hours:.2f} GPU-h" if cell.gpu_hours is not None else ""
+    return f"{_phase(cell.phase)}{score}{spent}"
 
 
 def _phase(phase: Phase) -> str:

@@ -97,6 +97,9 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog) -> Poli
             failure_modes=catalog.failures.modes_for(cspec.failure_catalog),
         ),
         cluster=str(cluster.ref),
+        max_gpu_hours=spec.budget.max_gpu_hours,
+        gpus_per_job=cspec.gpus_per_job,
+        size_bands=catalog.size_policy.bands_data(),
     )
 
 
@@ -229,7 +232,7 @@ def scheduler_for(cluster: LoadedCluster, logs_dir: str, mask: SecretMask, secre
                   public_errors: bool = False) -> Scheduler:
     cspec = cluster.cluster.spec
     if cspec.scheduler.type == "local":
-        return LocalScheduler(os.path.join(logs_dir, ".local-scheduler"), mask)
+        return LocalScheduler(os.path.join(logs_dir, ".local-scheduler"), mask, gpus_per_job=cspec.gpus_per_job)
     options = SlurmOptions(partition=cspec.partition, account=cspec.account, reservation=cspec.reservation,
                            qos=cspec.qos, gpus_per_job=cspec.gpus_per_job)
     if cspec.scheduler.ssh:  # commands run on the login node, as its login user (asked there: `id -un`)

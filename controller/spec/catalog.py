@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from controller.core.gpu_hours import SizeBands, size_in_billions
 from controller.core.trial_errors import ErrorClasses
 from controller.core.types import FailureMode
 from controller.spec.diagnose import validate
@@ -114,8 +115,11 @@ class SizePolicy(CatalogModel):
 
     def size_b(self, model: str) -> float | None:
         """Largest size token in the model name, in billions (`Qwen3-30B-A3B` → 30)."""
-        sizes = [float(m.group(1)) for m in re.finditer(self.size_token, model, re.IGNORECASE)]
-        return max(sizes, default=None)
+        return size_in_billions(model, self.size_token)
+
+    def bands_data(self) -> SizeBands:
+        """The bands as the core compares GPU-hours by (a cell's estimate comes from its own band's history)."""
+        return SizeBands(size_token=self.size_token, bands=tuple((band.min_b, band.max_b) for band in self.bands))
 
     def choose(self, model: str) -> SizeChoice:
         size = self.size_b(model)

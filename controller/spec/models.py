@@ -285,7 +285,8 @@ class EvalClusterSpec(SpecModel):
     time_limit: str = Field("24:00:00", max_length=32,
                             description=f"Walltime per job ([D-]HH:MM:SS, or minutes), at most {TIME_LIMIT_MAX_DAYS} "
                                         "days.")
-    gpus_per_job: int = Field(0, ge=0, le=1024, description="--gres gpu:N; 0 omits --gres.")
+    gpus_per_job: int = Field(0, ge=0, le=1024, description="--gres gpu:N; 0 omits --gres. Local scheduler: the GPUs "
+                                                             "a job is counted in GPU-hours (wall time × N).")
     hardware_profile: Short | None = Field(None, description="Selects per-model registry variants (e.g. a100-64).")
     gpu_memory_util: float = Field(0.85, gt=0, le=1, description="EVAL_GPU_MEMORY_UTIL ceiling.")
     max_concurrent_trials: PositiveInt = Field(48, le=4096,
@@ -476,6 +477,19 @@ class UploadPolicy(SpecModel):
     force_upload: bool = Field(False, description="Upload what the gates hold (a human looked at the numbers).")
 
 
+GPU_HOURS_MAX = 10_000_000  # beyond any lab's yearly allocation: a bigger number is a typo
+
+
+class BudgetPolicy(SpecModel):
+    """What the EvalRun may spend."""
+
+    max_gpu_hours: float | None = Field(
+        None, gt=0, le=GPU_HOURS_MAX,
+        description="GPU-hours the EvalRun may use: a launch that would take its spent + estimated hours past this "
+                    "is held, with the numbers in its reason (an estimate that is unknown counts 0, and says so); "
+                    "none: no budget.")
+
+
 class SandboxOverrides(SpecModel):
     """Sandbox size overrides (Harbor `environment.override_*`); they change results, so they are fingerprinted."""
 
@@ -610,6 +624,7 @@ class EvalRunSpec(SpecModel):
                                                                            "launches, traffic, refires.")
     upload: UploadPolicy = Field(default_factory=UploadPolicy, description="Where results go.")
     pinggy: PinggySpec = Field(default_factory=PinggySpec, description="Tunnel pairs for installed-agent harnesses.")
+    budget: BudgetPolicy = Field(default_factory=BudgetPolicy, description="What the EvalRun may spend (GPU-hours).")
 
     @model_validator(mode="after")
     def _one_cluster(self) -> EvalRunSpec:

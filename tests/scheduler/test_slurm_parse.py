@@ -89,15 +89,15 @@ def test_squeue_line_of_a_job_that_just_ended_is_over_with_its_end_time() -> Non
 
 def test_other_peoples_job_names_are_not_ours() -> None:
     assert parse_squeue_line("43|interactive|RUNNING|2026-11-29T14:15:12|N/A|N/A|10:00|vm|None") is None
-    assert parse_sacct_line("43|allocation|COMPLETED|0:0|2026-11-29T14:15:12|Unknown|Unknown|vm|None") is None
+    assert parse_sacct_line("43|allocation|COMPLETED|0:0|2026-11-29T14:15:12|Unknown|Unknown|vm|0||None") is None
 
 
 def test_sacct_line_with_exit_code_and_unknown_times() -> None:
-    job = parse_sacct_line("29|ev_t|CANCELLED by 0|0:15|2026-11-29T14:15:35|Unknown|2026-11-29T14:17:00|None assigned|None")
+    job = parse_sacct_line("29|ev_t|CANCELLED by 0|0:15|2026-11-29T14:15:35|Unknown|2026-11-29T14:17:00|None assigned|0||None")
     assert job is not None
     assert (job.state, job.exit_code, job.started_at, job.nodes) == (JobState.CANCELLED, 0, None, "")
     assert job.ended_at == datetime(2026, 11, 29, 14, 17, tzinfo=UTC)
-    assert parse_sacct_line("29.batch|batch|COMPLETED|0:0|x|x|x|vm|None") is None, "steps are not jobs"
+    assert parse_sacct_line("29.batch|batch|COMPLETED|0:0|x|x|x|vm|0||None") is None, "steps are not jobs"
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("59:58", 3598), ("1:00:00", 3600), ("2-00:00:01", 172801),
@@ -108,11 +108,34 @@ def test_time_left(text: str, seconds: int | None) -> None:
 
 def test_squeue_wins_for_live_jobs_and_sacct_finds_jobs_that_left_the_queue() -> None:
     queued = parse_squeue_line("7|ev_a|RUNNING|2026-11-29T14:00:00|2026-11-29T14:01:00|2026-11-29T14:06:00|5:00|vm|None")
-    lagging = parse_sacct_line("7|ev_a|PENDING|0:0|2026-11-29T14:00:00|Unknown|Unknown|None assigned|None")
-    ended = parse_sacct_line("6|ev_b|TIMEOUT|0:0|2026-11-29T13:00:00|2026-11-29T13:00:01|2026-11-29T14:00:01|vm|None")
+    lagging = parse_sacct_line("7|ev_a|PENDING|0:0|2026-11-29T14:00:00|Unknown|Unknown|None assigned|0||None")
+    ended = parse_sacct_line("6|ev_b|TIMEOUT|0:0|2026-11-29T13:00:00|2026-11-29T13:00:01|2026-11-29T14:00:01|vm|3600|"
+                             "billing=1,cpu=1,gres/gpu=4,node=1|None")
     jobs = merge([queued], [lagging, ended])
     assert [(j.job_id, j.state, j.time_left_s) for j in jobs] == [("6", JobState.TIMEOUT, None),
                                                                    ("7", JobState.RUNNING, 300)]
+    assert [j.gpu_hours for j in jobs] == [4.0, None], "an hour on 4 GPUs; a job never allocated: not known"
+
+
+@pytest.mark.parametrize(("elapsed", "tres", "hours"), [
+    ("5400", "billing=2,cpu=2,gres/gpu=2,mem=8G,node=1", 3.0),  # 1.5 h × 2 GPUs
+    ("7200", "cpu=8,gres/gpu:a100=4,gres/gpu=4,node=1", 8.0),  # typed and untyped: counted once
+    ("3600", "cpu=8,gres/gpu:a100=2,node=1", 2.0),  # only typed ones accounted
+    ("3600", "billing=1,cpu=1,node=1", 0.0),  # a CPU job: no GPU-hours, and says so
+    ("0", "", None),  # pending: nothing allocated yet
+])
+def test_sacct_gpu_hours_are_elapsed_times_allocated_gpus(elapsed: str, tres: str, hours: float | None) -> None:
+    job = parse_sacct_line(f"9|ev_g|COMPLETED|0:0|2026-11-29T13:00:00|2026-11-29T13:00:01|2026-11-29T14:00:01|vm|"
+                           f"{elapsed}|{tres}|None")
+    assert job is not None and job.gpu_hours == hours
+
+
+def test_a_running_job_keeps_the_gpu_hours_accounting_says_so_far() -> None:
+    queued = parse_squeue_line("7|ev_a|RUNNING|2026-11-29T14:00:00|2026-11-29T14:01:00|2026-11-29T14:06:00|5:00|vm|None")
+    accounted = parse_sacct_line("7|ev_a|RUNNING|0:0|2026-11-29T14:00:00|2026-11-29T14:01:00|Unknown|vm|1800|"
+                                 "cpu=1,gres/gpu=2|None")
+    [job] = merge([queued], [accounted])
+    assert (job.time_left_s, job.gpu_hours) == (300, 1.0)
 
 
 def test_tail_output_is_split_per_file() -> None:
@@ -131,7 +154,7 @@ def test_a_job_printing_a_tail_header_cannot_claim_an_earlier_jobs_tail() -> Non
 def test_observe_is_one_squeue_and_one_sacct_filtered_to_our_user_in_utc() -> None:
     runner = Scripted({"squeue": ok("5|ev_a|PENDING|2026-11-29T14:00:00|N/A|N/A|10:00||Priority\n"),
                        "sacct": ok("4|ev_b|COMPLETED|0:0|2026-11-29T13:00:00|2026-11-29T13:00:01|"
-                                   "2026-11-29T13:30:00|vm|None\n")})
+                                   "2026-11-29T13:30:00|vm|1799|cpu=1|None\n")})
     jobs = scheduler(runner).observe()
     assert [j.job_id for j in jobs] == ["4", "5"]
     assert [argv[0] for argv, _ in runner.calls] == ["squeue", "sacct"]
@@ -152,7 +175,7 @@ def test_a_failed_job_carries_its_log_tail_with_the_reconcilers_secrets_masked(
     monkeypatch.setenv("EVALCTL_SECRET_PINGGY_A_TOKEN", "tok-12345")
     runner = Scripted({"squeue": ok(""),
                        "sacct": ok("9|ev_c|FAILED|1:0|2026-11-29T13:00:00|2026-11-29T13:00:01|2026-11-29T13:00:02|"
-                                   "vm|None\n"),
+                                   "vm|1|cpu=1|None\n"),
                        "tail": ok("==> /logs/ev_c_9.out <==\npinggy: login with tok-12345 refused\n"
                                   "harbor: command not found\n")})
     [job] = scheduler(runner).observe()
@@ -200,7 +223,7 @@ def test_an_array_task_named_like_ours_does_not_break_the_pass() -> None:
 
 
 def test_a_job_accounting_calls_running_but_the_controller_does_not_know_is_lost_not_live() -> None:
-    runaway = parse_sacct_line("8|ev_c|RUNNING|0:0|2026-11-20T13:00:00|2026-11-20T13:00:01|Unknown|vm|None")
+    runaway = parse_sacct_line("8|ev_c|RUNNING|0:0|2026-11-20T13:00:00|2026-11-20T13:00:01|Unknown|vm|60|cpu=1|None")
     [job] = merge([], [runaway])
     assert job.state == JobState.LOST and not job.state.active
     assert "runaway" in job.reason

@@ -35,9 +35,10 @@ MODEL = "laion/Qwen3-8B-sft-v3"
 BENCHMARK = "dev_set_v2"
 PASSWORD = "hunter2-very-secret"
 OWN_TABLES = {"evalrun_submissions", "evalrun_leases", "evalrun_cell_owners", "evalrun_tunnel_leases",
-              "evalrun_cell_memory", "evalrun_quarantine", "evalrun_schema_migrations"}
+              "evalrun_cell_memory", "evalrun_quarantine", "evalrun_model_selections", "evalrun_schema_migrations"}
 QWEN = EvalRunRef(name="qwen-evals")
-SHIPPED = [(1, "controller_tables"), (2, "quarantine")]  # (version, name) of migrations/*.sql
+SHIPPED = [(1, "controller_tables"), (2, "quarantine"), (3, "model_selections"),
+           (4, "gpu_hours")]  # (version, name) of migrations/*.sql
 OT_AGENT_TABLES = {"models", "benchmarks", "sandbox_jobs"}
 RESULT = ResultUpload(metrics=(Metric(name="accuracy", value=0.42), Metric(name="accuracy_stderr", value=0.03)),
                       stats={"n_trials": 290, "n_infra_errors": 10}, n_trials=300, ended_at=T0)
@@ -205,6 +206,25 @@ def test_a_database_migrated_before_quarantines_reads_none_then_gets_the_table_o
 
     assert before == ()
     assert [q.name for q in after] == ["node-7"], "the reader notices the table once it exists"
+    assert [(version, name) for version, name, _ in migration_rows(pg_url)] == SHIPPED
+
+
+def test_a_database_migrated_before_gpu_hours_is_read_as_it_is_then_gets_the_columns_on_a_writable_open(
+        pg_url: str) -> None:
+    with opened(pg_url) as store:
+        store.record_submission(submission("ev_x__a1"))
+    run_sql(pg_url, "ALTER TABLE evalrun_submissions DROP COLUMN model, DROP COLUMN benchmark, DROP COLUMN gpu_hours,"
+                    " DROP COLUMN finished_at")
+    run_sql(pg_url, "DELETE FROM evalrun_schema_migrations WHERE name = 'gpu_hours'")
+
+    with opened(pg_url, readonly=True) as reader:
+        (before,) = reader.read_state(QWEN, [], 60, [BENCHMARK]).submissions
+        with opened(pg_url) as writer:
+            writer.record_gpu_hours(before.name, 1.25)
+        (after,) = reader.read_state(QWEN, [], 60, [BENCHMARK]).submissions
+
+    assert (before.name, before.gpu_hours) == (after.name, None)
+    assert after.gpu_hours == 1.25, "the reader notices the columns once the migration ran"
     assert [(version, name) for version, name, _ in migration_rows(pg_url)] == SHIPPED
 
 

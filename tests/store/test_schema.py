@@ -13,7 +13,8 @@ from controller.core.types import EvalRunRef, QuarantineKind
 from tests.fixtures.legacy_db import Families, LegacyDB
 
 ALL_TABLES = {"models", "benchmarks", "sandbox_jobs", "evalrun_submissions", "evalrun_leases",
-              "evalrun_tunnel_leases", "evalrun_cell_owners", "evalrun_cell_memory", "evalrun_quarantine"}
+              "evalrun_tunnel_leases", "evalrun_cell_owners", "evalrun_cell_memory", "evalrun_quarantine",
+              "evalrun_model_selections"}
 
 
 def schema(path: Path) -> list[tuple]:
@@ -89,3 +90,34 @@ def test_an_undecodable_quarantine_fails_the_state_read(db_path: Path, column: s
     with pytest.raises(ObservationError, match=db_path.name):
         store.read_state(EvalRunRef(name="any"), [], 60)
     store.close()
+
+
+PRE_GPU_SUBMISSIONS = """
+CREATE TABLE evalrun_submissions (
+    name TEXT PRIMARY KEY, run_tag TEXT NOT NULL, evalrun TEXT NOT NULL, cell_key TEXT NOT NULL,
+    attempt INTEGER NOT NULL, fire INTEGER NOT NULL, row_id TEXT, job_id TEXT, created_at TEXT NOT NULL);
+INSERT INTO evalrun_submissions VALUES ('ev_x__a1', 'ev_x__a1', 'qwen-evals', 'cell-x', 1, 1, NULL, '77',
+                                        '2025-06-01T12:00:00+00:00');
+"""
+
+
+def test_a_store_made_before_gpu_hours_is_read_as_it_is_and_gets_the_columns_when_opened_writable(
+    db_path: Path,
+) -> None:
+    with sqlite3.connect(db_path) as conn:
+        conn.executescript(PRE_GPU_SUBMISSIONS)
+    reader = SqliteStore(db_path, readonly=True)
+    (old,) = reader.read_state(EvalRunRef(name="qwen-evals"), [], 60, ["tb2"]).submissions
+    assert (old.job_id, old.gpu_hours) == ("77", None), "a reader never alters the file, and reads what is there"
+
+    writer = SqliteStore(db_path)
+    writer.record_gpu_hours("ev_x__a1", 1.25)
+    SqliteStore(db_path).close()  # a second writable open finds nothing left to add
+    (upgraded,) = reader.read_state(EvalRunRef(name="qwen-evals"), [], 60, ["tb2"]).submissions
+    reader.close()
+    writer.close()
+
+    assert (upgraded.job_id, upgraded.gpu_hours) == ("77", 1.25)
+    with sqlite3.connect(db_path) as conn:
+        columns = [name for (name,) in conn.execute("SELECT name FROM pragma_table_info('evalrun_submissions')")]
+    assert columns[-4:] == ["model", "benchmark", "gpu_hours", "finished_at"]

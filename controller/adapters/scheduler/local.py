@@ -30,6 +30,7 @@ from controller.adapters.rundirs.localfs import Unreadable, read_local
 from controller.adapters.scheduler.commands import inherited_environment
 from controller.adapters.scheduler.output import failure_tail, job_output, read_from, read_tail
 from controller.adapters.secrets import SecretMask
+from controller.core.gpu_hours import job_gpu_hours
 from controller.core.ports import OUTPUT_READ_CAP, ObservationError, OutputCursor, SubmitRequest
 from controller.core.types import (
     RUN_TAG_PREFIX,
@@ -64,8 +65,10 @@ class JobEnd(Frozen):
 
 
 class LocalScheduler:
-    def __init__(self, state_dir: str | Path, mask: SecretMask | None = None):
+    def __init__(self, state_dir: str | Path, mask: SecretMask | None = None, gpus_per_job: int = 0):
+        """`gpus_per_job`: the cluster's gpusPerJob, what a job's wall time costs in GPU-hours."""
         self.state_dir = Path(state_dir)
+        self.gpus_per_job = gpus_per_job
         self.jobs_dir = self.state_dir / "jobs"
         self.mask = mask or SecretMask()
         self.host = socket.gethostname()  # where every local job runs: its `nodes`
@@ -108,7 +111,8 @@ class LocalScheduler:
         reason, tail = self._failure_tail(job) if state in (JobState.FAILED, JobState.OUT_OF_MEMORY) else ("", "")
         return ObservedJob(job_id=job.job_id, name=job.name, state=state, submitted_at=job.submitted_at,
                            started_at=started, ended_at=ended, exit_code=exit_code, time_left_s=time_left_s,
-                           reason=reason, log_tail=tail, nodes=self.host if started is not None else "")
+                           reason=reason, log_tail=tail, nodes=self.host if started is not None else "",
+                           gpu_hours=job_gpu_hours(started, ended, datetime.now(UTC), self.gpus_per_job))
 
     def _failure_tail(self, job: LocalJob) -> tuple[str, str]:
         """A failed job says why in its output: the last lines, masked (a courtesy: unreadable means none)."""

@@ -42,7 +42,11 @@ UTC_ENV = {"TZ": "UTC", "SLURM_TIME_FORMAT": "standard"}
 # last). `--states=all` also lists jobs that ended within MinJobAge: accounting can lag behind the queue, and a
 # job must never drop out of sight between leaving the queue and appearing in sacct.
 SQUEUE_FORMAT = "%i|%j|%T|%V|%S|%e|%L|%N|%r"
-SACCT_FIELDS = "JobID,JobName,State,ExitCode,Submit,Start,End,NodeList,Reason"  # Reason: free text, last
+# ElapsedRaw (seconds) × AllocTRES' gres/gpu=N is a job's GPU-hours; Reason: free text, last
+SACCT_FIELDS = "JobID,JobName,State,ExitCode,Submit,Start,End,NodeList,ElapsedRaw,AllocTRES,Reason"
+# `gres/gpu=4`; typed ones (`gres/gpu:a100=4`) are listed besides it where the site accounts types, else alone
+GPU_TRES = re.compile(r"(?:^|,)gres/gpu=(\d+)")
+TYPED_GPU_TRES = re.compile(r"(?:^|,)gres/gpu:[^=,]+=(\d+)")
 ACCOUNTING_WINDOW = "now-14days"
 NO_NODES = frozenset({"", "None assigned", "(null)", "None"})  # what squeue / sacct print before a job has a node
 
@@ -292,14 +296,24 @@ def parse_squeue_line(line: str) -> ObservedJob | None:
 
 def parse_sacct_line(line: str) -> ObservedJob | None:
     parts = line.split("|")
-    if len(parts) < 9 or not parts[1].startswith(RUN_TAG_PREFIX) or "." in parts[0]:
+    if len(parts) < 11 or not parts[1].startswith(RUN_TAG_PREFIX) or "." in parts[0]:
         return None
-    job_id, name, state, exit_code, submit, start, end, nodes = parts[:8]
-    reason = "|".join(parts[8:])
+    job_id, name, state, exit_code, submit, start, end, nodes, elapsed, tres = parts[:10]
+    reason = "|".join(parts[10:])
     code = exit_code.split(":")[0]
     return ObservedJob(job_id=job_id, name=name, state=slurm_state(state), submitted_at=parse_time(submit),
                        started_at=parse_time(start), ended_at=parse_time(end), nodes=_nodes(nodes),
-                       exit_code=int(code) if code.isdigit() else None, reason="" if reason == "None" else reason)
+                       exit_code=int(code) if code.isdigit() else None, reason="" if reason == "None" else reason,
+                       gpu_hours=gpu_hours(elapsed, tres))
+
+
+def gpu_hours(elapsed_raw: str, alloc_tres: str) -> float | None:
+    """ElapsedRaw seconds × the GPUs AllocTRES says were allocated (none listed: 0); None before an allocation."""
+    if not elapsed_raw.isdigit() or not alloc_tres.strip():
+        return None
+    untyped = GPU_TRES.search(alloc_tres)
+    gpus = int(untyped[1]) if untyped else sum(int(count) for count in TYPED_GPU_TRES.findall(alloc_tres))
+    return int(elapsed_raw) * gpus / 3600
 
 
 def _nodes(text: str) -> str:
@@ -324,7 +338,8 @@ def merge(queue: Iterable[ObservedJob], accounting: Iterable[ObservedJob]) -> li
     for job in queue:
         known = jobs.get(job.job_id)
         jobs[job.job_id] = job if known is None else job.model_copy(update={
-            "submitted_at": job.submitted_at or known.submitted_at, "nodes": job.nodes or known.nodes})
+            "submitted_at": job.submitted_at or known.submitted_at, "nodes": job.nodes or known.nodes,
+            "gpu_hours": known.gpu_hours})  # accounting alone knows the allocation
     return sorted(jobs.values(), key=job_order)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from controller.core.gpu_hours import AttemptCost
 from controller.core.intake import RegisteredModel, Selection
 from controller.core.metrics import same_metrics
 from controller.core.ports import NamedRow, SandboxJobRow, StateSnapshot, WriteRefused
@@ -185,6 +186,7 @@ def state_snapshot(tables: Mapping[str, Iterable[Mapping[str, Any]]]) -> StateSn
             cell_memory={r["cell_key"]: CellMemory.from_stored(parse_json(r["memory"]))
                          for r in records("evalrun_cell_memory")},
             quarantined=tuple(Quarantined(**timed(r, "until")) for r in records("evalrun_quarantine")),
+            gpu_history=tuple(AttemptCost(**r) for r in records("gpu_history")),
         )
     except ValidationError as error:
         raise ValueError(_first_line(error)) from None

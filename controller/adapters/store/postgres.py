@@ -43,6 +43,7 @@ from controller.adapters.store.codec import (
 from controller.adapters.store.errors import StoreUnavailable, WriteRefused
 from controller.core.intake import RegisteredModel, Selection
 from controller.core.ports import (
+    GPU_HISTORY_MAX,
     NewRow,
     ObservationError,
     ResultsSnapshot,
@@ -84,6 +85,7 @@ class PostgresStore:
         self._secrets = _secrets(dsn)
         self._counter_lock = threading.Lock()
         self._present: frozenset[str] = frozenset()  # tables known to exist (they are never dropped)
+        self._gpu_columns = False  # migration 0004's columns known to exist (a reader may see a database without)
         try:
             self._conninfo = self._session_conninfo(dsn)
         except psycopg.ProgrammingError as error:
@@ -213,9 +215,11 @@ class PostgresStore:
 
     # ----------------------------------------------------------------------- controller state
 
-    def read_state(self, evalrun: EvalRunRef, cell_keys: list[str], owner_ttl_s: float) -> StateSnapshot:
-        """Up to five statements in one read-only snapshot and one round trip; a table not created yet is empty."""
-        named = {"evalrun": str(evalrun), "cell_keys": list(cell_keys), "owner_ttl_s": float(owner_ttl_s)}
+    def read_state(self, evalrun: EvalRunRef, cell_keys: list[str], owner_ttl_s: float,
+                   benchmarks: Sequence[str] = ()) -> StateSnapshot:
+        """Up to six statements in one read-only snapshot and one round trip; a table not created yet is empty."""
+        named = {"evalrun": str(evalrun), "cell_keys": list(cell_keys), "owner_ttl_s": float(owner_ttl_s),
+                 "benchmarks": list(benchmarks), "history_max": GPU_HISTORY_MAX}
         wanted = {
             "evalrun_submissions": sql.SUBMISSIONS_OF_EVALRUN_AND_CELLS,
             "evalrun_cell_owners": sql.LIVE_OWNERS_OF_CELLS,
@@ -226,6 +230,11 @@ class PostgresStore:
         with self._reading() as conn:
             self._have(conn, tuple(wanted))
             tables = [table for table in wanted if table in self._present]
+            if "evalrun_submissions" in tables and not self._has_gpu_columns(conn):
+                wanted["evalrun_submissions"] = sql.LEGACY_SUBMISSIONS_OF_EVALRUN_AND_CELLS
+            elif "evalrun_submissions" in tables and benchmarks:
+                wanted["gpu_history"] = sql.GPU_HISTORY
+                tables.append("gpu_history")
             if not tables:
                 return StateSnapshot()
             cursors = self._round(conn, (BEGIN_READ, None),
@@ -261,6 +270,15 @@ class PostgresStore:
     def record_job_id(self, submission_name: str, job_id: str) -> None:
         with self._writing() as conn:
             self._round(conn, (sql.SET_SUBMISSION_JOB_ID, (job_id, submission_name)))
+
+    def record_gpu_hours(self, submission_name: str, gpu_hours: float) -> None:
+        with self._writing() as conn:
+            self._round(conn, (sql.SET_SUBMISSION_GPU_HOURS, (gpu_hours, submission_name)))
+
+    def finish_attempt(self, run_tag: str) -> None:
+        """Its finish time is the server's clock, like every time the state decides by."""
+        with self._writing() as conn:
+            self._round(conn, (sql.FINISH_ATTEMPT, (run_tag,)))
 
     def remember(self, cell_key: str, memory: CellMemory) -> None:
         with self._writing() as conn:
@@ -390,6 +408,13 @@ class PostgresStore:
         self._present = frozenset(name for (name,) in cursor)
         return self._present.issuperset(tables)
 
+    def _has_gpu_columns(self, conn: Connection) -> bool:
+        """Has migration 0004 reached this database? Asked only until it has (columns are never dropped)."""
+        if not self._gpu_columns:
+            (cursor,) = self._round(conn, (sql.HAS_GPU_COLUMNS, (list(sql.GPU_COLUMNS), list(sql.GPU_COLUMNS))))
+            self._gpu_columns = bool(_one(cursor)[0])
+        return self._gpu_columns
+
     def _set_up(self, conn: Connection) -> None:
         """Create the missing OT-Agent tables and apply the missing migrations, under an advisory lock.
 
@@ -411,6 +436,7 @@ class PostgresStore:
                     conn.execute(text)
                     conn.execute(sql.RECORD_MIGRATION, (version, name))
         self._present = frozenset(sql.OT_AGENT_TABLES + sql.OWN_TABLES)
+        self._gpu_columns = True
 
     def _session_conninfo(self, dsn: str) -> str:
         """The DSN plus our session settings: timeouts, UTC (timestamps read as text), read-only if asked."""

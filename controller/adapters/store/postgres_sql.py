@@ -142,12 +142,33 @@ SELECT {ROW_COLUMNS} FROM sandbox_jobs
 
 ROW_BY_ID = f"SELECT {ROW_COLUMNS} FROM sandbox_jobs WHERE id = %s"
 
-SUBMISSION_COLUMNS = "name, run_tag, evalrun, cell_key, attempt, fire, row_id, job_id, created_at"
+LEGACY_SUBMISSION_COLUMNS = "name, run_tag, evalrun, cell_key, attempt, fire, row_id, job_id, created_at"
+SUBMISSION_COLUMNS = f"{LEGACY_SUBMISSION_COLUMNS}, model, benchmark, gpu_hours"
 
-SUBMISSIONS_OF_EVALRUN_AND_CELLS = f"""
-SELECT {SUBMISSION_COLUMNS} FROM evalrun_submissions
+SUBMISSIONS_OF = """
+SELECT {columns} FROM evalrun_submissions
  WHERE evalrun = %(evalrun)s OR cell_key = ANY(%(cell_keys)s::text[])
  ORDER BY created_at, name
+"""
+SUBMISSIONS_OF_EVALRUN_AND_CELLS = SUBMISSIONS_OF.format(columns=SUBMISSION_COLUMNS)
+# a read-only store on a database migration 0004 has not reached: the records without GPU-hours
+LEGACY_SUBMISSIONS_OF_EVALRUN_AND_CELLS = SUBMISSIONS_OF.format(columns=LEGACY_SUBMISSION_COLUMNS)
+
+GPU_COLUMNS = ("model", "benchmark", "gpu_hours", "finished_at")  # migration 0004
+HAS_GPU_COLUMNS = """
+SELECT count(*) = cardinality(%s::text[]) FROM pg_attribute
+ WHERE attrelid = to_regclass('evalrun_submissions') AND attname = ANY(%s::text[]) AND NOT attisdropped
+"""
+
+# Finished attempts of the named benchmarks whose every job's GPU-hours are recorded, newest first.
+GPU_HISTORY = """
+SELECT run_tag, min(model) AS model, min(benchmark) AS benchmark, sum(gpu_hours) AS gpu_hours
+  FROM evalrun_submissions
+ WHERE finished_at IS NOT NULL AND benchmark = ANY(%(benchmarks)s::text[])
+ GROUP BY run_tag
+HAVING count(gpu_hours) = count(*) AND min(model) IS NOT NULL
+ ORDER BY max(finished_at) DESC, run_tag
+ LIMIT %(history_max)s
 """
 
 # Claims renewed within the TTL by the database's clock.
@@ -248,11 +269,15 @@ UPDATE sandbox_jobs
 INSERT_SUBMISSION = f"""
 INSERT INTO evalrun_submissions ({SUBMISSION_COLUMNS})
 VALUES (%(name)s, %(run_tag)s, %(evalrun)s, %(cell_key)s, %(attempt)s, %(fire)s, %(row_id)s, %(job_id)s,
-        %(created_at)s)
+        %(created_at)s, %(model)s, %(benchmark)s, %(gpu_hours)s)
     ON CONFLICT (name) DO NOTHING
 """
 
 SET_SUBMISSION_JOB_ID = "UPDATE evalrun_submissions SET job_id = %s WHERE name = %s"
+
+SET_SUBMISSION_GPU_HOURS = "UPDATE evalrun_submissions SET gpu_hours = %s WHERE name = %s"
+
+FINISH_ATTEMPT = "UPDATE evalrun_submissions SET finished_at = now() WHERE run_tag = %s AND finished_at IS NULL"
 
 PUT_MEMORY = """
 INSERT INTO evalrun_cell_memory (cell_key, memory, updated_at) VALUES (%s, %s, now())

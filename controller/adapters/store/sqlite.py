@@ -35,6 +35,7 @@ from controller.adapters.store.codec import (
 from controller.adapters.store.errors import StoreUnavailable, WriteRefused
 from controller.core.intake import RegisteredModel, Selection
 from controller.core.ports import (
+    GPU_HISTORY_MAX,
     NamedRow,
     NewRow,
     ObservationError,
@@ -142,13 +143,15 @@ class SqliteStore:
 
     # ----------------------------------------------------------------------- controller state
 
-    def read_state(self, evalrun: EvalRunRef, cell_keys: list[str], owner_ttl_s: float) -> StateSnapshot:
+    def read_state(self, evalrun: EvalRunRef, cell_keys: list[str], owner_ttl_s: float,
+                   benchmarks: Sequence[str] = ()) -> StateSnapshot:
         conn = self._connection()
         if conn is None:
             return StateSnapshot()
         now = self._now()
         named = {"evalrun": str(evalrun), "cell_keys": _json(cell_keys), "now": format_timestamp(now),
-                 "stale_before": format_timestamp(now - timedelta(seconds=owner_ttl_s))}
+                 "stale_before": format_timestamp(now - timedelta(seconds=owner_ttl_s)),
+                 "benchmarks": _json(benchmarks), "history_max": GPU_HISTORY_MAX}
         try:
             with self._transaction(conn, "DEFERRED"):
                 tables = self._tables(conn)
@@ -156,7 +159,11 @@ class SqliteStore:
                 def select(table: str, statement: str, params: Any = ()) -> list[sqlite3.Row]:
                     return self._run(conn, statement, params).fetchall() if table in tables else []
 
-                submissions = select("evalrun_submissions", sql.SUBMISSIONS_OF_EVALRUN_AND_CELLS, named)
+                # a writable store upgraded the file when it opened it; a reader never alters it
+                upgraded = "evalrun_submissions" in tables and (not self.readonly or not _missing_columns(conn))
+                submissions = select("evalrun_submissions", sql.SUBMISSIONS_OF_EVALRUN_AND_CELLS if upgraded
+                                     else sql.LEGACY_SUBMISSIONS_OF_EVALRUN_AND_CELLS, named)
+                history = select("evalrun_submissions", sql.GPU_HISTORY, named) if upgraded and benchmarks else []
                 owners = select("evalrun_cell_owners", sql.OWNERS_OF_CELLS, named)
                 tunnels = select("evalrun_tunnel_leases", sql.TUNNEL_LEASES)
                 memory = select("evalrun_cell_memory", sql.MEMORY_OF_CELLS, named)
@@ -164,7 +171,7 @@ class SqliteStore:
             return state_snapshot({
                 "evalrun_submissions": map(dict, submissions), "evalrun_tunnel_leases": map(dict, tunnels),
                 "evalrun_cell_owners": map(dict, owners), "evalrun_cell_memory": map(dict, memory),
-                "evalrun_quarantine": map(dict, quarantined)})
+                "evalrun_quarantine": map(dict, quarantined), "gpu_history": map(dict, history)})
         except (sqlite3.Error, ValueError) as error:
             raise ObservationError(_unavailable(self.path, error)) from error
 
@@ -190,6 +197,14 @@ class SqliteStore:
     def record_job_id(self, submission_name: str, job_id: str) -> None:
         with self._write() as conn:
             self._run(conn, sql.SET_SUBMISSION_JOB_ID, (job_id, submission_name))
+
+    def record_gpu_hours(self, submission_name: str, gpu_hours: float) -> None:
+        with self._write() as conn:
+            self._run(conn, sql.SET_SUBMISSION_GPU_HOURS, (gpu_hours, submission_name))
+
+    def finish_attempt(self, run_tag: str) -> None:
+        with self._write() as conn:
+            self._run(conn, sql.FINISH_ATTEMPT, (format_timestamp(self._now()), run_tag))
 
     def remember(self, cell_key: str, memory: CellMemory) -> None:
         with self._write() as conn:
@@ -378,10 +393,37 @@ def _open_writable(path: str, busy_timeout_s: float) -> sqlite3.Connection:
     try:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.executescript(f"BEGIN IMMEDIATE;{sql.SCHEMA}COMMIT;")
+        _add_columns(conn)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _missing_columns(conn: sqlite3.Connection) -> dict[str, dict[str, str]]:
+    """Table → the columns of ADDED_COLUMNS (name → type) it lacks: a file made by an earlier version."""
+    missing = {}
+    for table, columns in sql.ADDED_COLUMNS.items():
+        present = {name for (name,) in conn.execute(sql.TABLE_COLUMNS, (table,))}
+        if lacking := {name: kind for name, kind in columns.items() if name not in present}:
+            missing[table] = lacking
+    return missing
+
+
+def _add_columns(conn: sqlite3.Connection) -> None:
+    """Bring a file made by an earlier version up to date, in one write transaction: two processes opening it at
+    once queue on the write lock, and the second finds nothing missing (ALTER TABLE has no IF NOT EXISTS)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table, columns in _missing_columns(conn).items():
+            for name, kind in columns.items():
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")  # names from sql.ADDED_COLUMNS only
+        conn.execute(sql.GPU_HISTORY_INDEX)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
 def _unavailable(path: str, error: Exception) -> str:

@@ -58,7 +58,11 @@ CREATE TABLE IF NOT EXISTS evalrun_submissions (
     fire       INTEGER NOT NULL,
     row_id     TEXT,
     job_id     TEXT,
-    created_at TEXT NOT NULL
+    created_at TEXT NOT NULL,
+    model       TEXT,
+    benchmark   TEXT,
+    gpu_hours   REAL,
+    finished_at TEXT
 );
 CREATE INDEX IF NOT EXISTS evalrun_submissions_evalrun ON evalrun_submissions(evalrun);
 CREATE INDEX IF NOT EXISTS evalrun_submissions_cell ON evalrun_submissions(cell_key);
@@ -106,6 +110,18 @@ CREATE TABLE IF NOT EXISTS evalrun_model_selections (
 );
 """
 
+# Columns added after a file may have been made (its CREATE TABLE IF NOT EXISTS leaves an old table as it was):
+# added by ALTER TABLE when a writable store opens a file without them, each once (SQLite has no ADD COLUMN IF
+# NOT EXISTS). 0.4: what GPU-hours are recorded and estimated from (PostgreSQL: migration 0004).
+ADDED_COLUMNS = {"evalrun_submissions": {"model": "TEXT", "benchmark": "TEXT", "gpu_hours": "REAL",
+                                         "finished_at": "TEXT"}}
+TABLE_COLUMNS = "SELECT name FROM pragma_table_info(?)"
+# after the columns exist: an index on a column an old file lacks would fail the whole SCHEMA script
+GPU_HISTORY_INDEX = """
+CREATE INDEX IF NOT EXISTS evalrun_submissions_finished ON evalrun_submissions(benchmark, finished_at)
+ WHERE finished_at IS NOT NULL
+"""
+
 OT_AGENT_TABLES = ("models", "benchmarks", "sandbox_jobs")
 OWN_TABLES = ("evalrun_submissions", "evalrun_leases", "evalrun_tunnel_leases", "evalrun_cell_owners",
               "evalrun_cell_memory", "evalrun_quarantine", "evalrun_model_selections")
@@ -145,12 +161,27 @@ SELECT {ROW_COLUMNS} FROM sandbox_jobs
  ORDER BY id
 """
 
-SUBMISSION_COLUMNS = "name, run_tag, evalrun, cell_key, attempt, fire, row_id, job_id, created_at"
+LEGACY_SUBMISSION_COLUMNS = "name, run_tag, evalrun, cell_key, attempt, fire, row_id, job_id, created_at"
+SUBMISSION_COLUMNS = f"{LEGACY_SUBMISSION_COLUMNS}, model, benchmark, gpu_hours"
 
-SUBMISSIONS_OF_EVALRUN_AND_CELLS = f"""
-SELECT {SUBMISSION_COLUMNS} FROM evalrun_submissions
+SUBMISSIONS_OF = """
+SELECT {columns} FROM evalrun_submissions
  WHERE evalrun = :evalrun OR cell_key IN (SELECT value FROM json_each(:cell_keys))
  ORDER BY created_at, name
+"""
+SUBMISSIONS_OF_EVALRUN_AND_CELLS = SUBMISSIONS_OF.format(columns=SUBMISSION_COLUMNS)
+# a read-only store on a file made before 0.4 (never altered by a reader): the records without GPU-hours
+LEGACY_SUBMISSIONS_OF_EVALRUN_AND_CELLS = SUBMISSIONS_OF.format(columns=LEGACY_SUBMISSION_COLUMNS)
+
+# Finished attempts of the named benchmarks whose every job's GPU-hours are recorded, newest first.
+GPU_HISTORY = """
+SELECT run_tag, MIN(model) AS model, MIN(benchmark) AS benchmark, SUM(gpu_hours) AS gpu_hours
+  FROM evalrun_submissions
+ WHERE finished_at IS NOT NULL AND benchmark IN (SELECT value FROM json_each(:benchmarks))
+ GROUP BY run_tag
+HAVING COUNT(gpu_hours) = COUNT(*) AND MIN(model) IS NOT NULL
+ ORDER BY MAX(finished_at) DESC, run_tag
+ LIMIT :history_max
 """
 
 OWNERS_OF_CELLS = """
@@ -175,10 +206,15 @@ ROW_BY_ID = f"SELECT {ROW_COLUMNS} FROM sandbox_jobs WHERE id = ?"
 
 INSERT_SUBMISSION = f"""
 INSERT OR IGNORE INTO evalrun_submissions ({SUBMISSION_COLUMNS})
-VALUES (:name, :run_tag, :evalrun, :cell_key, :attempt, :fire, :row_id, :job_id, :created_at)
+VALUES (:name, :run_tag, :evalrun, :cell_key, :attempt, :fire, :row_id, :job_id, :created_at, :model, :benchmark,
+        :gpu_hours)
 """
 
 SET_SUBMISSION_JOB_ID = "UPDATE evalrun_submissions SET job_id = ? WHERE name = ?"
+
+SET_SUBMISSION_GPU_HOURS = "UPDATE evalrun_submissions SET gpu_hours = ? WHERE name = ?"
+
+FINISH_ATTEMPT = "UPDATE evalrun_submissions SET finished_at = ? WHERE run_tag = ? AND finished_at IS NULL"
 
 # Every row of a name (legacy data has several); Python picks one (codec.registry_order), because
 # creation_time is text here, in whatever spelling its writer chose, and text order is not time order.

@@ -1,0 +1,190 @@
+"""GPU-hours: what an attempt cost (actual), what a cell not yet run will cost (estimated), and the budget. Pure.
+
+Actual hours come from the scheduler (sacct's elapsed × allocated GPUs; the local scheduler's wall × gpusPerJob)
+and are kept on each submission record once its job ended, so they outlive the scheduler's accounting window.
+An estimate is, in order: the median actual hours of finished attempts of the same benchmark and size band in
+the store's history; else the median of similar run dirs' wall time (extrapolated to all their trials) ×
+gpusPerJob; else unknown. The pass computes estimates from its reads and hands them to the planner as data.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import Field
+
+from controller.core.types import Cell, Frozen, ObservedJob, RunDirFacts, Submission
+
+SECONDS_PER_HOUR = 3600.0
+
+
+def size_in_billions(model: str, size_token: str) -> float | None:
+    """Largest size token in the model name, in billions (`Qwen3-30B-A3B` → 30): the size policy's reading."""
+    sizes = [float(m.group(1)) for m in re.finditer(size_token, model, re.IGNORECASE)]
+    return max(sizes, default=None)
+
+
+class SizeBands(Frozen):
+    """The size policy's bands, as data: which models' costs are comparable."""
+
+    size_token: str = r"(?<![\d.])(\d+(?:\.\d+)?)b(?![a-z])"
+    bands: tuple[tuple[float, float], ...] = ()
+
+    def band_of(self, model: str) -> str:
+        """`0–14B`, `28–42B`; `unsized` without a size token; `40B` for a size outside every band."""
+        size = size_in_billions(model, self.size_token)
+        if size is None:
+            return "unsized"
+        band = next(((low, high) for low, high in self.bands if low <= size <= high), None)
+        return f"{size:g}B" if band is None else f"{band[0]:g}–{band[1]:g}B"
+
+
+class EstimateSource(StrEnum):
+    HISTORY = "history"
+    RUN_DIRS = "run dirs"
+    UNKNOWN = "unknown"
+
+
+class GpuEstimate(Frozen):
+    """What one full attempt of a cell is expected to cost, and where that number comes from."""
+
+    hours: float | None = Field(description="None: unknown")
+    source: EstimateSource
+    basis: str = Field(description="what it is the median of, for plan and explain")
+
+
+UNKNOWN = GpuEstimate(hours=None, source=EstimateSource.UNKNOWN, basis="no finished attempt or run dir to go by")
+
+
+class AttemptCost(Frozen):
+    """One finished attempt in the store's history: its model, benchmark and total actual GPU-hours."""
+
+    run_tag: str
+    model: str
+    benchmark: str
+    gpu_hours: float
+
+
+def estimates(cells: Sequence[Cell], history: Iterable[AttemptCost], run_dirs: Iterable[RunDirFacts],
+              bands: SizeBands, gpus_per_job: int) -> dict[str, GpuEstimate]:
+    """Cell key → estimate, for every cell (a cell already run shows its actual hours instead, in the plan)."""
+    by_history: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for cost in history:
+        by_history[(cost.benchmark, bands.band_of(cost.model))].append(cost.gpu_hours)
+    by_dirs: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for facts in run_dirs:
+        hours = _dir_hours(facts, gpus_per_job)
+        if hours is not None and facts.benchmark_name and facts.model:
+            by_dirs[(facts.benchmark_name, bands.band_of(facts.model))].append(hours)
+    found: dict[tuple[str, str], GpuEstimate] = {}
+    result = {}
+    for cell in cells:
+        group = (cell.benchmark_name, bands.band_of(cell.model))
+        if group not in found:
+            found[group] = _estimate(group, by_history.get(group), by_dirs.get(group))
+        result[cell.key] = found[group]
+    return result
+
+
+def _estimate(group: tuple[str, str], history: list[float] | None, dirs: list[float] | None) -> GpuEstimate:
+    benchmark, band = group
+    if history:
+        return GpuEstimate(hours=statistics.median(history), source=EstimateSource.HISTORY,
+                           basis=f"median of {len(history)} finished attempt(s) of {benchmark}, {band}")
+    if dirs:
+        return GpuEstimate(hours=statistics.median(dirs), source=EstimateSource.RUN_DIRS,
+                           basis=f"median wall time of {len(dirs)} run dir(s) of {benchmark}, {band}, × gpusPerJob")
+    return UNKNOWN
+
+
+def _dir_hours(facts: RunDirFacts, gpus_per_job: int) -> float | None:
+    """A run dir's wall time from its first trial's start to its last result, scaled up to all its trials."""
+    end = facts.finished_at or facts.last_progress_at
+    if facts.started_at is None or end is None or facts.n_completed == 0 or facts.unreadable:
+        return None
+    seconds = (end - facts.started_at).total_seconds()
+    if seconds <= 0:
+        return None
+    total = max(facts.n_total or facts.n_completed, facts.n_completed)
+    return seconds * total / facts.n_completed * gpus_per_job / SECONDS_PER_HOUR
+
+
+def job_gpu_hours(started: datetime | None, ended: datetime | None, now: datetime, gpus: int) -> float | None:
+    """Wall time × GPUs; so far for a job still running; None before it started."""
+    if started is None:
+        return None
+    return max(((ended or now) - started).total_seconds(), 0.0) * gpus / SECONDS_PER_HOUR
+
+
+def submission_hours(submission: Submission, jobs: Sequence[ObservedJob]) -> float | None:
+    """A submission's GPU-hours: as recorded, else what the scheduler says of its job now."""
+    if submission.gpu_hours is not None:
+        return submission.gpu_hours
+    job = job_of(submission, jobs)
+    return job.gpu_hours if job is not None else None
+
+
+def job_of(submission: Submission, jobs: Sequence[ObservedJob]) -> ObservedJob | None:
+    """The job a submission launched: by its recorded id, else the newest of its name it may have launched."""
+    if submission.job_id is not None:
+        return next((job for job in jobs if job.job_id == submission.job_id), None)
+    named = [job for job in jobs if job.name == submission.name and submission.may_have_launched(job)]
+    return named[-1] if named else None
+
+
+def total(hours: Iterable[float | None]) -> float | None:
+    """The sum of what is known; None when nothing is."""
+    known = [h for h in hours if h is not None]
+    return sum(known) if known else None
+
+
+class GpuBudget(Frozen):
+    """An EvalRun's GPU-hours against `spec.budget.maxGpuHours`, as one plan counted them."""
+
+    max_hours: float | None = Field(None, description="spec.budget.maxGpuHours; None: no budget")
+    spent: float = Field(0.0, description="actual GPU-hours of every job of its cells (so far, for running ones)")
+    committed: float = Field(0.0, description="spent + the estimated rest of live cells + the launches of this plan")
+    held: int = Field(0, description="launches held by the budget")
+    unestimated: int = Field(0, description="launches (and live cells) counted as 0: their estimate is unknown")
+
+
+def launch_cost(estimate: GpuEstimate, facts: RunDirFacts | None, resume: bool) -> float | None:
+    """What a launch is expected to add: a new attempt its cell's estimate; a resume the share of trials left."""
+    if estimate.hours is None:
+        return None
+    if resume and facts is not None and facts.n_total:
+        return estimate.hours * max(facts.n_total - facts.n_completed, 0) / facts.n_total
+    return estimate.hours
+
+
+def past_gpu_budget(budget: GpuBudget, cost: float | None) -> bool:
+    """Would this launch take the EvalRun past its budget? One with an unknown cost counts 0, but is held once
+    the budget is already used up (it surely adds something)."""
+    if budget.max_hours is None:
+        return False
+    after = budget.committed + (cost or 0.0)
+    return after > budget.max_hours or (cost is None and budget.committed >= budget.max_hours)
+
+
+def budget_reason(budget: GpuBudget, cost: float | None) -> str:
+    """e.g. `budget: 412 of 400 GPU-h (spent 380, est. 32 for this launch; spec.budget.maxGpuHours)`."""
+    assert budget.max_hours is not None
+    after = budget.committed + (cost or 0.0)
+    this = "no estimate for this launch (counted as 0)" if cost is None else f"est. {_h(cost)} for this launch"
+    return (f"budget: {_h(after)} of {budget.max_hours:g} GPU-h (spent {_h(budget.spent)}, {this}; "
+            "raise spec.budget.maxGpuHours to launch it)")
+
+
+def _h(hours: float) -> str:
+    return f"{hours:.0f}" if hours >= 10 else f"{hours:.2g}"
+
+
+def cell_hours(submissions: Sequence[Submission], jobs: Sequence[ObservedJob],
+               run_tag: str | None = None) -> float | None:
+    """Actual GPU-hours of a cell's submissions (of one attempt, with `run_tag`), known ones summed."""
+    return total(submission_hours(s, jobs) for s in submissions if run_tag is None or s.run_tag == run_tag)

@@ -1,0 +1,50 @@
+"""GPU-hours in the controller's state: each job's actual hours on its submission, and the finished attempts
+estimates are the median of (grouped per attempt, summed over its fires, only when every fire's hours are known)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from controller.core.gpu_hours import AttemptCost
+from controller.core.ports import ControllerState
+from controller.core.types import EvalRunRef, Submission
+
+T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
+HOUR = 3600.0
+QWEN = EvalRunRef(name="qwen-evals")
+
+
+def fire(run_tag: str, n: int, *, model: str = "org/a-8B", benchmark: str = "tb2",
+         cell_key: str = "cell-a") -> Submission:
+    name = run_tag if n == 1 else f"{run_tag}-r{n - 1}"
+    return Submission(name=name, run_tag=run_tag, evalrun=QWEN, cell_key=cell_key, attempt=1, fire=n,
+                      created_at=T0, model=model, benchmark=benchmark)
+
+
+def test_a_jobs_gpu_hours_are_recorded_on_its_submission(state_backend: ControllerState) -> None:
+    state_backend.record_submission(fire("ev_a__a1", 1))
+    state_backend.record_gpu_hours("ev_a__a1", 2.5)
+    state_backend.record_gpu_hours("ev_a__a1", 2.5)
+
+    (sub,) = state_backend.read_state(QWEN, [], HOUR).submissions
+    assert (sub.gpu_hours, sub.model, sub.benchmark) == (2.5, "org/a-8B", "tb2")
+
+
+def test_history_is_the_finished_attempts_of_the_named_benchmarks_summed_over_their_fires(
+        state_backend: ControllerState) -> None:
+    for submission, hours in [(fire("ev_a__a1", 1), 1.0), (fire("ev_a__a1", 2), 0.5),  # finished, two fires
+                              (fire("ev_b__a1", 1, model="org/b-8B", cell_key="cell-b"), 4.0),  # not finished
+                              (fire("ev_c__a1", 1, benchmark="swebench", cell_key="cell-c"), 9.0),  # other benchmark
+                              (fire("ev_d__a1", 1, model="org/d-8B", cell_key="cell-d"), 3.0),
+                              (fire("ev_d__a1", 2, model="org/d-8B", cell_key="cell-d"), None)]:  # a fire unknown
+        state_backend.record_submission(submission)
+        if hours is not None:
+            state_backend.record_gpu_hours(submission.name, hours)
+    for run_tag in ("ev_a__a1", "ev_c__a1", "ev_d__a1"):
+        state_backend.finish_attempt(run_tag)
+        state_backend.finish_attempt(run_tag)
+
+    history = state_backend.read_state(EvalRunRef(name="another"), [], HOUR, ["tb2"]).gpu_history
+
+    assert history == (AttemptCost(run_tag="ev_a__a1", model="org/a-8B", benchmark="tb2", gpu_hours=1.5),)
+    assert state_backend.read_state(QWEN, [], HOUR).gpu_history == (), "no benchmark named: no history read"

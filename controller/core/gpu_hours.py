@@ -82,9 +82,12 @@ def estimates(cells: Sequence[Cell], history: Iterable[AttemptCost], run_dirs: I
         if hours is not None and facts.benchmark_name and facts.model:
             by_dirs[(facts.benchmark_name, bands.band_of(facts.model))].append(hours)
     found: dict[tuple[str, str], GpuEstimate] = {}
+    band_of: dict[str, str] = {}  # a model's band is read once, however many benchmarks it has
     result = {}
     for cell in cells:
-        group = (cell.benchmark_name, bands.band_of(cell.model))
+        if cell.model not in band_of:
+            band_of[cell.model] = bands.band_of(cell.model)
+        group = (cell.benchmark_name, band_of[cell.model])
         if group not in found:
             found[group] = _estimate(group, by_history.get(group), by_dirs.get(group))
         result[cell.key] = found[group]
@@ -131,6 +134,8 @@ def submission_hours(submission: Submission, jobs: Sequence[ObservedJob]) -> flo
 
 def job_of(submission: Submission, jobs: Sequence[ObservedJob]) -> ObservedJob | None:
     """The job a submission launched: by its recorded id, else the newest of its name it may have launched."""
+    if not jobs:
+        return None
     if submission.job_id is not None:
         return next((job for job in jobs if job.job_id == submission.job_id), None)
     named = [job for job in jobs if job.name == submission.name and submission.may_have_launched(job)]
@@ -187,4 +192,6 @@ def _h(hours: float) -> str:
 def cell_hours(submissions: Sequence[Submission], jobs: Sequence[ObservedJob],
                run_tag: str | None = None) -> float | None:
     """Actual GPU-hours of a cell's submissions (of one attempt, with `run_tag`), known ones summed."""
+    if all(j.gpu_hours is None for j in jobs) and all(s.gpu_hours is None for s in submissions):
+        return None  # nothing to sum (a scheduler that does not say): no per-submission look-ups
     return total(submission_hours(s, jobs) for s in submissions if run_tag is None or s.run_tag == run_tag)

@@ -220,13 +220,15 @@ def _gpu_budget(evalrun: EvalRunRef, decided: Sequence[CellPlan | Cell], observa
     spent = committed = 0.0
     unestimated = 0
     for decision, obs in zip(decided, observations, strict=True):
-        if isinstance(decision, Cell) or not obs.submissions or obs.jobs is None:
+        if isinstance(decision, Cell):
             continue
-        ours = [s for s in obs.submissions if evalrun.known_as(s.evalrun)]
-        spent += cell_hours(ours, obs.jobs) or 0.0
+        spent += decision.gpu_hours or 0.0
+        if policy.max_gpu_hours is None or not obs.submissions or obs.jobs is None:
+            continue  # without a budget, what live cells still need decides nothing
         live = next((job for job in obs.jobs if job.state.active), None)
         if live is None:
             continue
+        ours = [s for s in obs.submissions if evalrun.known_as(s.evalrun)]
         estimate = estimates.get(decision.cell.key, UNKNOWN).hours
         if estimate is None:
             unestimated += 1
@@ -235,6 +237,12 @@ def _gpu_budget(evalrun: EvalRunRef, decided: Sequence[CellPlan | Cell], observa
         committed += max(estimate - (cell_hours(ours, obs.jobs, run_tag=attempt) or 0.0), 0.0)
     return GpuBudget(max_hours=policy.max_gpu_hours, spent=spent, committed=spent + committed,
                      unestimated=unestimated)
+
+
+def _spent(cell: Cell, obs: Observation) -> float | None:
+    """The actual GPU-hours of the EvalRun's own jobs of the cell (another EvalRun's are its own)."""
+    ours = [s for s in obs.submissions or () if cell.evalrun.known_as(s.evalrun)]
+    return cell_hours(ours, obs.jobs or ())
 
 
 UNTOUCHED = Observation(rows=(), submissions=(), jobs=(), run_dirs=())
@@ -315,7 +323,7 @@ def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime, *,
         # A hold changes nothing: a job that failed needs a human whether or not its run dir can be seen.
         reason = f"job {failed.job_id} {_failure(failed, policy)} (run dir not observed: {obs.unknown_reason})"
         return CellPlan(cell=cell, phase=Phase.FAILED, actions=(Hold(reason=reason),), reason=reason,
-                        rule=Rule.JOB_FAILED_DIR_UNSEEN, memory=obs.memory)
+                        rule=Rule.JOB_FAILED_DIR_UNSEEN, memory=obs.memory, gpu_hours=_spent(cell, obs))
     if obs.rows is None or obs.submissions is None or obs.jobs is None or obs.run_dirs is None:
         # Only the run dirs unseen: a job found by its name is still recorded (bookkeeping of what was read).
         adoptions = () if obs.rows is None or obs.submissions is None or obs.jobs is None else tuple(
@@ -328,6 +336,7 @@ def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime, *,
             rule=Rule.OBSERVATION_FAILED,
             row_updates=adoptions,
             memory=obs.memory,
+            gpu_hours=_spent(cell, obs),  # the budget still counts what its jobs spent
         )
     rules = _CellRules(cell, obs, policy, now, leased or {}, quarantined)
     live = [job for job in obs.jobs if job.state.active]
@@ -341,6 +350,7 @@ def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime, *,
             rule=Rule.RUN_DIR_UNREADABLE,
             run_dir=broken,
             memory=obs.memory,
+            gpu_hours=rules.gpu_hours,
         )
     return rules.in_flight(live) if live else rules.settled()
 
@@ -373,12 +383,14 @@ class _CellRules:
             if s.job_id is None
             and (job := self._newest([j for j in self._jobs_named(s.name) if s.may_have_launched(j)])) is not None
         ] + self._gpu_recordings()
-        self.gpu_hours = cell_hours([s for s in self.subs if cell.evalrun.known_as(s.evalrun)], self.jobs)
+        self.gpu_hours = _spent(cell, obs)
 
     def _gpu_recordings(self) -> list[RowUpdate]:
         """Our submissions whose job has ended with GPU-hours not recorded yet: recorded now, so they outlive the
         scheduler's accounting window (sacct looks back 14 days)."""
-        found = []
+        found: list[RowUpdate] = []
+        if not self.jobs:
+            return found
         for sub in self.subs:
             job = job_of(sub, self.jobs)
             if job is not None and not job.state.active and job.gpu_hours is not None and sub.gpu_hours is None:

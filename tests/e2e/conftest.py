@@ -25,7 +25,8 @@ class Cluster:
 
     def write(self, *, models: list[str], datasets: list[str], env: dict[str, str] | None = None,
               script: Path = FAKE_HARBOR, extra_run: str = "", max_per_pass: int = 6, name: str = "e2e",
-              namespace: str | None = None, max_concurrent: int = 48, max_live: int = 50) -> None:
+              namespace: str | None = None, max_concurrent: int = 48, max_live: int = 50,
+              extra_cluster: str = "") -> None:
         env_yaml = "".join(f"\n    {k}: {json.dumps(v)}" for k, v in (env or {}).items()) or " {}"
         within = f", namespace: {namespace}" if namespace else ""
         self.spec.write_text(f"""
@@ -42,6 +43,7 @@ spec:
   maxLiveJobs: {max_live}
   maxConcurrentTrials: {max_concurrent}
   env:{env_yaml}
+{extra_cluster}
 ---
 apiVersion: evalrun.io/v1alpha1
 kind: EvalRun

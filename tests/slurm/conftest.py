@@ -106,7 +106,7 @@ class SlurmCluster:
 
     def write(self, *, models: list[str], datasets: list[str], script: Path = EVAL_HARBOR,
               env: dict[str, str] | None = None, time_limit: str = "30", max_per_pass: int = 6,
-              per_minute: int = 600, extra_run: str = "", extra_cluster: str = "") -> None:
+              per_minute: int = 600, extra_run: str = "", extra_cluster: str = "", name: str = "slurm-e2e") -> None:
         env_yaml = "".join(f"\n    {k}: {json.dumps(v)}" for k, v in (env or {}).items()) or " {}"
         self.spec.write_text(f"""
 apiVersion: evalrun.io/v1alpha1
@@ -125,7 +125,7 @@ spec:
 ---
 apiVersion: evalrun.io/v1alpha1
 kind: EvalRun
-metadata: {{name: slurm-e2e}}
+metadata: {{name: {name}}}
 spec:
   cluster: slurm-test
   models: {json.dumps(models)}

@@ -31,6 +31,7 @@ from controller.core.vocabulary import Plan
 from controller.entry import render
 from controller.entry.intake import flag_query, selector_rule, targets_with_selections, unevaluated_candidates
 from controller.entry.logs import configure_logging
+from controller.entry.reporting import build_report, write_report
 from controller.entry.wiring import cluster_ports, targets_for, utc_now
 from controller.spec.catalog import load_catalog
 from controller.spec.errors import SpecErrors
@@ -460,6 +461,29 @@ def db_check(
             render.db_findings(findings, rows_read, out)
         if findings:
             raise typer.Exit(1)
+
+
+@app.command()
+def report(
+    files: Files = [],  # noqa: B006
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the HTML file.")] = Path("report.html"),
+    store: StoreURL = None,
+    state: StateURL = None,
+    verbose: Verbose = 0,
+) -> None:
+    """Write one self-contained HTML report (scoreboard, families, every cell's detail). Read-only: a plan pass."""
+    configure_logging(verbose)
+    with _exits():
+        specs = _load(files)
+        opened = _store(StoreURLs(store, state), readonly=True)
+        try:
+            built = build_report(specs, opened, load_catalog(), utc_now())
+        finally:
+            opened.close()
+        write_report(built, output)
+        cells = sum(len(r.cells) for r in built.runs)
+        provisional = sum(1 for r in built.runs for c in r.cells if c.provisional and c.score is not None)
+        out.print(f"wrote {output}: {len(built.runs)} EvalRun(s), {cells} cell(s), {provisional} provisional")
 
 
 models_app = typer.Typer(no_args_is_help=True, help="The results DB's models, as a modelSelector chooses them.")

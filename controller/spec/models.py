@@ -570,6 +570,13 @@ class ModelSelector(SpecModel):
                                                                   "(raise it to take more).")
 
 
+class ReportSpec(SpecModel):
+    """How `evalctl report` shows this EvalRun's results."""
+
+    trust_threshold: PositiveInt = Field(150, le=1_000_000, description="Cells with fewer scored trials are shown "
+                                                                         "as provisional (the seeds' n ≥ 150).")
+
+
 class EvalRunSpec(SpecModel):
     """What must be evaluated: models × benchmarks on one cluster, and how the reconciler treats the jobs."""
 
@@ -610,6 +617,7 @@ class EvalRunSpec(SpecModel):
                                                                            "launches, traffic, refires.")
     upload: UploadPolicy = Field(default_factory=UploadPolicy, description="Where results go.")
     pinggy: PinggySpec = Field(default_factory=PinggySpec, description="Tunnel pairs for installed-agent harnesses.")
+    report: ReportSpec = Field(default_factory=ReportSpec, description="How `evalctl report` shows the results.")
 
     @model_validator(mode="after")
     def _one_cluster(self) -> EvalRunSpec:

@@ -169,8 +169,8 @@ class Actor:
                 work.analyses[facts.run_tag] = self.analyze_dir(facts, work.metrics(facts))
                 work.learnt(analyzed_run_tag=facts.run_tag)
                 return f"post-eval report written for {facts.run_tag}"
-            case Upload(facts=facts, row_id=row_id):
-                message = self._upload(work, facts, row_id)
+            case Upload(facts=facts, row_id=row_id, is_overlong=is_overlong):
+                message = self._upload(work, facts, row_id, is_overlong)
                 return message if self.tracker is None else f"{message}; {self._track(work, facts)}"
             case Track(facts=facts):
                 return self._track(work, facts)
@@ -231,7 +231,7 @@ class Actor:
                       benchmark_name=cell.benchmark_name, job_status=RowStatus.PENDING, submitted_at=now,
                       n_rep_eval=cell.n_attempts, config=row_config(cell, run_tag))
 
-    def _upload(self, work: _CellWork, facts: RunDirFacts, row_id: str | None) -> str:
+    def _upload(self, work: _CellWork, facts: RunDirFacts, row_id: str | None, is_overlong: bool) -> str:
         result = work.metrics(facts)
         accuracy = result.score
         if accuracy is None:
@@ -240,16 +240,19 @@ class Actor:
             row_id = row_id_for(facts.run_tag)
             self.results.create_row(self._pending_row(work.cell, facts.run_tag, row_id, self.now()).model_copy(
                 update={"job_status": RowStatus.STARTED, "started_at": facts.started_at}))
-        written = self.results.upload_result(row_id, result.upload(ended_at=facts.finished_at or self.now()),
-                                             owner=self.launcher.username)
+        upload = result.upload(ended_at=facts.finished_at or self.now(), is_overlong=is_overlong)
+        written = self.results.upload_result(row_id, upload, owner=self.launcher.username)
         landed = self.results.read_row(row_id)
         if landed is None or landed.job_status != RowStatus.FINISHED or not same_metrics(landed.metrics,
                                                                                           result.metrics):
             raise UploadNotVerified(f"row {row_id} does not show the uploaded metrics")
-        work.learnt(db_verified=f"row {row_id} read back with accuracy={accuracy:.4f} ({facts.run_tag})")
+        if bool(landed.is_overlong) != is_overlong:
+            raise UploadNotVerified(f"row {row_id} reads is_overlong={landed.is_overlong}, not {is_overlong}")
+        what = f"accuracy={accuracy:.4f}" + (" is_overlong=true" if is_overlong else "")
+        work.learnt(db_verified=f"row {row_id} read back with {what} ({facts.run_tag})")
         if not written:
-            return f"accuracy={accuracy:.4f} for {facts.run_tag} was already in row {row_id} (verified, not rewritten)"
-        return f"uploaded accuracy={accuracy:.4f} for {facts.run_tag} (row {row_id}, verified)"
+            return f"{what} for {facts.run_tag} was already in row {row_id} (verified, not rewritten)"
+        return f"uploaded {what} for {facts.run_tag} (row {row_id}, verified)"
 
     def _track(self, work: _CellWork, facts: RunDirFacts) -> str:
         """Log to the tracker, read the run back, compare; the memory gets the outcome, so the planner can say it."""

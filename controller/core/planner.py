@@ -107,7 +107,10 @@ class Policy(Frozen):
     track: bool = Field(False, description="log to the tracker (MLflow); Completed needs its read-back")
     min_completed_fraction: float = 0.5
     max_infra_error_fraction: float | None = None
-    overlong: timedelta | None = None
+    overlong: timedelta | None = Field(timedelta(hours=24), description="a run longer than this is overlong "
+                                                                        "(None: none is)")
+    hold_overlong: bool = Field(False, description="upload.overlong hold: an overlong run waits for forceUpload; "
+                                                   "otherwise it is uploaded with is_overlong true")
     force_upload: bool = Field(False, description="the gates' holds are released by a human")
     max_submissions_per_pass: int = 6
     max_live_jobs: int = Field(50, description="the cluster's ceiling on our queued + running jobs (the caller's "
@@ -565,11 +568,19 @@ class _CellRules:
         if self._needs_tracking(row, facts):
             assert facts is not None
             reason = self._not_verified()
-            upload = Upload(facts=facts, row_id=row.id, reason=f"{reason}: log and read back")
+            upload = self._upload_action(facts, row.id, f"{reason}: log and read back")
             return self._result(Phase.EVALUATED, [self._analyze(facts), upload], reason, Rule.VERIFY_UPLOAD,
                                 facts=facts, score=score)
-        return self._result(Phase.COMPLETED, [Skip(reason="job finished")], "job finished", rule, facts=facts,
-                            score=score)
+        reason = f"job finished{self._flag_note(row, facts)}"
+        return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts, score=score)
+
+    def _flag_note(self, row: ObservedRow, facts: RunDirFacts | None) -> str:
+        """What a finished row's is_overlong says, and whether our run's dir disagrees. Shown, never rewritten:
+        a Finished row is history (perhaps the old listener's, under our name), not ours to re-upload."""
+        if row.is_overlong:
+            return "; its row is flagged is_overlong"
+        overlong = self._overlong(facts) if facts is not None and row.username == self.policy.username else None
+        return "" if overlong is None else f"; {overlong}, but its row is not flagged is_overlong"
 
     def _needs_tracking(self, row: ObservedRow, facts: RunDirFacts | None) -> bool:
         """Our finished run whose MLflow run has not been read back yet. Other users' rows are theirs to log."""
@@ -684,9 +695,15 @@ class _CellRules:
             return self._result(Phase.FAILED, [Hold(reason=reason)], reason, Rule.UPLOAD_GATE, facts=facts)
         if not self.policy.upload_db:
             return self._without_db_upload(facts, rule)
-        upload = Upload(facts=facts, row_id=row_id, reason=f"{verdict.reason} ({_progress(facts)}): upload metrics")
-        return self._result(Phase.EVALUATED, [self._analyze(facts), upload], f"{verdict.reason}: analyze and upload",
-                            rule, facts=facts)
+        upload = self._upload_action(facts, row_id, f"{verdict.reason} ({_progress(facts)}): upload metrics")
+        reason = f"{verdict.reason}: analyze and upload{_flagged(self._overlong(facts))}"
+        return self._result(Phase.EVALUATED, [self._analyze(facts), upload], reason, rule, facts=facts)
+
+    def _upload_action(self, facts: RunDirFacts, row_id: str | None, reason: str) -> Upload:
+        """Every upload of a run carries the same flag, so a re-upload (to verify MLflow) never clears it."""
+        overlong = self._overlong(facts)
+        return Upload(facts=facts, row_id=row_id, is_overlong=overlong is not None,
+                      reason=reason + _flagged(overlong))
 
     def _without_db_upload(self, facts: RunDirFacts, rule: Rule) -> CellPlan:
         """upload.db off: done once the report is written, or, with MLflow on, once its run reads back."""
@@ -718,12 +735,18 @@ class _CellRules:
             if infra > policy.max_infra_error_fraction:
                 held.append(f"{facts.n_infra_errors} infra errors in {facts.n_completed} completed ({infra:.0%}), above "
                             f"maxInfraErrorFraction {policy.max_infra_error_fraction:g}")
-        end = facts.finished_at or facts.last_progress_at
-        if policy.overlong is not None and facts.started_at is not None and end is not None \
-                and end - facts.started_at > policy.overlong:
-            held.append(f"ran {_minutes(end - facts.started_at)}, longer than overlongHours "
-                        f"{policy.overlong.total_seconds() / 3600:g} (is_overlong)")
+        if policy.hold_overlong and (overlong := self._overlong(facts)):
+            held.append(f"{overlong} (is_overlong; upload.overlong: hold)")
         return held
+
+    def _overlong(self, facts: RunDirFacts) -> str | None:
+        """How a run took longer than upload.overlongHours, from its started_at (the first fire's: Harbor keeps it
+        on a resume) to its end; None if not."""
+        limit, end = self.policy.overlong, facts.finished_at or facts.last_progress_at
+        if limit is None or facts.started_at is None or end is None or end - facts.started_at <= limit:
+            return None
+        return f"ran {(end - facts.started_at).total_seconds() / 3600:.3g} h, longer than overlongHours " \
+               f"{limit.total_seconds() / 3600:g}"
 
     # ------------------------------------------------------------------ helpers
 
@@ -903,6 +926,11 @@ def _last_job_note(jobs: Sequence[ObservedJob] | None) -> str:
 
 def _minutes(delta: timedelta) -> str:
     return f"{delta.total_seconds() / 60:.0f} min"
+
+
+def _flagged(overlong: str | None) -> str:
+    """What a reason adds for an overlong run that is uploaded: the flag is never silent."""
+    return "" if overlong is None else f"; flagged is_overlong: {overlong}"
 
 
 def _when(moment: datetime | None) -> str:

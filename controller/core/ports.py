@@ -134,6 +134,7 @@ class ResultUpload(Frozen):
     stats: dict[str, Any]
     n_trials: int
     ended_at: datetime
+    is_overlong: bool = Field(False, description="the run took longer than upload.overlongHours")
 
 
 class ResultsDB(Protocol):
@@ -177,9 +178,10 @@ class ResultsDB(Protocol):
         ...
 
     def upload_result(self, row_id: str, result: ResultUpload, *, owner: str) -> bool:
-        """Mark `owner`'s row Finished with metrics (a LIST of {name, value}).
+        """Mark `owner`'s row Finished with metrics (a LIST of {name, value}) and `is_overlong`.
 
-        Exactly once: a row already Finished with the same metrics is left untouched (returns False).
+        Exactly once: a row already Finished with the same metrics and the same `is_overlong` (null reads as
+        false) is left untouched (returns False).
         """
         ...
 

@@ -250,6 +250,7 @@ class ObservedRow(Frozen):
     ended_at: datetime | None = None
     slurm_job_id: str | None = None
     metrics: tuple[Metric, ...] | None = None
+    is_overlong: bool | None = Field(None, description="flagged as having run past upload.overlongHours")
 
     @property
     def has_metrics(self) -> bool:

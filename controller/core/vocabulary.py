@@ -121,7 +121,7 @@ class Rule(StrEnum):
     REFIRES_EXHAUSTED = "RefiresExhausted", "issue 16: health.maxRefires refires used → hold with the diagnosis"
     VERIFY_UPLOAD = "VerifyUpload", "REFERENCE §5: verify, don't trust exit codes → Completed only once read back"
     UPLOAD_GATE = ("UploadGate", "DECISIONS: upload gates (minCompletedFraction, maxInfraErrorFraction, "
-                                 "overlongHours) → hold until upload.forceUpload")
+                                 "overlongHours with upload.overlong: hold) → hold until upload.forceUpload")
 
 
 # --------------------------------------------------------------------------- actions
@@ -231,6 +231,7 @@ class Upload(_Mutation):
     kind: Literal[ActionKind.UPLOAD] = ActionKind.UPLOAD
     facts: RunDirFacts
     row_id: str | None = Field(description="our row of the run; None: an orphan dir, given a row of ours first")
+    is_overlong: bool = Field(False, description="the run took longer than upload.overlongHours: written to its row")
 
 
 class Track(_Mutation):

@@ -79,6 +79,7 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog) -> Poli
         min_completed_fraction=spec.upload.min_completed_fraction,
         max_infra_error_fraction=spec.upload.max_infra_error_fraction,
         overlong=None if spec.upload.overlong_hours is None else timedelta(hours=spec.upload.overlong_hours),
+        hold_overlong=spec.upload.overlong == "hold",
         force_upload=spec.upload.force_upload,
         max_submissions_per_pass=cspec.max_submissions_per_pass,
         max_live_jobs=cspec.max_live_jobs,

@@ -471,8 +471,12 @@ class UploadPolicy(SpecModel):
         None, ge=0, le=1, description="Hold a run whose infra errors exceed this share of its completed trials "
                                       "(a score from too few valid trials); none: no such gate.")
     overlong_hours: float | None = Field(
-        None, gt=0, le=10_000, description="Hold a run that took longer than this (is_overlong): its trials may "
-                                           "have hit a slow provider; none: no such gate.")
+        24, gt=0, le=10_000, description="A run that took longer than this, start to last result across its "
+                                         "resumes, is overlong (is_overlong; see overlong). Default: the lab's 24 h "
+                                         "SLURM wall; null: no run is.")
+    overlong: Literal["upload", "hold"] = Field(
+        "upload", description="An overlong run: upload it with is_overlong true on its row, or hold it until "
+                              "forceUpload.")
     force_upload: bool = Field(False, description="Upload what the gates hold (a human looked at the numbers).")
 
 

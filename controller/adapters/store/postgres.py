@@ -31,6 +31,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from controller.adapters.store import postgres_sql as sql
 from controller.adapters.store.codec import (
+    already_uploaded,
     check_owner,
     decode_families,
     decode_rows,
@@ -38,7 +39,6 @@ from controller.adapters.store.codec import (
     registered_models,
     sandbox_job_row,
     state_snapshot,
-    stored_metrics_are,
 )
 from controller.adapters.store.errors import StoreUnavailable, WriteRefused
 from controller.core.intake import RegisteredModel, Selection
@@ -199,13 +199,14 @@ class PostgresStore:
                 found = None
             if found is None:
                 raise LookupError(f"sandbox_jobs row {row_id} does not exist")
-            username, status, metrics = found
+            username, status, metrics, is_overlong = found
             check_owner(row_id, username, owner)
-            if status == RowStatus.FINISHED.value and stored_metrics_are(metrics, result.metrics):
+            if already_uploaded(status, metrics, is_overlong, result):
                 self._round(conn, (COMMIT, None))
                 return False
             self._round(conn, (sql.SET_ROW_RESULT, {
                 "id": row_id, "owner": owner, "n_trials": result.n_trials, "ended_at": result.ended_at,
+                "is_overlong": result.is_overlong,
                 "metrics": Jsonb([{"name": metric.name, "value": metric.value} for metric in result.metrics]),
                 "stats": Jsonb(result.stats),
             }), (COMMIT, None))

@@ -128,7 +128,7 @@ ROW_COLUMNS = (
     "id::text AS id, job_name, username, job_status, created_at::text AS created_at,"
     " submitted_at::text AS submitted_at, started_at::text AS started_at, ended_at::text AS ended_at,"
     " slurm_job_id::text AS slurm_job_id, model_id::text AS model_id, benchmark_id::text AS benchmark_id,"
-    " config::text AS config, metrics::text AS metrics"
+    " config::text AS config, metrics::text AS metrics, is_overlong"
 )
 
 # The same families, recomputed in the database: ids never make the round trip through the client.
@@ -234,12 +234,12 @@ SELECT (SELECT count(*) FROM updated) AS changed, s.id IS NOT NULL AS found, s.u
 """
 
 # Locks the row for the rest of the upload's transaction: the exactly-once check and the write see one state.
-ROW_FOR_UPLOAD = "SELECT username, job_status, metrics::text FROM sandbox_jobs WHERE id = %s FOR UPDATE"
+ROW_FOR_UPLOAD = "SELECT username, job_status, metrics::text, is_overlong FROM sandbox_jobs WHERE id = %s FOR UPDATE"
 
 SET_ROW_RESULT = """
 UPDATE sandbox_jobs
    SET job_status = 'Finished', metrics = %(metrics)s, stats = %(stats)s, n_trials = %(n_trials)s::integer,
-       ended_at = %(ended_at)s::timestamptz
+       ended_at = %(ended_at)s::timestamptz, is_overlong = %(is_overlong)s::boolean
  WHERE id = %(id)s AND username = %(owner)s::text
 """
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from controller.adapters.store import sqlite_sql as sql
 from controller.adapters.store.codec import (
+    already_uploaded,
     as_utc,
     check_owner,
     decode_families,
@@ -30,7 +31,6 @@ from controller.adapters.store.codec import (
     reused_id,
     sandbox_job_row,
     state_snapshot,
-    stored_metrics_are,
 )
 from controller.adapters.store.errors import StoreUnavailable, WriteRefused
 from controller.core.intake import RegisteredModel, Selection
@@ -130,13 +130,12 @@ class SqliteStore:
 
     def upload_result(self, row_id: str, result: ResultUpload, *, owner: str) -> bool:
         with self._write() as conn:
-            status, metrics = self._owned_row(conn, row_id, owner)
-            if status == RowStatus.FINISHED.value and stored_metrics_are(metrics, result.metrics):
+            if already_uploaded(*self._owned_row(conn, row_id, owner), result):
                 return False
             self._run(conn, sql.SET_ROW_RESULT, {
                 "id": row_id, "owner": owner, "metrics": format_metrics(result.metrics),
                 "stats": json.dumps(result.stats), "n_trials": result.n_trials,
-                "ended_at": format_timestamp(result.ended_at),
+                "ended_at": format_timestamp(result.ended_at), "is_overlong": int(result.is_overlong),
             })
             return True
 
@@ -351,14 +350,14 @@ class SqliteStore:
         self._run(conn, sql.INSERT_BENCHMARK, (benchmark_id, name))
         return benchmark_id
 
-    def _owned_row(self, conn: sqlite3.Connection, row_id: str, owner: str) -> tuple[str | None, object]:
-        """The row's job_status and stored metrics, after checking it exists and is `owner`'s."""
+    def _owned_row(self, conn: sqlite3.Connection, row_id: str, owner: str) -> tuple[object, object, object]:
+        """The row's job_status, stored metrics and is_overlong, after checking it exists and is `owner`'s."""
         found = self._run(conn, sql.ROW_OWNER_AND_STATUS, (row_id,)).fetchone()
         if found is None:
             raise LookupError(f"sandbox_jobs row {row_id} does not exist")
-        username, status, metrics = found
+        username, status, metrics, is_overlong = found
         check_owner(row_id, username, owner)
-        return (None if status is None else str(status)), metrics
+        return status, metrics, is_overlong
 
 
 def _connect(target: str, busy_timeout_s: float, *, uri: bool = False) -> sqlite3.Connection:

@@ -135,7 +135,7 @@ ORDER BY 1, 2
 
 ROW_COLUMNS = (
     "id, job_name, username, job_status, created_at, submitted_at, started_at, ended_at,"
-    " slurm_job_id, model_id, benchmark_id, config, metrics"
+    " slurm_job_id, model_id, benchmark_id, config, metrics, is_overlong"
 )
 
 ROWS_IN_FAMILIES = f"""
@@ -200,7 +200,7 @@ INSERT OR IGNORE INTO sandbox_jobs (
 )
 """
 
-ROW_OWNER_AND_STATUS = "SELECT username, job_status, metrics FROM sandbox_jobs WHERE id = ?"
+ROW_OWNER_AND_STATUS = "SELECT username, job_status, metrics, is_overlong FROM sandbox_jobs WHERE id = ?"
 
 # Ours only, and never backwards: the conditions are part of the write, not a read before it.
 UPDATE_ROW = """
@@ -216,7 +216,8 @@ UPDATE sandbox_jobs
 
 SET_ROW_RESULT = """
 UPDATE sandbox_jobs
-   SET job_status = 'Finished', metrics = :metrics, stats = :stats, n_trials = :n_trials, ended_at = :ended_at
+   SET job_status = 'Finished', metrics = :metrics, stats = :stats, n_trials = :n_trials, ended_at = :ended_at,
+       is_overlong = :is_overlong
  WHERE id = :id AND username = :owner
 """
 

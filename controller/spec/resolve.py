@@ -121,12 +121,12 @@ def fingerprint(
     agent_kwargs: tuple[str, ...],
     n_attempts: int,
     serving: Serving | None = None,
-    config_yaml: str | None = None,
 ) -> str:
     """sha256 of the canonical JSON of what changes results; the harbor config counts by file name, not path.
 
-    The serving settings that change what the agent sees and the config yaml count only when set, so cells that
-    have neither keep the identity they had before either existed."""
+    The serving settings that change what the agent sees count only when set, so cells without them keep the
+    identity they had before serving was resolved. The config yaml is not hashed: the harness (the agent) and the
+    preset (the dataset) that choose it already are."""
     payload: dict[str, object] = {
         "agent": agent,
         "harbor_config": PurePosixPath(harbor_config).name,
@@ -137,8 +137,6 @@ def fingerprint(
     }
     if serving is not None and serving.fingerprinted():
         payload["serving"] = serving.fingerprinted()
-    if config_yaml is not None:
-        payload["config_yaml"] = config_yaml
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -166,12 +164,8 @@ def _cells(run: EvalRun, cluster: AnyCluster, catalog: Catalog, model: str,
     needs_pinggy = catalog.harnesses.needs_pinggy(spec.agent, harbor_config)
     harness = catalog.harnesses.harness(spec.agent)
     serving = catalog.models.serving(model, harness.pattern)
-    digests: dict[str | None, str] = {}  # by config yaml, the one part of the fingerprint a benchmark may change
+    digest = fingerprint(spec.agent, harbor_config, multiplier, overrides, agent_kwargs, spec.n_attempts, serving)
     for benchmark in found:
-        config_yaml = harness.config_yaml or benchmark.config_yaml
-        if config_yaml not in digests:
-            digests[config_yaml] = fingerprint(spec.agent, harbor_config, multiplier, overrides, agent_kwargs,
-                                               spec.n_attempts, serving, config_yaml)
         yield Cell(
             evalrun=evalrun,
             cluster=cluster.metadata.name,
@@ -192,11 +186,11 @@ def _cells(run: EvalRun, cluster: AnyCluster, catalog: Catalog, model: str,
             max_model_len=settings.max_model_len,
             max_output_tokens=settings.max_output_tokens,
             serving=serving,
-            config_yaml=config_yaml,
+            config_yaml=harness.config_yaml or benchmark.config_yaml,
             time_limit=benchmark.time_limit,
             needs_pinggy=needs_pinggy,
             calls_model=spec.agent not in catalog.harnesses.model_free_agents,
-            fingerprint=digests[config_yaml],
+            fingerprint=digest,
         )
 
 

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, assert_never
 
+from pydantic import Field
+
 from controller.core.job_env import JobSecrets, JobSettings, job_environment
 from controller.core.metrics import RunMetrics, run_metrics, same_metrics
 from controller.core.ports import NewRow, ObservationError, Scheduler, StoreUnavailable, SubmitRequest, Tracker
@@ -51,7 +53,7 @@ class JobLauncher(Frozen):
 
     script: str
     logs_dir: str
-    time_limit: str
+    time_limit: str = Field(description="the cluster's timeLimit, for cells whose preset asks for no walltime")
     settings: JobSettings
 
     @property
@@ -219,7 +221,8 @@ class Actor:
             name=name, comment=cell.key, script=self.launcher.script,
             args=(cell.model, cell.dataset, cell.benchmark_name, launch.run_tag),
             env=job_environment(cell, launch, row_id, self.launcher.settings, self.job_secrets(launch)),
-            logs_dir=self.launcher.logs_dir, time_limit=self.launcher.time_limit, exclude_nodes=launch.exclude_nodes,
+            logs_dir=self.launcher.logs_dir, time_limit=cell.time_limit or self.launcher.time_limit,
+            exclude_nodes=launch.exclude_nodes,
         )
         job_id = self.scheduler.submit(request)
         kill_point("after-submit")

@@ -38,7 +38,7 @@ from controller.entry.secrets import EnvironmentSecrets, SecretSource
 from controller.spec.catalog import Catalog
 from controller.spec.loader import LoadedCluster, LoadedRun, SpecSet
 from controller.spec.models import SecretRef
-from controller.spec.resolve import resolution_notes, resolve
+from controller.spec.resolve import resolution_notes, resolve, walltime_warnings
 
 if TYPE_CHECKING:
     from controller.adapters.remote.ssh import SshIdentity
@@ -108,6 +108,8 @@ def targets_for(specs: SpecSet, catalog: Catalog) -> list[RunTarget]:
         cells = resolve(run.run, cluster.cluster, catalog)
         for note in resolution_notes(run.run, cluster.cluster, catalog):  # REFERENCE §6: a size-rule fallback is said
             log.info("resolved with a fallback", extra={"evalrun": str(run.ref), "note": note})
+        for warning in walltime_warnings(run.run, cluster.cluster, catalog):
+            log.warning("walltime clamped", extra={"evalrun": str(run.ref), "note": warning})
         targets.append(RunTarget(evalrun=run.ref, cluster=cluster.ref, cells=tuple(cells),
                                  policy=policy_for(run, cluster, catalog), generation=run.run.metadata.generation))
     return targets

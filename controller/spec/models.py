@@ -59,6 +59,15 @@ WALLTIME = re.compile(r"(\d+-)?\d{1,3}:[0-5]\d:[0-5]\d|\d+")
 SSH_HOST = re.compile(r"[^\s-]\S*")  # never a leading '-': the host is in ssh's argv, where it would be an option
 
 
+def walltime_text(value: str, name: str) -> str:
+    """SLURM walltime syntax, at most TIME_LIMIT_MAX_DAYS days."""
+    if not WALLTIME.fullmatch(value):
+        raise ValueError(f'{name} {value!r} must look like HH:MM:SS, D-HH:MM:SS or minutes, e.g. "24:00:00"')
+    if walltime_seconds(value) > TIME_LIMIT_MAX_DAYS * 86_400:
+        raise ValueError(f"{name} is longer than {TIME_LIMIT_MAX_DAYS} days; write a real walltime, e.g. \"24:00:00\"")
+    return value
+
+
 def _visible(value: str) -> str:
     """Names reach argv, file names, the environment and the store: an invisible character breaks or spoofs them."""
     bad = next((char for char in value if unicodedata.category(char) in INVISIBLE), None)
@@ -116,6 +125,7 @@ Short = Annotated[str, Field(min_length=1, max_length=SHORT_MAX), AfterValidator
 PathText = Annotated[str, Field(min_length=1, max_length=PATH_MAX), AfterValidator(_visible)]
 EnvName = Annotated[str, Field(min_length=1, max_length=ENV_NAME_MAX), AfterValidator(_env_name)]
 EnvValue = Annotated[str, Field(max_length=ENV_VALUE_MAX), AfterValidator(_env_value)]
+Walltime = Annotated[str, Field(max_length=32), AfterValidator(lambda value: walltime_text(value, "walltime"))]
 # The CRD's schema refuses what _argument_safe refuses (the API server never stores it); here the loader says why.
 SAFE_SCHEMA = {"pattern": ARGUMENT_SAFE_PATTERN}
 Model = Annotated[str, Field(min_length=1, max_length=MODEL_MAX, json_schema_extra=SAFE_SCHEMA),
@@ -285,6 +295,10 @@ class EvalClusterSpec(SpecModel):
     time_limit: str = Field("24:00:00", max_length=32,
                             description=f"Walltime per job ([D-]HH:MM:SS, or minutes), at most {TIME_LIMIT_MAX_DAYS} "
                                         "days.")
+    max_time_limit: str | None = Field(None, max_length=32,
+                                       description="The longest walltime the partition allows (its MaxTime): a "
+                                                   "preset that needs more than timeLimit (swebench_full: 48 h) "
+                                                   "gets its own walltime up to this. Default: timeLimit.")
     gpus_per_job: int = Field(0, ge=0, le=1024, description="--gres gpu:N; 0 omits --gres.")
     hardware_profile: Short | None = Field(None, description="Selects per-model registry variants (e.g. a100-64).")
     gpu_memory_util: float = Field(0.85, gt=0, le=1, description="EVAL_GPU_MEMORY_UTIL ceiling.")
@@ -311,12 +325,25 @@ class EvalClusterSpec(SpecModel):
     @field_validator("time_limit")
     @classmethod
     def _walltime(cls, value: str) -> str:
-        if not WALLTIME.fullmatch(value):
-            raise ValueError(f'timeLimit {value!r} must look like HH:MM:SS, D-HH:MM:SS or minutes, e.g. "24:00:00"')
-        if walltime_seconds(value) > TIME_LIMIT_MAX_DAYS * 86_400:
-            raise ValueError(f"timeLimit is longer than {TIME_LIMIT_MAX_DAYS} days; "
-                             'write a real walltime, e.g. "24:00:00"')
-        return value
+        return walltime_text(value, "timeLimit")
+
+    @field_validator("max_time_limit")
+    @classmethod
+    def _max_walltime(cls, value: str | None) -> str | None:
+        return value if value is None else walltime_text(value, "maxTimeLimit")
+
+    @model_validator(mode="after")
+    def _max_is_not_shorter(self) -> EvalClusterSpec:
+        if self.max_time_limit is not None and walltime_seconds(self.max_time_limit) < walltime_seconds(
+                self.time_limit):
+            raise entry_error(("maxTimeLimit",), "max_below_default", "maxTimeLimit is shorter than timeLimit "
+                              "({time_limit}); raise it, or lower timeLimit", time_limit=self.time_limit)
+        return self
+
+    @property
+    def longest_walltime(self) -> str:
+        """The longest time limit a preset may ask for here."""
+        return self.max_time_limit or self.time_limit
 
     @model_validator(mode="after")
     def _login_node_paths_are_absolute(self) -> EvalClusterSpec:

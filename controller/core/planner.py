@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Literal
 
 from pydantic import Field
 
@@ -59,6 +60,7 @@ from controller.core.types import (
     Submission,
     TunnelLease,
     run_tag_of,
+    walltime_seconds,
 )
 from controller.core.vocabulary import (
     Action,
@@ -107,8 +109,9 @@ class Policy(Frozen):
     track: bool = Field(False, description="log to the tracker (MLflow); Completed needs its read-back")
     min_completed_fraction: float = 0.5
     max_infra_error_fraction: float | None = None
-    overlong: timedelta | None = Field(timedelta(hours=24), description="a run longer than this is overlong "
-                                                                        "(None: none is)")
+    overlong: timedelta | Literal["walltime"] = Field(
+        "walltime", description="a run longer than this is overlong (walltime: than one job of its cell may run)")
+    walltime: timedelta = Field(timedelta(hours=24), description="the cluster's timeLimit (a cell may ask more)")
     hold_overlong: bool = Field(False, description="upload.overlong hold: an overlong run waits for forceUpload; "
                                                    "otherwise it is uploaded with is_overlong true")
     force_upload: bool = Field(False, description="the gates' holds are released by a human")
@@ -743,9 +746,13 @@ class _CellRules:
         """How a run took longer than upload.overlongHours, from its started_at (the first fire's: Harbor keeps it
         on a resume) to its end; None if not."""
         limit, end = self.policy.overlong, facts.finished_at or facts.last_progress_at
-        if limit is None or facts.started_at is None or end is None or end - facts.started_at <= limit:
+        if limit == "walltime":
+            limit = timedelta(seconds=walltime_seconds(self.cell.time_limit)) if self.cell.time_limit \
+                else self.policy.walltime
+        if facts.started_at is None or end is None or end - facts.started_at <= limit:
             return None
-        return f"ran {(end - facts.started_at).total_seconds() / 3600:.3g} h, longer than overlongHours " \
+        what = "one job's walltime" if self.policy.overlong == "walltime" else "overlongHours"
+        return f"ran {(end - facts.started_at).total_seconds() / 3600:.3g} h, longer than {what} " \
                f"{limit.total_seconds() / 3600:g}"
 
     # ------------------------------------------------------------------ helpers

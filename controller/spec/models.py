@@ -498,9 +498,10 @@ class UploadPolicy(SpecModel):
         None, ge=0, le=1, description="Hold a run whose infra errors exceed this share of its completed trials "
                                       "(a score from too few valid trials); none: no such gate.")
     overlong_hours: float | None = Field(
-        24, gt=0, le=10_000, description="A run that took longer than this, start to last result across its "
-                                         "resumes, is overlong (is_overlong; see overlong). Default: the lab's 24 h "
-                                         "SLURM wall; null: no run is.")
+        None, gt=0, le=10_000, description="A run that took longer than this many hours, start to last result across "
+                                           "its resumes, is overlong (is_overlong; see overlong). Default: longer "
+                                           "than one job of the cell may run (the preset's walltime, else the "
+                                           "cluster's timeLimit), i.e. a run the wall cut short.")
     overlong: Literal["upload", "hold"] = Field(
         "upload", description="An overlong run: upload it with is_overlong true on its row, or hold it until "
                               "forceUpload.")

@@ -74,7 +74,7 @@ def test_an_overlong_run_is_uploaded_flagged_and_says_so() -> None:
 @pytest.mark.parametrize(("policy", "started_hours_ago"), [
     (FLAGGING, 25.9),  # ran 23.9 h: below the threshold
     (FLAGGING, 26),  # exactly 24 h is not longer than 24 h
-    (FLAGGING.model_copy(update={"overlong": None}), 24 * 30),  # overlongHours null: no run is overlong
+    (FLAGGING.model_copy(update={"overlong": timedelta(hours=10_000)}), 24 * 30),  # a threshold no run reaches
 ])
 def test_a_run_within_overlong_hours_is_uploaded_unflagged(policy: Policy, started_hours_ago: float) -> None:
     decided = plan_cell(C, finished_run(started_at=ago(hours=started_hours_ago)), policy, NOW)
@@ -82,8 +82,16 @@ def test_a_run_within_overlong_hours_is_uploaded_unflagged(policy: Policy, start
     assert _uploads(decided) == [False] and "is_overlong" not in decided.reason
 
 
-def test_the_default_threshold_is_the_labs_24_hour_wall() -> None:
-    assert Policy(username="bob").overlong == timedelta(hours=24) and not Policy(username="bob").hold_overlong
+def test_by_default_a_run_is_overlong_when_it_outlasted_one_job_of_its_cell() -> None:
+    """The cluster's timeLimit, or the cell's own (a preset's walltime): a run the wall cut short, as the lab's
+    `upload_overlong_jobs.py` flagged the runs its 24 h wall had killed."""
+    assert Policy(username="bob").overlong == "walltime" and not Policy(username="bob").hold_overlong
+    default = POLICY.model_copy(update={"walltime": timedelta(hours=10)})
+    run = finished_run(started_at=ago(hours=13))  # ran 11 h
+    assert _uploads(plan_cell(C, run, default, NOW)) == [True]
+    assert "longer than one job's walltime 10" in plan_cell(C, run, default, NOW).reason
+    long_preset = C.model_copy(update={"time_limit": "2-00:00:00"})
+    assert _uploads(plan_cell(long_preset, run, default, NOW)) == [False], "its jobs may run 48 h"
 
 
 def test_an_unfinished_run_is_measured_to_its_last_progress() -> None:

@@ -1,5 +1,5 @@
-"""`upload.overlong` and `upload.overlongHours` as the planner gets them: by default a run past the lab's 24 h
-wall is uploaded flagged; `hold` holds it; `overlongHours: null` makes no run overlong."""
+"""`upload.overlong` and `upload.overlongHours` as the planner gets them: by default a run that outlasted one job of
+its cell (the wall cut it) is uploaded flagged; `hold` holds it; `overlongHours` sets the threshold in hours."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from controller.spec.loader import load_specs
 
 
 @pytest.mark.parametrize(("upload", "overlong", "hold"), [
-    ("{}", timedelta(hours=24), False),
-    ("{overlong: hold}", timedelta(hours=24), True),
+    ("{}", "walltime", False),
+    ("{overlong: hold}", "walltime", True),
     ("{overlongHours: 30, overlong: upload}", timedelta(hours=30), False),
-    ("{overlongHours: null, overlong: hold}", None, True),
+    ("{overlongHours: null, overlong: hold}", "walltime", True),
 ])
-def test_the_spec_becomes_the_policy(tmp_path: Path, upload: str, overlong: timedelta | None, hold: bool) -> None:
+def test_the_spec_becomes_the_policy(tmp_path: Path, upload: str, overlong: object, hold: bool) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"""
 apiVersion: evalrun.io/v1alpha1
@@ -38,3 +38,4 @@ spec: {{cluster: local, models: [org/m1-8B], datasets: [DCAgent/tiny], upload: {
     policy = policy_for(specs.evalruns[0], specs.clusters[ClusterRef(name="local")], load_catalog())
 
     assert (policy.overlong, policy.hold_overlong) == (overlong, hold)
+    assert policy.walltime == timedelta(hours=24), "the cluster's timeLimit, default 24:00:00"

@@ -50,6 +50,7 @@ class RunStatus(Frozen):
     suspended: bool = False
     selected: int = Field(0, description="models its modelSelector took, cells included in `total`")
     selection: str = Field("", description="what its modelSelector did in the last pass")
+    notifications: str = Field("", description="its webhook messages not delivered (yet), in words")
 
     @property
     def done(self) -> int:
@@ -92,6 +93,7 @@ def summarize(plan: Plan, outcomes: Sequence[Outcome] = (), generation: int | No
         suspended=plan.suspended,
         selected=len(plan.selections),
         selection=plan.intake,
+        notifications=plan.notifications,
     )
 
 

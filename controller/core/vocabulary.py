@@ -322,6 +322,7 @@ class Plan(Frozen):
                                                                  "pairs: what status lists")
     selections: tuple[Selection, ...] = Field((), description="the models its modelSelector took (or would take)")
     intake: str = Field("", description="what its modelSelector did this pass, in words")
+    notifications: str = Field("", description="its webhook messages not delivered (yet), in words")
 
 
 # --------------------------------------------------------------------------- what acting said

@@ -31,7 +31,9 @@ from controller.core.vocabulary import Plan
 from controller.entry import render
 from controller.entry.intake import flag_query, selector_rule, targets_with_selections, unevaluated_candidates
 from controller.entry.logs import configure_logging
+from controller.entry.notify import FLUSH_S, Notifier, webhooks_of
 from controller.entry.reporting import build_report, write_report
+from controller.entry.secrets import EnvironmentSecrets
 from controller.entry.wiring import cluster_ports, targets_for, utc_now
 from controller.spec.catalog import load_catalog
 from controller.spec.errors import SpecErrors
@@ -264,12 +266,16 @@ def reconcile(
 
 
 def _once(specs: SpecSet, urls: StoreURLs) -> int:
-    """One acting pass; 1 if any action failed, so cron and CI see it (the summary says which)."""
+    """One acting pass; 1 if any action failed, so cron and CI see it (the summary says which). Its messages are
+    sent before it exits (for at most FLUSH_S; the rest wait for the next run)."""
     store = _store(urls, readonly=False)
+    notifier = _notifier(urls)
     try:
         results = _pass(specs, store, act=True)
+        _notify(notifier, specs, flush=True)
     finally:
         store.close()
+        notifier.close()
     render.pass_summary(results, out)
     return 1 if any(r.blocked or any(not o.ok for o in r.outcomes) for r in results) else 0
 
@@ -279,6 +285,7 @@ def _loop(specs: SpecSet, urls: StoreURLs, interval: float, *, until_done: bool)
     pass; a pass that fails as a whole (store locked or unreachable, an I/O error) is retried with back-off and
     a freshly opened store, so a long-running reconciler outlives an outage."""
     store: Store | None = None
+    notifier = _notifier(urls)
     passes = failures = 0
     try:
         while True:
@@ -286,6 +293,7 @@ def _loop(specs: SpecSet, urls: StoreURLs, interval: float, *, until_done: bool)
             try:
                 store = store or _store(urls, readonly=False)
                 results = _pass(specs, store, act=True)
+                _notify(notifier, specs, flush=until_done and _settled(results))
             except FATAL:
                 raise
             except (OSError, RuntimeError) as exc:
@@ -306,11 +314,24 @@ def _loop(specs: SpecSet, urls: StoreURLs, interval: float, *, until_done: bool)
             time.sleep(interval)
     finally:
         _close(store)
+        notifier.close()
 
 
 def _close(store: Store | None) -> None:
     if store is not None:
         store.close()
+
+
+def _notifier(urls: StoreURLs) -> Notifier:
+    """The webhook sender, on a store of its own (its thread's); it starts only for EvalRuns with webhooks."""
+    return Notifier(lambda: _store(urls, readonly=False), process_identity(), holder_is_dead=identity_is_dead)
+
+
+def _notify(notifier: Notifier, specs: SpecSet, *, flush: bool) -> None:
+    """Wake the sender with the webhooks as they are now; with `flush`, give the last messages FLUSH_S to go."""
+    notifier.offer(webhooks_of(specs, EnvironmentSecrets()))
+    if flush and not notifier.flush(FLUSH_S):
+        _error(f"evalctl: webhook messages still unsent after {FLUSH_S:g}s; the next run sends them")
 
 
 @app.command()

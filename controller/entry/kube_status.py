@@ -39,6 +39,7 @@ def status_patch(summary: RunStatus, previous: Mapping[str, Any] | None, now: da
         "lastPass": {"at": _timestamp(now), "failedActions": summary.failed_actions, "note": note},
         "lastHandledReconcileAt": requested_at,
         "modelSelector": {"selected": summary.selected, "note": summary.selection} if summary.selection else None,
+        "notifications": summary.notifications or None,  # messages not delivered (yet); null drops the key
     }
 
 

@@ -119,6 +119,8 @@ def status_grid(plan: Plan, console: Console) -> None:
     for q in plan.quarantined:
         console.print(f"  quarantined {q.kind.value} {q.name} until {q.until:%Y-%m-%d %H:%M} UTC: {q.reason}",
                       highlight=False)
+    if plan.notifications:
+        console.print(f"  notifications: {plan.notifications}", markup=False, highlight=False)
     selections(plan, console)
 
 
@@ -135,6 +137,7 @@ def _status_json(plan: Plan, summary: RunStatus) -> dict[str, Any]:
         "attention": [a.model_dump(mode="json") for a in summary.attention],
         "cells": [_cell_json(c) for c in plan.cells],
         "quarantined": [q.model_dump(mode="json") for q in plan.quarantined],
+        "notifications": plan.notifications,
         **_selector_json(plan),
     }
 

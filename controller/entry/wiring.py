@@ -27,6 +27,7 @@ from controller.core.actor import Actor, JobLauncher
 from controller.core.health import HealthLimits
 from controller.core.job_env import JobSecrets, JobSettings
 from controller.core.metrics import RunMetrics
+from controller.core.notify import NotifyEvent
 from controller.core.planner import Policy
 from controller.core.ports import ObservationError, Scheduler, StoreUnavailable, TrackedRun, Tracker, TrackerRecord
 from controller.core.reconcile import ClusterPorts, RunTarget
@@ -112,8 +113,16 @@ def targets_for(specs: SpecSet, catalog: Catalog) -> list[RunTarget]:
         for warning in walltime_warnings(run.run, cluster.cluster, catalog):
             log.warning("walltime clamped", extra={"evalrun": str(run.ref), "note": warning})
         targets.append(RunTarget(evalrun=run.ref, cluster=cluster.ref, cells=tuple(cells),
-                                 policy=policy_for(run, cluster, catalog), generation=run.run.metadata.generation))
+                                 policy=policy_for(run, cluster, catalog), generation=run.run.metadata.generation,
+                                 notify=notify_routes(run)))
     return targets
+
+
+def notify_routes(run: LoadedRun) -> dict[NotifyEvent, tuple[str, ...]]:
+    """Which of the EvalRun's webhooks are told of each event (none: it records no transitions)."""
+    hooks = run.run.spec.notify.webhooks
+    return {event: names for event in NotifyEvent
+            if (names := tuple(hook.name for hook in hooks if event.value in hook.events))}
 
 
 def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog, secrets: SecretSource | None = None, *,

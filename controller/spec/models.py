@@ -542,6 +542,49 @@ class PinggySpec(SpecModel):
         return value
 
 
+NotifyEventName = Literal["Stalled", "Failed", "Completed", "Ready"]
+DEFAULT_NOTIFY_EVENTS: tuple[NotifyEventName, ...] = ("Stalled", "Failed", "Ready")
+WEBHOOKS_MAX = 16
+
+
+class Webhook(SpecModel):
+    """One webhook that gets a Slack-compatible JSON message (`text`, `blocks`) per transition."""
+
+    name: Name = Field(description="Names it in status, logs and the store (its URL never appears anywhere).")
+    secret_ref: SecretRef = Field(description="Where its URL lives (a Slack incoming-webhook URL is its credential); "
+                                              "CLI: EVALCTL_SECRET_<NAME>_<KEY>.")
+    events: list[NotifyEventName] = Field(
+        default_factory=lambda: list(DEFAULT_NOTIFY_EVENTS), min_length=1, max_length=4,
+        description="Which transitions it is told of: Stalled (the EvalRun's Stalled condition became True), Failed "
+                    "(a cell is held for a human), Completed (a cell's result is uploaded), Ready (every cell "
+                    "Completed). Default: Stalled, Failed, Ready.")
+
+    @field_validator("events")
+    @classmethod
+    def _unique_events(cls, value: list[NotifyEventName]) -> list[NotifyEventName]:
+        index = _first_duplicate(list(value))
+        if index is not None:
+            raise entry_error((index,), "duplicate", "event {event} is listed twice", event=value[index])
+        return value
+
+
+class NotifySpec(SpecModel):
+    """Who is told when the EvalRun's cells fail or complete: one message per transition, retried with back-off."""
+
+    webhooks: list[Webhook] = Field(default_factory=list, max_length=WEBHOOKS_MAX, description="Webhooks to post to.")
+    max_attempts: PositiveInt = Field(8, le=100, description="Tries per message (back-off doubling from 5 s, at most "
+                                                             "10 min apart); then it is given up, with a warning "
+                                                             "and a status note.")
+
+    @field_validator("webhooks")
+    @classmethod
+    def _unique_webhooks(cls, value: list[Webhook]) -> list[Webhook]:
+        index = _first_duplicate([hook.name for hook in value])
+        if index is not None:
+            raise entry_error((index, "name"), "duplicate", "webhook {name} is listed twice", name=value[index].name)
+        return value
+
+
 class ClusterReference(SpecModel):
     """The cluster an EvalRun runs on: an admin's ClusterEvalCluster, or an EvalCluster of its own namespace."""
 
@@ -650,6 +693,8 @@ class EvalRunSpec(SpecModel):
     upload: UploadPolicy = Field(default_factory=UploadPolicy, description="Where results go.")
     pinggy: PinggySpec = Field(default_factory=PinggySpec, description="Tunnel pairs for installed-agent harnesses.")
     report: ReportSpec = Field(default_factory=ReportSpec, description="How `evalctl report` shows the results.")
+    notify: NotifySpec = Field(default_factory=NotifySpec, description="Webhooks told of transitions (Stalled, "
+                                                                       "Failed, Completed, Ready).")
 
     @model_validator(mode="after")
     def _one_cluster(self) -> EvalRunSpec:

@@ -17,8 +17,18 @@ from pydantic import ValidationError
 
 from controller.core.intake import RegisteredModel, Selection
 from controller.core.metrics import same_metrics
+from controller.core.notify import Episode, Notification, NotifyEvent
 from controller.core.ports import NamedRow, ResultUpload, SandboxJobRow, StateSnapshot, WriteRefused
-from controller.core.types import CellMemory, CellOwner, Metric, Quarantined, RowStatus, Submission, TunnelLease
+from controller.core.types import (
+    CellMemory,
+    CellOwner,
+    EvalRunRef,
+    Metric,
+    Quarantined,
+    RowStatus,
+    Submission,
+    TunnelLease,
+)
 
 # How the backends spell a boolean: Postgres and PostgREST a bool, SQLite 0/1, hand-written text either.
 _FLAGS = {"true": True, "t": True, "1": True, "false": False, "f": False, "0": False}
@@ -177,6 +187,25 @@ def model_selections(records: Iterable[Mapping[str, Any]]) -> tuple[Selection, .
     """Raises ValueError on a record that does not decode: the caller fails the read closed."""
     try:
         return tuple(Selection(model=r["model"], rule=r["rule"], selected_at=r["selected_at"]) for r in records)
+    except ValidationError as error:
+        raise ValueError(_first_line(error)) from None
+
+
+def notifications(records: Iterable[Mapping[str, Any]]) -> tuple[Notification, ...]:
+    """Raises ValueError on a record that does not decode: the caller fails the read closed."""
+    try:
+        return tuple(Notification(**{**r, "evalrun": EvalRunRef.parse(r["evalrun"]),
+                                     "created_at": parse_timestamp(r["created_at"])}) for r in records)
+    except ValidationError as error:
+        raise ValueError(_first_line(error)) from None
+
+
+def episodes(records: Iterable[Mapping[str, Any]]) -> dict[tuple[str, NotifyEvent], Episode]:
+    """An EvalRun's recorded episodes by (subject, event)."""
+    try:
+        found = (Episode(subject=r["subject"], event=r["event"], episode=r["episode"], active=bool(r["active"]))
+                 for r in records)
+        return {(e.subject, e.event): e for e in found}
     except ValidationError as error:
         raise ValueError(_first_line(error)) from None
 

@@ -37,6 +37,7 @@ from controller.core.health import (
     verdict,
 )
 from controller.core.metrics import accuracy
+from controller.core.progress import progress_of
 from controller.core.resume import RESUME_TABLE, DirClass, Next, classify
 from controller.core.types import (
     Cell,
@@ -709,11 +710,13 @@ class _CellRules:
                       reason=reason + _flagged(overlong))
 
     def _without_db_upload(self, facts: RunDirFacts, rule: Rule) -> CellPlan:
-        """upload.db off: done once the report is written, or, with MLflow on, once its run reads back."""
+        """upload.db off: done once the report is written, or, with MLflow on, once its run reads back. That is
+        where its result went, so a Completed cell shows the score of its finished run dir."""
         tag = facts.run_tag
         if self.policy.track and self.memory.tracked_run_tag == tag:
             reason = f"MLflow run {tag} read back as logged; upload.db is off"
-            return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts)
+            return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts,
+                                score=accuracy(facts))
         if self.policy.track:
             reason = self._not_verified()
             track = Track(facts=facts, reason=f"{reason}: log and read back (upload.db is off)")
@@ -721,7 +724,8 @@ class _CellRules:
                                 facts=facts)
         if self.memory.analyzed_run_tag == tag:
             reason = f"post-eval report written for {tag}; upload.db and upload.mlflow are off"
-            return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts)
+            return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts,
+                                score=accuracy(facts))
         return self._result(Phase.EVALUATED, [self._analyze(facts)],
                             "trials done; upload.db is off: post-eval report only", rule, facts=facts)
 
@@ -832,12 +836,12 @@ class _CellRules:
         remember: CellMemory | None = None,
         health: tuple[HealthState, str] | None = None,
     ) -> CellPlan:
-        """`remember`: the memory after this pass, written only if it differs from what was observed."""
-        if score is None and facts is not None:
-            score = accuracy(facts)
+        """`remember`: the memory after this pass, written only if it differs from what was observed. `score`: only
+        what an uploaded row holds, never one computed from a run dir (a running cell has no score)."""
         state, note = health if health is not None else (None, "")
         return CellPlan(cell=self.cell, phase=phase, actions=tuple(actions), reason=reason, rule=rule,
                         row_updates=(*self.adoptions, *(updates or ())), run_dir=facts, score=score,
+                        progress=progress_of(facts, self.now, running=phase == Phase.RUNNING),
                         memory=self.memory, remember=remember if remember != self.memory else None,
                         health=state, health_note=note)
 

@@ -15,6 +15,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field
 
 from controller.core.intake import Selection
+from controller.core.progress import Progress
 from controller.core.types import (
     Cell,
     CellMemory,
@@ -305,7 +306,8 @@ class CellPlan(Frozen):
     rule: Rule = Field(description="the row of the rule tables that decided, for `evalctl explain`")
     row_updates: tuple[RowUpdate, ...] = ()
     run_dir: RunDirFacts | None = None
-    score: float | None = None
+    score: float | None = Field(None, description="the uploaded row's accuracy; None until a result is uploaded")
+    progress: Progress | None = Field(None, description="scored of expected trials and an ETA, from its run dir")
     memory: CellMemory = Field(CellMemory(), description="the cell's memory as observed this pass")
     remember: CellMemory | None = Field(None, description="the cell's memory after this pass, written before its "
                                                           "actions (None: unchanged)")

@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from importlib.metadata import PackageNotFoundError, version
@@ -34,6 +34,7 @@ from controller.entry.logs import configure_logging
 from controller.entry.notify import FLUSH_S, Notifier, webhooks_of
 from controller.entry.reporting import build_report, write_report
 from controller.entry.secrets import EnvironmentSecrets
+from controller.entry.watch import Watch
 from controller.entry.wiring import cluster_ports, targets_for, utc_now
 from controller.spec.catalog import load_catalog
 from controller.spec.errors import SpecErrors
@@ -340,27 +341,40 @@ def status(
     store: StoreURL = None,
     state: StateURL = None,
     output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
-    watch: Annotated[bool, typer.Option("--watch", help="Redraw every --interval seconds.")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="A live table with progress bars, redrawn every --interval "
+                                                        "seconds (on a pipe: each changed table once).")] = False,
     interval: Annotated[float | None, typer.Option(
         "--interval", min=0.5, help=f"With --watch: seconds between redraws (default {WATCH_INTERVAL_S:g}).")] = None,
     verbose: Verbose = 0,
 ) -> None:
-    """Models × benchmarks grid with each cell's phase and score."""
+    """Models × benchmarks grid: each cell's phase and uploaded score, or `Running 5/18 · ETA 14 min` until one is
+    uploaded. --watch: a live table with progress bars (on a pipe: each changed frame once)."""
     configure_logging(verbose)
     with _exits():
         _refuse((interval is not None and not watch, "--interval needs --watch"))
-        while True:
-            plans = _plans(_load(files), StoreURLs(store, state))
-            if output == Output.json:
-                print(render.status_json(plans))
-            else:
-                if watch:
-                    out.clear()
-                for p in plans:
-                    render.status_grid(p, out)
-            if not watch:
-                return
-            time.sleep(interval or WATCH_INTERVAL_S)
+        urls = StoreURLs(store, state)
+
+        def read() -> list[Plan]:
+            return _plans(_load(files), urls)
+
+        every = interval or WATCH_INTERVAL_S
+        if output == Output.json:
+            _repeat(lambda: print(render.status_json(read()), flush=True), every if watch else None)
+        elif not watch:
+            for p in read():
+                render.status_grid(p, out)
+        else:
+            with Watch(out) as live:
+                _repeat(lambda: live.show(read(), utc_now()), every)
+
+
+def _repeat(show: Callable[[], None], interval: float | None) -> None:
+    """Once (interval None), or every `interval` seconds until interrupted."""
+    while True:
+        show()
+        if interval is None:
+            return
+        time.sleep(interval)
 
 
 @app.command()
@@ -380,7 +394,7 @@ def explain(
         if not matches:
             raise UsageError(f"no cell {model} × {benchmark} in these specs")
         for cell in matches:
-            render.explain(cell, out)
+            render.explain(cell, out, utc_now())
 
 
 @app.command()

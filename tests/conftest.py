@@ -24,7 +24,7 @@ import pytest
 from tests.fixtures.evalctl import wait_until
 
 # Fixtures of the real parts some suites need; each starts its service only when a test asks for it.
-pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.postgrest", "tests.fixtures.mlflow_server"]
+pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.postgrest", "tests.fixtures.mlflow_server", "tests.fixtures.browser"]
 
 REPO = Path(__file__).resolve().parents[1]
 # every `python -m controller…` child runs this checkout's code, whatever its cwd and wherever the venv came from

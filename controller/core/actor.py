@@ -19,6 +19,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, assert_never
 
+from pydantic import Field
+
 from controller.core.job_env import JobSecrets, JobSettings, job_environment
 from controller.core.metrics import RunMetrics, run_metrics, same_metrics
 from controller.core.ports import NewRow, ObservationError, Scheduler, StoreUnavailable, SubmitRequest, Tracker
@@ -51,7 +53,7 @@ class JobLauncher(Frozen):
 
     script: str
     logs_dir: str
-    time_limit: str
+    time_limit: str = Field(description="the cluster's timeLimit, for cells whose preset asks for no walltime")
     settings: JobSettings
 
     @property
@@ -170,8 +172,8 @@ class Actor:
                 work.learnt(analyzed_run_tag=facts.run_tag)
                 self.state.finish_attempt(facts.run_tag)  # its GPU-hours are history from now on
                 return f"post-eval report written for {facts.run_tag}"
-            case Upload(facts=facts, row_id=row_id, gpu_hours=gpu_hours):
-                message = self._upload(work, facts, row_id, gpu_hours)
+            case Upload(facts=facts, row_id=row_id, is_overlong=is_overlong, gpu_hours=gpu_hours):
+                message = self._upload(work, facts, row_id, is_overlong, gpu_hours)
                 return message if self.tracker is None else f"{message}; {self._track(work, facts, gpu_hours)}"
             case Track(facts=facts, gpu_hours=gpu_hours):
                 return self._track(work, facts, gpu_hours)
@@ -223,7 +225,8 @@ class Actor:
             name=name, comment=cell.key, script=self.launcher.script,
             args=(cell.model, cell.dataset, cell.benchmark_name, launch.run_tag),
             env=job_environment(cell, launch, row_id, self.launcher.settings, self.job_secrets(launch)),
-            logs_dir=self.launcher.logs_dir, time_limit=self.launcher.time_limit, exclude_nodes=launch.exclude_nodes,
+            logs_dir=self.launcher.logs_dir, time_limit=cell.time_limit or self.launcher.time_limit,
+            exclude_nodes=launch.exclude_nodes,
         )
         job_id = self.scheduler.submit(request)
         kill_point("after-submit")
@@ -235,7 +238,8 @@ class Actor:
                       benchmark_name=cell.benchmark_name, job_status=RowStatus.PENDING, submitted_at=now,
                       n_rep_eval=cell.n_attempts, config=row_config(cell, run_tag))
 
-    def _upload(self, work: _CellWork, facts: RunDirFacts, row_id: str | None, gpu_hours: float | None) -> str:
+    def _upload(self, work: _CellWork, facts: RunDirFacts, row_id: str | None, is_overlong: bool,
+                gpu_hours: float | None) -> str:
         result = work.metrics(facts)
         accuracy = result.score
         if accuracy is None:
@@ -244,7 +248,7 @@ class Actor:
             row_id = row_id_for(facts.run_tag)
             self.results.create_row(self._pending_row(work.cell, facts.run_tag, row_id, self.now()).model_copy(
                 update={"job_status": RowStatus.STARTED, "started_at": facts.started_at}))
-        upload = result.upload(ended_at=facts.finished_at or self.now())
+        upload = result.upload(ended_at=facts.finished_at or self.now(), is_overlong=is_overlong)
         if gpu_hours is not None:
             upload = upload.model_copy(update={"stats": {**upload.stats, "gpu_hours": gpu_hours}})
         written = self.results.upload_result(row_id, upload, owner=self.launcher.username)
@@ -252,10 +256,13 @@ class Actor:
         if landed is None or landed.job_status != RowStatus.FINISHED or not same_metrics(landed.metrics,
                                                                                           result.metrics):
             raise UploadNotVerified(f"row {row_id} does not show the uploaded metrics")
-        work.learnt(db_verified=f"row {row_id} read back with accuracy={accuracy:.4f} ({facts.run_tag})")
+        if bool(landed.is_overlong) != is_overlong:
+            raise UploadNotVerified(f"row {row_id} reads is_overlong={landed.is_overlong}, not {is_overlong}")
+        what = f"accuracy={accuracy:.4f}" + (" is_overlong=true" if is_overlong else "")
+        work.learnt(db_verified=f"row {row_id} read back with {what} ({facts.run_tag})")
         if not written:
-            return f"accuracy={accuracy:.4f} for {facts.run_tag} was already in row {row_id} (verified, not rewritten)"
-        return f"uploaded accuracy={accuracy:.4f} for {facts.run_tag} (row {row_id}, verified)"
+            return f"{what} for {facts.run_tag} was already in row {row_id} (verified, not rewritten)"
+        return f"uploaded {what} for {facts.run_tag} (row {row_id}, verified)"
 
     def _track(self, work: _CellWork, facts: RunDirFacts, gpu_hours: float | None) -> str:
         """Log to the tracker, read the run back, compare; the memory gets the outcome, so the planner can say it."""

@@ -14,9 +14,15 @@ import json
 
 from pydantic import Field
 
-from controller.core.types import Cell, Frozen
+from controller.core.types import Cell, Frozen, Serving
 from controller.core.vocabulary import Launch, Resume
 
+# The serving recipe of the cell's harness pattern (REFERENCE §10), one variable per vLLM setting; each is set only
+# when the recipe sets it, and the job script adds a flag only for a non-empty one.
+SERVING_NAMES = (
+    "EVAL_VLLM_TOOL_CALL_PARSER", "EVAL_VLLM_REASONING_PARSER", "EVAL_VLLM_CHAT_TEMPLATE", "EVAL_VLLM_EXTRA_ARGS",
+    "EVAL_VLLM_TRUST_REMOTE_CODE", "EVAL_VLLM_SWAP_SPACE", "EVAL_VLLM_ENFORCE_EAGER", "EVAL_VLLM_MAX_RETRIES",
+)
 # Every name the contract gives a meaning, set here or by a scheduler: a cluster must not set one of them.
 CONTRACT_NAMES = frozenset({
     "EVAL_N_CONCURRENT", "EVAL_N_ATTEMPTS", "EVAL_GPU_MEMORY_UTIL", "EVAL_DAYTONA_THRESHOLD", "EVAL_AGENT_NAME",
@@ -24,6 +30,7 @@ CONTRACT_NAMES = frozenset({
     "EVAL_MAX_OUTPUT_TOKENS", "EVAL_VLLM_TENSOR_PARALLEL_SIZE", "EVAL_VLLM_DATA_PARALLEL_SIZE",
     "EVAL_VLLM_MAX_MODEL_LEN", "EVAL_CONDA_ENV", "EVAL_PINGGY_URL", "EVAL_PINGGY_TOKEN", "EVAL_DB_JOB_ID",
     "EVAL_UPLOAD_USERNAME", "EVAL_RESUME", "EVAL_RESUME_COUNT", "EVAL_JOB_ID", "EVAL_CLEAR_COMPILE_CACHE",
+    *SERVING_NAMES,
 })
 SCHEDULER_PREFIX = "SLURM_"  # the scheduler's own variables: a job that inherits a forged one misreads itself
 
@@ -50,6 +57,20 @@ class JobSecrets(Frozen):
     pinggy_token: str | None = None
 
 
+def serving_environment(serving: Serving) -> dict[str, str | int | None]:
+    """The vLLM recipe as the job's variables; a switch that is off is absent, as an unset setting is."""
+    return {
+        "EVAL_VLLM_TOOL_CALL_PARSER": serving.tool_call_parser,
+        "EVAL_VLLM_REASONING_PARSER": serving.reasoning_parser,
+        "EVAL_VLLM_CHAT_TEMPLATE": serving.chat_template,
+        "EVAL_VLLM_EXTRA_ARGS": serving.extra_args,
+        "EVAL_VLLM_TRUST_REMOTE_CODE": "1" if serving.trust_remote_code else None,
+        "EVAL_VLLM_SWAP_SPACE": serving.swap_space,
+        "EVAL_VLLM_ENFORCE_EAGER": "1" if serving.enforce_eager else None,
+        "EVAL_VLLM_MAX_RETRIES": serving.max_retries,
+    }
+
+
 def job_environment(cell: Cell, launch: Launch, row_id: str, settings: JobSettings,
                     secrets: JobSecrets) -> dict[str, str]:
     contract = {
@@ -73,6 +94,8 @@ def job_environment(cell: Cell, launch: Launch, row_id: str, settings: JobSettin
         "EVAL_VLLM_DATA_PARALLEL_SIZE": cell.data_parallel_size,
         "EVAL_VLLM_MAX_MODEL_LEN": cell.max_model_len,
         "EVAL_CONDA_ENV": cell.conda_env,
+        "EVAL_CONFIG_YAML": cell.config_yaml,
+        **serving_environment(cell.serving),
     }
     if launch.tunnel is not None:
         optional |= {"EVAL_PINGGY_URL": secrets.pinggy_url or "", "EVAL_PINGGY_TOKEN": secrets.pinggy_token}

@@ -33,10 +33,9 @@ class RunMetrics(Frozen):
     def score(self) -> float | None:
         return next(m.value for m in self.metrics if m.name == "accuracy")
 
-    def upload(self, ended_at: datetime) -> ResultUpload:
-        return ResultUpload(
-            metrics=self.metrics, stats=self.stats.model_dump(), n_trials=self.stats.n_trials, ended_at=ended_at
-        )
+    def upload(self, ended_at: datetime, is_overlong: bool) -> ResultUpload:
+        return ResultUpload(metrics=self.metrics, stats=self.stats.model_dump(), n_trials=self.stats.n_trials,
+                            ended_at=ended_at, is_overlong=is_overlong)
 
 
 def valid_trials(facts: RunDirFacts) -> int:

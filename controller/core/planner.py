@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Literal
 
 from pydantic import Field
 
@@ -48,6 +49,7 @@ from controller.core.health import (
     verdict,
 )
 from controller.core.metrics import accuracy
+from controller.core.progress import progress_of
 from controller.core.resume import RESUME_TABLE, DirClass, Next, classify
 from controller.core.types import (
     Cell,
@@ -71,6 +73,7 @@ from controller.core.types import (
     Submission,
     TunnelLease,
     run_tag_of,
+    walltime_seconds,
 )
 from controller.core.vocabulary import (
     Action,
@@ -119,7 +122,11 @@ class Policy(Frozen):
     track: bool = Field(False, description="log to the tracker (MLflow); Completed needs its read-back")
     min_completed_fraction: float = 0.5
     max_infra_error_fraction: float | None = None
-    overlong: timedelta | None = None
+    overlong: timedelta | Literal["walltime"] = Field(
+        "walltime", description="a run longer than this is overlong (walltime: than one job of its cell may run)")
+    walltime: timedelta = Field(timedelta(hours=24), description="the cluster's timeLimit (a cell may ask more)")
+    hold_overlong: bool = Field(False, description="upload.overlong hold: an overlong run waits for forceUpload; "
+                                                   "otherwise it is uploaded with is_overlong true")
     force_upload: bool = Field(False, description="the gates' holds are released by a human")
     max_submissions_per_pass: int = 6
     max_live_jobs: int = Field(50, description="the cluster's ceiling on our queued + running jobs (the caller's "
@@ -641,12 +648,19 @@ class _CellRules:
         if self._needs_tracking(row, facts):
             assert facts is not None
             reason = self._not_verified()
-            upload = Upload(facts=facts, row_id=row.id, reason=f"{reason}: log and read back",
-                            gpu_hours=self._attempt_hours(facts.run_tag))
+            upload = self._upload_action(facts, row.id, f"{reason}: log and read back")
             return self._result(Phase.EVALUATED, [self._analyze(facts), upload], reason, Rule.VERIFY_UPLOAD,
                                 facts=facts, score=score)
-        return self._result(Phase.COMPLETED, [Skip(reason="job finished")], "job finished", rule, facts=facts,
-                            score=score)
+        reason = f"job finished{self._flag_note(row, facts)}"
+        return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts, score=score)
+
+    def _flag_note(self, row: ObservedRow, facts: RunDirFacts | None) -> str:
+        """What a finished row's is_overlong says, and whether our run's dir disagrees. Shown, never rewritten:
+        a Finished row is history (perhaps the old listener's, under our name), not ours to re-upload."""
+        if row.is_overlong:
+            return "; its row is flagged is_overlong"
+        overlong = self._overlong(facts) if facts is not None and row.username == self.policy.username else None
+        return "" if overlong is None else f"; {overlong}, but its row is not flagged is_overlong"
 
     def _needs_tracking(self, row: ObservedRow, facts: RunDirFacts | None) -> bool:
         """Our finished run whose MLflow run has not been read back yet. Other users' rows are theirs to log."""
@@ -761,17 +775,24 @@ class _CellRules:
             return self._result(Phase.FAILED, [Hold(reason=reason)], reason, Rule.UPLOAD_GATE, facts=facts)
         if not self.policy.upload_db:
             return self._without_db_upload(facts, rule)
-        upload = Upload(facts=facts, row_id=row_id, reason=f"{verdict.reason} ({_progress(facts)}): upload metrics",
-                        gpu_hours=self._attempt_hours(facts.run_tag))
-        return self._result(Phase.EVALUATED, [self._analyze(facts), upload], f"{verdict.reason}: analyze and upload",
-                            rule, facts=facts)
+        upload = self._upload_action(facts, row_id, f"{verdict.reason} ({_progress(facts)}): upload metrics")
+        reason = f"{verdict.reason}: analyze and upload{_flagged(self._overlong(facts))}"
+        return self._result(Phase.EVALUATED, [self._analyze(facts), upload], reason, rule, facts=facts)
+
+    def _upload_action(self, facts: RunDirFacts, row_id: str | None, reason: str) -> Upload:
+        """Every upload of a run carries the same flag, so a re-upload (to verify MLflow) never clears it."""
+        overlong = self._overlong(facts)
+        return Upload(facts=facts, row_id=row_id, is_overlong=overlong is not None,
+                      reason=reason + _flagged(overlong), gpu_hours=self._attempt_hours(facts.run_tag))
 
     def _without_db_upload(self, facts: RunDirFacts, rule: Rule) -> CellPlan:
-        """upload.db off: done once the report is written, or, with MLflow on, once its run reads back."""
+        """upload.db off: done once the report is written, or, with MLflow on, once its run reads back. That is
+        where its result went, so a Completed cell shows the score of its finished run dir."""
         tag = facts.run_tag
         if self.policy.track and self.memory.tracked_run_tag == tag:
             reason = f"MLflow run {tag} read back as logged; upload.db is off"
-            return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts)
+            return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts,
+                                score=accuracy(facts))
         if self.policy.track:
             reason = self._not_verified()
             track = Track(facts=facts, reason=f"{reason}: log and read back (upload.db is off)",
@@ -780,7 +801,8 @@ class _CellRules:
                                 facts=facts)
         if self.memory.analyzed_run_tag == tag:
             reason = f"post-eval report written for {tag}; upload.db and upload.mlflow are off"
-            return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts)
+            return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts,
+                                score=accuracy(facts))
         return self._result(Phase.EVALUATED, [self._analyze(facts)],
                             "trials done; upload.db is off: post-eval report only", rule, facts=facts)
 
@@ -797,12 +819,22 @@ class _CellRules:
             if infra > policy.max_infra_error_fraction:
                 held.append(f"{facts.n_infra_errors} infra errors in {facts.n_completed} completed ({infra:.0%}), above "
                             f"maxInfraErrorFraction {policy.max_infra_error_fraction:g}")
-        end = facts.finished_at or facts.last_progress_at
-        if policy.overlong is not None and facts.started_at is not None and end is not None \
-                and end - facts.started_at > policy.overlong:
-            held.append(f"ran {_minutes(end - facts.started_at)}, longer than overlongHours "
-                        f"{policy.overlong.total_seconds() / 3600:g} (is_overlong)")
+        if policy.hold_overlong and (overlong := self._overlong(facts)):
+            held.append(f"{overlong} (is_overlong; upload.overlong: hold)")
         return held
+
+    def _overlong(self, facts: RunDirFacts) -> str | None:
+        """How a run took longer than upload.overlongHours, from its started_at (the first fire's: Harbor keeps it
+        on a resume) to its end; None if not."""
+        limit, end = self.policy.overlong, facts.finished_at or facts.last_progress_at
+        if limit == "walltime":
+            limit = timedelta(seconds=walltime_seconds(self.cell.time_limit)) if self.cell.time_limit \
+                else self.policy.walltime
+        if facts.started_at is None or end is None or end - facts.started_at <= limit:
+            return None
+        what = "one job's walltime" if self.policy.overlong == "walltime" else "overlongHours"
+        return f"ran {(end - facts.started_at).total_seconds() / 3600:.3g} h, longer than {what} " \
+               f"{limit.total_seconds() / 3600:g}"
 
     # ------------------------------------------------------------------ helpers
 
@@ -881,12 +913,12 @@ class _CellRules:
         remember: CellMemory | None = None,
         health: tuple[HealthState, str] | None = None,
     ) -> CellPlan:
-        """`remember`: the memory after this pass, written only if it differs from what was observed."""
-        if score is None and facts is not None:
-            score = accuracy(facts)
+        """`remember`: the memory after this pass, written only if it differs from what was observed. `score`: only
+        what an uploaded row holds, never one computed from a run dir (a running cell has no score)."""
         state, note = health if health is not None else (None, "")
         return CellPlan(cell=self.cell, phase=phase, actions=tuple(actions), reason=reason, rule=rule,
                         row_updates=(*self.adoptions, *(updates or ())), run_dir=facts, score=score,
+                        progress=progress_of(facts, self.now, running=phase == Phase.RUNNING),
                         memory=self.memory, remember=remember if remember != self.memory else None,
                         health=state, health_note=note, gpu_hours=self.gpu_hours)
 
@@ -982,6 +1014,11 @@ def _last_job_note(jobs: Sequence[ObservedJob] | None) -> str:
 
 def _minutes(delta: timedelta) -> str:
     return f"{delta.total_seconds() / 60:.0f} min"
+
+
+def _flagged(overlong: str | None) -> str:
+    """What a reason adds for an overlong run that is uploaded: the flag is never silent."""
+    return "" if overlong is None else f"; flagged is_overlong: {overlong}"
 
 
 def _when(moment: datetime | None) -> str:

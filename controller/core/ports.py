@@ -8,7 +8,7 @@ submission protocol's find-first step is what keeps it from running twice.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -16,6 +16,7 @@ from pydantic import Field
 
 from controller.core.gpu_hours import AttemptCost
 from controller.core.intake import RegisteredModel, Selection
+from controller.core.notify import Fact, Notification, NotifyEvent
 from controller.core.types import (
     CellMemory,
     CellOwner,
@@ -138,6 +139,7 @@ class ResultUpload(Frozen):
     stats: dict[str, Any]
     n_trials: int
     ended_at: datetime
+    is_overlong: bool = Field(False, description="the run took longer than upload.overlongHours")
 
 
 class ResultsDB(Protocol):
@@ -181,9 +183,10 @@ class ResultsDB(Protocol):
         ...
 
     def upload_result(self, row_id: str, result: ResultUpload, *, owner: str) -> bool:
-        """Mark `owner`'s row Finished with metrics (a LIST of {name, value}).
+        """Mark `owner`'s row Finished with metrics (a LIST of {name, value}) and `is_overlong`.
 
-        Exactly once: a row already Finished with the same metrics is left untouched (returns False).
+        Exactly once: a row already Finished with the same metrics and the same `is_overlong` (null reads as
+        false) is left untouched (returns False).
         """
         ...
 
@@ -258,6 +261,35 @@ class ControllerState(Protocol):
 
     def release_tunnel(self, pair: str, holder: str) -> None:
         """Give a pair back; only the holder's lease is dropped, twice is a no-op."""
+        ...
+
+    # Notifications: an outbox. A pass records its transitions and their messages in one transaction; a sender
+    # claims one message at a time (compare-and-set), delivers it, and marks it. Nothing here talks HTTP.
+
+    def record_transitions(self, evalrun: EvalRunRef, facts: Sequence[Fact],
+                           webhooks: Mapping[NotifyEvent, Sequence[str]]) -> tuple[Notification, ...]:
+        """In one transaction, serialized per EvalRun: compare `facts` with the recorded episodes
+        (`core.notify.transitions`), write the changed ones and queue one pending message per new episode and webhook
+        that wants its event (a message queued before is left as it is). Returns the EvalRun's undelivered messages
+        afterwards (pending and given up), oldest first."""
+        ...
+
+    def read_notifications(self, evalrun: EvalRunRef) -> tuple[Notification, ...]:
+        """The EvalRun's undelivered messages (pending and given up), oldest first. One statement; a store made before
+        notifications has none."""
+        ...
+
+    def claim_notification(self, notification_id: str, holder: str, claim_s: float, *,
+                           take_from: str | None = None) -> bool:
+        """Make `holder` the only sender of a pending message that is due (its back-off passed, by the store's clock)
+        and unclaimed, its own, claimed longer than its claim ago, or claimed by `take_from` (a sender known dead).
+        One conditional write: two senders never both hold it."""
+        ...
+
+    def finish_notification(self, notification_id: str, holder: str, *, delivered: bool, error: str = "",
+                            retry_in_s: float | None = None) -> None:
+        """Record the attempt `holder` made (only while it holds the claim) and drop the claim: delivered; or failed
+        with `error`, due again `retry_in_s` seconds from now, or given up when that is None."""
         ...
 
     def close(self) -> None: ...

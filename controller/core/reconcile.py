@@ -19,10 +19,11 @@ from typing import TypeVar
 
 from pydantic import Field
 
-from controller.core.actor import Actor
+from controller.core.actor import Actor, kill_point
 from controller.core.gpu_hours import estimates
 from controller.core.intake import Selection
 from controller.core.match import join_cells
+from controller.core.notify import DeliveryState, NotifyEvent, facts, undelivered_note
 from controller.core.planner import OVER_BUDGET, Policy, launch_of, plan, plan_deletion
 from controller.core.ports import (
     JobsDirMissing,
@@ -32,6 +33,7 @@ from controller.core.ports import (
     Scheduler,
     StoreSnapshot,
     StoreUnavailable,
+    WriteRefused,
 )
 from controller.core.status import RunStatus, summarize
 from controller.core.store import CELL_OWNER_TTL, Store
@@ -65,6 +67,8 @@ class RunTarget(Frozen):
     selections: tuple[Selection, ...] = Field((), description="the models its modelSelector took (cells included)")
     intake: str = Field("", description="what its modelSelector did this pass, in words")
     unknown: str = Field("", description="why this pass cannot know its cells (its selections could not be read)")
+    notify: dict[NotifyEvent, tuple[str, ...]] = Field(default_factory=dict, description="event → the webhooks told "
+                                                                                         "of it (spec.notify)")
 
 
 class PassResult(Frozen):
@@ -217,12 +221,35 @@ def _target_pass(target: RunTarget, store: Store, ports: ClusterPorts, view: Clu
         the_plan = the_plan.model_copy(update={"selections": target.selections, "intake": target.intake})
         view.spend(the_plan)
         outcomes = tuple(ports.actor_for(target).act(the_plan)) if acting.granted else ()
+        the_plan = _with_notifications(target, store, the_plan, outcomes, acting.granted)
     finally:
         if acting.granted:
             _release(store, lease, holder)
     return PassResult(evalrun=target.evalrun, plan=the_plan, outcomes=outcomes, acted=acting.granted,
                       status=summarize(the_plan, outcomes, target.generation), note=acting.note,
                       blocked=acting.blocked)
+
+
+def _with_notifications(target: RunTarget, store: Store, the_plan: Plan, outcomes: Sequence[Outcome],
+                        acting: bool) -> Plan:
+    """An acting pass records its transitions and queues their messages while it holds the EvalRun's lease, so
+    passes record in the order they observed; every pass reads what is still undelivered, for status. Sending is
+    not the pass's: the entry layer's notifier does it. A store that refuses costs this pass's note, never the pass:
+    a transition that still holds is recorded by the next one."""
+    if not target.notify:
+        return the_plan
+    try:
+        if acting:
+            found = facts(the_plan, summarize(the_plan, outcomes, target.generation))
+            undelivered = store.state.record_transitions(target.evalrun, found, target.notify)
+            if any(n.state == DeliveryState.PENDING and not n.attempts and n.claimed_by is None for n in undelivered):
+                kill_point("notify-recorded")  # fault injection: queued, and no sender has it yet
+        else:
+            undelivered = store.state.read_notifications(target.evalrun)
+    except (StoreUnavailable, ObservationError, WriteRefused) as exc:
+        log.warning("notifications not recorded", extra={"evalrun": str(target.evalrun), "error": str(exc)})
+        return the_plan.model_copy(update={"notifications": f"notifications not recorded this pass: {exc}"})
+    return the_plan.model_copy(update={"notifications": undelivered_note(undelivered)})
 
 
 def own_run_dir(stems: frozenset[str], run_tag: str) -> bool:

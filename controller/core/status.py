@@ -72,6 +72,7 @@ class RunStatus(Frozen):
     selected: int = Field(0, description="models its modelSelector took, cells included in `total`")
     selection: str = Field("", description="what its modelSelector did in the last pass")
     gpu_hours: GpuSummary = GpuSummary()
+    notifications: str = Field("", description="its webhook messages not delivered (yet), in words")
 
     @property
     def done(self) -> int:
@@ -115,6 +116,7 @@ def summarize(plan: Plan, outcomes: Sequence[Outcome] = (), generation: int | No
         selected=len(plan.selections),
         selection=plan.intake,
         gpu_hours=gpu_summary(plan),
+        notifications=plan.notifications,
     )
 
 

@@ -83,6 +83,28 @@ class EnvironmentOverrides(Frozen):
     override_storage_mb: int | None = None
 
 
+class Serving(Frozen):
+    """How vLLM serves a cell's model for its harness's serving pattern (REFERENCE §10): the registry entry's
+    settings for every pattern, then the pattern's own. Unset = the job script's default (no flag)."""
+
+    pattern: str | None = Field(None, description="the harness's serving pattern (harnesses.yaml)")
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    chat_template: str | None = None
+    extra_args: str | None = Field(None, description="more vLLM flags, shell-quoted (the job splits them as xargs)")
+    trust_remote_code: bool = False
+    swap_space: int | None = Field(None, description="GiB of CPU swap per GPU (--swap-space)")
+    enforce_eager: bool = False
+    max_retries: int | None = Field(None, description="health checks the job makes before it gives up on vLLM")
+
+    def fingerprinted(self) -> dict[str, str]:
+        """The settings that change what the agent sees (a parser on terminus-2 is a silent 0%), set ones only:
+        a cell without them keeps the identity it had before serving was resolved."""
+        chosen = {"tool_call_parser": self.tool_call_parser, "reasoning_parser": self.reasoning_parser,
+                  "chat_template": self.chat_template}
+        return {name: value for name, value in chosen.items() if value is not None}
+
+
 class Cell(Frozen):
     """One (model, benchmark) of an EvalRun with every parameter resolved. Its identities are computed once (a pass
     over 10,000 cells asked for keys 110,000 times)."""
@@ -105,6 +127,10 @@ class Cell(Frozen):
     data_parallel_size: int | None = None
     max_model_len: int | None = None
     max_output_tokens: int | None = None
+    serving: Serving = Serving()
+    config_yaml: str | None = Field(None, description="EVAL_CONFIG_YAML: the harness's scaffold config, else the "
+                                                      "preset's (a bare file name the job script looks up)")
+    time_limit: str | None = Field(None, description="walltime of its jobs; None: the cluster's timeLimit")
     needs_pinggy: bool = False
     calls_model: bool = Field(True, description="its agent calls a model (not Harbor's oracle or nop): a trial that "
                                                 "raised without a token may be an instant failure")
@@ -250,6 +276,7 @@ class ObservedRow(Frozen):
     ended_at: datetime | None = None
     slurm_job_id: str | None = None
     metrics: tuple[Metric, ...] | None = None
+    is_overlong: bool | None = Field(None, description="flagged as having run past upload.overlongHours")
 
     @property
     def has_metrics(self) -> bool:

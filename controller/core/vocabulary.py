@@ -16,6 +16,7 @@ from pydantic import Field
 
 from controller.core.gpu_hours import GpuBudget, GpuEstimate
 from controller.core.intake import Selection
+from controller.core.progress import Progress
 from controller.core.types import (
     Cell,
     CellMemory,
@@ -122,7 +123,7 @@ class Rule(StrEnum):
     REFIRES_EXHAUSTED = "RefiresExhausted", "issue 16: health.maxRefires refires used → hold with the diagnosis"
     VERIFY_UPLOAD = "VerifyUpload", "REFERENCE §5: verify, don't trust exit codes → Completed only once read back"
     UPLOAD_GATE = ("UploadGate", "DECISIONS: upload gates (minCompletedFraction, maxInfraErrorFraction, "
-                                 "overlongHours) → hold until upload.forceUpload")
+                                 "overlongHours with upload.overlong: hold) → hold until upload.forceUpload")
 
 
 # --------------------------------------------------------------------------- actions
@@ -233,6 +234,7 @@ class Upload(_Mutation):
     facts: RunDirFacts
     row_id: str | None = Field(description="our row of the run; None: an orphan dir, given a row of ours first")
     gpu_hours: float | None = Field(None, description="the attempt's actual GPU-hours: its row's stats, MLflow")
+    is_overlong: bool = Field(False, description="the run took longer than upload.overlongHours: written to its row")
 
 
 class Track(_Mutation):
@@ -308,7 +310,8 @@ class CellPlan(Frozen):
     rule: Rule = Field(description="the row of the rule tables that decided, for `evalctl explain`")
     row_updates: tuple[RowUpdate, ...] = ()
     run_dir: RunDirFacts | None = None
-    score: float | None = None
+    score: float | None = Field(None, description="the uploaded row's accuracy; None until a result is uploaded")
+    progress: Progress | None = Field(None, description="scored of expected trials and an ETA, from its run dir")
     memory: CellMemory = Field(CellMemory(), description="the cell's memory as observed this pass")
     remember: CellMemory | None = Field(None, description="the cell's memory after this pass, written before its "
                                                           "actions (None: unchanged)")
@@ -336,6 +339,7 @@ class Plan(Frozen):
         if cell.gpu_hours is not None or cell.phase in (Phase.COMPLETED, Phase.EVALUATED):
             return None
         return self.estimates.get(cell.cell.key)
+    notifications: str = Field("", description="its webhook messages not delivered (yet), in words")
 
 
 # --------------------------------------------------------------------------- what acting said

@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from importlib.metadata import PackageNotFoundError, version
@@ -31,6 +31,10 @@ from controller.core.vocabulary import Plan
 from controller.entry import render
 from controller.entry.intake import flag_query, selector_rule, targets_with_selections, unevaluated_candidates
 from controller.entry.logs import configure_logging
+from controller.entry.notify import FLUSH_S, Notifier, webhooks_of
+from controller.entry.reporting import build_report, write_report
+from controller.entry.secrets import EnvironmentSecrets
+from controller.entry.watch import Watch
 from controller.entry.wiring import cluster_ports, targets_for, utc_now
 from controller.spec.catalog import load_catalog
 from controller.spec.errors import SpecErrors
@@ -263,12 +267,16 @@ def reconcile(
 
 
 def _once(specs: SpecSet, urls: StoreURLs) -> int:
-    """One acting pass; 1 if any action failed, so cron and CI see it (the summary says which)."""
+    """One acting pass; 1 if any action failed, so cron and CI see it (the summary says which). Its messages are
+    sent before it exits (for at most FLUSH_S; the rest wait for the next run)."""
     store = _store(urls, readonly=False)
+    notifier = _notifier(urls)
     try:
         results = _pass(specs, store, act=True)
+        _notify(notifier, specs, flush=True)
     finally:
         store.close()
+        notifier.close()
     render.pass_summary(results, out)
     return 1 if any(r.blocked or any(not o.ok for o in r.outcomes) for r in results) else 0
 
@@ -278,6 +286,7 @@ def _loop(specs: SpecSet, urls: StoreURLs, interval: float, *, until_done: bool)
     pass; a pass that fails as a whole (store locked or unreachable, an I/O error) is retried with back-off and
     a freshly opened store, so a long-running reconciler outlives an outage."""
     store: Store | None = None
+    notifier = _notifier(urls)
     passes = failures = 0
     try:
         while True:
@@ -285,6 +294,7 @@ def _loop(specs: SpecSet, urls: StoreURLs, interval: float, *, until_done: bool)
             try:
                 store = store or _store(urls, readonly=False)
                 results = _pass(specs, store, act=True)
+                _notify(notifier, specs, flush=until_done and _settled(results))
             except FATAL:
                 raise
             except (OSError, RuntimeError) as exc:
@@ -305,11 +315,24 @@ def _loop(specs: SpecSet, urls: StoreURLs, interval: float, *, until_done: bool)
             time.sleep(interval)
     finally:
         _close(store)
+        notifier.close()
 
 
 def _close(store: Store | None) -> None:
     if store is not None:
         store.close()
+
+
+def _notifier(urls: StoreURLs) -> Notifier:
+    """The webhook sender, on a store of its own (its thread's); it starts only for EvalRuns with webhooks."""
+    return Notifier(lambda: _store(urls, readonly=False), process_identity(), holder_is_dead=identity_is_dead)
+
+
+def _notify(notifier: Notifier, specs: SpecSet, *, flush: bool) -> None:
+    """Wake the sender with the webhooks as they are now; with `flush`, give the last messages FLUSH_S to go."""
+    notifier.offer(webhooks_of(specs, EnvironmentSecrets()))
+    if flush and not notifier.flush(FLUSH_S):
+        _error(f"evalctl: webhook messages still unsent after {FLUSH_S:g}s; the next run sends them")
 
 
 @app.command()
@@ -318,27 +341,40 @@ def status(
     store: StoreURL = None,
     state: StateURL = None,
     output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
-    watch: Annotated[bool, typer.Option("--watch", help="Redraw every --interval seconds.")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="A live table with progress bars, redrawn every --interval "
+                                                        "seconds (on a pipe: each changed table once).")] = False,
     interval: Annotated[float | None, typer.Option(
         "--interval", min=0.5, help=f"With --watch: seconds between redraws (default {WATCH_INTERVAL_S:g}).")] = None,
     verbose: Verbose = 0,
 ) -> None:
-    """Models × benchmarks grid with each cell's phase and score."""
+    """Models × benchmarks grid: each cell's phase and uploaded score, or `Running 5/18 · ETA 14 min` until one is
+    uploaded. --watch: a live table with progress bars (on a pipe: each changed frame once)."""
     configure_logging(verbose)
     with _exits():
         _refuse((interval is not None and not watch, "--interval needs --watch"))
-        while True:
-            plans = _plans(_load(files), StoreURLs(store, state))
-            if output == Output.json:
-                print(render.status_json(plans))
-            else:
-                if watch:
-                    out.clear()
-                for p in plans:
-                    render.status_grid(p, out)
-            if not watch:
-                return
-            time.sleep(interval or WATCH_INTERVAL_S)
+        urls = StoreURLs(store, state)
+
+        def read() -> list[Plan]:
+            return _plans(_load(files), urls)
+
+        every = interval or WATCH_INTERVAL_S
+        if output == Output.json:
+            _repeat(lambda: print(render.status_json(read()), flush=True), every if watch else None)
+        elif not watch:
+            for p in read():
+                render.status_grid(p, out)
+        else:
+            with Watch(out) as live:
+                _repeat(lambda: live.show(read(), utc_now()), every)
+
+
+def _repeat(show: Callable[[], None], interval: float | None) -> None:
+    """Once (interval None), or every `interval` seconds until interrupted."""
+    while True:
+        show()
+        if interval is None:
+            return
+        time.sleep(interval)
 
 
 @app.command()
@@ -358,7 +394,7 @@ def explain(
         if not matches:
             raise UsageError(f"no cell {model} × {benchmark} in these specs")
         for cell in matches:
-            render.explain(cell, out)
+            render.explain(cell, out, utc_now())
 
 
 @app.command()
@@ -460,6 +496,29 @@ def db_check(
             render.db_findings(findings, rows_read, out)
         if findings:
             raise typer.Exit(1)
+
+
+@app.command()
+def report(
+    files: Files = [],  # noqa: B006
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the HTML file.")] = Path("report.html"),
+    store: StoreURL = None,
+    state: StateURL = None,
+    verbose: Verbose = 0,
+) -> None:
+    """Write one self-contained HTML report (scoreboard, families, every cell's detail). Read-only: a plan pass."""
+    configure_logging(verbose)
+    with _exits():
+        specs = _load(files)
+        opened = _store(StoreURLs(store, state), readonly=True)
+        try:
+            built = build_report(specs, opened, load_catalog(), utc_now())
+        finally:
+            opened.close()
+        write_report(built, output)
+        cells = sum(len(r.cells) for r in built.runs)
+        provisional = sum(1 for r in built.runs for c in r.cells if c.provisional and c.score is not None)
+        out.print(f"wrote {output}: {len(built.runs)} EvalRun(s), {cells} cell(s), {provisional} provisional")
 
 
 models_app = typer.Typer(no_args_is_help=True, help="The results DB's models, as a modelSelector chooses them.")

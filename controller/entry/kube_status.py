@@ -40,6 +40,7 @@ def status_patch(summary: RunStatus, previous: Mapping[str, Any] | None, now: da
         "lastHandledReconcileAt": requested_at,
         "modelSelector": {"selected": summary.selected, "note": summary.selection} if summary.selection else None,
         "gpuHours": _gpu_hours(summary),
+        "notifications": summary.notifications or None,  # messages not delivered (yet); null drops the key
     }
 
 

@@ -24,11 +24,13 @@ from controller.adapters.kube import GROUP, VERSION, KubeApi, load_client_config
 from controller.adapters.remote.ssh import parse_host
 from controller.entry import prometheus
 from controller.entry.kube_status import EventNote, invalid_spec_patch, not_run_patch
+from controller.entry.notify import Notifier
 from controller.entry.operator_pass import (
     OperatorConfig,
     PassReport,
     Stores,
     cluster_of,
+    operator_notifier,
     reconcile_object,
     release_object,
 )
@@ -60,6 +62,7 @@ class Memo(kopf.Memo):
     api: KubeApi
     passes: PassQueue
     stores: Stores
+    notifier: Notifier
 
 
 def build_registry(interval_s: float) -> kopf.OperatorRegistry:
@@ -74,6 +77,7 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
 
     @kopf.on.cleanup(registry=registry)
     def close_store(memo: Memo, **_: Any) -> None:
+        memo.notifier.close()
         memo.stores.close()
 
     @kopf.on.probe(registry=registry, id="passes")
@@ -121,7 +125,7 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
         try:
             with prometheus.PASS_SECONDS.time():
                 report = await _queued(memo, body, kwargs, lambda: reconcile_object(
-                    memo.api, memo.config, memo.stores, body, datetime.now(UTC)))
+                    memo.api, memo.config, memo.stores, body, datetime.now(UTC), memo.notifier))
         except PassNotRun as exc:
             report = PassReport(status=not_run_patch(str(exc), body.metadata.get("generation"), body.get("status"),
                                                      datetime.now(UTC)),
@@ -209,7 +213,8 @@ def run(config: OperatorConfig, *, namespaces: list[str], standalone: bool, live
     kopf.configure(log_format=kopf.LogFormat.JSON)
     if metrics_port is not None:
         prometheus.serve(metrics_port)
-    memo = Memo(config=config, api=KubeApi(), passes=PassQueue(), stores=Stores(config))
+    memo = Memo(config=config, api=KubeApi(), passes=PassQueue(), stores=Stores(config),
+                notifier=operator_notifier(config))
     gc.freeze()  # what is loaded by now lives as long as the process: kept out of every pass's full collections
     kopf.run(registry=build_registry(config.interval_s), memo=memo, standalone=standalone,
              peering_name=None if standalone else peering, priority=priority, liveness_endpoint=liveness,

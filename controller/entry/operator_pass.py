@@ -27,6 +27,7 @@ from controller.core.types import ClusterRef, EvalRunRef, Frozen
 from controller.core.vocabulary import Outcome
 from controller.entry.intake import targets_with_selections
 from controller.entry.kube_status import EventNote, aggregate_events, invalid_spec_patch, status_patch
+from controller.entry.notify import Notifier, webhooks_of
 from controller.entry.wiring import cluster_ports, targets_for
 from controller.spec.catalog import Catalog, load_catalog
 from controller.spec.errors import SpecErrors
@@ -94,7 +95,7 @@ class Stores:
 
 
 def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body: Mapping[str, Any],
-                     now: datetime) -> PassReport:
+                     now: datetime, notifier: Notifier | None = None) -> PassReport:
     meta = body.get("metadata", {})
     generation = meta.get("generation")
     previous = body.get("status")
@@ -110,9 +111,17 @@ def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body:
         [result] = reconcile_pass(targets, store,
                                   _ports(api, config, specs, store, catalog, meta["namespace"]),
                                   now, act=True, holder=config.holder, holder_is_dead=identity_is_dead)
+    if notifier is not None:  # the sender's thread delivers what the pass queued; the URLs are the namespace's
+        notifier.offer(webhooks_of(specs, KubernetesSecrets(api, meta["namespace"])))
     requested = (meta.get("annotations") or {}).get(REQUESTED_AT)
     return PassReport(status=status_patch(result.status, previous, now, requested_at=requested, note=result.note),
                       events=tuple(aggregate_events(result.outcomes)), summary=result.status, outcomes=result.outcomes)
+
+
+def operator_notifier(config: OperatorConfig) -> Notifier:
+    """The operator's webhook sender: one thread, on a store of its own."""
+    return Notifier(lambda: open_store(config.store_url, state_url=config.state_url), config.holder,
+                    holder_is_dead=identity_is_dead)
 
 
 def release_object(api: KubeApi, config: OperatorConfig, stores: Stores, body: Mapping[str, Any]) -> list[EventNote]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from rich.console import Console
@@ -12,9 +13,11 @@ from rich.table import Table
 
 from controller.core.db_check import Finding
 from controller.core.intake import Candidate
+from controller.core.progress import Progress
 from controller.core.reconcile import PassResult
 from controller.core.status import GpuSummary, RunStatus, gpu_summary, summarize
 from controller.core.vocabulary import CellPlan, Phase, Plan
+from controller.entry.humanize import value_text
 
 TABLE_CELLS_MAX = 200  # past this many cells, `plan` shows a row per decision rather than per cell
 PHASE_STYLE = {
@@ -52,6 +55,7 @@ def _cell_json(cell: CellPlan, plan: Plan) -> dict[str, Any]:
         "score": cell.score,
         "gpu_hours": cell.gpu_hours,
         "est_gpu_hours": None if estimate is None else estimate.model_dump(mode="json"),
+        "progress": None if cell.progress is None else cell.progress.model_dump(mode="json"),
     }
 
 
@@ -127,7 +131,8 @@ def _actions(cell: CellPlan) -> str:
 
 
 def status_grid(plan: Plan, console: Console) -> None:
-    """Models × benchmarks, each cell its phase and score."""
+    """Models × benchmarks, each cell its phase and its uploaded score, or its progress (`Running 5/18 · ETA 14
+    min`) until one is uploaded."""
     benchmarks = list(dict.fromkeys(c.cell.benchmark for c in plan.cells))
     models = list(dict.fromkeys(c.cell.model for c in plan.cells))
     by_key = {(c.cell.model, c.cell.benchmark): c for c in plan.cells}
@@ -145,6 +150,8 @@ def status_grid(plan: Plan, console: Console) -> None:
     for q in plan.quarantined:
         console.print(f"  quarantined {q.kind.value} {q.name} until {q.until:%Y-%m-%d %H:%M} UTC: {q.reason}",
                       highlight=False)
+    if plan.notifications:
+        console.print(f"  notifications: {plan.notifications}", markup=False, highlight=False)
     selections(plan, console)
 
 
@@ -162,6 +169,7 @@ def _status_json(plan: Plan, summary: RunStatus) -> dict[str, Any]:
         "cells": [_cell_json(c, plan) for c in plan.cells],
         "gpu_hours": summary.gpu_hours.model_dump(mode="json"),
         "quarantined": [q.model_dump(mode="json") for q in plan.quarantined],
+        "notifications": plan.notifications,
         **_selector_json(plan),
     }
 
@@ -185,38 +193,57 @@ def pass_summary(results: Sequence[PassResult], console: Console) -> None:
             console.print(f"  {mark} {outcome.cell}: {outcome.action}: {outcome.message}", highlight=False)
 
 
-def explain(cell: CellPlan, console: Console) -> None:
+def explain(cell: CellPlan, console: Console, now: datetime) -> None:
+    """Every value as a person reads it (humanize): no enum or datetime repr reaches the screen."""
     c = cell.cell
     console.print(f"[bold]{c.model} × {c.benchmark}[/] (EvalRun {c.evalrun})", highlight=False)
     console.print(f"  dataset {c.dataset}, agent {c.agent}, harbor config {c.harbor_config}, "
                   f"timeout ×{c.timeout_multiplier:g}, n_concurrent {c.n_concurrent}", highlight=False)
     console.print(f"  cell key {c.key}", highlight=False)
-    console.print(f"  phase:  {_phase(cell.phase)}")
+    trials = f" {progress_text(cell.progress)}" if cell.progress is not None else ""
+    console.print(f"  phase:  {_phase(cell.phase)}{trials}")
+    console.print(f"  score:  {value_text(cell.score, now)}" + ("" if cell.score is not None else " (none uploaded)"),
+                  highlight=False)
     console.print(f"  rule:   {cell.rule.citation}", highlight=False)
     console.print(f"  reason: {cell.reason}", highlight=False)
     if cell.health is not None:
-        console.print(f"  health: {cell.health.value}: {cell.health_note}", highlight=False)
+        console.print(f"  health: {cell.health_note or cell.health.value}", highlight=False)  # the note names it
     if cell.gpu_hours is not None:
         console.print(f"  GPU-hours: {cell.gpu_hours:.2f} spent (this EvalRun's jobs of the cell)", highlight=False)
     for action in cell.actions:
         console.print(f"  action: {action.render()}", highlight=False)
     for update in cell.row_updates:
-        console.print(f"  record: {update.model_dump(exclude_none=True)}", highlight=False)
-    for key, value in sorted(cell.memory.stored().items()):
-        console.print(f"  remembered {key}: {value}", highlight=False)
+        console.print(f"  record: {value_text(update, now)}", highlight=False)
+    for key, value in cell.memory:
+        if value is not None and value != ():
+            console.print(f"  remembered {key}: {value_text(value, now)}", highlight=False)
     if cell.run_dir is not None:
         d = cell.run_dir
-        console.print(f"  run dir {d.path or d.run_tag}: {d.n_completed}/{d.n_total if d.n_total is not None else '?'} "
-                      f"completed, {d.n_scored} scored, {d.n_infra_errors} infra errors, fires {d.fires}, "
-                      f"finished_at {d.finished_at}", highlight=False)
+        console.print(f"  run dir {d.path or d.run_tag}: {d.n_completed}/{value_text(d.n_total, now)} completed, "
+                      f"{d.n_scored} scored, {d.n_infra_errors} infra errors, fires {d.fires}", highlight=False)
+        for label, when in (("started", d.started_at), ("last trial", d.last_progress_at),
+                            ("finished", d.finished_at)):
+            console.print(f"    {label}: {value_text(when, now)}", highlight=False)
 
 
 def _grid_cell(cell: CellPlan | None) -> str:
     if cell is None:
         return ""
-    score = f" {cell.score:.3f}" if cell.score is not None else ""
     spent = f" · {cell.gpu_hours:.2f} GPU-h" if cell.gpu_hours is not None else ""
-    return f"{_phase(cell.phase)}{score}{spent}"
+    return f"{_phase(cell.phase)}{_score_or_progress(cell)}{spent}"
+
+
+def _score_or_progress(cell: CellPlan) -> str:
+    """` 0.417` once a score is uploaded, else ` 5/18 · ETA 14 min` from its run dir (never a score before)."""
+    if cell.score is not None:
+        return f" {cell.score:.3f}"
+    return f" {progress_text(cell.progress)}" if cell.progress is not None else ""
+
+
+def progress_text(progress: Progress) -> str:
+    total = "?" if progress.total is None else progress.total
+    eta = "" if progress.eta_minutes is None else f" · ETA {progress.eta_minutes} min"
+    return f"{progress.scored}/{total}{eta}"
 
 
 def _phase(phase: Phase) -> str:

@@ -27,18 +27,19 @@ from controller.core.actor import Actor, JobLauncher
 from controller.core.health import HealthLimits
 from controller.core.job_env import JobSecrets, JobSettings
 from controller.core.metrics import RunMetrics
+from controller.core.notify import NotifyEvent
 from controller.core.planner import Policy
 from controller.core.ports import ObservationError, Scheduler, StoreUnavailable, TrackedRun, Tracker, TrackerRecord
 from controller.core.reconcile import ClusterPorts, RunTarget
 from controller.core.store import Store
 from controller.core.tracking import Analysis
-from controller.core.types import ClusterRef, EvalRunRef, RunDirFacts
+from controller.core.types import ClusterRef, EvalRunRef, RunDirFacts, walltime_seconds
 from controller.core.vocabulary import Launch
 from controller.entry.secrets import EnvironmentSecrets, SecretSource
 from controller.spec.catalog import Catalog
 from controller.spec.loader import LoadedCluster, LoadedRun, SpecSet
 from controller.spec.models import SecretRef
-from controller.spec.resolve import resolution_notes, resolve
+from controller.spec.resolve import resolution_notes, resolve, walltime_warnings
 
 if TYPE_CHECKING:
     from controller.adapters.remote.ssh import SshIdentity
@@ -78,7 +79,9 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog) -> Poli
         track=spec.upload.mlflow,
         min_completed_fraction=spec.upload.min_completed_fraction,
         max_infra_error_fraction=spec.upload.max_infra_error_fraction,
-        overlong=None if spec.upload.overlong_hours is None else timedelta(hours=spec.upload.overlong_hours),
+        overlong="walltime" if spec.upload.overlong_hours is None else timedelta(hours=spec.upload.overlong_hours),
+        walltime=timedelta(seconds=walltime_seconds(cspec.time_limit)),
+        hold_overlong=spec.upload.overlong == "hold",
         force_upload=spec.upload.force_upload,
         max_submissions_per_pass=cspec.max_submissions_per_pass,
         max_live_jobs=cspec.max_live_jobs,
@@ -110,9 +113,19 @@ def targets_for(specs: SpecSet, catalog: Catalog) -> list[RunTarget]:
         cells = resolve(run.run, cluster.cluster, catalog)
         for note in resolution_notes(run.run, cluster.cluster, catalog):  # REFERENCE §6: a size-rule fallback is said
             log.info("resolved with a fallback", extra={"evalrun": str(run.ref), "note": note})
+        for warning in walltime_warnings(run.run, cluster.cluster, catalog):
+            log.warning("walltime clamped", extra={"evalrun": str(run.ref), "note": warning})
         targets.append(RunTarget(evalrun=run.ref, cluster=cluster.ref, cells=tuple(cells),
-                                 policy=policy_for(run, cluster, catalog), generation=run.run.metadata.generation))
+                                 policy=policy_for(run, cluster, catalog), generation=run.run.metadata.generation,
+                                 notify=notify_routes(run)))
     return targets
+
+
+def notify_routes(run: LoadedRun) -> dict[NotifyEvent, tuple[str, ...]]:
+    """Which of the EvalRun's webhooks are told of each event (none: it records no transitions)."""
+    hooks = run.run.spec.notify.webhooks
+    return {event: names for event in NotifyEvent
+            if (names := tuple(hook.name for hook in hooks if event.value in hook.events))}
 
 
 def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog, secrets: SecretSource | None = None, *,

@@ -10,18 +10,27 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from controller.core.gpu_hours import SizeBands, size_in_billions
 from controller.core.trial_errors import ErrorClasses
-from controller.core.types import FailureMode
+from controller.core.types import FailureMode, Serving
 from controller.spec.diagnose import validate
 from controller.spec.errors import SpecError, SpecErrors
-from controller.spec.models import FAILURE_MODES_MAX, FailureModeSpec, PositiveInt, entry_error
-from controller.spec.yamldoc import read_documents
+from controller.spec.models import (
+    FAILURE_MODES_MAX,
+    FailureModeSpec,
+    PathText,
+    PositiveInt,
+    Short,
+    Walltime,
+    entry_error,
+)
+from controller.spec.yamldoc import Document, Loc, read_documents
 
 SHIPPED_DIR = Path(__file__).parent / "catalog"
 CATALOG_DIR_ENV = "EVALCTL_CATALOG_DIR"
@@ -33,15 +42,35 @@ class CatalogModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _bare_file_name(value: str) -> str:
+    """The job script looks a config name up in its configs dir (OT-Agent's sbatch prepends ${DCFT}/eval/configs/):
+    a path there is doubled, and Harbor's config is not found after vLLM has warmed up (seed 003 §7)."""
+    if "/" in value or "\\" in value or value in (".", ".."):
+        raise ValueError("must be a bare file name (e.g. dcagent_eval_config_no_override.yaml), not a path: the job "
+                         "script prepends its configs dir, so a path is doubled and Harbor's config is not found "
+                         "after vLLM's warm-up; keep only the file name and put the file in that dir")
+    return value
+
+
+BareFileName = Annotated[str, Field(min_length=1, max_length=255), AfterValidator(_bare_file_name)]
+
+
 # --------------------------------------------------------------------------- presets.yaml
 
 
 class Preset(CatalogModel):
-    """A named benchmark; `tasks` × the run's nAttempts = expected trials (None: unknown)."""
+    """A named benchmark; `tasks` × the run's nAttempts = expected trials (None: unknown).
+
+    `config_yaml`: the Harbor config the preset pins (EVAL_CONFIG_YAML, layered over the size rule's harbor config),
+    unless the harness brings its scaffold config; `walltime`: its jobs' time limit when it needs more (or less)
+    than the cluster's timeLimit, at most the cluster's maxTimeLimit.
+    """
 
     dataset: str
     n_concurrent: PositiveInt
     tasks: PositiveInt | None = None
+    config_yaml: BareFileName | None = None
+    walltime: Walltime | None = None
     note: str = ""
 
 
@@ -134,6 +163,66 @@ class SizePolicy(CatalogModel):
 # --------------------------------------------------------------------------- model_registry.yaml
 
 
+# vLLM flags that have a field of their own: in extraArgs they would escape the checks (a parser on terminus-2).
+OWN_FIELD_FLAGS = {
+    "--tool-call-parser": "tool_call_parser", "--enable-auto-tool-choice": "tool_call_parser",
+    "--reasoning-parser": "reasoning_parser", "--chat-template": "chat_template",
+    "--trust-remote-code": "trust_remote_code", "--swap-space": "swap_space", "--enforce-eager": "enforce_eager",
+}
+
+
+def _vllm_flags(value: str) -> str:
+    """Shell-quoted flags the job splits as xargs does (quotes kept, nothing expanded)."""
+    if any(char in value for char in "$`\n"):
+        raise ValueError("holds '$', '`' or a newline: the job script does not expand variables or commands here; "
+                         "write the value out")
+    try:
+        words = shlex.split(value)
+    except ValueError as exc:
+        raise ValueError(f"is not shell-quoted flags ({exc}); close the quote") from None
+    for word in words:
+        flag = word.split("=", 1)[0]
+        if flag in OWN_FIELD_FLAGS:
+            raise ValueError(f"sets {flag}, which has its own field: write `{OWN_FIELD_FLAGS[flag]}` instead (validate "
+                             "checks it against the harness)")
+    return value
+
+
+VllmFlags = Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_vllm_flags)]
+
+
+class VllmServing(CatalogModel):
+    """vLLM settings of a model; unset means "not the registry's call" (the job script's default, no flag)."""
+
+    tool_call_parser: Short | None = None
+    reasoning_parser: Short | None = None
+    chat_template: PathText | None = None
+    extra_args: VllmFlags | None = None
+    trust_remote_code: bool | None = None
+    swap_space: PositiveInt | None = None
+    enforce_eager: bool | None = None
+    max_retries: PositiveInt | None = Field(None, le=1000)
+
+
+class ModelServing(VllmServing):
+    """Settings for every harness pattern, then what one pattern adds or replaces (`patterns`, by pattern name of
+    harnesses.yaml): one entry serves terminus-2 without a parser and openhands with its own, no flip-restore."""
+
+    patterns: dict[str, VllmServing] = Field(default_factory=dict)
+
+    def for_pattern(self, pattern: str | None) -> Serving:
+        settings = self.model_dump(exclude={"patterns"}, exclude_unset=True)
+        if pattern in self.patterns:
+            settings |= self.patterns[pattern].model_dump(exclude_unset=True)
+        return Serving(pattern=pattern, **{name: value for name, value in settings.items() if value is not None})
+
+    def where(self, pattern: str | None, field: str) -> Loc:
+        """Where `field` of the pattern's resolved serving was set, below `serving`."""
+        if pattern in self.patterns and field in self.patterns[pattern].model_fields_set:
+            return ("patterns", pattern, field)
+        return (field,)
+
+
 class ServeSettings(CatalogModel):
     """How one model is served and evaluated; every field optional, unset means "not the registry's call"."""
 
@@ -151,10 +240,11 @@ class ModelEntry(ServeSettings):
     """A registry entry with per-hardware-profile deltas (e.g. fewer GPUs per replica on gh200)."""
 
     variants: dict[str, ServeSettings] = Field(default_factory=dict)
+    serving: ModelServing = Field(default_factory=ModelServing)
 
     def for_profile(self, profile: str | None) -> ServeSettings:
         """The entry with the hardware profile's variant applied over it (only fields the variant sets)."""
-        settings = self.model_dump(exclude={"variants"}, exclude_unset=True)
+        settings = self.model_dump(exclude={"variants", "serving"}, exclude_unset=True)
         variant = self.variants.get(profile) if profile else None
         if variant is not None:
             settings |= variant.model_dump(exclude_unset=True)
@@ -163,20 +253,68 @@ class ModelEntry(ServeSettings):
 
 class ModelRegistry(CatalogModel):
     models: dict[str, ModelEntry] = Field(default_factory=dict)
+    _document: Document | None = PrivateAttr(None)  # the file it was read from, so checks can point at its lines
 
     def settings(self, model: str, profile: str | None) -> ServeSettings | None:
         entry = self.models.get(model)
         return entry.for_profile(profile) if entry else None
 
+    def serving(self, model: str, pattern: str | None) -> Serving:
+        entry = self.models.get(model)
+        return entry.serving.for_pattern(pattern) if entry else Serving(pattern=pattern)
+
+    def error(self, model: str, pattern: str | None, field: str, message: str) -> SpecError | None:
+        """`message` at the registry line that set `field` of the model's serving for `pattern` (None: no file)."""
+        if self._document is None:
+            return None
+        where = self.models[model].serving.where(pattern, field)
+        return self._document.error(("models", model, "serving", *where), message)
+
 
 # --------------------------------------------------------------------------- harnesses.yaml
 
 
+class ServingPattern(CatalogModel):
+    """A way of serving a model for a kind of scaffold (REFERENCE §10, patterns A-D)."""
+
+    note: str = ""
+    client_side_tool_calls: bool = Field(False, description="the agent parses tool calls out of the text itself: a "
+                                                            "vLLM tool-call parser hijacks them (a silent 0%)")
+
+
+class Harness(CatalogModel):
+    """What an EvalRun's `agent` means: its serving pattern, the Harbor agent it runs, its scaffold config."""
+
+    pattern: str
+    agent: Short | None = Field(None, description="Harbor's agent name (-a), when it is not the harness's own")
+    config_yaml: BareFileName | None = None
+
+
 class Harnesses(CatalogModel):
-    """Markers of installed-agent harnesses, the ones that need a pinggy tunnel."""
+    """Harnesses and their serving patterns; markers of installed-agent harnesses (the ones that need a pinggy
+    tunnel); agents that call no model."""
 
     installed_agent_markers: list[str]
     model_free_agents: list[str] = Field(default_factory=list)
+    patterns: dict[str, ServingPattern]
+    default_pattern: str = Field(description="the pattern of an agent that is not listed under harnesses")
+    harnesses: dict[str, Harness]
+
+    @model_validator(mode="after")
+    def _patterns_exist(self) -> Harnesses:
+        if self.default_pattern not in self.patterns:
+            raise entry_error(("default_pattern",), "unknown_pattern", "unknown pattern {name}; known: {known}",
+                              name=self.default_pattern, known=", ".join(self.patterns))
+        for name, harness in self.harnesses.items():
+            if harness.pattern not in self.patterns:
+                raise entry_error(("harnesses", name, "pattern"), "unknown_pattern",
+                                  "unknown pattern {name}; known: {known}", name=harness.pattern,
+                                  known=", ".join(self.patterns))
+        return self
+
+    def harness(self, agent: str) -> Harness:
+        """The EvalRun agent's harness; an agent not listed runs as itself with the default pattern."""
+        return self.harnesses.get(agent) or Harness(pattern=self.default_pattern)
 
     def needs_pinggy(self, agent: str, harbor_config: str) -> bool:
         """Installed-agent harnesses call the served model back over a tunnel; terminus-2 does not."""
@@ -246,6 +384,7 @@ def load_catalog() -> Catalog:
 @functools.cache
 def _load(override_dir: str | None) -> Catalog:
     parts: dict[str, CatalogModel] = {}
+    sources: dict[str, Document] = {}
     errors: list[SpecError] = []
     for filename, (field, model) in FILES.items():
         path = Path(override_dir, filename) if override_dir else None
@@ -261,7 +400,20 @@ def _load(override_dir: str | None) -> Catalog:
         if isinstance(result, list):
             errors += sorted(result)
         else:
-            parts[field] = result
+            parts[field], sources[field] = result, documents[0]
     if errors:
         raise SpecErrors(errors)
-    return Catalog.model_validate(parts)
+    catalog = Catalog.model_validate(parts)
+    catalog.models._document = sources["models"]
+    errors += _unknown_patterns(catalog, sources["models"])
+    if errors:
+        raise SpecErrors(errors)
+    return catalog
+
+
+def _unknown_patterns(catalog: Catalog, registry: Document) -> list[SpecError]:
+    """A registry pattern harnesses.yaml does not know would never apply: most likely a typo."""
+    known = catalog.harnesses.patterns
+    return [registry.error(("models", model, "serving", "patterns", name, "[key]"),
+                           f"unknown serving pattern {name}; harnesses.yaml knows {', '.join(known)}")
+            for model, entry in catalog.models.models.items() for name in entry.serving.patterns if name not in known]

@@ -258,8 +258,9 @@ def _cross_check(
             errors += _check_run(resource, document, declared, catalog)
             cluster = clusters.get(cluster_named(resource))
             if cluster is not None:
-                errors += _check_walltime(resource, document, cluster)
+                errors += _check_walltime(resource, document, cluster, catalog)
                 errors += _check_cells(resource, document, cluster, catalog)
+            errors += _check_serving(resource, document, catalog)
     errors += identity_collisions([(r, d) for r, d, _ in parsed if isinstance(r, EvalRun)], catalog)
     return errors
 
@@ -275,16 +276,42 @@ def _check_cells(run: EvalRun, document: Document, cluster: AnyCluster,
     return [document.error(("spec", "models"), message)]
 
 
-def _check_walltime(run: EvalRun, document: Document, cluster: AnyCluster) -> list[SpecError]:
+def _check_walltime(run: EvalRun, document: Document, cluster: AnyCluster, catalog: Catalog) -> list[SpecError]:
     """A pre-walltime margin as long as the walltime would cancel every job the moment it starts."""
     margin = run.spec.monitor.pre_walltime_minutes
-    limit_minutes = walltime_seconds(cluster.spec.time_limit) / 60
+    limits = [b.time_limit for b in benchmarks(run, cluster, catalog) if b.time_limit] or [cluster.spec.time_limit]
+    shortest = min(limits, key=walltime_seconds)
+    limit_minutes = walltime_seconds(shortest) / 60
     if margin < limit_minutes:
         return []
+    whose = "timeLimit" if shortest == cluster.spec.time_limit else "shortest preset walltime"
     message = (f"monitor.preWalltimeMinutes ({margin:g}) is not shorter than cluster {cluster.metadata.name}'s "
-               f"timeLimit ({cluster.spec.time_limit} = {limit_minutes:g} min): every job would be cancelled as it "
+               f"{whose} ({shortest} = {limit_minutes:g} min): every job would be cancelled as it "
                f"starts; lower preWalltimeMinutes (e.g. {max(limit_minutes // 4, 0):g}) or raise timeLimit")
     return [document.error(("spec", "monitor", "preWalltimeMinutes"), message)]
+
+
+def _check_serving(run: EvalRun, document: Document, catalog: Catalog) -> list[SpecError]:
+    """An agent that parses tool calls out of the text itself must get no vLLM tool-call parser: the parser takes
+    the JSON away from it and every trial scores 0, silently (seed 003 §4, §7). Reported at the registry line
+    that gives the parser; at the EvalRun's agent when the registry was not read from a file."""
+    harness = catalog.harnesses.harness(run.spec.agent)
+    pattern = catalog.harnesses.patterns[harness.pattern]
+    if not pattern.client_side_tool_calls or run.spec.agent in catalog.harnesses.model_free_agents:
+        return []
+    errors: list[SpecError] = []
+    for model in run.spec.models:
+        parser = catalog.models.serving(model, harness.pattern).tool_call_parser
+        if parser is None:
+            continue
+        message = (f"EvalRun {run.metadata.name}: agent {run.spec.agent} (serving pattern {harness.pattern}) parses "
+                   f"tool calls from the text itself, but {clip(model)} would be served with tool_call_parser "
+                   f"{parser}: the parser takes that JSON away and every trial scores 0; give the parser to the "
+                   f"patterns that need it (serving.patterns.<pattern>.tool_call_parser), not to "
+                   f"{harness.pattern}")
+        errors.append(catalog.models.error(model, harness.pattern, "tool_call_parser", message)
+                      or document.error(("spec", "agent"), message))
+    return errors
 
 
 def _check_run(run: EvalRun, document: Document, declared: set[ClusterRef] | None,

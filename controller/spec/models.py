@@ -59,6 +59,15 @@ WALLTIME = re.compile(r"(\d+-)?\d{1,3}:[0-5]\d:[0-5]\d|\d+")
 SSH_HOST = re.compile(r"[^\s-]\S*")  # never a leading '-': the host is in ssh's argv, where it would be an option
 
 
+def walltime_text(value: str, name: str) -> str:
+    """SLURM walltime syntax, at most TIME_LIMIT_MAX_DAYS days."""
+    if not WALLTIME.fullmatch(value):
+        raise ValueError(f'{name} {value!r} must look like HH:MM:SS, D-HH:MM:SS or minutes, e.g. "24:00:00"')
+    if walltime_seconds(value) > TIME_LIMIT_MAX_DAYS * 86_400:
+        raise ValueError(f"{name} is longer than {TIME_LIMIT_MAX_DAYS} days; write a real walltime, e.g. \"24:00:00\"")
+    return value
+
+
 def _visible(value: str) -> str:
     """Names reach argv, file names, the environment and the store: an invisible character breaks or spoofs them."""
     bad = next((char for char in value if unicodedata.category(char) in INVISIBLE), None)
@@ -116,6 +125,7 @@ Short = Annotated[str, Field(min_length=1, max_length=SHORT_MAX), AfterValidator
 PathText = Annotated[str, Field(min_length=1, max_length=PATH_MAX), AfterValidator(_visible)]
 EnvName = Annotated[str, Field(min_length=1, max_length=ENV_NAME_MAX), AfterValidator(_env_name)]
 EnvValue = Annotated[str, Field(max_length=ENV_VALUE_MAX), AfterValidator(_env_value)]
+Walltime = Annotated[str, Field(max_length=32), AfterValidator(lambda value: walltime_text(value, "walltime"))]
 # The CRD's schema refuses what _argument_safe refuses (the API server never stores it); here the loader says why.
 SAFE_SCHEMA = {"pattern": ARGUMENT_SAFE_PATTERN}
 Model = Annotated[str, Field(min_length=1, max_length=MODEL_MAX, json_schema_extra=SAFE_SCHEMA),
@@ -285,6 +295,10 @@ class EvalClusterSpec(SpecModel):
     time_limit: str = Field("24:00:00", max_length=32,
                             description=f"Walltime per job ([D-]HH:MM:SS, or minutes), at most {TIME_LIMIT_MAX_DAYS} "
                                         "days.")
+    max_time_limit: str | None = Field(None, max_length=32,
+                                       description="The longest walltime the partition allows (its MaxTime): a "
+                                                   "preset that needs more than timeLimit (swebench_full: 48 h) "
+                                                   "gets its own walltime up to this. Default: timeLimit.")
     gpus_per_job: int = Field(0, ge=0, le=1024, description="--gres gpu:N; 0 omits --gres. Local scheduler: the GPUs "
                                                              "a job is counted in GPU-hours (wall time × N).")
     hardware_profile: Short | None = Field(None, description="Selects per-model registry variants (e.g. a100-64).")
@@ -312,12 +326,25 @@ class EvalClusterSpec(SpecModel):
     @field_validator("time_limit")
     @classmethod
     def _walltime(cls, value: str) -> str:
-        if not WALLTIME.fullmatch(value):
-            raise ValueError(f'timeLimit {value!r} must look like HH:MM:SS, D-HH:MM:SS or minutes, e.g. "24:00:00"')
-        if walltime_seconds(value) > TIME_LIMIT_MAX_DAYS * 86_400:
-            raise ValueError(f"timeLimit is longer than {TIME_LIMIT_MAX_DAYS} days; "
-                             'write a real walltime, e.g. "24:00:00"')
-        return value
+        return walltime_text(value, "timeLimit")
+
+    @field_validator("max_time_limit")
+    @classmethod
+    def _max_walltime(cls, value: str | None) -> str | None:
+        return value if value is None else walltime_text(value, "maxTimeLimit")
+
+    @model_validator(mode="after")
+    def _max_is_not_shorter(self) -> EvalClusterSpec:
+        if self.max_time_limit is not None and walltime_seconds(self.max_time_limit) < walltime_seconds(
+                self.time_limit):
+            raise entry_error(("maxTimeLimit",), "max_below_default", "maxTimeLimit is shorter than timeLimit "
+                              "({time_limit}); raise it, or lower timeLimit", time_limit=self.time_limit)
+        return self
+
+    @property
+    def longest_walltime(self) -> str:
+        """The longest time limit a preset may ask for here."""
+        return self.max_time_limit or self.time_limit
 
     @model_validator(mode="after")
     def _login_node_paths_are_absolute(self) -> EvalClusterSpec:
@@ -472,8 +499,13 @@ class UploadPolicy(SpecModel):
         None, ge=0, le=1, description="Hold a run whose infra errors exceed this share of its completed trials "
                                       "(a score from too few valid trials); none: no such gate.")
     overlong_hours: float | None = Field(
-        None, gt=0, le=10_000, description="Hold a run that took longer than this (is_overlong): its trials may "
-                                           "have hit a slow provider; none: no such gate.")
+        None, gt=0, le=10_000, description="A run that took longer than this many hours, start to last result across "
+                                           "its resumes, is overlong (is_overlong; see overlong). Default: longer "
+                                           "than one job of the cell may run (the preset's walltime, else the "
+                                           "cluster's timeLimit), i.e. a run the wall cut short.")
+    overlong: Literal["upload", "hold"] = Field(
+        "upload", description="An overlong run: upload it with is_overlong true on its row, or hold it until "
+                              "forceUpload.")
     force_upload: bool = Field(False, description="Upload what the gates hold (a human looked at the numbers).")
 
 
@@ -521,6 +553,49 @@ class PinggySpec(SpecModel):
             raise entry_error(
                 (index, "name"), "duplicate", "pinggy pair {name} is listed twice", name=value[index].name
             )
+        return value
+
+
+NotifyEventName = Literal["Stalled", "Failed", "Completed", "Ready"]
+DEFAULT_NOTIFY_EVENTS: tuple[NotifyEventName, ...] = ("Stalled", "Failed", "Ready")
+WEBHOOKS_MAX = 16
+
+
+class Webhook(SpecModel):
+    """One webhook that gets a Slack-compatible JSON message (`text`, `blocks`) per transition."""
+
+    name: Name = Field(description="Names it in status, logs and the store (its URL never appears anywhere).")
+    secret_ref: SecretRef = Field(description="Where its URL lives (a Slack incoming-webhook URL is its credential); "
+                                              "CLI: EVALCTL_SECRET_<NAME>_<KEY>.")
+    events: list[NotifyEventName] = Field(
+        default_factory=lambda: list(DEFAULT_NOTIFY_EVENTS), min_length=1, max_length=4,
+        description="Which transitions it is told of: Stalled (the EvalRun's Stalled condition became True), Failed "
+                    "(a cell is held for a human), Completed (a cell's result is uploaded), Ready (every cell "
+                    "Completed). Default: Stalled, Failed, Ready.")
+
+    @field_validator("events")
+    @classmethod
+    def _unique_events(cls, value: list[NotifyEventName]) -> list[NotifyEventName]:
+        index = _first_duplicate(list(value))
+        if index is not None:
+            raise entry_error((index,), "duplicate", "event {event} is listed twice", event=value[index])
+        return value
+
+
+class NotifySpec(SpecModel):
+    """Who is told when the EvalRun's cells fail or complete: one message per transition, retried with back-off."""
+
+    webhooks: list[Webhook] = Field(default_factory=list, max_length=WEBHOOKS_MAX, description="Webhooks to post to.")
+    max_attempts: PositiveInt = Field(8, le=100, description="Tries per message (back-off doubling from 5 s, at most "
+                                                             "10 min apart); then it is given up, with a warning "
+                                                             "and a status note.")
+
+    @field_validator("webhooks")
+    @classmethod
+    def _unique_webhooks(cls, value: list[Webhook]) -> list[Webhook]:
+        index = _first_duplicate([hook.name for hook in value])
+        if index is not None:
+            raise entry_error((index, "name"), "duplicate", "webhook {name} is listed twice", name=value[index].name)
         return value
 
 
@@ -584,6 +659,13 @@ class ModelSelector(SpecModel):
                                                                   "(raise it to take more).")
 
 
+class ReportSpec(SpecModel):
+    """How `evalctl report` shows this EvalRun's results."""
+
+    trust_threshold: PositiveInt = Field(150, le=1_000_000, description="Cells with fewer scored trials are shown "
+                                                                         "as provisional (the seeds' n ≥ 150).")
+
+
 class EvalRunSpec(SpecModel):
     """What must be evaluated: models × benchmarks on one cluster, and how the reconciler treats the jobs."""
 
@@ -625,6 +707,9 @@ class EvalRunSpec(SpecModel):
     upload: UploadPolicy = Field(default_factory=UploadPolicy, description="Where results go.")
     pinggy: PinggySpec = Field(default_factory=PinggySpec, description="Tunnel pairs for installed-agent harnesses.")
     budget: BudgetPolicy = Field(default_factory=BudgetPolicy, description="What the EvalRun may spend (GPU-hours).")
+    report: ReportSpec = Field(default_factory=ReportSpec, description="How `evalctl report` shows the results.")
+    notify: NotifySpec = Field(default_factory=NotifySpec, description="Webhooks told of transitions (Stalled, "
+                                                                       "Failed, Completed, Ready).")
 
     @model_validator(mode="after")
     def _one_cluster(self) -> EvalRunSpec:

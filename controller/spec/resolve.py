@@ -3,7 +3,10 @@
 Layering, first that sets a value wins:
   harbor config, timeout multiplier: EvalRun (harborConfig / timeoutMultiplier) > model registry
     (hardware-profile variant applied) > size policy;
-  agent kwargs: EvalRun agentKwargs > model registry > none.
+  agent kwargs: EvalRun agentKwargs > model registry > none;
+  vLLM serving: the registry entry's settings for the harness's pattern > its settings for every pattern;
+  config yaml (EVAL_CONFIG_YAML): the harness's scaffold config > the preset's;
+  time limit: the preset's walltime (at most the cluster's maxTimeLimit) > the cluster's timeLimit.
 The fingerprint covers only what changes results, so moving a run to other ports, tunnels or
 paths keeps its identity (and its DB rows).
 """
@@ -15,9 +18,9 @@ import json
 from collections.abc import Iterator, Sequence
 from pathlib import PurePosixPath
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from controller.core.types import Cell, EnvironmentOverrides, EvalRunRef
+from controller.core.types import Cell, EnvironmentOverrides, EvalRunRef, Serving, walltime_seconds
 from controller.spec.catalog import Catalog, ServeSettings
 from controller.spec.models import AnyCluster, EvalRun
 
@@ -30,6 +33,14 @@ class Benchmark(BaseModel):
     name: str
     dataset: str
     n_concurrent: int
+    config_yaml: str | None = None
+    walltime: str | None = Field(None, description="the preset's walltime, as it asks for it")
+    time_limit: str | None = Field(None, description="its jobs' walltime: the preset's, at most the cluster's "
+                                                     "maximum; None: the cluster's timeLimit")
+
+    @property
+    def clamped(self) -> bool:
+        return self.walltime is not None and self.walltime != self.time_limit
 
 
 def resolve(run: EvalRun, cluster: AnyCluster, catalog: Catalog, models: Sequence[str] | None = None) -> tuple[Cell, ...]:
@@ -53,7 +64,22 @@ def resolution_notes(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tup
             notes.append(
                 f"{model}: {choice.note}: using base default {rule.harbor_config} ×{rule.timeout_multiplier:g}"
             )
+    harness = catalog.harnesses.harness(run.spec.agent)
+    for benchmark in benchmarks(run, cluster, catalog):
+        if harness.config_yaml and benchmark.config_yaml and harness.config_yaml != benchmark.config_yaml:
+            notes.append(f"{benchmark.name}: agent {run.spec.agent} runs with its scaffold config "
+                         f"{harness.config_yaml}, not the preset's {benchmark.config_yaml}")
     return tuple(notes)
+
+
+def walltime_warnings(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[str, ...]:
+    """Presets that ask for more walltime than the cluster allows: their jobs get the cluster's longest, and a job
+    the walltime ends is resumed (REFERENCE §4), so the run goes on in chunks instead of being refused."""
+    return tuple(
+        f"preset {b.name} asks for walltime {b.walltime}, more than cluster {cluster.metadata.name} allows "
+        f"(maxTimeLimit {cluster.spec.longest_walltime}): its jobs get {b.time_limit} and are resumed after the "
+        "walltime; raise maxTimeLimit if the partition allows longer"
+        for b in benchmarks(run, cluster, catalog) if b.clamped)
 
 
 def benchmarks(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[Benchmark, ...]:
@@ -73,9 +99,20 @@ def benchmarks(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[Ben
                     name=preset_name,
                     dataset=preset.dataset,
                     n_concurrent=min(preset.n_concurrent, ceiling),
+                    config_yaml=preset.config_yaml,
+                    walltime=preset.walltime,
+                    time_limit=_time_limit(preset.walltime, cluster),
                 )
             )
     return tuple(found)
+
+
+def _time_limit(walltime: str | None, cluster: AnyCluster) -> str | None:
+    """The preset's walltime, clamped to the cluster's longest (see `walltime_warnings`)."""
+    if walltime is None:
+        return None
+    longest = cluster.spec.longest_walltime
+    return walltime if walltime_seconds(walltime) <= walltime_seconds(longest) else longest
 
 
 def fingerprint(
@@ -85,9 +122,14 @@ def fingerprint(
     overrides: EnvironmentOverrides,
     agent_kwargs: tuple[str, ...],
     n_attempts: int,
+    serving: Serving | None = None,
 ) -> str:
-    """sha256 of the canonical JSON of what changes results; the harbor config counts by file name, not path."""
-    payload = {
+    """sha256 of the canonical JSON of what changes results; the harbor config counts by file name, not path.
+
+    The serving settings that change what the agent sees count only when set, so cells without them keep the
+    identity they had before serving was resolved. The config yaml is not hashed: the harness (the agent) and the
+    preset (the dataset) that choose it already are."""
+    payload: dict[str, object] = {
         "agent": agent,
         "harbor_config": PurePosixPath(harbor_config).name,
         "timeout_multiplier": float(timeout_multiplier),
@@ -95,6 +137,8 @@ def fingerprint(
         "agent_kwargs": list(agent_kwargs),
         "n_attempts": n_attempts,
     }
+    if serving is not None and serving.fingerprinted():
+        payload["serving"] = serving.fingerprinted()
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -120,7 +164,9 @@ def _cells(run: EvalRun, cluster: AnyCluster, catalog: Catalog, model: str,
     )
     evalrun = EvalRunRef(namespace=run.metadata.namespace, name=run.metadata.name)
     needs_pinggy = catalog.harnesses.needs_pinggy(spec.agent, harbor_config)
-    digest = fingerprint(spec.agent, harbor_config, multiplier, overrides, agent_kwargs, spec.n_attempts)
+    harness = catalog.harnesses.harness(spec.agent)
+    serving = catalog.models.serving(model, harness.pattern)
+    digest = fingerprint(spec.agent, harbor_config, multiplier, overrides, agent_kwargs, spec.n_attempts, serving)
     for benchmark in found:
         yield Cell(
             evalrun=evalrun,
@@ -129,7 +175,7 @@ def _cells(run: EvalRun, cluster: AnyCluster, catalog: Catalog, model: str,
             benchmark=benchmark.name,
             dataset=benchmark.dataset,
             benchmark_name=benchmark_name(benchmark.dataset),
-            agent=spec.agent,
+            agent=harness.agent or spec.agent,
             n_concurrent=benchmark.n_concurrent,
             n_attempts=spec.n_attempts,
             harbor_config=harbor_config,
@@ -141,6 +187,9 @@ def _cells(run: EvalRun, cluster: AnyCluster, catalog: Catalog, model: str,
             data_parallel_size=settings.data_parallel_size,
             max_model_len=settings.max_model_len,
             max_output_tokens=settings.max_output_tokens,
+            serving=serving,
+            config_yaml=harness.config_yaml or benchmark.config_yaml,
+            time_limit=benchmark.time_limit,
             needs_pinggy=needs_pinggy,
             calls_model=spec.agent not in catalog.harnesses.model_free_agents,
             fingerprint=digest,

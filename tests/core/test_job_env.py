@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from controller.core.job_env import CONTRACT_NAMES, JobSecrets, JobSettings, is_reserved, job_environment
+from controller.core.job_env import (
+    CONTRACT_NAMES,
+    SERVING_NAMES,
+    JobSecrets,
+    JobSettings,
+    is_reserved,
+    job_environment,
+)
+from controller.core.types import Cell, Serving
 from controller.core.vocabulary import Resume, Submit
 from tests.core.builders import cell
 
@@ -60,3 +68,27 @@ def test_every_contract_name_the_builder_sets_is_reserved() -> None:
 ])
 def test_reserved_names_are_the_contracts_and_the_schedulers(name: str, reserved: bool) -> None:
     assert is_reserved(name) is reserved
+
+
+SERVED = cell(serving=Serving(pattern="tool_calls", tool_call_parser="hermes", extra_args="--seed 42",
+                              trust_remote_code=True, max_retries=30), config_yaml="dcagent_eval_config_swe_agent.yaml")
+
+
+@pytest.mark.parametrize(("served", "name", "expected"), [
+    (SERVED, "EVAL_VLLM_TOOL_CALL_PARSER", "hermes"),
+    (SERVED, "EVAL_VLLM_EXTRA_ARGS", "--seed 42"),
+    (SERVED, "EVAL_VLLM_TRUST_REMOTE_CODE", "1"),
+    (SERVED, "EVAL_VLLM_MAX_RETRIES", "30"),
+    (SERVED, "EVAL_CONFIG_YAML", "dcagent_eval_config_swe_agent.yaml"),
+    (SERVED, "EVAL_VLLM_REASONING_PARSER", None),  # unset in the recipe: no variable, so the script adds no flag
+    (SERVED, "EVAL_VLLM_ENFORCE_EAGER", None),  # a switch that is off is absent too
+    (C, "EVAL_VLLM_TOOL_CALL_PARSER", None),
+    (C, "EVAL_CONFIG_YAML", None),
+])
+def test_the_serving_recipe_reaches_the_job(served: Cell, name: str, expected: str | None) -> None:
+    env = job_environment(served, SUBMIT, "row-7", SETTINGS, JobSecrets())
+    assert env.get(name) == expected
+
+
+def test_a_cluster_cannot_set_a_serving_variable() -> None:
+    assert all(is_reserved(name) for name in SERVING_NAMES)

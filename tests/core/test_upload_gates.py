@@ -1,5 +1,6 @@
 """Upload gates: a run whose numbers should not reach the leaderboard unreviewed is held with the numbers in
-the reason, and `upload.forceUpload` releases it (never a run with nothing completed)."""
+the reason, and `upload.forceUpload` releases it (never a run with nothing completed). An overlong run is
+uploaded with `is_overlong` on its row (`upload.overlong: upload`, the default) or held (`hold`)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from datetime import timedelta
 
 import pytest
 
-from controller.core.planner import plan_cell
+from controller.core.planner import Policy, plan_cell
 from controller.core.types import CellMemory, JobState
-from controller.core.vocabulary import Phase
-from tests.core.builders import NOW, POLICY, ago, cell, facts, job, obs, row, sub
+from controller.core.vocabulary import CellPlan, Phase, Upload
+from tests.core.builders import ME, NOW, POLICY, SCORED, ago, cell, facts, job, obs, row, sub
 
 C = cell()
 TAG = C.run_tag(1)
@@ -22,12 +23,13 @@ def finished_run(**changes: object):
                jobs=(job(TAG, JobState.COMPLETED, started=ago(hours=5), ended=ago(hours=2)),), dirs=(dir_,))
 
 
-GATES = POLICY.model_copy(update={"max_infra_error_fraction": 0.2, "overlong": timedelta(hours=24)})
+GATES = POLICY.model_copy(update={"max_infra_error_fraction": 0.2, "overlong": timedelta(hours=24),
+                                  "hold_overlong": True})
 
 
 @pytest.mark.parametrize(("changes", "says"), [
     ({"n_infra_errors": 30, "n_scored": 70}, "30 infra errors in 100 completed (30%), above maxInfraErrorFraction 0.2"),
-    ({"started_at": ago(hours=30)}, "longer than overlongHours 24 (is_overlong)"),
+    ({"started_at": ago(hours=30)}, "ran 28 h, longer than overlongHours 24 (is_overlong; upload.overlong: hold)"),
 ])
 def test_a_run_past_a_gate_is_held_with_its_numbers(changes: dict, says: str) -> None:
     decided = plan_cell(C, finished_run(**changes), GATES.model_copy(update={"infra_error_threshold": 50}), NOW)
@@ -42,6 +44,96 @@ def test_force_upload_releases_a_held_run() -> None:
     decided = plan_cell(C, finished_run(n_infra_errors=30, n_scored=70), forced, NOW)
 
     assert decided.phase == Phase.EVALUATED and [a.kind.value for a in decided.actions] == ["analyze", "upload"]
+
+
+def test_force_upload_releases_a_held_overlong_run_flagged() -> None:
+    forced = GATES.model_copy(update={"force_upload": True})
+
+    decided = plan_cell(C, finished_run(started_at=ago(hours=30)), forced, NOW)
+
+    assert decided.phase == Phase.EVALUATED and _uploads(decided) == [True]
+
+
+def _uploads(decided: CellPlan) -> list[bool]:
+    """The is_overlong of each upload the cell plans."""
+    return [a.is_overlong for a in decided.actions if isinstance(a, Upload)]
+
+
+FLAGGING = POLICY.model_copy(update={"overlong": timedelta(hours=24)})  # upload.overlong: upload, the default
+
+
+def test_an_overlong_run_is_uploaded_flagged_and_says_so() -> None:
+    decided = plan_cell(C, finished_run(started_at=ago(hours=30)), FLAGGING, NOW)
+
+    assert decided.phase == Phase.EVALUATED and [a.kind.value for a in decided.actions] == ["analyze", "upload"]
+    assert _uploads(decided) == [True]
+    assert "flagged is_overlong: ran 28 h, longer than overlongHours 24" in decided.reason
+    assert "flagged is_overlong" in decided.actions[1].reason
+
+
+@pytest.mark.parametrize(("policy", "started_hours_ago"), [
+    (FLAGGING, 25.9),  # ran 23.9 h: below the threshold
+    (FLAGGING, 26),  # exactly 24 h is not longer than 24 h
+    (FLAGGING.model_copy(update={"overlong": timedelta(hours=10_000)}), 24 * 30),  # a threshold no run reaches
+])
+def test_a_run_within_overlong_hours_is_uploaded_unflagged(policy: Policy, started_hours_ago: float) -> None:
+    decided = plan_cell(C, finished_run(started_at=ago(hours=started_hours_ago)), policy, NOW)
+
+    assert _uploads(decided) == [False] and "is_overlong" not in decided.reason
+
+
+def test_by_default_a_run_is_overlong_when_it_outlasted_one_job_of_its_cell() -> None:
+    """The cluster's timeLimit, or the cell's own (a preset's walltime): a run the wall cut short, as the lab's
+    `upload_overlong_jobs.py` flagged the runs its 24 h wall had killed."""
+    assert Policy(username="bob").overlong == "walltime" and not Policy(username="bob").hold_overlong
+    default = POLICY.model_copy(update={"walltime": timedelta(hours=10)})
+    run = finished_run(started_at=ago(hours=13))  # ran 11 h
+    assert _uploads(plan_cell(C, run, default, NOW)) == [True]
+    assert "longer than one job's walltime 10" in plan_cell(C, run, default, NOW).reason
+    long_preset = C.model_copy(update={"time_limit": "2-00:00:00"})
+    assert _uploads(plan_cell(long_preset, run, default, NOW)) == [False], "its jobs may run 48 h"
+
+
+def test_an_unfinished_run_is_measured_to_its_last_progress() -> None:
+    decided = plan_cell(C, finished_run(started_at=ago(hours=40), finished_at=None, last_progress_at=ago(hours=3)),
+                        FLAGGING.model_copy(update={"max_total_fires": 1}), NOW)
+
+    assert _uploads(decided) == [True] and "ran 37 h" in decided.reason
+
+
+def test_the_mlflow_re_upload_keeps_the_flag() -> None:
+    """A Finished row re-uploaded to reach MLflow must not write is_overlong back to false."""
+    tracked = FLAGGING.model_copy(update={"track": True})
+    dir_ = facts(TAG, total=100, completed=100).model_copy(update={"started_at": ago(hours=30)})
+    finished = obs(subs=(sub(C),), rows=(row("Finished", job_name=TAG, metrics=SCORED),), dirs=(dir_,))
+
+    decided = plan_cell(C, finished, tracked, NOW)
+
+    assert decided.phase == Phase.EVALUATED and _uploads(decided) == [True]
+
+
+def test_a_completed_cell_shows_its_flagged_row() -> None:
+    flagged = row("Finished", job_name=TAG, metrics=SCORED).model_copy(update={"is_overlong": True})
+    plain = row("Finished", job_name=TAG, metrics=SCORED)
+
+    shown = [plan_cell(C, obs(subs=(sub(C),), rows=(r,)), FLAGGING, NOW) for r in (flagged, plain)]
+
+    assert [d.phase for d in shown] == [Phase.COMPLETED, Phase.COMPLETED]
+    assert "flagged is_overlong" in shown[0].reason and "is_overlong" not in shown[1].reason
+
+
+@pytest.mark.parametrize(("user", "says"), [(ME, "ran 28 h, longer than overlongHours 24, but its row is not flagged"),
+                                            ("bob", None)])
+def test_an_unflagged_row_of_an_overlong_run_is_shown_never_rewritten(user: str, says: str | None) -> None:
+    """Our Finished row that lacks the flag (a store that dropped it, or written before the flag): said, not
+    re-uploaded. Another user's row is theirs to judge."""
+    dir_ = facts(TAG, total=100, completed=100).model_copy(update={"started_at": ago(hours=30)})
+    finished = obs(rows=(row("Finished", job_name=TAG, metrics=SCORED, user=user),), dirs=(dir_,))
+
+    decided = plan_cell(C, finished, FLAGGING, NOW)
+
+    assert decided.phase == Phase.COMPLETED and [a.kind.value for a in decided.actions] == ["skip"]
+    assert (says in decided.reason) if says else ("is_overlong" not in decided.reason)
 
 
 def test_within_every_gate_the_run_is_uploaded() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.fixtures.browser import render
 from tests.slurm.conftest import wait_until
 
 pytestmark = pytest.mark.slurm
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.slurm
 TINY_ACCURACY = 0.25
 
 
-def test_four_cells_converge_with_real_harbor_then_a_pass_takes_no_action(cluster, eval_env):
+def test_four_cells_converge_with_real_harbor_then_a_pass_takes_no_action(cluster, eval_env, chromium):
     models = [cluster.model(1), cluster.model(2)]
     datasets = [cluster.tiny_dataset("tinya"), cluster.tiny_dataset("tinyb")]
     cluster.write(models=models, datasets=datasets, env={"EVAL_ENV": str(eval_env)}, time_limit="10",
@@ -69,6 +70,13 @@ def test_four_cells_converge_with_real_harbor_then_a_pass_takes_no_action(cluste
     assert cluster.rows() == final_rows
     assert cluster.submissions() == subs
     assert cluster.our_queued_jobs() == []
+
+    report = cluster.root / "report.html"
+    cluster.evalctl("report", "-o", str(report))
+    shown = render(chromium, report, "report-slurm.png")
+    assert sorted(shown.cells) == sorted(f"{m}|{d}" for m in models for d in datasets)
+    assert sorted(shown.provisional) == sorted(shown.cells), "4 trials each: far below the trust threshold"
+    assert shown.console_errors == [] and len(shown.requests) == 1
 
 
 @pytest.mark.postgres

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from controller.spec.catalog import CATALOG_DIR_ENV, SHIPPED_DIR, load_catalog
+from controller.spec.catalog import CATALOG_DIR_ENV, SHIPPED_DIR, ModelServing, load_catalog
 from controller.spec.errors import SpecErrors
 
 
@@ -65,3 +66,55 @@ def test_shipped_files_are_all_there() -> None:
     names = {p.name for p in SHIPPED_DIR.glob("*.yaml")}
     assert names == {"presets.yaml", "error_classes.yaml", "size_policy.yaml", "model_registry.yaml", "harnesses.yaml",
                      "failures.yaml"}
+
+
+def test_a_config_yaml_path_is_refused_at_its_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Path doubling (seed 003 §7): the job script prepends its configs dir to the name."""
+    (tmp_path / "presets.yaml").write_text(
+        "presets:\n  bfcl:\n    dataset: DCAgent2/bfcl-parity\n    n_concurrent: 32\n"
+        "    config_yaml: /home/me/eval/configs/dcagent_eval_config_no_override.yaml\n"
+    )
+    monkeypatch.setenv(CATALOG_DIR_ENV, str(tmp_path))
+    with pytest.raises(SpecErrors) as caught:
+        load_catalog()
+    [error] = [str(e) for e in caught.value.errors]
+    assert error.startswith(f"{tmp_path / 'presets.yaml'}:5:18: presets.bfcl.config_yaml: must be a bare file name")
+    assert "doubled" in error
+
+
+@pytest.mark.parametrize(("extra_args", "message"), [
+    ("--enable-prefix-caching --tool-call-parser hermes", "sets --tool-call-parser, which has its own field: write "
+                                                          "`tool_call_parser`"),
+    ("--chat-template=${DCFT}/t.jinja", "does not expand variables"),
+    ("--override-generation-config '{\"temperature\":0.6}", "close the quote"),
+])
+def test_extra_args_cannot_smuggle_what_has_a_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    extra_args: str, message: str) -> None:
+    (tmp_path / "model_registry.yaml").write_text(
+        f"models:\n  org/m-8B:\n    serving:\n      extra_args: {json.dumps(extra_args)}\n")
+    monkeypatch.setenv(CATALOG_DIR_ENV, str(tmp_path))
+    with pytest.raises(SpecErrors) as caught:
+        load_catalog()
+    [error] = [str(e) for e in caught.value.errors]
+    assert error.startswith(f"{tmp_path / 'model_registry.yaml'}:4:19: models.org/m-8B.serving.extra_args: ")
+    assert message in error
+
+
+def test_a_registry_pattern_harnesses_do_not_know_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "model_registry.yaml").write_text(
+        "models:\n  org/m-8B:\n    serving:\n      patterns:\n        toolcalls: {tool_call_parser: hermes}\n")
+    monkeypatch.setenv(CATALOG_DIR_ENV, str(tmp_path))
+    with pytest.raises(SpecErrors) as caught:
+        load_catalog()
+    assert [str(e) for e in caught.value.errors] == [
+        f"{tmp_path / 'model_registry.yaml'}:5:9: unknown serving pattern toolcalls; harnesses.yaml knows text, sera, "
+        "tool_calls, native_coder"]
+
+
+def test_a_pattern_serving_overrides_the_entry_field_by_field() -> None:
+    serving = ModelServing.model_validate({"tool_call_parser": "hermes", "swap_space": 16,
+                                           "patterns": {"text": {"tool_call_parser": None}}})
+    assert (serving.for_pattern("text").tool_call_parser, serving.for_pattern("text").swap_space) == (None, 16)
+    assert serving.for_pattern("sera").tool_call_parser == "hermes"
+    assert serving.where("text", "tool_call_parser") == ("patterns", "text", "tool_call_parser")
+    assert serving.where("sera", "tool_call_parser") == ("tool_call_parser",)

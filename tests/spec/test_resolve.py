@@ -11,7 +11,7 @@ import pytest
 from controller.core.types import EnvironmentOverrides
 from controller.spec.catalog import Catalog, ModelEntry, ModelRegistry, load_catalog
 from controller.spec.models import EvalCluster, EvalRun
-from controller.spec.resolve import benchmark_name, fingerprint, resolution_notes, resolve
+from controller.spec.resolve import benchmark_name, fingerprint, resolution_notes, resolve, walltime_warnings
 
 CATALOG = load_catalog()
 SMALL = "laion/Qwen3-8B-sft-v3"  # not in the registry: the size rule decides
@@ -45,6 +45,7 @@ PRESET_TABLE = [
     ("dev", "DCAgent/dev_set_71_tasks", 32, 213),
     ("bfcl", "DCAgent2/bfcl-parity", 32, None),
     ("aider", "DCAgent2/aider_polyglot", 32, None),
+    ("medagentbench", "DCAgent2/medagentbench", 32, None),
     ("swebench_full", "DCAgent/swebench-verified", 32, 1500),
     ("gaia", "DCAgent/gaia_127", 32, 381),
     ("financeagent", "DCAgent2/financeagent", 16, None),
@@ -270,3 +271,74 @@ def test_fingerprint_function_is_the_cells() -> None:
     assert cell.fingerprint == fingerprint(
         cell.agent, cell.harbor_config, cell.timeout_multiplier, cell.overrides, cell.agent_kwargs, cell.n_attempts
     )
+
+
+# --------------------------------------------------------------------------- serving recipes, per-preset config
+
+
+def test_one_entry_serves_each_harness_its_own_way() -> None:
+    terminus = one(run(models=["Qwen/Qwen3-32B"]))
+    openhands = one(run(models=["Qwen/Qwen3-32B"], agent="openhands"))
+    assert (terminus.serving.pattern, terminus.serving.tool_call_parser, terminus.serving.reasoning_parser) == (
+        "text", None, None)
+    assert (openhands.serving.pattern, openhands.serving.tool_call_parser, openhands.serving.reasoning_parser) == (
+        "tool_calls", "hermes", "qwen3")
+    for cell in (terminus, openhands):  # what the entry sets for every pattern
+        assert (cell.serving.swap_space, cell.serving.trust_remote_code, cell.serving.extra_args) == (
+            32, True, "--enable-prefix-caching")
+
+
+def test_a_harness_runs_its_harbor_agent_with_its_scaffold_config() -> None:
+    cell = one(run(agent="openhands-qwen3-coder", presets=["bfcl"]))
+    assert (cell.agent, cell.serving.pattern) == ("openhands", "native_coder")
+    assert cell.config_yaml == "dcagent_eval_config_openhands_qwen3_coder.yaml", "the scaffold's, not the preset's"
+    assert cell.needs_pinggy
+    notes = resolution_notes(run(agent="openhands-qwen3-coder", presets=["bfcl"]), cluster(), CATALOG)
+    assert notes == ("bfcl: agent openhands-qwen3-coder runs with its scaffold config "
+                     "dcagent_eval_config_openhands_qwen3_coder.yaml, not the preset's "
+                     "dcagent_eval_config_no_override.yaml",)
+
+
+def test_an_unlisted_agent_runs_as_itself_with_the_default_pattern() -> None:
+    cell = one(run(models=["Qwen/Qwen3-32B"], agent="my-agent"))
+    assert (cell.agent, cell.serving.pattern, cell.serving.tool_call_parser, cell.config_yaml) == (
+        "my-agent", "text", None, None)
+
+
+@pytest.mark.parametrize("preset", ["aider", "bfcl", "medagentbench", "gaia"])
+def test_ood_presets_pin_the_no_override_config(preset: str) -> None:
+    assert one(run(presets=[preset])).config_yaml == "dcagent_eval_config_no_override.yaml"
+
+
+def test_id_presets_pin_no_config_yaml() -> None:
+    assert {c.config_yaml for c in resolve(run(presets=["id"]), cluster(), CATALOG)} == {None}
+
+
+def test_a_preset_walltime_within_the_cluster_maximum_is_the_cells() -> None:
+    roomy = cluster(timeLimit="24:00:00", maxTimeLimit="72:00:00")
+    cells = resolve(run(presets=["swebench_full", "tb2"]), roomy, CATALOG)
+    assert [c.time_limit for c in cells] == ["48:00:00", None], "tb2 keeps the cluster's timeLimit"
+    assert walltime_warnings(run(presets=["swebench_full"]), roomy, CATALOG) == ()
+
+
+def test_a_preset_walltime_over_the_cluster_maximum_is_clamped_with_a_warning() -> None:
+    evalrun = run(presets=["swebench_full"])
+    assert one(evalrun, cluster(timeLimit="24:00:00")).time_limit == "24:00:00"
+    [warning] = walltime_warnings(evalrun, cluster(timeLimit="24:00:00"), CATALOG)
+    assert warning.startswith("preset swebench_full asks for walltime 48:00:00, more than cluster hpc allows "
+                              "(maxTimeLimit 24:00:00): its jobs get 24:00:00 and are resumed")
+
+
+def test_the_parsers_are_part_of_the_fingerprint_and_the_config_yaml_is_not() -> None:
+    terminus = one(run(models=["Qwen/Qwen3-32B"]))
+    assert terminus.fingerprint == fingerprint(terminus.agent, terminus.harbor_config, terminus.timeout_multiplier,
+                                               terminus.overrides, terminus.agent_kwargs, terminus.n_attempts), \
+        "settings that do not reach the agent (swap space, prefix caching) leave the identity as it was"
+    parsed = one(run(models=["Qwen/Qwen3-32B"], agent="openhands"))
+    assert parsed.fingerprint == fingerprint("openhands", parsed.harbor_config, parsed.timeout_multiplier,
+                                             parsed.overrides, parsed.agent_kwargs, parsed.n_attempts, parsed.serving)
+    assert parsed.fingerprint != fingerprint("openhands", parsed.harbor_config, parsed.timeout_multiplier,
+                                             parsed.overrides, parsed.agent_kwargs, parsed.n_attempts)
+    bfcl = one(run(presets=["bfcl"]))
+    assert bfcl.config_yaml and bfcl.fingerprint == one(run(presets=None, datasets=["DCAgent2/bfcl-parity"])).fingerprint, \
+        "the preset (its dataset) chooses the config yaml: cells from before keep their identity"

@@ -35,10 +35,11 @@ MODEL = "laion/Qwen3-8B-sft-v3"
 BENCHMARK = "dev_set_v2"
 PASSWORD = "hunter2-very-secret"
 OWN_TABLES = {"evalrun_submissions", "evalrun_leases", "evalrun_cell_owners", "evalrun_tunnel_leases",
-              "evalrun_cell_memory", "evalrun_quarantine", "evalrun_model_selections", "evalrun_schema_migrations"}
+              "evalrun_cell_memory", "evalrun_quarantine", "evalrun_model_selections", "evalrun_notify_episodes",
+              "evalrun_notifications", "evalrun_schema_migrations"}
 QWEN = EvalRunRef(name="qwen-evals")
-SHIPPED = [(1, "controller_tables"), (2, "quarantine"), (3, "model_selections"),
-           (4, "gpu_hours")]  # (version, name) of migrations/*.sql
+# (version, name) of migrations/*.sql
+SHIPPED = [(1, "controller_tables"), (2, "quarantine"), (3, "model_selections"), (4, "gpu_hours"), (5, "notifications")]
 OT_AGENT_TABLES = {"models", "benchmarks", "sandbox_jobs"}
 RESULT = ResultUpload(metrics=(Metric(name="accuracy", value=0.42), Metric(name="accuracy_stderr", value=0.03)),
                       stats={"n_trials": 290, "n_infra_errors": 10}, n_trials=300, ended_at=T0)
@@ -131,7 +132,7 @@ def test_new_migrations_are_applied_once_each_in_version_order(pg_url: str, monk
     with opened(pg_url):
         pass
     shipped = postgres.migrations()
-    second, third = len(shipped) + 1, len(shipped) + 2
+    second, third = shipped[-1][0] + 1, shipped[-1][0] + 2
     monkeypatch.setattr(postgres, "migrations", lambda: [
         *shipped,
         (second, "second", "CREATE TABLE evalrun_test_second (x integer)"),

@@ -329,11 +329,15 @@ def _kind_label(name: str, errors: ErrorClasses) -> str:
 
 def post_eval_analysis(summary: PostEvalSummary, facts: RunDirFacts, errors: ErrorClasses) -> Analysis:
     """The report as the tracker logs it: its text, and the step statistics as metrics."""
-    steps = summary.steps
+    return Analysis(report=render(summary, facts, errors), step_stats=step_metrics(summary.steps))
+
+
+def step_metrics(steps: StepStats | None) -> dict[str, float]:
+    """Step (and token) statistics under the names MLflow logs them by; empty without trajectories."""
     stats = {} if steps is None else {"n_trajectories": float(steps.n_trajectories), "steps_mean": steps.mean,
                                       "steps_median": steps.median, "steps_max": float(steps.max)}
     if steps is not None and (tokens := steps.tokens) is not None:
         stats |= {"tokens_n_trajectories": float(tokens.n_trajectories), "tokens_prompt_mean": tokens.prompt_mean,
                   "tokens_completion_mean": tokens.completion_mean, "tokens_mean": tokens.total_mean,
                   "tokens_median": tokens.total_median, "tokens_max": float(tokens.total_max)}
-    return Analysis(report=render(summary, facts, errors), step_stats=stats)
+    return stats

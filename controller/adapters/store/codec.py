@@ -18,8 +18,21 @@ from pydantic import ValidationError
 from controller.core.gpu_hours import AttemptCost
 from controller.core.intake import RegisteredModel, Selection
 from controller.core.metrics import same_metrics
-from controller.core.ports import NamedRow, SandboxJobRow, StateSnapshot, WriteRefused
-from controller.core.types import CellMemory, CellOwner, Metric, Quarantined, Submission, TunnelLease
+from controller.core.notify import Episode, Notification, NotifyEvent
+from controller.core.ports import NamedRow, ResultUpload, SandboxJobRow, StateSnapshot, WriteRefused
+from controller.core.types import (
+    CellMemory,
+    CellOwner,
+    EvalRunRef,
+    Metric,
+    Quarantined,
+    RowStatus,
+    Submission,
+    TunnelLease,
+)
+
+# How the backends spell a boolean: Postgres and PostgREST a bool, SQLite 0/1, hand-written text either.
+_FLAGS = {"true": True, "t": True, "1": True, "false": False, "f": False, "0": False}
 
 
 def format_timestamp(value: datetime | None) -> str | None:
@@ -81,6 +94,15 @@ def parse_metrics(value: object) -> tuple[Metric, ...] | None:
     raise ValueError(f"metrics are neither a list of {{name, value}} nor a dict: {value!r}")
 
 
+def parse_flag(value: object) -> bool | None:
+    """A boolean column (`is_overlong`): null → None; a bool, 0/1 or true/false text; anything else raises."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int | str) and str(value).strip().lower() in _FLAGS:
+        return _FLAGS[str(value).strip().lower()]
+    raise ValueError(f"not a boolean: {value!r}")
+
+
 def format_metrics(metrics: Iterable[Metric]) -> str:
     """Always the list form: the leaderboard ignores a dict."""
     return json.dumps([{"name": metric.name, "value": metric.value} for metric in metrics])
@@ -94,6 +116,7 @@ def sandbox_job_row(values: dict[str, Any]) -> SandboxJobRow:
             values[column] = parse_timestamp(values.get(column))
         values["config"] = parse_config(values.get("config"))
         values["metrics"] = parse_metrics(values.get("metrics"))
+        values["is_overlong"] = parse_flag(values.get("is_overlong"))
         for column in ("id", "model_id", "benchmark_id", "slurm_job_id"):
             if values.get(column) is not None:
                 values[column] = str(values[column])
@@ -169,6 +192,25 @@ def model_selections(records: Iterable[Mapping[str, Any]]) -> tuple[Selection, .
         raise ValueError(_first_line(error)) from None
 
 
+def notifications(records: Iterable[Mapping[str, Any]]) -> tuple[Notification, ...]:
+    """Raises ValueError on a record that does not decode: the caller fails the read closed."""
+    try:
+        return tuple(Notification(**{**r, "evalrun": EvalRunRef.parse(r["evalrun"]),
+                                     "created_at": parse_timestamp(r["created_at"])}) for r in records)
+    except ValidationError as error:
+        raise ValueError(_first_line(error)) from None
+
+
+def episodes(records: Iterable[Mapping[str, Any]]) -> dict[tuple[str, NotifyEvent], Episode]:
+    """An EvalRun's recorded episodes by (subject, event)."""
+    try:
+        found = (Episode(subject=r["subject"], event=r["event"], episode=r["episode"], active=bool(r["active"]))
+                 for r in records)
+        return {(e.subject, e.event): e for e in found}
+    except ValidationError as error:
+        raise ValueError(_first_line(error)) from None
+
+
 def state_snapshot(tables: Mapping[str, Iterable[Mapping[str, Any]]]) -> StateSnapshot:
     """The controller state from its tables' records (any backend's spelling; a table not read is empty).
     Raises ValueError on a record that does not decode: the caller fails the read closed."""
@@ -199,6 +241,16 @@ def stored_metrics_are(stored: object, written: Iterable[Metric]) -> bool:
     except ValueError:
         return False
     return same_metrics(decoded, written)
+
+
+def already_uploaded(status: object, metrics: object, is_overlong: object, result: ResultUpload) -> bool:
+    """upload_result's exactly-once test on the stored row: Finished with these metrics and this flag (null
+    reads as false). Anything else, an undecodable flag included, is written."""
+    try:
+        same_flag = bool(parse_flag(is_overlong)) == result.is_overlong
+    except ValueError:
+        return False
+    return status == RowStatus.FINISHED.value and same_flag and stored_metrics_are(metrics, result.metrics)
 
 
 def check_owner(row_id: str, username: object, owner: str) -> None:

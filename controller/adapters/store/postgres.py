@@ -31,17 +31,20 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from controller.adapters.store import postgres_sql as sql
 from controller.adapters.store.codec import (
+    already_uploaded,
     check_owner,
     decode_families,
     decode_rows,
+    episodes,
     model_selections,
+    notifications,
     registered_models,
     sandbox_job_row,
     state_snapshot,
-    stored_metrics_are,
 )
 from controller.adapters.store.errors import StoreUnavailable, WriteRefused
 from controller.core.intake import RegisteredModel, Selection
+from controller.core.notify import Fact, Notification, NotifyEvent, transitions
 from controller.core.ports import (
     GPU_HISTORY_MAX,
     NewRow,
@@ -201,13 +204,14 @@ class PostgresStore:
                 found = None
             if found is None:
                 raise LookupError(f"sandbox_jobs row {row_id} does not exist")
-            username, status, metrics = found
+            username, status, metrics, is_overlong = found
             check_owner(row_id, username, owner)
-            if status == RowStatus.FINISHED.value and stored_metrics_are(metrics, result.metrics):
+            if already_uploaded(status, metrics, is_overlong, result):
                 self._round(conn, (COMMIT, None))
                 return False
             self._round(conn, (sql.SET_ROW_RESULT, {
                 "id": row_id, "owner": owner, "n_trials": result.n_trials, "ended_at": result.ended_at,
+                "is_overlong": result.is_overlong,
                 "metrics": Jsonb([{"name": metric.name, "value": metric.value} for metric in result.metrics]),
                 "stats": Jsonb(result.stats),
             }), (COMMIT, None))
@@ -333,6 +337,63 @@ class PostgresStore:
     def release_tunnel(self, pair: str, holder: str) -> None:
         with self._writing() as conn:
             self._round(conn, (sql.DELETE_TUNNEL, (pair, holder)))
+
+    # ----------------------------------------------------------------------- notifications (the server's clock)
+
+    def record_transitions(self, evalrun: EvalRunRef, facts: Sequence[Fact],
+                           webhooks: Mapping[NotifyEvent, Sequence[str]]) -> tuple[Notification, ...]:
+        """Two round trips in one transaction, under the EvalRun's advisory lock: read the episodes; then write the
+        changes, queue the messages and read the undelivered ones back."""
+        name = str(evalrun)
+        with self._writing() as conn:
+            recorded = self._round(conn, (BEGIN, None), (sql.LOCK_EVALRUN_NOTIFICATIONS, (sql.NOTIFY_LOCK, name)),
+                                   (sql.EPISODES_OF_EVALRUN, (name,)))[2]
+            changed, queued = transitions(evalrun, episodes(_dicts(recorded)), facts, webhooks)
+            statements: list[Statement] = []
+            if changed:
+                statements.append((sql.PUT_EPISODES, {
+                    "evalrun": name, "subjects": [e.subject for e in changed],
+                    "events": [e.event.value for e in changed], "episodes": [e.episode for e in changed],
+                    "active": [e.active for e in changed]}))
+            if queued:
+                statements.append((sql.QUEUE_NOTIFICATIONS, {
+                    "evalrun": name, "ids": [q.id for q in queued], "webhooks": [q.webhook for q in queued],
+                    "subjects": [q.fact.subject for q in queued], "labels": [q.fact.label for q in queued],
+                    "events": [q.fact.event.value for q in queued], "episodes": [q.episode for q in queued],
+                    "details": [q.fact.detail for q in queued]}))
+            undelivered = self._round(conn, *statements, (sql.UNDELIVERED_NOTIFICATIONS, (name,)),
+                                      (COMMIT, None))[-2]
+            return self._notifications(_dicts(undelivered))
+
+    def read_notifications(self, evalrun: EvalRunRef) -> tuple[Notification, ...]:
+        with self._reading() as conn:
+            if not self._have(conn, ("evalrun_notifications",)):
+                return ()
+            (cursor,) = self._round(conn, (sql.UNDELIVERED_NOTIFICATIONS, (str(evalrun),)))
+            return self._notifications(_dicts(cursor))
+
+    def claim_notification(self, notification_id: str, holder: str, claim_s: float, *,
+                           take_from: str | None = None) -> bool:
+        with self._writing() as conn:
+            (cursor,) = self._round(conn, (sql.CLAIM_NOTIFICATION, {
+                "id": notification_id, "holder": holder, "claim_s": float(claim_s), "take_from": take_from}))
+            return cursor.fetchone() is not None
+
+    def finish_notification(self, notification_id: str, holder: str, *, delivered: bool, error: str = "",
+                            retry_in_s: float | None = None) -> None:
+        with self._writing() as conn:
+            if delivered:
+                self._round(conn, (sql.NOTIFICATION_DELIVERED, {"id": notification_id, "holder": holder}))
+            else:
+                self._round(conn, (sql.NOTIFICATION_FAILED, {
+                    "id": notification_id, "holder": holder, "error": error, "give_up": retry_in_s is None,
+                    "retry_s": float(retry_in_s or 0)}))
+
+    def _notifications(self, records: list[dict[str, Any]]) -> tuple[Notification, ...]:
+        try:
+            return notifications(records)
+        except ValueError as error:
+            raise ObservationError(f"store {self.name}: notifications: {_first_line(error)}") from None
 
     def close(self) -> None:
         self._pool.close()

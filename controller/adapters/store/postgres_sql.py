@@ -19,11 +19,13 @@ from __future__ import annotations
 # writers from registering the same new model twice).
 SCHEMA_LOCK = 0x65766C72756E0001
 REGISTRY_LOCK = 0x65766C72756E0002
+NOTIFY_LOCK = 0x6E6F7469  # ('noti'; an int4) with the EvalRun's name hashed: one recording of its transitions at a time
 
 MIGRATIONS = "evalrun_schema_migrations"  # version, name, applied_at of every migration applied
 OT_AGENT_TABLES = ("models", "benchmarks", "sandbox_jobs")
 OWN_TABLES = ("evalrun_submissions", "evalrun_leases", "evalrun_cell_owners", "evalrun_tunnel_leases",
-              "evalrun_cell_memory", "evalrun_quarantine", "evalrun_model_selections")
+              "evalrun_cell_memory", "evalrun_quarantine", "evalrun_model_selections", "evalrun_notify_episodes",
+              "evalrun_notifications")
 
 # Created one by one, only where absent (CREATE needs a privilege a lab user may lack even when the table
 # exists, so existing tables are not even named in a CREATE). Indexes only come with a table we create.
@@ -128,7 +130,7 @@ ROW_COLUMNS = (
     "id::text AS id, job_name, username, job_status, created_at::text AS created_at,"
     " submitted_at::text AS submitted_at, started_at::text AS started_at, ended_at::text AS ended_at,"
     " slurm_job_id::text AS slurm_job_id, model_id::text AS model_id, benchmark_id::text AS benchmark_id,"
-    " config::text AS config, metrics::text AS metrics"
+    " config::text AS config, metrics::text AS metrics, is_overlong"
 )
 
 # The same families, recomputed in the database: ids never make the round trip through the client.
@@ -255,12 +257,12 @@ SELECT (SELECT count(*) FROM updated) AS changed, s.id IS NOT NULL AS found, s.u
 """
 
 # Locks the row for the rest of the upload's transaction: the exactly-once check and the write see one state.
-ROW_FOR_UPLOAD = "SELECT username, job_status, metrics::text FROM sandbox_jobs WHERE id = %s FOR UPDATE"
+ROW_FOR_UPLOAD = "SELECT username, job_status, metrics::text, is_overlong FROM sandbox_jobs WHERE id = %s FOR UPDATE"
 
 SET_ROW_RESULT = """
 UPDATE sandbox_jobs
    SET job_status = 'Finished', metrics = %(metrics)s, stats = %(stats)s, n_trials = %(n_trials)s::integer,
-       ended_at = %(ended_at)s::timestamptz
+       ended_at = %(ended_at)s::timestamptz, is_overlong = %(is_overlong)s::boolean
  WHERE id = %(id)s AND username = %(owner)s::text
 """
 
@@ -346,4 +348,57 @@ INSERT INTO evalrun_model_selections (evalrun, model, rule, selected_at)
 SELECT %(evalrun)s, s.model, s.rule, s.selected_at
   FROM unnest(%(models)s::text[], %(rules)s::text[], %(times)s::timestamptz[]) AS s(model, rule, selected_at)
     ON CONFLICT (evalrun, model) DO NOTHING
+"""
+
+# --------------------------------------------------------------------------- notifications (an outbox; the database's clock)
+
+LOCK_EVALRUN_NOTIFICATIONS = "SELECT pg_advisory_xact_lock(%s::integer, hashtext(%s))"
+
+EPISODES_OF_EVALRUN = "SELECT subject, event, episode, active FROM evalrun_notify_episodes WHERE evalrun = %s"
+
+PUT_EPISODES = """
+INSERT INTO evalrun_notify_episodes (evalrun, subject, event, episode, active, changed_at)
+SELECT %(evalrun)s, e.subject, e.event, e.episode, e.active, now()
+  FROM unnest(%(subjects)s::text[], %(events)s::text[], %(episodes)s::integer[], %(active)s::boolean[])
+       AS e(subject, event, episode, active)
+    ON CONFLICT (evalrun, subject, event) DO UPDATE
+   SET episode = excluded.episode, active = excluded.active, changed_at = excluded.changed_at
+"""
+
+QUEUE_NOTIFICATIONS = """
+INSERT INTO evalrun_notifications
+       (id, evalrun, webhook, subject, label, event, episode, detail, state, next_attempt_at, created_at)
+SELECT q.id, %(evalrun)s, q.webhook, q.subject, q.label, q.event, q.episode, q.detail, 'pending', now(), now()
+  FROM unnest(%(ids)s::text[], %(webhooks)s::text[], %(subjects)s::text[], %(labels)s::text[], %(events)s::text[],
+              %(episodes)s::integer[], %(details)s::text[]) AS q(id, webhook, subject, label, event, episode, detail)
+    ON CONFLICT (id) DO NOTHING
+"""
+
+UNDELIVERED_NOTIFICATIONS = """
+SELECT id, evalrun, webhook, subject, label, event, episode, detail, state, attempts, last_error, claimed_by,
+       created_at
+  FROM evalrun_notifications WHERE evalrun = %s AND state <> 'delivered' ORDER BY created_at, id
+"""
+
+# Pending, due, and free (unclaimed, ours, expired, or the claim of a sender known dead).
+CLAIM_NOTIFICATION = """
+UPDATE evalrun_notifications SET claimed_by = %(holder)s, claim_until = now() + make_interval(secs => %(claim_s)s::float8)
+ WHERE id = %(id)s AND state = 'pending' AND next_attempt_at <= now()
+   AND (claimed_by IS NULL OR claimed_by = %(holder)s OR claim_until <= now() OR claimed_by = %(take_from)s)
+RETURNING id
+"""
+
+NOTIFICATION_DELIVERED = """
+UPDATE evalrun_notifications
+   SET state = 'delivered', attempts = attempts + 1, last_error = '', finished_at = now(),
+       claimed_by = NULL, claim_until = NULL
+ WHERE id = %(id)s AND claimed_by = %(holder)s
+"""
+
+NOTIFICATION_FAILED = """
+UPDATE evalrun_notifications
+   SET state = CASE WHEN %(give_up)s::boolean THEN 'given_up' ELSE 'pending' END, attempts = attempts + 1,
+       last_error = %(error)s, next_attempt_at = now() + make_interval(secs => %(retry_s)s::float8),
+       finished_at = CASE WHEN %(give_up)s::boolean THEN now() END, claimed_by = NULL, claim_until = NULL
+ WHERE id = %(id)s AND claimed_by = %(holder)s
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from os import PathLike
@@ -19,21 +19,24 @@ from typing import Any
 
 from controller.adapters.store import sqlite_sql as sql
 from controller.adapters.store.codec import (
+    already_uploaded,
     as_utc,
     check_owner,
     decode_families,
     decode_rows,
+    episodes,
     format_metrics,
     format_timestamp,
     model_selections,
+    notifications,
     registered_models,
     reused_id,
     sandbox_job_row,
     state_snapshot,
-    stored_metrics_are,
 )
 from controller.adapters.store.errors import StoreUnavailable, WriteRefused
 from controller.core.intake import RegisteredModel, Selection
+from controller.core.notify import Fact, Notification, NotifyEvent, transitions
 from controller.core.ports import (
     GPU_HISTORY_MAX,
     NamedRow,
@@ -131,13 +134,12 @@ class SqliteStore:
 
     def upload_result(self, row_id: str, result: ResultUpload, *, owner: str) -> bool:
         with self._write() as conn:
-            status, metrics = self._owned_row(conn, row_id, owner)
-            if status == RowStatus.FINISHED.value and stored_metrics_are(metrics, result.metrics):
+            if already_uploaded(*self._owned_row(conn, row_id, owner), result):
                 return False
             self._run(conn, sql.SET_ROW_RESULT, {
                 "id": row_id, "owner": owner, "metrics": format_metrics(result.metrics),
                 "stats": json.dumps(result.stats), "n_trials": result.n_trials,
-                "ended_at": format_timestamp(result.ended_at),
+                "ended_at": format_timestamp(result.ended_at), "is_overlong": int(result.is_overlong),
             })
             return True
 
@@ -265,6 +267,57 @@ class SqliteStore:
         with self._write() as conn:
             self._run(conn, sql.DELETE_TUNNEL, (pair, holder))
 
+    # ----------------------------------------------------------------------- notifications (this host's clock is the DB's)
+
+    def record_transitions(self, evalrun: EvalRunRef, facts: Sequence[Fact],
+                           webhooks: Mapping[NotifyEvent, Sequence[str]]) -> tuple[Notification, ...]:
+        """Read the episodes, write the changes and queue the messages under one write lock."""
+        now = format_timestamp(self._now())
+        with self._write() as conn:
+            recorded = episodes(map(dict, self._run(conn, sql.EPISODES_OF_EVALRUN, (str(evalrun),))))
+            changed, queued = transitions(evalrun, recorded, facts, webhooks)
+            for episode in changed:
+                self._run(conn, sql.PUT_EPISODE, (str(evalrun), episode.subject, episode.event.value,
+                                                  episode.episode, episode.active, now))
+            for message in queued:
+                self._run(conn, sql.QUEUE_NOTIFICATION, {
+                    "id": message.id, "evalrun": str(evalrun), "webhook": message.webhook,
+                    "subject": message.fact.subject, "label": message.fact.label, "event": message.fact.event.value,
+                    "episode": message.episode, "detail": message.fact.detail, "now": now})
+            records = self._run(conn, sql.UNDELIVERED_NOTIFICATIONS, (str(evalrun),)).fetchall()
+        return _notifications(self.path, records)
+
+    def read_notifications(self, evalrun: EvalRunRef) -> tuple[Notification, ...]:
+        conn = self._connection()
+        if conn is None or "evalrun_notifications" not in self._tables(conn):
+            return ()
+        try:
+            records = self._run(conn, sql.UNDELIVERED_NOTIFICATIONS, (str(evalrun),)).fetchall()
+        except sqlite3.Error as error:
+            raise ObservationError(_unavailable(self.path, error)) from error
+        return _notifications(self.path, records)
+
+    def claim_notification(self, notification_id: str, holder: str, claim_s: float, *,
+                           take_from: str | None = None) -> bool:
+        now = self._now()
+        with self._write() as conn:
+            return bool(self._run(conn, sql.CLAIM_NOTIFICATION, {
+                "id": notification_id, "holder": holder, "take_from": take_from, "now": format_timestamp(now),
+                "until": format_timestamp(now + timedelta(seconds=claim_s))}).rowcount)
+
+    def finish_notification(self, notification_id: str, holder: str, *, delivered: bool, error: str = "",
+                            retry_in_s: float | None = None) -> None:
+        now = self._now()
+        with self._write() as conn:
+            if delivered:
+                self._run(conn, sql.NOTIFICATION_DELIVERED,
+                          {"id": notification_id, "holder": holder, "now": format_timestamp(now)})
+                return
+            self._run(conn, sql.NOTIFICATION_FAILED, {
+                "id": notification_id, "holder": holder, "now": format_timestamp(now), "error": error,
+                "give_up": retry_in_s is None,
+                "next": format_timestamp(now + timedelta(seconds=retry_in_s or 0))})
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
@@ -366,14 +419,14 @@ class SqliteStore:
         self._run(conn, sql.INSERT_BENCHMARK, (benchmark_id, name))
         return benchmark_id
 
-    def _owned_row(self, conn: sqlite3.Connection, row_id: str, owner: str) -> tuple[str | None, object]:
-        """The row's job_status and stored metrics, after checking it exists and is `owner`'s."""
+    def _owned_row(self, conn: sqlite3.Connection, row_id: str, owner: str) -> tuple[object, object, object]:
+        """The row's job_status, stored metrics and is_overlong, after checking it exists and is `owner`'s."""
         found = self._run(conn, sql.ROW_OWNER_AND_STATUS, (row_id,)).fetchone()
         if found is None:
             raise LookupError(f"sandbox_jobs row {row_id} does not exist")
-        username, status, metrics = found
+        username, status, metrics, is_overlong = found
         check_owner(row_id, username, owner)
-        return (None if status is None else str(status)), metrics
+        return status, metrics, is_overlong
 
 
 def _connect(target: str, busy_timeout_s: float, *, uri: bool = False) -> sqlite3.Connection:
@@ -444,6 +497,11 @@ def _json(values: Any) -> str:
     return json.dumps(list(values))
 
 
+def _notifications(path: str, records: Sequence[sqlite3.Row]) -> tuple[Notification, ...]:
+    try:
+        return notifications(map(dict, records))
+    except ValueError as error:
+        raise ObservationError(f"store {path}: notifications: {error}") from None
 
 
 def _submission_params(submission: Submission) -> dict[str, Any]:

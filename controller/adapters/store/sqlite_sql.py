@@ -108,6 +108,36 @@ CREATE TABLE IF NOT EXISTS evalrun_model_selections (
     selected_at TEXT NOT NULL,
     PRIMARY KEY (evalrun, model)
 );
+
+CREATE TABLE IF NOT EXISTS evalrun_notify_episodes (
+    evalrun    TEXT NOT NULL,
+    subject    TEXT NOT NULL,
+    event      TEXT NOT NULL,
+    episode    INTEGER NOT NULL,
+    active     BOOLEAN NOT NULL,
+    changed_at TEXT NOT NULL,
+    PRIMARY KEY (evalrun, subject, event)
+);
+
+CREATE TABLE IF NOT EXISTS evalrun_notifications (
+    id              TEXT PRIMARY KEY,
+    evalrun         TEXT NOT NULL,
+    webhook         TEXT NOT NULL,
+    subject         TEXT NOT NULL,
+    label           TEXT NOT NULL,
+    event           TEXT NOT NULL,
+    episode         INTEGER NOT NULL,
+    detail          TEXT NOT NULL,
+    state           TEXT NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    last_error      TEXT NOT NULL DEFAULT '',
+    next_attempt_at TEXT NOT NULL,
+    claimed_by      TEXT,
+    claim_until     TEXT,
+    created_at      TEXT NOT NULL,
+    finished_at     TEXT
+);
+CREATE INDEX IF NOT EXISTS evalrun_notifications_state ON evalrun_notifications(evalrun, state);
 """
 
 # Columns added after a file may have been made (its CREATE TABLE IF NOT EXISTS leaves an old table as it was):
@@ -124,7 +154,8 @@ CREATE INDEX IF NOT EXISTS evalrun_submissions_finished ON evalrun_submissions(b
 
 OT_AGENT_TABLES = ("models", "benchmarks", "sandbox_jobs")
 OWN_TABLES = ("evalrun_submissions", "evalrun_leases", "evalrun_tunnel_leases", "evalrun_cell_owners",
-              "evalrun_cell_memory", "evalrun_quarantine", "evalrun_model_selections")
+              "evalrun_cell_memory", "evalrun_quarantine", "evalrun_model_selections", "evalrun_notify_episodes",
+              "evalrun_notifications")
 
 # --------------------------------------------------------------------------- observe
 
@@ -151,7 +182,7 @@ ORDER BY 1, 2
 
 ROW_COLUMNS = (
     "id, job_name, username, job_status, created_at, submitted_at, started_at, ended_at,"
-    " slurm_job_id, model_id, benchmark_id, config, metrics"
+    " slurm_job_id, model_id, benchmark_id, config, metrics, is_overlong"
 )
 
 ROWS_IN_FAMILIES = f"""
@@ -236,7 +267,7 @@ INSERT OR IGNORE INTO sandbox_jobs (
 )
 """
 
-ROW_OWNER_AND_STATUS = "SELECT username, job_status, metrics FROM sandbox_jobs WHERE id = ?"
+ROW_OWNER_AND_STATUS = "SELECT username, job_status, metrics, is_overlong FROM sandbox_jobs WHERE id = ?"
 
 # Ours only, and never backwards: the conditions are part of the write, not a read before it.
 UPDATE_ROW = """
@@ -252,7 +283,8 @@ UPDATE sandbox_jobs
 
 SET_ROW_RESULT = """
 UPDATE sandbox_jobs
-   SET job_status = 'Finished', metrics = :metrics, stats = :stats, n_trials = :n_trials, ended_at = :ended_at
+   SET job_status = 'Finished', metrics = :metrics, stats = :stats, n_trials = :n_trials, ended_at = :ended_at,
+       is_overlong = :is_overlong
  WHERE id = :id AND username = :owner
 """
 
@@ -311,4 +343,51 @@ SELECT model, rule, selected_at FROM evalrun_model_selections WHERE evalrun = ? 
 
 RECORD_SELECTION = """
 INSERT OR IGNORE INTO evalrun_model_selections (evalrun, model, rule, selected_at) VALUES (?, ?, ?, ?)
+"""
+
+# --------------------------------------------------------------------------- notifications (an outbox)
+
+EPISODES_OF_EVALRUN = "SELECT subject, event, episode, active FROM evalrun_notify_episodes WHERE evalrun = ?"
+
+PUT_EPISODE = """
+INSERT INTO evalrun_notify_episodes (evalrun, subject, event, episode, active, changed_at) VALUES (?, ?, ?, ?, ?, ?)
+    ON CONFLICT (evalrun, subject, event) DO UPDATE
+   SET episode = excluded.episode, active = excluded.active, changed_at = excluded.changed_at
+"""
+
+QUEUE_NOTIFICATION = """
+INSERT OR IGNORE INTO evalrun_notifications
+       (id, evalrun, webhook, subject, label, event, episode, detail, state, next_attempt_at, created_at)
+VALUES (:id, :evalrun, :webhook, :subject, :label, :event, :episode, :detail, 'pending', :now, :now)
+"""
+
+NOTIFICATION_COLUMNS = ("id, evalrun, webhook, subject, label, event, episode, detail, state, attempts, last_error, "
+                        "claimed_by, created_at")
+
+UNDELIVERED_NOTIFICATIONS = f"""
+SELECT {NOTIFICATION_COLUMNS} FROM evalrun_notifications
+ WHERE evalrun = ? AND state <> 'delivered' ORDER BY created_at, id
+"""
+
+# Pending, due, and free (unclaimed, ours, expired, or the claim of a sender known dead). Fixed-width UTC text
+# sorts as time.
+CLAIM_NOTIFICATION = """
+UPDATE evalrun_notifications SET claimed_by = :holder, claim_until = :until
+ WHERE id = :id AND state = 'pending' AND next_attempt_at <= :now
+   AND (claimed_by IS NULL OR claimed_by = :holder OR claim_until <= :now OR claimed_by = :take_from)
+"""
+
+NOTIFICATION_DELIVERED = """
+UPDATE evalrun_notifications
+   SET state = 'delivered', attempts = attempts + 1, last_error = '', finished_at = :now,
+       claimed_by = NULL, claim_until = NULL
+ WHERE id = :id AND claimed_by = :holder
+"""
+
+NOTIFICATION_FAILED = """
+UPDATE evalrun_notifications
+   SET state = CASE WHEN :give_up THEN 'given_up' ELSE 'pending' END, attempts = attempts + 1,
+       last_error = :error, next_attempt_at = :next, finished_at = CASE WHEN :give_up THEN :now END,
+       claimed_by = NULL, claim_until = NULL
+ WHERE id = :id AND claimed_by = :holder
 """

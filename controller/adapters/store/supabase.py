@@ -25,13 +25,13 @@ from postgrest import APIError, APIResponse, CountMethod, ReturnMethod, SyncRequ
 from supabase import ClientOptions, create_client
 
 from controller.adapters.store.codec import (
+    already_uploaded,
     check_owner,
     decode_rows,
     format_timestamp,
     registered_models,
     reused_id,
     sandbox_job_row,
-    stored_metrics_are,
 )
 from controller.core.intake import RegisteredModel
 from controller.core.ports import (
@@ -49,7 +49,7 @@ from controller.core.types import RowStatus
 KEY_VARIABLES = ("SUPABASE_SERVICE_KEY", "SUPABASE_KEY")
 SCHEMES = {"supabase": "https", "supabase+http": "http"}
 ROW_COLUMNS = ("id", "job_name", "username", "job_status", "created_at", "submitted_at", "started_at", "ended_at",
-               "slurm_job_id", "model_id", "benchmark_id", "config", "metrics")
+               "slurm_job_id", "model_id", "benchmark_id", "config", "metrics", "is_overlong")
 FAMILY_COLUMNS = "id,name,duplicate_of"
 REGISTRY_COLUMNS = {"models": "id,duplicate_of,creation_time", "benchmarks": "id,duplicate_of"}  # what registry_order reads
 STATUS_ORDER = (RowStatus.PENDING.value, RowStatus.STARTED.value, RowStatus.FINISHED.value)
@@ -201,16 +201,17 @@ class SupabaseResults:
         """GET the row (exactly once: Finished with these metrics → no write), then one PATCH filtered on owner."""
         self._check_writable()
         with self._failing_as(StoreUnavailable):
-            found = self._row(row_id, "id,username,job_status,metrics")
+            found = self._row(row_id, "id,username,job_status,metrics,is_overlong")
             if found is None:
                 raise LookupError(f"sandbox_jobs row {row_id} does not exist")
             check_owner(row_id, found.get("username"), owner)
-            if found.get("job_status") == RowStatus.FINISHED.value and stored_metrics_are(found.get("metrics"), result.metrics):
+            if already_uploaded(found.get("job_status"), found.get("metrics"), found.get("is_overlong"), result):
                 return False
             values = {
                 "job_status": RowStatus.FINISHED.value,
                 "metrics": [{"name": metric.name, "value": metric.value} for metric in result.metrics],
                 "stats": result.stats, "n_trials": result.n_trials, "ended_at": format_timestamp(result.ended_at),
+                "is_overlong": result.is_overlong,
             }
             query = self._table("sandbox_jobs").update(values, returning=ReturnMethod.representation)
             if self._execute(f"uploading to sandbox_jobs row {row_id}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -96,6 +97,71 @@ def test_upload_lands_as_a_list_exactly_once(results_backend: Backend) -> None:
     assert results_backend.raw_row(row.id) == raw_after_first, "a repeated upload rewrote the row"
     assert stored is not None
     assert (stored.job_status, stored.metrics, stored.ended_at) == ("Finished", RESULT.metrics, RESULT.ended_at)
+
+
+OVERLONG = RESULT.model_copy(update={"is_overlong": True})
+
+
+def _flag(raw: dict[str, Any] | None) -> object:
+    """The stored is_overlong as the backend spells it (bool, 0/1)."""
+    assert raw is not None
+    return raw["is_overlong"]
+
+
+def test_an_overlong_upload_flags_the_row_exactly_once(results_backend: Backend) -> None:
+    results = results_backend.results
+    row = pending_row()
+    results.create_row(row)
+
+    first = results.upload_result(row.id, OVERLONG, owner="alice")
+    raw_after_first = results_backend.raw_row(row.id)
+    again = results.upload_result(row.id, OVERLONG, owner="alice")
+
+    stored = results.read_row(row.id)
+    assert (first, again) == (True, False)
+    assert results_backend.raw_row(row.id) == raw_after_first, "a repeated flagged upload rewrote the row"
+    assert _flag(raw_after_first) in (True, 1)
+    assert stored is not None and (stored.job_status, stored.metrics, stored.is_overlong) == \
+        ("Finished", OVERLONG.metrics, True)
+
+
+def test_a_run_within_its_hours_reads_back_unflagged(results_backend: Backend) -> None:
+    results = results_backend.results
+    row = pending_row()
+    results.create_row(row)
+
+    results.upload_result(row.id, RESULT, owner="alice")
+
+    stored = results.read_row(row.id)
+    assert stored is not None and stored.is_overlong is False and _flag(results_backend.raw_row(row.id)) in (False, 0)
+
+
+@pytest.mark.parametrize(("before", "after"), [(RESULT, OVERLONG), (OVERLONG, RESULT)])
+def test_the_same_metrics_with_another_flag_is_written(results_backend: Backend, before: ResultUpload,
+                                                       after: ResultUpload) -> None:
+    """Exactly once is per result: the flag is part of it, so the row ends as the last upload says."""
+    results = results_backend.results
+    row = pending_row()
+    results.create_row(row)
+    results.upload_result(row.id, before, owner="alice")
+
+    written = results.upload_result(row.id, after, owner="alice")
+
+    stored = results.read_row(row.id)
+    assert written and stored is not None and (stored.metrics, stored.is_overlong) == (after.metrics, after.is_overlong)
+
+
+def test_a_legacy_null_flag_reads_as_not_overlong(results_backend: Backend) -> None:
+    """A Finished row of ours whose is_overlong is null already holds an unflagged result: it is left untouched."""
+    fam = results_backend.families
+    metrics = [{"name": m.name, "value": m.value} for m in RESULT.metrics]
+    ours = results_backend.legacy.add_row(fam.qwen, fam.v2, metrics=metrics, is_overlong=None)
+    before = results_backend.raw_row(ours)
+
+    assert results_backend.results.upload_result(ours, RESULT, owner="alice") is False
+
+    stored = results_backend.results.read_row(ours)
+    assert results_backend.raw_row(ours) == before and stored is not None and stored.is_overlong is None
 
 
 def test_a_different_result_replaces_a_cleared_or_older_one(results_backend: Backend) -> None:

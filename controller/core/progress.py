@@ -1,0 +1,42 @@
+"""How far a cell's run is, and when it will be done: what `status` shows in place of a score. Pure.
+
+The ETA comes from the cell's own trial throughput, nothing else: trials completed (a result.json) over the time
+since its run dir started, so a run that stalls sees its rate fall and its ETA grow rather than count down to a
+false "1 min". It assumes the remaining trials go as fast as the finished ones (the same tasks, the same
+n_concurrent). Over a resumed dir the time between fires counts too, so the ETA errs long, never short. No ETA
+when it cannot be known: nothing completed yet, no expected total, no start time, or nothing left to run (a job
+whose trials are all done but that has not exited says nothing about when it will).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from pydantic import Field
+
+from controller.core.types import Frozen, RunDirFacts
+
+
+class Progress(Frozen):
+    scored: int = Field(description="trials with a reward")
+    total: int | None = Field(description="trials expected; None when nothing says")
+    eta_minutes: int | None = Field(None, description="minutes until every trial is done, rounded up; None: unknown")
+
+
+def eta_minutes(facts: RunDirFacts, now: datetime) -> int | None:
+    """Remaining trials at the rate completed trials came in since the run started, in whole minutes (≥ 1)."""
+    if facts.n_total is None or facts.started_at is None or facts.n_completed <= 0:
+        return None
+    remaining = facts.n_total - facts.n_completed
+    elapsed_s = (now - facts.started_at).total_seconds()
+    if remaining <= 0 or elapsed_s <= 0:
+        return None
+    return max(1, math.ceil(remaining * elapsed_s / facts.n_completed / 60))
+
+
+def progress_of(facts: RunDirFacts | None, now: datetime, *, running: bool) -> Progress | None:
+    """Scored of expected trials; an ETA only while a job works on them (`running`)."""
+    if facts is None or facts.unreadable:
+        return None
+    return Progress(scored=facts.n_scored, total=facts.n_total, eta_minutes=eta_minutes(facts, now) if running else None)

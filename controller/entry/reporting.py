@@ -1,0 +1,74 @@
+"""`evalctl report`: one plan pass (nothing acts, nothing is recorded), the store's rows of each cell, the step
+statistics of the run dirs this host can read, rendered as one HTML file."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+from controller.adapters.rundirs.report import step_metrics, step_stats
+from controller.core.match import join_cells
+from controller.core.ports import ObservationError
+from controller.core.reconcile import RunTarget, reconcile_pass
+from controller.core.store import Store
+from controller.core.types import Observation
+from controller.entry.intake import targets_with_selections
+from controller.entry.wiring import cluster_ports, targets_for
+from controller.report.html import render_html
+from controller.report.model import Report, as_of, run_report
+from controller.spec.catalog import Catalog
+from controller.spec.loader import LoadedRun, SpecSet
+
+
+def build_report(specs: SpecSet, store: Store, catalog: Catalog, now: datetime) -> Report:
+    targets = targets_with_selections(specs, targets_for(specs, catalog), catalog, store, now, act=False)
+    results = reconcile_pass(targets, store, cluster_ports(specs, store, catalog), now, act=False)
+    runs = []
+    for run, target, result in zip(specs.evalruns, targets, results, strict=True):
+        steps = {c.run_dir.run_tag: metrics for c in result.plan.cells if c.run_dir is not None
+                 and (metrics := _local_steps(c.run_dir.path))}
+        runs.append(run_report(result.plan, _rows_and_attempts(target, store), catalog.error_classes,
+                               run.run.spec.report.trust_threshold, steps, _mlflow(run)))
+    return Report(runs=tuple(runs), as_of=as_of(runs))
+
+
+def write_report(report: Report, path: Path) -> None:
+    """Atomically: a half-written report is never left where a browser or a CI artifact picks it up."""
+    html = render_html(report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(handle, "w", encoding="utf-8") as out:
+        out.write(html)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(temporary, 0o666 & ~umask)  # as any file the user writes, not mkstemp's 0600
+    os.replace(temporary, path)
+
+
+def _rows_and_attempts(target: RunTarget, store: Store) -> list[Observation]:
+    """Each cell's rows (its history, whoever wrote them) and its submissions; Unknown cells have none."""
+    try:
+        snapshot = store.observe(target.evalrun, sorted({c.model for c in target.cells}),
+                                 sorted({c.benchmark_name for c in target.cells}), [c.key for c in target.cells])
+    except ObservationError:
+        snapshot = None
+    return join_cells(target.cells, snapshot, None, None)
+
+
+def _local_steps(path: str) -> dict[str, float]:
+    """Step stats of a run dir on this host's filesystem (a remote cluster's are in its post-eval report)."""
+    if "://" in path or not Path(path).is_dir():
+        return {}
+    try:
+        return step_metrics(step_stats(path))
+    except OSError:
+        return {}
+
+
+def _mlflow(run: LoadedRun) -> str | None:
+    upload = run.run.spec.upload
+    if not upload.mlflow:
+        return None
+    return f"experiment {upload.mlflow_experiment or run.run.metadata.name}, one run per attempt tagged run_tag"

@@ -61,6 +61,7 @@ class CellReport(Frozen):
     history: tuple[HistoryRow, ...] = ()
     run_dir: str | None = None
     mlflow: str | None = Field(None, description="where the tracker has the cell's runs, in words")
+    gpu_hours: float | None = Field(None, description="spent by this EvalRun's jobs of the cell (sacct / wall × GPUs)")
 
 
 class FamilyMember(Frozen):
@@ -139,7 +140,7 @@ def _cell(cell_plan: CellPlan, obs: Observation, errors: ErrorClasses, trust_thr
         errors=errors.breakdown(facts.error_breakdown) if facts else {},
         steps=steps.get(facts.run_tag, {}) if facts else {},
         attempts=tuple(_attempts(obs, remedies)), history=history,
-        run_dir=facts.path if facts else None, mlflow=mlflow)
+        run_dir=facts.path if facts else None, mlflow=mlflow, gpu_hours=cell_plan.gpu_hours)
 
 
 def _attempts(obs: Observation, remedies: dict[str, Remedy]) -> list[Attempt]:

@@ -58,3 +58,14 @@ def test_what_other_users_wrote_is_escaped() -> None:
     observed = [obs(rows=(row("Finished", metrics=scored(0.5, 200), user="<script>alert(1)</script>"),))]
     html = render_html(Report(runs=(report_of([hostile], observed),), as_of=None))
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_a_cells_gpu_hours_are_shown() -> None:
+    spent = cell(model="org/a-8B")
+    observed = [obs(rows=(row("Finished", metrics=scored(0.5, 200)),))]
+    the_plan = plan(RUN, [spent], observed, POLICY, NOW)
+    the_plan = the_plan.model_copy(update={"cells": (the_plan.cells[0].model_copy(update={"gpu_hours": 2.5}),)})
+    report = run_report(the_plan, observed, ERRORS, 150, {}, None)
+    assert report.cells[0].gpu_hours == 2.5
+    html = render_html(Report(runs=(report,), as_of=None))
+    assert "2.5 GPU-h" in html and "GPU-hours: 2.50" in html

@@ -54,7 +54,7 @@ def test_a_namespaced_evalrun_with_one_pinggy_pair_runs_its_installed_agent_cell
 
 
 def test_a_store_written_before_evalrun_refs_releases_the_bare_named_lease_and_converges(cluster, monkeypatch):
-    SqliteStore(cluster.root / "store.db").close()  # the schema, unchanged since then
+    SqliteStore(cluster.root / "store.db").close()  # today's schema; the dump names the columns it had
     with sqlite3.connect(cluster.root / "store.db") as conn:
         conn.executescript(LEGACY_STORE.read_text())
     assert state(cluster, "SELECT evalrun FROM evalrun_tunnel_leases") == [("agents",)], "the stuck lease"

@@ -37,8 +37,16 @@ poll() {
 # and $! is the daemon's own pid. Fds 8 and 9 (our locks) are not handed to the daemon.
 start() {
   local name=$1; shift
-  setsid "$@" </dev/null >>"$LOGS/$name.${LOG_EXT:-log}" 2>&1 8>&- 9>&- &
+  # from /: a daemon keeps its cwd for ever, and one started in a directory deleted later (a checkout, a temp dir)
+  # makes slurmstepd print "Unable to get current working directory" into every job's output
+  (cd / && exec setsid "$@" </dev/null >>"$LOGS/$name.${LOG_EXT:-log}" 2>&1 8>&- 9>&-) &
   echo $! >"$PIDS/$name"
+}
+
+# cwd_gone NAME: the running daemon NAME was started in a directory that no longer exists.
+cwd_gone() {
+  local pid; pid=$(cat "$PIDS/$1" 2>/dev/null) || return 1
+  case "$(readlink "/proc/$pid/cwd" 2>/dev/null)" in *" (deleted)") return 0 ;; *) return 1 ;; esac
 }
 
 # stop NAME: SIGTERM the recorded pid, wait up to 30 s for it to exit, then SIGKILL. No-op if not running.

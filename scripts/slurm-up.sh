@@ -12,6 +12,11 @@ lock
 t0=$(date +%s%N)
 elapsed() { local ms=$(( ($(date +%s%N) - t0) / 1000000 )); printf '%d.%02d' $((ms / 1000)) $((ms % 1000 / 10)); }
 
+# a lab started by an older script from a directory deleted since: restart those daemons (see daemon-lib start)
+for d in slurmd slurmctld slurmdbd; do
+  if alive "$d" && cwd_gone "$d"; then echo "slurm-up: restarting $d (its working directory was deleted)"; stop "$d"; fi
+done
+
 if alive mariadbd && alive slurmdbd && alive slurmctld && alive slurmd && ctld_up && node_ready && node_has_gpus &&
     munge -n </dev/null >/dev/null 2>&1; then
   echo "slurm-up: already up (SLURM_CONF=$SLURM_CONF)"; exit 0

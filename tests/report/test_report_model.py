@@ -3,6 +3,8 @@ first, checkpoint families against their base; and the HTML escapes what other u
 
 from __future__ import annotations
 
+import pytest
+
 from controller.core.planner import plan
 from controller.core.types import Metric
 from controller.report.html import render_html
@@ -49,7 +51,7 @@ def test_checkpoints_are_set_against_their_base() -> None:
     [family] = report.families
     assert (family.stem, family.base) == ("org/m-8B", "org/m-8B")
     deltas = {m.model: m.deltas["tb2"] for m in family.members}
-    assert deltas == {"org/m-8B-step100": 0.09999999999999998, "org/m-8B_ckpt2": -0.25}
+    assert deltas == {"org/m-8B-step100": pytest.approx(0.1), "org/m-8B_ckpt2": pytest.approx(-0.25)}
     assert families(["x/a-step1", "x/a-step2"], report.cells)[0].base == "x/a-step1", "no member named the stem"
 
 

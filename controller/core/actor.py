@@ -21,6 +21,7 @@ from typing import Any, assert_never
 
 from pydantic import Field
 
+from controller.core.admission import Admitted
 from controller.core.job_env import JobSecrets, JobSettings, job_environment
 from controller.core.metrics import RunMetrics, run_metrics, same_metrics
 from controller.core.ports import NewRow, ObservationError, Scheduler, StoreUnavailable, SubmitRequest, Tracker
@@ -86,10 +87,10 @@ class _CellWork:
         self._errors = errors
         self._metrics: dict[str, RunMetrics] = {}
 
-    def metrics(self, facts: RunDirFacts) -> RunMetrics:
-        """What the report, the upload and the tracker all say: computed once per run dir per pass."""
+    def metrics(self, facts: RunDirFacts, admitted: Admitted) -> RunMetrics:
+        """What the report, the upload and the tracker all say: the admission gate's numbers, once per run dir."""
         if facts.run_tag not in self._metrics:
-            self._metrics[facts.run_tag] = run_metrics(facts, self._errors)
+            self._metrics[facts.run_tag] = run_metrics(admitted, facts, self._errors)
         return self._metrics[facts.run_tag]
 
     def learnt(self, **update: Any) -> None:
@@ -167,16 +168,18 @@ class Actor:
                 return f"cancelled job {job_id}: {action.reason}"
             case Submit() | Resume():
                 return self._launch(work.cell, action)
-            case Analyze(facts=facts):
-                work.analyses[facts.run_tag] = self.analyze_dir(facts, work.metrics(facts))
+            case Analyze(facts=facts, admitted=admitted):
+                work.analyses[facts.run_tag] = self.analyze_dir(facts, work.metrics(facts, admitted))
                 work.learnt(analyzed_run_tag=facts.run_tag)
                 self.state.finish_attempt(facts.run_tag)  # its GPU-hours are history from now on
                 return f"post-eval report written for {facts.run_tag}"
-            case Upload(facts=facts, row_id=row_id, is_overlong=is_overlong, gpu_hours=gpu_hours):
-                message = self._upload(work, facts, row_id, is_overlong, gpu_hours)
-                return message if self.tracker is None else f"{message}; {self._track(work, facts, gpu_hours)}"
-            case Track(facts=facts, gpu_hours=gpu_hours):
-                return self._track(work, facts, gpu_hours)
+            case Upload(facts=facts, row_id=row_id, is_overlong=is_overlong, gpu_hours=gpu_hours, admitted=admitted):
+                result = work.metrics(facts, admitted)
+                message = self._upload(work, facts, result, row_id, is_overlong, gpu_hours)
+                return message if self.tracker is None else \
+                    f"{message}; {self._track(work, facts, result, gpu_hours)}"
+            case Track(facts=facts, gpu_hours=gpu_hours, admitted=admitted):
+                return self._track(work, facts, work.metrics(facts, admitted), gpu_hours)
             case Quarantine(subject=subject, scope=scope, name=name, ttl_s=ttl_s):
                 self.state.quarantine(subject, scope, name, action.reason, ttl_s)
                 return f"{subject.value} {name} quarantined for {ttl_s / 3600:g} h: {action.reason}"
@@ -238,12 +241,10 @@ class Actor:
                       benchmark_name=cell.benchmark_name, job_status=RowStatus.PENDING, submitted_at=now,
                       n_rep_eval=cell.n_attempts, config=row_config(cell, run_tag))
 
-    def _upload(self, work: _CellWork, facts: RunDirFacts, row_id: str | None, is_overlong: bool,
+    def _upload(self, work: _CellWork, facts: RunDirFacts, result: RunMetrics, row_id: str | None, is_overlong: bool,
                 gpu_hours: float | None) -> str:
-        result = work.metrics(facts)
         accuracy = result.score
-        if accuracy is None:
-            raise UploadNotVerified(f"{facts.run_tag}: no score could be computed (no completed trials)")
+        assert accuracy is not None  # admitted: the gate refuses a run with nothing scored
         if row_id is None:  # an orphan dir: give it a row of ours first
             row_id = row_id_for(facts.run_tag)
             self.results.create_row(self._pending_row(work.cell, facts.run_tag, row_id, self.now()).model_copy(
@@ -258,20 +259,18 @@ class Actor:
             raise UploadNotVerified(f"row {row_id} does not show the uploaded metrics")
         if bool(landed.is_overlong) != is_overlong:
             raise UploadNotVerified(f"row {row_id} reads is_overlong={landed.is_overlong}, not {is_overlong}")
-        what = f"accuracy={accuracy:.4f}" + (" is_overlong=true" if is_overlong else "")
+        what = f"accuracy={accuracy:.4f}" + (" is_overlong=true" if is_overlong else "") + (
+            " provisional=true" if result.stats.provisional else "") + (" partial=true" if result.stats.partial else "")
         work.learnt(db_verified=f"row {row_id} read back with {what} ({facts.run_tag})")
         if not written:
             return f"{what} for {facts.run_tag} was already in row {row_id} (verified, not rewritten)"
         return f"uploaded {what} for {facts.run_tag} (row {row_id}, verified)"
 
-    def _track(self, work: _CellWork, facts: RunDirFacts, gpu_hours: float | None) -> str:
+    def _track(self, work: _CellWork, facts: RunDirFacts, result: RunMetrics, gpu_hours: float | None) -> str:
         """Log to the tracker, read the run back, compare; the memory gets the outcome, so the planner can say it."""
         if self.tracker is None:
             raise UploadNotVerified("upload.mlflow is on but this pass has no tracker configured")
         tracker, experiment = self.tracker
-        result = work.metrics(facts)
-        if result.score is None:
-            raise UploadNotVerified(f"{facts.run_tag}: no score could be computed (no valid trials): not logged")
         analysis = work.analyses.get(facts.run_tag) or self.analyze_dir(facts, result)
         record = tracker_record(work.cell, facts, result, analysis, self.errors, gpu_hours)
         work.learnt(tracked_run_tag=None, track_error=None)

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field
 
-from controller.core.trial_errors import INSTANT_FAILURE
+from controller.core.trial_errors import INSTANT_FAILURE, NO_MODEL_OUTPUT
 from controller.core.types import (
     ErrorKind,
     FailureMode,
@@ -58,32 +58,50 @@ class HealthLimits(Frozen):
 
 
 def count_instant_failures(facts: RunDirFacts, instant_fail: timedelta) -> RunDirFacts:
-    """The facts with every instant failure moved from its exception class to `InstantFailure` (an infra class):
-    out of the valid trials and the reward sums, into the infra count and breakdown."""
-    instant = [q for q in facts.quiet_failures if not q.answered or q.agent_seconds is None
-               or q.agent_seconds < instant_fail.total_seconds()]
-    if not instant or facts.unreadable:
+    """The facts with every trial that measured nothing of the model moved to an infra bucket: instant failures
+    (from their exception class to `InstantFailure`) and graded trials whose agent reported 0 output tokens (to
+    `NoModelOutput`: a dead server behind a live harness). Out of the scored trials, the reward sums and their
+    task's tally; into the infra count and breakdown. Only for agents that call a model."""
+    moved = [q for q in facts.quiet_failures if q.exception_type is None or not q.answered
+             or q.agent_seconds is None or q.agent_seconds < instant_fail.total_seconds()]
+    if not moved or facts.unreadable:
         return facts
     breakdown = dict(facts.error_breakdown)
-    counts = {ErrorKind.INFRA: facts.n_infra_errors, ErrorKind.BENIGN: facts.n_benign_errors,
-              ErrorKind.OTHER: facts.n_other_errors}
+    counts = {ErrorKind.INFRA: facts.n_infra_errors, ErrorKind.BENIGN: facts.n_benign_errors}
+    graded, instant = facts.n_graded, 0
     reward_sum, reward_sq_sum = facts.reward_sum, facts.reward_sq_sum
-    for trial in instant:
-        breakdown[trial.exception_type] = breakdown.get(trial.exception_type, 1) - 1
-        counts[trial.kind] -= 1
-        if trial.kind != ErrorKind.INFRA and trial.reward is not None:  # the sums hold valid trials only
-            reward_sum -= trial.reward
-            reward_sq_sum -= trial.reward * trial.reward
-    breakdown[INSTANT_FAILURE] = breakdown.get(INSTANT_FAILURE, 0) + len(instant)
+    tasks = dict(facts.tasks)
+    for trial in moved:
+        if trial.exception_type is None:
+            graded -= 1
+            bucket = NO_MODEL_OUTPUT
+        else:
+            breakdown[trial.exception_type] = breakdown.get(trial.exception_type, 1) - 1
+            counts[trial.kind or ErrorKind.INFRA] -= 1
+            instant += 1
+            bucket = INSTANT_FAILURE
+        breakdown[bucket] = breakdown.get(bucket, 0) + 1
+        counts[ErrorKind.INFRA] += 1
+        if trial.kind != ErrorKind.INFRA:  # it was scored: the sums and its task's tally held it
+            reward = trial.reward or 0.0
+            reward_sum -= reward
+            reward_sq_sum -= reward * reward
+            seen, scored, task_sum = tasks.get(trial.task, (1, 1, reward))
+            tasks[trial.task] = (seen, scored - 1, task_sum - reward)
     return facts.model_copy(update={
-        "n_instant_failures": len(instant), "error_breakdown": dict(sorted(breakdown.items())),
-        "n_infra_errors": counts[ErrorKind.INFRA] + len(instant), "n_benign_errors": counts[ErrorKind.BENIGN],
-        "n_other_errors": counts[ErrorKind.OTHER], "reward_sum": reward_sum, "reward_sq_sum": reward_sq_sum})
+        "n_instant_failures": instant, "error_breakdown": dict(sorted(breakdown.items())),
+        "n_infra_errors": counts[ErrorKind.INFRA], "n_benign_errors": counts[ErrorKind.BENIGN], "n_graded": graded,
+        "reward_sum": reward_sum, "reward_sq_sum": reward_sq_sum, "tasks": tasks})
+
+
+def measured_nothing(facts: RunDirFacts) -> int:
+    """Completed trials in which the model never answered: instant failures, and graded ones with 0 output tokens."""
+    return facts.n_instant_failures + facts.error_breakdown.get(NO_MODEL_OUTPUT, 0)
 
 
 def is_dead_launch(facts: RunDirFacts) -> bool:
-    """Every trial that completed failed instantly: nothing in the dir is a score."""
-    return facts.n_completed > 0 and facts.n_instant_failures == facts.n_completed
+    """Every trial that completed failed instantly or got no output from the model: nothing in the dir is a score."""
+    return facts.n_completed > 0 and measured_nothing(facts) == facts.n_completed
 
 
 class Diagnosis(Frozen):
@@ -153,7 +171,8 @@ def verdict(reading: OutputReading | None, facts: RunDirFacts | None, job_starte
         waited = _minutes(now - job_started) if job_started is not None else "?"
         return HealthState.LAUNCHING, f"launching ({waited} of {_minutes(health.launch_grace)}{traffic})"
     if is_dead_launch(facts):
-        return HealthState.STALLED, (f"suspect: {facts.n_instant_failures} instant failures and no real trial yet "
+        return HealthState.STALLED, (f"suspect: {measured_nothing(facts)} trials without model output and no real "
+                                     "trial yet "
                                      f"(a dead launch at {health.dead_launch_trials}){traffic}")
     since = f", last result {_minutes(now - facts.last_progress_at)} ago" if facts.last_progress_at else ""
     return HealthState.ALIVE, f"alive: {facts.n_scored} trials scored{since}{traffic}"

@@ -134,8 +134,11 @@ def join_cells(
             reason = "; ".join(r for r in (unknown_reason, jobs_dir_missing) if r)
         memory = snapshot.cell_memory.get(cell.key) or snapshot.cell_memory.get(cell.former_key or "") \
             if snapshot else None
-        observations.append(Observation(rows=rows, submissions=subs, jobs=cell_jobs, run_dirs=cell_dirs,
-                                        unknown_reason=reason, memory=memory or CellMemory()))
+        observations.append(Observation(
+            rows=rows, submissions=subs, jobs=cell_jobs, run_dirs=cell_dirs, unknown_reason=reason,
+            memory=memory or CellMemory(),
+            model_names=model_families.names(cell.model) if model_families else frozenset(),
+            benchmark_names=bench_families.names(cell.benchmark_name) if bench_families else frozenset()))
     return observations
 
 

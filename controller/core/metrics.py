@@ -1,16 +1,17 @@
-"""What gets uploaded for one run dir: metrics as a LIST of {name, value} and the stats dict.
+"""What gets uploaded for one admitted run dir: metrics as a LIST of {name, value} and the stats dict.
 
-Pure. Valid trials are the completed ones minus infra errors (not the model's fault); an errored
-valid trial without a reward scores 0. A value of None means "could not be computed" and the
-caller must treat it as a failed analysis, never as a score.
+Pure. The numbers are the admission gate's (`admission.admit`): nothing here computes a score. The stats carry the
+gate's evidence, `n_scored` and the `provisional` and `partial` flags, so a leaderboard can filter and a reviewer
+can audit why a number was published.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
+from controller.core.admission import Admitted
 from controller.core.ports import ResultUpload
 from controller.core.trial_errors import ErrorClasses
 from controller.core.types import Frozen, Metric, RunDirFacts
@@ -20,9 +21,13 @@ class UploadStats(Frozen):
     """`sandbox_jobs.stats` as the dashboards read it; every known class present so rows stay comparable."""
 
     n_trials: int
+    n_scored: int
     n_infra_errors: int
     infra_error_breakdown: dict[str, int]
     n_errors_by_class: dict[str, int]
+    provisional: bool
+    partial: bool
+    evidence: dict[str, Any]
 
 
 class RunMetrics(Frozen):
@@ -38,28 +43,22 @@ class RunMetrics(Frozen):
                             ended_at=ended_at, is_overlong=is_overlong)
 
 
-def valid_trials(facts: RunDirFacts) -> int:
-    return max(facts.n_completed - facts.n_infra_errors, 0)
-
-
-def accuracy(facts: RunDirFacts) -> float | None:
-    n_valid = valid_trials(facts)
-    return facts.reward_sum / n_valid if n_valid else None
-
-
-def run_metrics(facts: RunDirFacts, errors: ErrorClasses) -> RunMetrics:
-    n_valid = valid_trials(facts)
+def run_metrics(admitted: Admitted, facts: RunDirFacts, errors: ErrorClasses) -> RunMetrics:
     return RunMetrics(
         metrics=(
-            Metric(name="accuracy", value=accuracy(facts)),
-            Metric(name="accuracy_stderr", value=_stderr(facts.reward_sum, facts.reward_sq_sum, n_valid)),
-            Metric(name="n_valid_trials", value=float(n_valid)),
+            Metric(name="accuracy", value=admitted.score),
+            Metric(name="accuracy_stderr", value=admitted.stderr),
+            Metric(name="n_valid_trials", value=float(admitted.n_scored)),
         ),
         stats=UploadStats(
-            n_trials=n_valid,
+            n_trials=admitted.n_scored,
+            n_scored=admitted.n_scored,
             n_infra_errors=facts.n_infra_errors,
             infra_error_breakdown=errors.infra_breakdown(facts.error_breakdown),
             n_errors_by_class=errors.breakdown(facts.error_breakdown),
+            provisional=admitted.provisional,
+            partial=admitted.partial,
+            evidence=admitted.evidence.model_dump(mode="json") | {"partial_why": admitted.partial_why},
         ),
     )
 
@@ -68,11 +67,3 @@ def same_metrics(stored: Iterable[Metric] | None, written: Iterable[Metric]) -> 
     """Does a row hold exactly these metrics (names and values)? How an upload is verified and found done."""
     expected = {metric.name: metric.value for metric in written}
     return bool(expected) and {metric.name: metric.value for metric in stored or ()} == expected
-
-
-def _stderr(total: float, sq_total: float, n: int) -> float | None:
-    """Standard error of the mean with the sample (n-1) variance, from running sums."""
-    if n < 2:
-        return None
-    variance = max(sq_total - total * total / n, 0.0) / (n - 1)
-    return math.sqrt(variance / n)

@@ -26,6 +26,16 @@ from typing import Literal
 
 from pydantic import Field
 
+from controller.core.admission import (
+    Admission,
+    Admitted,
+    GatePolicy,
+    Refusal,
+    Refused,
+    admit,
+    distinct_trials,
+    expected_trials,
+)
 from controller.core.dedup import DEDUP_TABLE, RowCase, newest, row_case
 from controller.core.gpu_hours import (
     UNKNOWN,
@@ -44,11 +54,11 @@ from controller.core.health import (
     count_instant_failures,
     diagnose,
     is_dead_launch,
+    measured_nothing,
     read_output,
     unwired_api_base,
     verdict,
 )
-from controller.core.metrics import accuracy
 from controller.core.progress import progress_of
 from controller.core.resume import RESUME_TABLE, DirClass, Next, classify
 from controller.core.types import (
@@ -120,14 +130,13 @@ class Policy(Frozen):
     zombie_grace: timedelta = timedelta(minutes=10)
     upload_db: bool = True
     track: bool = Field(False, description="log to the tracker (MLflow); Completed needs its read-back")
-    min_completed_fraction: float = 0.5
-    max_infra_error_fraction: float | None = None
+    admission: GatePolicy = Field(GatePolicy(), description="what the admission gate lets through (RULES §14)")
     overlong: timedelta | Literal["walltime"] = Field(
         "walltime", description="a run longer than this is overlong (walltime: than one job of its cell may run)")
     walltime: timedelta = Field(timedelta(hours=24), description="the cluster's timeLimit (a cell may ask more)")
     hold_overlong: bool = Field(False, description="upload.overlong hold: an overlong run waits for forceUpload; "
                                                    "otherwise it is uploaded with is_overlong true")
-    force_upload: bool = Field(False, description="the gates' holds are released by a human")
+    force_upload: bool = Field(False, description="an overlong hold is released by a human")
     max_submissions_per_pass: int = 6
     max_live_jobs: int = Field(50, description="the cluster's ceiling on our queued + running jobs (the caller's "
                                                "budget counts it)")
@@ -257,7 +266,8 @@ UNTOUCHED = Observation(rows=(), submissions=(), jobs=(), run_dirs=())
 
 def _untouched(cell: Cell, obs: Observation) -> bool:
     """Nothing seen of a cell that needs no pinggy pair: its plan depends on the budget alone."""
-    return obs == UNTOUCHED and not cell.needs_pinggy
+    seen = (obs.rows, obs.submissions, obs.jobs, obs.run_dirs, obs.outputs, obs.memory, obs.unknown_reason)
+    return seen == ((), (), (), (), (), UNTOUCHED.memory, "") and not cell.needs_pinggy
 
 
 def _as_quarantined(action: Quarantine, now: datetime) -> Quarantined:
@@ -384,6 +394,7 @@ class _CellRules:
         self.outputs = {output.job_id: output for output in obs.outputs or ()}
         self.leased = leased or {}
         self.quarantined = quarantined
+        self.model_names, self.benchmark_names = obs.model_names, obs.benchmark_names
         self.adoptions = [
             RowUpdate(submission_name=s.name, job_id=job.job_id, row_id=s.row_id)
             for s in self.subs
@@ -444,13 +455,14 @@ class _CellRules:
             unhealthy = self._unhealthy(job, facts, actions, updates)
             if unhealthy is not None:
                 return unhealthy
-        if facts is not None and facts.n_total and not facts.unreadable:  # zombie and stuck rules count trials
+        expected = expected_trials(self.cell, facts)[0] if facts is not None else None
+        if facts is not None and expected and not facts.unreadable:  # zombie and stuck rules count trials
             last = facts.last_progress_at or job.started_at
             quiet = self.now - last if last is not None else timedelta(0)
-            if facts.n_completed >= facts.n_total and quiet >= self.policy.zombie_grace:
+            if distinct_trials(facts, self.cell.n_attempts) >= expected and quiet >= self.policy.zombie_grace:
                 return self._cancel_to_upload(job, facts, actions, updates, "zombie job", Rule.ZOMBIE,
                                               f"every trial has a result ({progress}) but the job still runs")
-            near = math.ceil(self.policy.near_complete_fraction * facts.n_total)
+            near = math.ceil(self.policy.near_complete_fraction * expected)
             if facts.n_scored >= near and quiet >= self.policy.stale_near:
                 return self._cancel_to_upload(job, facts, actions, updates, "stuck near complete",
                                               Rule.STUCK_NEAR_COMPLETE, f"{progress}, no new score for {_minutes(quiet)}")
@@ -638,21 +650,29 @@ class _CellRules:
 
     def _finished(self, row: ObservedRow, rule: Rule) -> CellPlan:
         score = _metric(row, "accuracy")
+        valid = _metric(row, "n_valid_trials")
+        n_scored = int(valid) if valid is not None else None
         facts = self.dirs.get(row.job_name or "")
-        if facts is not None and facts.n_total and facts.n_completed < facts.n_total:
+        expected = expected_trials(self.cell, facts)[0] if facts is not None else None
+        if facts is not None and expected and distinct_trials(facts, self.cell.n_attempts) < expected:
             cls = self._classify(facts, job=None)
             if cls in (DirClass.AT_RESUME_LIMIT, DirClass.REJECTED):
                 reason = f"uploaded as is: {RESUME_TABLE[cls].reason} ({_progress(facts)})"
                 return self._result(Phase.FAILED, [Hold(reason=reason)], reason, RESUME_TABLE[cls].rule,
-                                    facts=facts, score=score)
+                                    facts=facts, score=score, n_scored=n_scored)
         if self._needs_tracking(row, facts):
             assert facts is not None
-            reason = self._not_verified()
-            upload = self._upload_action(facts, row.id, f"{reason}: log and read back")
-            return self._result(Phase.EVALUATED, [self._analyze(facts), upload], reason, Rule.VERIFY_UPLOAD,
-                                facts=facts, score=score)
+            admission = self._admit(facts, can_resume=False)
+            if isinstance(admission, Admitted):
+                reason = self._not_verified()
+                upload = self._upload_action(facts, row.id, f"{reason}: log and read back", admission)
+                return self._result(Phase.EVALUATED, [self._analyze(facts, admission), upload], reason,
+                                    Rule.VERIFY_UPLOAD, facts=facts, admission=admission, score=score, n_scored=n_scored)
+            reason = f"job finished; not logged to MLflow: its run dir is {admission.summary()}"
+            return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts,
+                                admission=admission, score=score, n_scored=n_scored)
         reason = f"job finished{self._flag_note(row, facts)}"
-        return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts, score=score)
+        return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts, score=score, n_scored=n_scored)
 
     def _flag_note(self, row: ObservedRow, facts: RunDirFacts | None) -> str:
         """What a finished row's is_overlong says, and whether our run's dir disagrees. Shown, never rewritten:
@@ -767,61 +787,77 @@ class _CellRules:
         return self._result(Phase.PENDING, [*actions, submit], reason, Rule.REFIRE, facts=facts, remember=remember)
 
     def _upload(self, facts: RunDirFacts, row_id: str | None, cls: DirClass, rule: Rule) -> CellPlan:
+        """Through the admission gate (RULES §14), then the overlong hold; only an admitted number is uploaded."""
         verdict = RESUME_TABLE[cls]
-        held = self._gates(facts)
-        if held and (facts.n_completed == 0 or not self.policy.force_upload):
-            release = "" if facts.n_completed == 0 else "; set upload.forceUpload to upload it anyway"
-            reason = f"{verdict.reason}; upload gate: {'; '.join(held)}: not uploading{release}"
-            return self._result(Phase.FAILED, [Hold(reason=reason)], reason, Rule.UPLOAD_GATE, facts=facts)
+        can_resume = (cls not in (DirClass.REJECTED, DirClass.AT_RESUME_LIMIT) and not facts.no_resume
+                      and self.memory.upload_as_is != facts.run_tag
+                      and self._fires(facts) < self.policy.max_total_fires)
+        admission = self._admit(facts, can_resume)
+        if isinstance(admission, Refused):
+            return self._refused(facts, row_id, admission)
+        if self.policy.hold_overlong and not self.policy.force_upload and (overlong := self._overlong(facts)):
+            reason = f"{verdict.reason}; upload gate: {overlong} (is_overlong; upload.overlong: hold): not " \
+                     "uploading; set upload.forceUpload to upload it anyway"
+            return self._result(Phase.FAILED, [Hold(reason=reason)], reason, Rule.UPLOAD_GATE, facts=facts,
+                                admission=admission)
         if not self.policy.upload_db:
-            return self._without_db_upload(facts, rule)
-        upload = self._upload_action(facts, row_id, f"{verdict.reason} ({_progress(facts)}): upload metrics")
-        reason = f"{verdict.reason}: analyze and upload{_flagged(self._overlong(facts))}"
-        return self._result(Phase.EVALUATED, [self._analyze(facts), upload], reason, rule, facts=facts)
+            return self._without_db_upload(facts, rule, admission)
+        upload = self._upload_action(facts, row_id, f"{verdict.reason} ({_progress(facts)}): upload metrics",
+                                     admission)
+        reason = f"{verdict.reason}: analyze and upload; {admission.summary()}{_flagged(self._overlong(facts))}"
+        return self._result(Phase.EVALUATED, [self._analyze(facts, admission), upload], reason, rule, facts=facts,
+                            admission=admission)
 
-    def _upload_action(self, facts: RunDirFacts, row_id: str | None, reason: str) -> Upload:
+    def _admit(self, facts: RunDirFacts, can_resume: bool) -> Admission:
+        reading = self.learnt.output
+        jobs = {job.job_id for job in self.jobs if self._dir_tag(job) == facts.run_tag}
+        requests = reading.requests if reading is not None and reading.job_id in jobs else None
+        return admit(self.cell, facts, self.policy.admission, requests=requests, can_resume=can_resume,
+                     model_names=self.model_names, benchmark_names=self.benchmark_names)
+
+    def _refused(self, facts: RunDirFacts, row_id: str | None, refused: Refused) -> CellPlan:
+        """What a refusal calls for: a resume (fires left), a refire (a dead launch), or a human."""
+        rule = ADMISSION_RULES[refused.refusal]
+        if refused.remedy == "refire":
+            remedy = Remedy(run_tag=facts.run_tag, kind=RemedyKind.REFIRE, diagnosis=f"{refused.summary()}",
+                            at=self.now, cause=RemedyCause.DEAD_LAUNCH)
+            return self._remediate(facts, self._last_job(facts.run_tag), remedy)
+        if refused.remedy == "resume":
+            fires = self._fires(facts)
+            reason = f"{refused.summary()} → resume, fire {fires + 1} of {self.policy.max_total_fires}"
+            action = Resume(reason=reason, run_tag=facts.run_tag, attempt=self._attempt_of(facts.run_tag),
+                            fire=fires + 1, row_id=row_id)
+            return self._result(Phase.PENDING, [action], reason, rule, facts=facts, admission=refused)
+        reason = f"{refused.summary()}: not uploading"
+        return self._result(Phase.FAILED, [Hold(reason=reason)], reason, rule, facts=facts, admission=refused)
+
+    def _upload_action(self, facts: RunDirFacts, row_id: str | None, reason: str, admitted: Admitted) -> Upload:
         """Every upload of a run carries the same flag, so a re-upload (to verify MLflow) never clears it."""
         overlong = self._overlong(facts)
-        return Upload(facts=facts, row_id=row_id, is_overlong=overlong is not None,
+        return Upload(facts=facts, row_id=row_id, is_overlong=overlong is not None, admitted=admitted,
                       reason=reason + _flagged(overlong), gpu_hours=self._attempt_hours(facts.run_tag))
 
-    def _without_db_upload(self, facts: RunDirFacts, rule: Rule) -> CellPlan:
+    def _without_db_upload(self, facts: RunDirFacts, rule: Rule, admitted: Admitted) -> CellPlan:
         """upload.db off: done once the report is written, or, with MLflow on, once its run reads back. That is
         where its result went, so a Completed cell shows the score of its finished run dir."""
         tag = facts.run_tag
         if self.policy.track and self.memory.tracked_run_tag == tag:
             reason = f"MLflow run {tag} read back as logged; upload.db is off"
             return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts,
-                                score=accuracy(facts))
+                                admission=admitted, score=admitted.score, n_scored=admitted.n_scored)
         if self.policy.track:
             reason = self._not_verified()
-            track = Track(facts=facts, reason=f"{reason}: log and read back (upload.db is off)",
+            track = Track(facts=facts, reason=f"{reason}: log and read back (upload.db is off)", admitted=admitted,
                           gpu_hours=self._attempt_hours(facts.run_tag))
-            return self._result(Phase.EVALUATED, [self._analyze(facts), track], reason, Rule.VERIFY_UPLOAD,
-                                facts=facts)
+            return self._result(Phase.EVALUATED, [self._analyze(facts, admitted), track], reason, Rule.VERIFY_UPLOAD,
+                                facts=facts, admission=admitted)
         if self.memory.analyzed_run_tag == tag:
             reason = f"post-eval report written for {tag}; upload.db and upload.mlflow are off"
             return self._result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts,
-                                score=accuracy(facts))
-        return self._result(Phase.EVALUATED, [self._analyze(facts)],
-                            "trials done; upload.db is off: post-eval report only", rule, facts=facts)
-
-    def _gates(self, facts: RunDirFacts) -> list[str]:
-        """Why this run's numbers should not reach the leaderboard unreviewed, with the numbers."""
-        policy, held = self.policy, []
-        total = facts.n_total or facts.n_completed
-        fraction = facts.n_completed / total if total else 0.0
-        if fraction < policy.min_completed_fraction or facts.n_completed == 0:
-            held.append(f"only {facts.n_completed}/{total or '?'} completed ({fraction:.0%}), below "
-                        f"minCompletedFraction {policy.min_completed_fraction:g}")
-        if policy.max_infra_error_fraction is not None and facts.n_completed:
-            infra = facts.n_infra_errors / facts.n_completed
-            if infra > policy.max_infra_error_fraction:
-                held.append(f"{facts.n_infra_errors} infra errors in {facts.n_completed} completed ({infra:.0%}), above "
-                            f"maxInfraErrorFraction {policy.max_infra_error_fraction:g}")
-        if policy.hold_overlong and (overlong := self._overlong(facts)):
-            held.append(f"{overlong} (is_overlong; upload.overlong: hold)")
-        return held
+                                admission=admitted, score=admitted.score, n_scored=admitted.n_scored)
+        return self._result(Phase.EVALUATED, [self._analyze(facts, admitted)],
+                            "trials done; upload.db is off: post-eval report only", rule, facts=facts,
+                            admission=admitted)
 
     def _overlong(self, facts: RunDirFacts) -> str | None:
         """How a run took longer than upload.overlongHours, from its started_at (the first fire's: Harbor keeps it
@@ -841,6 +877,8 @@ class _CellRules:
     def _classify(self, facts: RunDirFacts, job: ObservedJob | None) -> DirClass:
         return classify(
             facts,
+            expected=expected_trials(self.cell, facts)[0],
+            seen=distinct_trials(facts, self.cell.n_attempts),
             job_active=job is not None and job.state.active,
             job_ended_at=job.ended_at if job is not None else None,
             fires=self._fires(facts),
@@ -898,8 +936,8 @@ class _CellRules:
         return Submit(reason=reason, run_tag=self.cell.run_tag(attempt), attempt=attempt)
 
     @staticmethod
-    def _analyze(facts: RunDirFacts) -> Analyze:
-        return Analyze(facts=facts, reason=f"post-eval report for {facts.run_tag}")
+    def _analyze(facts: RunDirFacts, admitted: Admitted) -> Analyze:
+        return Analyze(facts=facts, admitted=admitted, reason=f"post-eval report for {facts.run_tag}")
 
     def _result(
         self,
@@ -912,6 +950,8 @@ class _CellRules:
         score: float | None = None,
         remember: CellMemory | None = None,
         health: tuple[HealthState, str] | None = None,
+        admission: Admission | None = None,
+        n_scored: int | None = None,
     ) -> CellPlan:
         """`remember`: the memory after this pass, written only if it differs from what was observed. `score`: only
         what an uploaded row holds, never one computed from a run dir (a running cell has no score)."""
@@ -920,7 +960,9 @@ class _CellRules:
                         row_updates=(*self.adoptions, *(updates or ())), run_dir=facts, score=score,
                         progress=progress_of(facts, self.now, running=phase == Phase.RUNNING),
                         memory=self.memory, remember=remember if remember != self.memory else None,
-                        health=state, health_note=note, gpu_hours=self.gpu_hours)
+                        health=state, health_note=note, gpu_hours=self.gpu_hours, admission=admission,
+                        n_scored=n_scored, provisional=None if n_scored is None
+                        else n_scored < self.policy.admission.trust_threshold)
 
 
 # ---------------------------------------------------------------------- caps
@@ -993,8 +1035,19 @@ def _failure(job: ObservedJob, policy: Policy) -> str:
 
 
 def _dead_launch(facts: RunDirFacts) -> str:
-    return (f"dead launch: {facts.n_instant_failures} instant failures, 0 real trials — served model unreachable? "
+    silent = measured_nothing(facts) - facts.n_instant_failures
+    what = f"{facts.n_instant_failures} instant failures" + (f" and {silent} graded trials without one output token"
+                                                              if silent else "")
+    return (f"dead launch: {what}, 0 real trials — served model unreachable? "
             "(check the vLLM server and the api_base the trials call)")
+
+
+ADMISSION_RULES: dict[Refusal, Rule] = {
+    Refusal.IDENTITY: Rule.ADMISSION_IDENTITY, Refusal.INVALID_REWARD: Rule.ADMISSION_INVALID_REWARD,
+    Refusal.NO_TRAFFIC: Rule.ADMISSION_NO_TRAFFIC, Refusal.NO_TOTAL: Rule.ADMISSION_NO_TOTAL,
+    Refusal.INCOMPLETE: Rule.ADMISSION_INCOMPLETE, Refusal.INFRA_SHARE: Rule.ADMISSION_INFRA_SHARE,
+    Refusal.NOTHING_SCORED: Rule.ADMISSION_NOTHING_SCORED,
+}
 
 
 DIAGNOSED_BY: dict[RemedyCause, Rule] = {

@@ -59,6 +59,8 @@ RESUME_TABLE: dict[DirClass, Verdict] = {
 def classify(
     facts: RunDirFacts,
     *,
+    expected: int | None,
+    seen: int,
     job_active: bool,
     job_ended_at: datetime | None,
     fires: int,
@@ -67,33 +69,27 @@ def classify(
     settle: timedelta,
     now: datetime,
 ) -> DirClass:
-    """Which line of the §4 table the dir falls on; `fires` counts the jobs that ran on the dir."""
+    """Which line of the §4 table the dir falls on; `fires` counts the jobs that ran on the dir. `expected`: the
+    trials the run must have (RULES §14: the catalog's, else Harbor's total; None: unknown); `seen`: its distinct
+    (task, attempt) pairs with a result, so a re-run trial or a leftover of an earlier fire counts once."""
     if job_active:
         return DirClass.IN_FLIGHT
     if _still_landing(facts, job_ended_at, settle, now):
         return DirClass.SETTLING
     if facts.no_resume:
         return DirClass.REJECTED
-    if fires >= max_total_fires and not _complete(facts):
+    if fires >= max_total_fires and not (expected is not None and seen >= expected):
         return DirClass.AT_RESUME_LIMIT
     if not facts.has_result and facts.n_trial_dirs == 0:
         return DirClass.EARLY_KILL
-    total = facts.n_total
     too_many_infra = facts.n_infra_errors > infra_error_threshold
-    if total is None or facts.n_completed < total:
+    if expected is None or seen < expected:
         if facts.finished_at is None:
             return DirClass.INCOMPLETE
         return DirClass.PARTIAL if too_many_infra else DirClass.PARTIAL_OK
-    if facts.n_completed == total:
-        if too_many_infra:
-            return DirClass.AT_RESUME_LIMIT if fires >= max_total_fires else DirClass.DONE_WITH_ERRORS
-        return DirClass.DONE
-    return DirClass.SETTLING  # completed > total: sandboxes of a killed job still writing
-
-
-def _complete(facts: RunDirFacts) -> bool:
-    """Complete enough that the resume limit is irrelevant (DONE or PARTIAL_OK decide by themselves)."""
-    return facts.n_total is not None and facts.n_completed >= facts.n_total
+    if too_many_infra:
+        return DirClass.AT_RESUME_LIMIT if fires >= max_total_fires else DirClass.DONE_WITH_ERRORS
+    return DirClass.DONE
 
 
 # SLURM reports end times in whole seconds and file times come from the file server's clock: a trial written

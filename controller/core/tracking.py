@@ -29,7 +29,7 @@ def tracker_record(cell: Cell, facts: RunDirFacts, result: RunMetrics, analysis:
     `errors.other`, so all runs share the same metric names (dashboards stay dimensionally stable). `gpu_hours`:
     the attempt's actual GPU-hours, where the scheduler said."""
     metrics = {m.name: float(m.value) for m in result.metrics if m.value is not None}
-    metrics |= {"n_valid_trials": float(result.stats.n_trials), "n_infra_errors": float(result.stats.n_infra_errors),
+    metrics |= {"n_valid_trials": float(result.stats.n_scored), "n_infra_errors": float(result.stats.n_infra_errors),
                 "n_completed_trials": float(facts.n_completed), "n_scored_trials": float(facts.n_scored)}
     if facts.n_total is not None:
         metrics["n_total_trials"] = float(facts.n_total)
@@ -43,13 +43,21 @@ def tracker_record(cell: Cell, facts: RunDirFacts, result: RunMetrics, analysis:
     return TrackerRecord(
         run_tag=facts.run_tag,
         tags={"cell_key": cell.key, "model": cell.model, "benchmark": cell.benchmark_name, "dataset": cell.dataset,
-              "cluster": cell.cluster, "evalrun": str(cell.evalrun)},
+              "cluster": cell.cluster, "evalrun": str(cell.evalrun),
+              "provisional": str(result.stats.provisional).lower(), "partial": str(result.stats.partial).lower(),
+              "admission": _admission_tag(result)},
         params={"agent": cell.agent, "harbor_config": cell.harbor_config,
                 "timeout_multiplier": f"{cell.timeout_multiplier:g}", "n_attempts": str(cell.n_attempts),
                 "fingerprint": cell.fingerprint},
         metrics=metrics,
         report=analysis.report,
     )
+
+
+def _admission_tag(result: RunMetrics) -> str:
+    """The gate's evidence in a line (an MLflow tag holds at most 5,000 characters)."""
+    evidence = result.stats.evidence
+    return ", ".join(f"{key}={evidence[key]}" for key in sorted(evidence))[:5000]
 
 
 def differences(record: TrackerRecord, tracked: TrackedRun | None) -> list[str]:

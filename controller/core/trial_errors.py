@@ -1,9 +1,12 @@
-"""Which trial exceptions are infra (retry-worthy), benign (a valid score of 0) or other.
+"""Which trial exceptions are the model's own failures (a valid 0) and which are infra (not a measurement).
 
-The class lists are data (REFERENCE.md §3, shipped as a catalog); this module only gives them a
-type and the two rules everyone must apply the same way: classification and the
-dimensionally stable breakdown (every known class present, 0 included). `InstantFailure` is
-always an infra class: the reconciler files instant failures there, whatever Harbor called them.
+The class lists are data (RULES §3, shipped as a catalog); this module only gives them a type and the rules
+everyone must apply the same way: classification and the dimensionally stable breakdown (every known class
+present, 0 included). The classification is closed: an exception is the model's failure only when the catalog
+says so; every other one, known or not, is infra, as the users' own extraction excludes every errored trial.
+The reconciler's own buckets are infra too: `InstantFailure` (raised before one output token, within seconds),
+`Ungraded` (no exception and no reward: the verifier never ran) and `NoModelOutput` (graded, but the model
+produced no token: the verifier graded an untouched workspace).
 """
 
 from __future__ import annotations
@@ -14,21 +17,27 @@ from pydantic import Field, field_validator
 
 from controller.core.types import ErrorKind, Frozen
 
-__all__ = ["INSTANT_FAILURE", "ErrorClasses", "ErrorKind"]
+__all__ = ["INSTANT_FAILURE", "NO_MODEL_OUTPUT", "UNGRADED", "ErrorClasses", "ErrorKind"]
 
-# The reconciler's own bucket (never Harbor's): an exception before one output token, within seconds.
 INSTANT_FAILURE = "InstantFailure"
+UNGRADED = "Ungraded"
+NO_MODEL_OUTPUT = "NoModelOutput"
+OWN_BUCKETS = frozenset({INSTANT_FAILURE, UNGRADED, NO_MODEL_OUTPUT})
 
 
 class ErrorClasses(Frozen):
-    """Exception class names by kind; same fields as `catalog/error_classes.yaml`."""
+    """Exception class names by kind; same fields as `catalog/error_classes.yaml`.
+
+    A `benign` name may be qualified (`litellm.BadRequestError`): it is then the model's failure only when the
+    trial's exception comes from that package, so a sandbox SDK's class of the same bare name stays infra.
+    """
 
     infra: frozenset[str]
-    benign: frozenset[str]
+    benign: frozenset[str] = Field(description="the model's own failures: a valid 0 (its reward, if graded)")
     benign_with_reward: frozenset[str] = Field(
         frozenset(),
-        description="benign only when the trial still got a reward (a graded AgentTimeoutError is a 0; "
-        "an ungraded one is an ordinary error)",
+        description="the model's failure only when the trial still got a reward (a graded AgentTimeoutError is a 0; "
+        "an ungraded one is infra)",
     )
     interrupted: frozenset[str] = Field(
         frozenset(),
@@ -37,19 +46,19 @@ class ErrorClasses(Frozen):
 
     @field_validator("infra")
     @classmethod
-    def _with_instant_failures(cls, infra: frozenset[str]) -> frozenset[str]:
-        return infra | {INSTANT_FAILURE}
+    def _with_own_buckets(cls, infra: frozenset[str]) -> frozenset[str]:
+        return infra | OWN_BUCKETS
 
     @property
     def known(self) -> tuple[str, ...]:
-        return tuple(sorted(self.infra | self.benign | self.benign_with_reward))
+        return tuple(sorted(self.infra | {_bare(name) for name in self.benign | self.benign_with_reward}))
 
-    def classify(self, exception_type: str, has_reward: bool) -> ErrorKind:
-        if exception_type in self.infra:
-            return ErrorKind.INFRA
-        if exception_type in self.benign or (has_reward and exception_type in self.benign_with_reward):
+    def classify(self, exception_type: str, has_reward: bool, qualified: str | None = None) -> ErrorKind:
+        """BENIGN (the model's failure) only where the catalog lists the class; INFRA for everything else."""
+        if _listed(self.benign, exception_type, qualified) or (
+                has_reward and _listed(self.benign_with_reward, exception_type, qualified)):
             return ErrorKind.BENIGN
-        return ErrorKind.OTHER
+        return ErrorKind.INFRA
 
     def breakdown(self, counts: Mapping[str, int]) -> dict[str, int]:
         """Every known class (0 when unseen) plus any unknown class seen, sorted by name."""
@@ -57,4 +66,23 @@ class ErrorClasses(Frozen):
         return dict(sorted(merged.items()))
 
     def infra_breakdown(self, counts: Mapping[str, int]) -> dict[str, int]:
-        return {name: counts.get(name, 0) for name in sorted(self.infra)}
+        """The infra classes, and every class seen that is not the model's (unknown classes are infra too)."""
+        model = {_bare(name) for name in self.benign | self.benign_with_reward}
+        seen = {name for name, count in counts.items() if count and name not in model}
+        return {name: counts.get(name, 0) for name in sorted(self.infra | seen)}
+
+
+def _bare(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def _listed(names: frozenset[str], exception_type: str, qualified: str | None) -> bool:
+    """A bare catalog name matches the class by name; a qualified one also needs the trial's package to match."""
+    bare = _bare(exception_type)
+    origin = (qualified or exception_type).split(".", 1)[0] if "." in (qualified or exception_type) else None
+    for name in names:
+        if _bare(name) != bare:
+            continue
+        if "." not in name or (origin is not None and origin == name.split(".", 1)[0]):
+            return True
+    return False

@@ -134,6 +134,12 @@ class Cell(Frozen):
     needs_pinggy: bool = False
     calls_model: bool = Field(True, description="its agent calls a model (not Harbor's oracle or nop): a trial that "
                                                 "raised without a token may be an instant failure")
+    reports_tokens: bool = Field(True, description="its harness reports token usage per trial; one that never does "
+                                                   "is judged by the requests its job's vLLM logged")
+    tasks: int | None = Field(None, description="tasks in its benchmark (the preset's, or spec.tasks): expected "
+                                                "trials = tasks × n_attempts; None: only Harbor's total says")
+    partial_credit: bool | None = Field(None, description="rewards strictly between 0 and 1 are valid (the preset "
+                                                          "says so); False: only 0 or 1; None: not known, not checked")
     fingerprint: str = Field(description="hash of what changes results (agent, config, multiplier, overrides, kwargs)")
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
@@ -288,7 +294,6 @@ class ErrorKind(StrEnum):
 
     INFRA = "infra"
     BENIGN = "benign"
-    OTHER = "other"
 
 
 class JobState(StrEnum):
@@ -330,11 +335,13 @@ class ObservedJob(Frozen):
 class QuietFailure(Frozen):
     """A trial that raised without producing one output token; its agent time tells an instant failure."""
 
-    exception_type: str
-    kind: ErrorKind = Field(description="how its class counted in the run dir's tallies")
+    exception_type: str | None = Field(description="None: a graded trial without an exception whose agent reported "
+                                                   "0 output tokens (the verifier graded an untouched workspace)")
+    kind: ErrorKind | None = Field(description="how its class counted in the run dir's tallies; None: graded")
     agent_seconds: float | None = Field(description="agent_execution finished - started; None: never ran")
     reward: float | None = None
     answered: bool = Field(False, description="the model answered at least one request (input tokens reported)")
+    task: str = Field("", description="its task, whose tally it is counted in")
 
 
 class RunDirFacts(Frozen):
@@ -353,18 +360,29 @@ class RunDirFacts(Frozen):
     n_trial_dirs: int = 0
     n_completed: int = Field(0, description="trials with a result.json")
     n_scored: int = Field(0, description="trials with a reward")
-    n_infra_errors: int = 0
-    n_benign_errors: int = 0
-    n_other_errors: int = 0
+    n_infra_errors: int = Field(0, description="trials that are no measurement of the model: an exception not the "
+                                               "model's (known or unknown), ungraded, or without model output")
+    n_benign_errors: int = Field(0, description="trials that raised the model's own failure (a valid 0)")
+    n_graded: int = Field(0, description="trials without an exception with a usable reward")
+    n_invalid: int = Field(0, description="trials whose reward is out of [0, 1], not a number, or under another key")
+    invalid: str = Field("", description="'<trial>/result.json: why' of the first invalid reward")
+    n_fractional: int = Field(0, description="trials whose reward is strictly between 0 and 1 (partial credit)")
+    fractional: str = Field("", description="'<trial>/result.json: reward' of the first fractional reward")
+    n_answered: int = Field(0, description="trials whose agent reported output tokens (> 0): the model answered")
+    n_usage_reported: int = Field(0, description="trials whose agent reported its output tokens at all (0 included)")
     error_breakdown: dict[str, int] = Field(default_factory=dict)
-    reward_sum: float = 0.0
+    reward_sum: float = Field(0.0, description="over the scored trials: graded, and the model's failures")
     reward_sq_sum: float = 0.0
+    tasks: dict[str, tuple[int, int, float]] = Field(
+        default_factory=dict, description="task → (completed trials, scored trials, their reward sum): coverage "
+                                          "of (task, attempt) pairs and the task-clustered standard error")
     started_at: datetime | None = None
     finished_at: datetime | None = None
     last_progress_at: datetime | None = Field(None, description="newest trial result written")
     fires: int = Field(0, description="jobs that ran on this dir, from meta.env RESUME_COUNT (+1)")
     no_resume: bool = False
-    quiet_failures: tuple[QuietFailure, ...] = Field((), description="errored trials without an output token")
+    quiet_failures: tuple[QuietFailure, ...] = Field((), description="errored trials without an output token, and "
+                                                                    "graded ones whose agent reported 0 of them")
     n_instant_failures: int = Field(0, description="of those, the instant failures (the EvalRun's health policy)")
     n_started_trials: int = Field(0, description="trials with a result or with agent/ content: the launch works")
     api_base: str | None = Field(None, description="the LLM endpoint the first trial's config.json names")
@@ -564,3 +582,5 @@ class Observation(Frozen):
     unknown_reason: str = ""
     memory: CellMemory = Field(CellMemory(), description="what earlier passes remembered for this cell")
     outputs: tuple[JobOutput, ...] | None = Field((), description="new output of its running jobs (None: unread)")
+    model_names: frozenset[str] = Field(frozenset(), description="the DB's names of the cell's model (its family)")
+    benchmark_names: frozenset[str] = Field(frozenset(), description="the DB's names of the cell's benchmark")

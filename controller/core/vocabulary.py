@@ -14,6 +14,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
+from controller.core.admission import Admitted, Refused
 from controller.core.gpu_hours import GpuBudget, GpuEstimate
 from controller.core.intake import Selection
 from controller.core.progress import Progress
@@ -125,6 +126,22 @@ class Rule(StrEnum):
     UPLOAD_GATE = ("UploadGate", "DECISIONS: upload gates (minCompletedFraction, maxInfraErrorFraction, "
                                  "overlongHours with upload.overlong: hold) → hold until upload.forceUpload")
 
+    # RULES §14: the admission gate, before every upload
+    ADMISSION_IDENTITY = ("AdmissionIdentity", "RULES §14: the run dir records another model, benchmark or agent "
+                                               "than the cell → hold, an incident; never uploaded")
+    ADMISSION_INVALID_REWARD = ("AdmissionInvalidReward", "RULES §14: a reward out of [0, 1], not a number, under "
+                                                          "another key, or fractional without partial credit → hold")
+    ADMISSION_NO_TRAFFIC = ("AdmissionNoTraffic", "RULES §14: no trial shows the model answering → a dead launch: "
+                                                  "refire, then hold")
+    ADMISSION_NO_TOTAL = ("AdmissionNoTotal", "RULES §14: neither the catalog nor Harbor gives the expected trials "
+                                              "→ hold")
+    ADMISSION_INCOMPLETE = ("AdmissionIncomplete", "RULES §14: distinct (task, attempt) pairs short of the expected "
+                                                   "trials → resume, then hold (or upload.partial: upload)")
+    ADMISSION_INFRA_SHARE = ("AdmissionInfraShare", "RULES §14: infra share above upload.maxInfraErrorFraction → "
+                                                    "resume, then hold (or upload.partial: upload)")
+    ADMISSION_NOTHING_SCORED = ("AdmissionNothingScored", "RULES §14: no trial graded or failed as the model's own "
+                                                          "→ hold")
+
 
 # --------------------------------------------------------------------------- actions
 
@@ -224,6 +241,7 @@ class Analyze(_Mutation):
     step: ClassVar[Step] = Step.ANALYZE
     kind: Literal[ActionKind.ANALYZE] = ActionKind.ANALYZE
     facts: RunDirFacts
+    admitted: Admitted = Field(description="what the admission gate said: the numbers the report shows")
 
 
 class Upload(_Mutation):
@@ -232,6 +250,7 @@ class Upload(_Mutation):
     step: ClassVar[Step] = Step.UPLOAD
     kind: Literal[ActionKind.UPLOAD] = ActionKind.UPLOAD
     facts: RunDirFacts
+    admitted: Admitted = Field(description="the admission gate's numbers and evidence: what is written")
     row_id: str | None = Field(description="our row of the run; None: an orphan dir, given a row of ours first")
     gpu_hours: float | None = Field(None, description="the attempt's actual GPU-hours: its row's stats, MLflow")
     is_overlong: bool = Field(False, description="the run took longer than upload.overlongHours: written to its row")
@@ -243,6 +262,7 @@ class Track(_Mutation):
     step: ClassVar[Step] = Step.TRACK
     kind: Literal[ActionKind.TRACK] = ActionKind.TRACK
     facts: RunDirFacts
+    admitted: Admitted
     gpu_hours: float | None = None
 
 
@@ -319,6 +339,11 @@ class CellPlan(Frozen):
     health_note: str = Field("", description="the verdict in words: 'alive: 14 trials scored, 42 req/min, …'")
     gpu_hours: float | None = Field(None, description="actual GPU-hours of this EvalRun's jobs of the cell, summed "
                                                       "(None: none known)")
+    admission: Admitted | Refused | None = Field(None, description="what the admission gate said of its run dir, "
+                                                                   "where it was asked")
+    n_scored: int | None = Field(None, description="the uploaded row's scored trials (n_valid_trials)")
+    provisional: bool | None = Field(None, description="the score rests on fewer than report.trustThreshold scored "
+                                                       "trials")
 
 
 class Plan(Frozen):

@@ -24,6 +24,7 @@ from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
 from controller.adapters.secrets import SecretMask
 from controller.core.actor import Actor, JobLauncher
+from controller.core.admission import GatePolicy
 from controller.core.health import HealthLimits
 from controller.core.job_env import JobSecrets, JobSettings
 from controller.core.metrics import RunMetrics
@@ -77,8 +78,10 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog) -> Poli
         zombie_grace=timedelta(minutes=spec.monitor.zombie_grace_minutes),
         upload_db=spec.upload.db,
         track=spec.upload.mlflow,
-        min_completed_fraction=spec.upload.min_completed_fraction,
-        max_infra_error_fraction=spec.upload.max_infra_error_fraction,
+        admission=GatePolicy(max_infra_fraction=spec.upload.max_infra_error_fraction,
+                             partial_upload=spec.upload.partial == "upload" or spec.upload.force_upload,
+                             min_completed_fraction=spec.upload.min_completed_fraction,
+                             trust_threshold=spec.report.trust_threshold),
         overlong="walltime" if spec.upload.overlong_hours is None else timedelta(hours=spec.upload.overlong_hours),
         walltime=timedelta(seconds=walltime_seconds(cspec.time_limit)),
         hold_overlong=spec.upload.overlong == "hold",

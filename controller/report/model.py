@@ -15,7 +15,6 @@ from datetime import datetime
 
 from pydantic import Field
 
-from controller.core.metrics import valid_trials
 from controller.core.trial_errors import ErrorClasses
 from controller.core.types import Frozen, Observation, ObservedRow, Remedy, RunDirFacts
 from controller.core.vocabulary import CellPlan, Phase, Plan
@@ -130,7 +129,8 @@ def _cell(cell_plan: CellPlan, obs: Observation, errors: ErrorClasses, trust_thr
                            key=lambda h: (h.created_at is not None, h.created_at), reverse=True))
     scored = next((h for h in history if h.status == "Finished" and h.score is not None), None)
     facts = cell_plan.run_dir
-    n_valid = _valid_of(obs.rows or (), scored) if scored else (valid_trials(facts) if facts else None)
+    admission = cell_plan.admission
+    n_valid = _valid_of(obs.rows or (), scored) if scored else (admission.evidence.scored if admission else None)
     remedies = {r.run_tag: r for r in cell_plan.memory.remedies}
     return CellReport(
         model=cell_plan.cell.model, benchmark=cell_plan.cell.benchmark, phase=cell_plan.phase,

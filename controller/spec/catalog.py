@@ -69,6 +69,8 @@ class Preset(CatalogModel):
     dataset: str
     n_concurrent: PositiveInt
     tasks: PositiveInt | None = None
+    partial_credit: bool | None = Field(None, description="rewards between 0 and 1 are valid; false: only 0 or 1 "
+                                                          "(another reward holds the cell); unset: not checked")
     config_yaml: BareFileName | None = None
     walltime: Walltime | None = None
     note: str = ""
@@ -288,6 +290,8 @@ class Harness(CatalogModel):
     pattern: str
     agent: Short | None = Field(None, description="Harbor's agent name (-a), when it is not the harness's own")
     config_yaml: BareFileName | None = None
+    reports_tokens: bool = Field(True, description="its trials report token usage; false: the admission gate "
+                                                   "judges its traffic by the requests the job's vLLM logged")
 
 
 class Harnesses(CatalogModel):

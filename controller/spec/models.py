@@ -494,10 +494,15 @@ class UploadPolicy(SpecModel):
                           "MLFLOW_TRACKING_PASSWORD / MLFLOW_TRACKING_TOKEN of the controller's environment.")
     mlflow_experiment: Annotated[str, Field(min_length=1, max_length=250), AfterValidator(_visible)] | None = Field(
         None, description="MLflow experiment (default: the EvalRun's name).")
-    min_completed_fraction: float = Field(0.5, ge=0, le=1, description="Upload only with this share of trials done.")
-    max_infra_error_fraction: float | None = Field(
-        None, ge=0, le=1, description="Hold a run whose infra errors exceed this share of its completed trials "
-                                      "(a score from too few valid trials); none: no such gate.")
+    min_completed_fraction: float = Field(0.5, ge=0, le=1, description="A partial upload (see partial) covers at "
+                                                                        "least this share of the expected trials.")
+    max_infra_error_fraction: float = Field(
+        0.1, ge=0, le=1, description="A run whose infra trials (exceptions not the model's, ungraded trials, trials "
+                                     "without model output) exceed this share of its trials is resumed, then held "
+                                     "(or uploaded flagged partial, see partial): never a plain score.")
+    partial: Literal["hold", "upload"] = Field(
+        "hold", description="A run that resumes cannot complete (too few trials, too many infra): hold it for a human, "
+                            "or upload it with partial true on its row, in status, MLflow and the report.")
     overlong_hours: float | None = Field(
         None, gt=0, le=10_000, description="A run that took longer than this many hours, start to last result across "
                                            "its resumes, is overlong (is_overlong; see overlong). Default: longer "
@@ -506,7 +511,10 @@ class UploadPolicy(SpecModel):
     overlong: Literal["upload", "hold"] = Field(
         "upload", description="An overlong run: upload it with is_overlong true on its row, or hold it until "
                               "forceUpload.")
-    force_upload: bool = Field(False, description="Upload what the gates hold (a human looked at the numbers).")
+    force_upload: bool = Field(False, description="Upload what the overlong hold and the completeness and infra-share "
+                                                  "checks hold, flagged partial (a human looked at the numbers); a "
+                                                  "run of another model, with invalid rewards or without model "
+                                                  "traffic is never uploaded.")
 
 
 GPU_HOURS_MAX = 10_000_000  # beyond any lab's yearly allocation: a bigger number is a typo

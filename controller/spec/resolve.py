@@ -34,6 +34,8 @@ class Benchmark(BaseModel):
     dataset: str
     n_concurrent: int
     config_yaml: str | None = None
+    tasks: int | None = Field(None, description="the preset's task count; None: only Harbor's total says")
+    partial_credit: bool | None = None
     walltime: str | None = Field(None, description="the preset's walltime, as it asks for it")
     time_limit: str | None = Field(None, description="its jobs' walltime: the preset's, at most the cluster's "
                                                      "maximum; None: the cluster's timeLimit")
@@ -100,6 +102,8 @@ def benchmarks(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[Ben
                     dataset=preset.dataset,
                     n_concurrent=min(preset.n_concurrent, ceiling),
                     config_yaml=preset.config_yaml,
+                    tasks=preset.tasks,
+                    partial_credit=preset.partial_credit,
                     walltime=preset.walltime,
                     time_limit=_time_limit(preset.walltime, cluster),
                 )
@@ -192,6 +196,9 @@ def _cells(run: EvalRun, cluster: AnyCluster, catalog: Catalog, model: str,
             time_limit=benchmark.time_limit,
             needs_pinggy=needs_pinggy,
             calls_model=spec.agent not in catalog.harnesses.model_free_agents,
+            reports_tokens=harness.reports_tokens,
+            tasks=benchmark.tasks,
+            partial_credit=benchmark.partial_credit,
             fingerprint=digest,
         )
 

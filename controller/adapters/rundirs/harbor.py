@@ -55,7 +55,7 @@ from controller.adapters.rundirs.memo import JobsDirMemo, memo_for
 from controller.adapters.rundirs.remote import RunDirProbe
 from controller.adapters.rundirs.tree import JobsTree, LocalTree, RunScan, TrialRead, open_tree
 from controller.core.ports import JobsDirMissing, ObservationError, RunTagFilter, every_run_tag
-from controller.core.trial_errors import ErrorClasses, ErrorKind
+from controller.core.trial_errors import UNGRADED, ErrorClasses, ErrorKind
 from controller.core.types import RUN_TAG_PREFIX, QuietFailure, RunDirFacts
 
 log = logging.getLogger(__name__)
@@ -404,18 +404,26 @@ def _identity(meta: MetaFacts, config: JobConfigFacts) -> dict[str, Any]:
 
 def _tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: _Reader,
            remember: Callable[[str, StatKey, TrialOutcome], None] | None = None) -> dict[str, Any]:
-    """Per-trial counts. Reward sums cover valid (non-infra) trials only, so metrics can use them directly.
+    """Per-trial counts, each completed trial in exactly one class (RULES §14): graded (no exception, a usable
+    reward), the model's failure (an exception the catalog lists as the model's), invalid (a reward that is no
+    number in [0, 1], or under another key), or infra (every other exception, and a trial nobody graded). Reward
+    sums cover the scored trials (graded and the model's failures), per task as well, so the core can drop what it
+    files as infra later and cluster the standard error by task.
 
-    Each completed trial that raised without an output token is also listed as a `QuietFailure`, counted as its
-    class says: the core, which knows the EvalRun's `instant_fail`, moves the instant ones to infra.
+    Each completed trial that raised without an output token, and each graded one whose agent reported 0 of them,
+    is also listed as a `QuietFailure`: the core, which knows the EvalRun's `instant_fail` and whether the agent
+    calls a model, moves those that are no measurement to infra.
     Stops at the first trial result `reader` cannot read: the counts are then not data anyway.
     """
-    n_dirs = n_completed = n_scored = n_started = 0
+    n_dirs = n_completed = n_scored = n_started = n_graded = n_answered = n_reported = 0
+    invalid: list[str] = []
+    fractional: list[str] = []
     quiet: list[QuietFailure] = []
     reward_sum = reward_sq_sum = 0.0
     newest: float | None = None
     kinds: Counter[ErrorKind] = Counter()
     classes: Counter[str] = Counter()
+    tasks: dict[str, tuple[int, int, float]] = {}
     for trial in trials:
         n_dirs += 1
         if trial.known is not None:
@@ -436,29 +444,61 @@ def _tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: _Reader,
         if exception_type in errors.interrupted:
             continue  # not completed: a resume runs it again
         n_completed += 1
-        kind = None
-        if exception_type is not None:
-            kind = errors.classify(exception_type, reward is not None)
-            kinds[kind] += 1
-            classes[exception_type] += 1
-            if not outcome.n_output_tokens:  # None or 0: the model never answered
-                quiet.append(QuietFailure(exception_type=exception_type, kind=kind, agent_seconds=outcome.agent_seconds,
-                                          reward=reward, answered=bool(outcome.n_input_tokens)))
+        task = outcome.task or trial.name.split("__", 1)[0]
+        seen, scored, task_sum = tasks.get(task, (0, 0, 0.0))
+        seen += 1
+        n_reported += outcome.n_output_tokens is not None
+        n_answered += bool(outcome.n_output_tokens)
+        problem = outcome.reward_problem or (
+            f"reward {reward:g} is outside [0, 1]" if reward is not None and not 0.0 <= reward <= 1.0 else None)
         if reward is not None:
             n_scored += 1
-            if kind is not ErrorKind.INFRA:
-                reward_sum += reward
-                reward_sq_sum += reward * reward
+        if problem is not None:
+            invalid.append(f"{trial.name}/{TRIAL_RESULT}: {problem}")
+            tasks[task] = (seen, scored, task_sum)
+            continue
+        if reward is not None and 0.0 < reward < 1.0:
+            fractional.append(f"{trial.name}/{TRIAL_RESULT}: reward {reward:g}")
+        if exception_type is not None:
+            kind = errors.classify(exception_type, reward is not None, outcome.exception_qualified)
+            classes[exception_type] += 1
+        elif reward is None:
+            kind = ErrorKind.INFRA
+            classes[UNGRADED] += 1
+        else:
+            kind = None
+            n_graded += 1
+        if kind is not None:
+            kinds[kind] += 1
+        if (exception_type is not None and not outcome.n_output_tokens) or (
+                kind is None and outcome.n_output_tokens == 0):
+            quiet.append(QuietFailure(exception_type=exception_type, kind=kind,
+                                      agent_seconds=outcome.agent_seconds, reward=reward,
+                                      answered=bool(outcome.n_input_tokens), task=task))
+        if kind is not ErrorKind.INFRA:
+            value = reward or 0.0
+            scored += 1
+            task_sum += value
+            reward_sum += value
+            reward_sq_sum += value * value
+        tasks[task] = (seen, scored, task_sum)
     return {
         "n_trial_dirs": n_dirs,
         "n_completed": n_completed,
         "n_scored": n_scored,
+        "n_graded": n_graded,
         "n_infra_errors": kinds[ErrorKind.INFRA],
         "n_benign_errors": kinds[ErrorKind.BENIGN],
-        "n_other_errors": kinds[ErrorKind.OTHER],
+        "n_invalid": len(invalid),
+        "invalid": invalid[0] if invalid else "",
+        "n_fractional": len(fractional),
+        "fractional": fractional[0] if fractional else "",
+        "n_answered": n_answered,
+        "n_usage_reported": n_reported,
         "error_breakdown": errors.breakdown(classes),
         "reward_sum": reward_sum,
         "reward_sq_sum": reward_sq_sum,
+        "tasks": tasks,
         "last_progress_at": datetime.fromtimestamp(newest, UTC) if newest is not None else None,
         "quiet_failures": tuple(quiet),
         "n_started_trials": n_started,

@@ -23,7 +23,8 @@ class FormatError(ValueError):
 
 
 def load_json(data: bytes) -> dict[str, Any]:
-    """A UTF-8 JSON object (NaN and Infinity refused: a reward must be a number)."""
+    """A UTF-8 JSON object. NaN and Infinity decode to floats that every field reader refuses (`_number`): a
+    trial's reward of NaN is then an invalid reward, named as such, and any other field one makes the file bad."""
     try:
         doc = _DECODER.decode(data.decode("utf-8"))
     except UnicodeDecodeError:
@@ -37,11 +38,7 @@ def load_json(data: bytes) -> dict[str, Any]:
     return doc
 
 
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)  # one, as json.loads keeps for its defaults
+_DECODER = json.JSONDecoder()  # one, as json.loads keeps for its defaults
 
 
 def parse_meta_env(data: bytes) -> dict[str, str]:
@@ -180,6 +177,9 @@ class TrialOutcome(NamedTuple):
     n_output_tokens: int | None = None  # None: the agent reported no usage (it may never have called the model)
     agent_seconds: float | None = None  # agent_execution finished - started; None: it never ran (or never ended)
     n_input_tokens: int | None = None  # None or 0 with no output either: no request of it was ever answered
+    task: str | None = None  # task_name: which task the trial ran (attempts of one task share it)
+    reward_problem: str | None = None  # why the verifier's rewards hold no usable `reward` (then reward is None)
+    exception_qualified: str | None = None  # `module.Class` of the exception, where its traceback or message says
 
 
 def trial_outcome(data: bytes) -> TrialOutcome:
@@ -191,7 +191,8 @@ def trial_outcome(data: bytes) -> TrialOutcome:
     """
     doc = load_json(data)
     rewards = _object(_object(doc, "verifier_result"), "rewards", "verifier_result")
-    exception_type = _str(_object(doc, "exception_info"), "exception_type", "exception_info")
+    exception = _object(doc, "exception_info")
+    exception_type = _str(exception, "exception_type", "exception_info")
     tokens, prompt, seconds = _agent_usage(doc, "")
     if doc.get("agent_result") is None or doc.get("agent_execution") is None:
         steps = [_agent_usage(step, f"step_results[{i}]") for i, step in enumerate(_objects(doc, "step_results"))]
@@ -199,9 +200,45 @@ def trial_outcome(data: bytes) -> TrialOutcome:
             tokens, prompt = _sum(t for t, _, _ in steps), _sum(p for _, p, _ in steps)
         if doc.get("agent_execution") is None:
             seconds = _sum(s for _, _, s in steps)
-    return TrialOutcome(reward=_number(rewards, "reward", "verifier_result.rewards"),
-                        exception_type=exception_type or None, n_output_tokens=tokens, agent_seconds=seconds,
-                        n_input_tokens=prompt)
+    reward, problem = _reward(rewards)
+    task = doc.get("task_name")
+    return TrialOutcome(reward=reward, exception_type=exception_type or None, n_output_tokens=tokens,
+                        agent_seconds=seconds, n_input_tokens=prompt, task=task if isinstance(task, str) else None,
+                        reward_problem=problem,
+                        exception_qualified=_qualified(exception_type, exception) if exception_type else None)
+
+
+REWARD_KEY = "reward"  # Harbor's verifier writes the trial's score under this key of verifier_result.rewards
+
+
+def _reward(rewards: dict[str, Any]) -> tuple[float | None, str | None]:
+    """(the reward, None), or (None, why it is not one): a value that is no finite number, or rewards with other
+    keys only. Not a file error: an unusable reward is evidence about the run, which the admission gate names."""
+    if REWARD_KEY not in rewards or rewards[REWARD_KEY] is None:
+        others = sorted(str(key) for key in rewards if key != REWARD_KEY)
+        return None, (f"rewards has no {REWARD_KEY!r} key (only {', '.join(others)[:80]})" if others else None)
+    value = rewards[REWARD_KEY]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(_as_float(value)):
+        return None, f"reward is {_shown(value)}, not a finite number"
+    return float(value), None
+
+
+def _qualified(exception_type: str, exception: dict[str, Any]) -> str | None:
+    """Where the exception class came from: the dotted name ending in `.<class>` that the traceback's last line or
+    the message starts with (`litellm.BadRequestError: ...`), or the type itself when it is dotted."""
+    if "." in exception_type:
+        return exception_type
+    bare = exception_type.rsplit(".", 1)[-1]
+    for key in ("exception_traceback", "exception_message"):
+        text = exception.get(key)
+        if not isinstance(text, str):
+            continue
+        lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+        for line in (lines[-1:] if key == "exception_traceback" else lines[:1]):
+            name = line.split(":", 1)[0].strip()
+            if name.endswith(f".{bare}") and all(part.isidentifier() for part in name.split(".")):
+                return name
+    return None
 
 
 def trial_api_base(data: bytes) -> str | None:

@@ -301,7 +301,8 @@ def render(summary: PostEvalSummary, facts: RunDirFacts, errors: ErrorClasses) -
         f"mean score: {score}{stderr} over {summary.n_valid} valid trials",
         (f"scored: {summary.n_scored} / {total} total "
          f"(completed {summary.n_completed}, trial dirs {facts.n_trial_dirs})"),
-        f"errors: infra {facts.n_infra_errors}  benign {facts.n_benign_errors}  other {facts.n_other_errors}",
+        f"trials: graded {facts.n_graded}  model failures {facts.n_benign_errors}  infra {facts.n_infra_errors}"
+        f"  invalid {facts.n_invalid}",
     ]
     width = max(map(len, summary.error_histogram), default=0)
     for name, count in summary.error_histogram.items():
@@ -322,9 +323,9 @@ def render(summary: PostEvalSummary, facts: RunDirFacts, errors: ErrorClasses) -
 
 
 def _kind_label(name: str, errors: ErrorClasses) -> str:
-    if name in errors.infra:
-        return ErrorKind.INFRA.value
-    return ErrorKind.BENIGN.value if name in errors.benign | errors.benign_with_reward else ErrorKind.OTHER.value
+    """The model's own failure classes are labelled benign; every other class, known or not, is infra."""
+    model = {known.rsplit(".", 1)[-1] for known in errors.benign | errors.benign_with_reward}
+    return ErrorKind.BENIGN.value if name in model else ErrorKind.INFRA.value
 
 
 def post_eval_analysis(summary: PostEvalSummary, facts: RunDirFacts, errors: ErrorClasses) -> Analysis:

@@ -1,0 +1,259 @@
+"""The admission gate (RULES §14): a run dir's number reaches the results DB only with the evidence that the model
+earned it. Pure; the planner asks it before every upload and `plan`, `explain`, `status`, the report and
+`db audit` show what it said. No other code computes a score.
+
+Every completed trial is in exactly one class (the adapter counts them, `count_instant_failures` moves the ones
+that measured nothing): graded, the model's failure, infra (every other exception, known or unknown; ungraded;
+no model output) or invalid. Score = the scored trials' rewards / (graded + the model's failures). The checks,
+in order, each a named refusal with its remedy:
+
+- identity: the model, benchmark and agent the run dir records are the cell's → else hold (an incident);
+- rewards: every reward a number in [0, 1] under Harbor's `reward` key, 0 or 1 where the preset gives no partial
+  credit → else hold, naming the trial;
+- traffic: some trial shows the model answering (output tokens, or vLLM requests where no usage is reported)
+  → else refire (a dead launch, whatever the trials raised);
+- completeness: the distinct (task, attempt) pairs reach the expected trials (the catalog's tasks × nAttempts,
+  else Harbor's total; duplicates count once) → else resume, then hold (or a partial upload);
+- infra share: at most `upload.maxInfraErrorFraction` of the classified trials → else resume, then hold (or a
+  partial upload);
+- something scored → else hold.
+An admitted number with fewer than `report.trustThreshold` scored trials is provisional; its standard error is
+clustered by task (the attempts of one task are not independent).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from controller.core.types import Cell, Frozen, RunDirFacts
+
+GATE_VERSION = 1  # bump when a rule changes what is admitted: a row's evidence says which gate passed it
+HARBOR_PROVIDERS = ("hosted_vllm/", "openai/", "vllm/")
+
+
+class Refusal(StrEnum):
+    IDENTITY = "IdentityMismatch"
+    INVALID_REWARD = "InvalidReward"
+    NO_TRAFFIC = "NoModelTraffic"
+    NO_TOTAL = "NoExpectedTotal"
+    INCOMPLETE = "Incomplete"
+    INFRA_SHARE = "InfraShare"
+    NOTHING_SCORED = "NothingScored"
+
+
+Remedy = Literal["resume", "refire", "hold"]
+
+
+class GatePolicy(Frozen):
+    """The EvalRun's upload and report settings the gate reads."""
+
+    max_infra_fraction: float = Field(0.1, description="upload.maxInfraErrorFraction")
+    partial_upload: bool = Field(False, description="upload.partial upload: what resumes cannot complete is uploaded "
+                                                    "with partial true instead of held")
+    min_completed_fraction: float = Field(0.5, description="upload.minCompletedFraction: the least a partial upload "
+                                                           "covers")
+    trust_threshold: int = Field(150, description="report.trustThreshold: fewer scored trials → provisional")
+
+
+class Evidence(Frozen):
+    """What the gate saw: stored with every upload (row stats, controller state, MLflow) for a reviewer."""
+
+    gate: int = GATE_VERSION
+    trials: int = Field(description="completed trials read (a cancelled one is not completed)")
+    graded: int
+    model_failures: int
+    infra: int
+    invalid: int
+    scored: int = Field(description="graded + the model's failures: the score's denominator")
+    expected: int | None = Field(description="trials the run must have: tasks × nAttempts")
+    expected_from: Literal["catalog", "harbor"] | None
+    seen: int = Field(description="distinct (task, attempt) pairs with a result")
+    duplicates: int = Field(description="trials beyond nAttempts of their task (a resume re-ran them): counted once")
+    tasks: int
+    infra_share: float
+    identity: str = Field(description="'ok', or how the run dir differs from the cell")
+    traffic: str = Field(description="what shows the model answering")
+
+    def summary(self) -> str:
+        expected = "?" if self.expected is None else str(self.expected)
+        return (f"{self.seen}/{expected} trials, {self.graded} graded, {self.model_failures} model failures, "
+                f"{self.infra} infra ({self.infra_share:.1%})" + (f", {self.invalid} invalid" if self.invalid else "")
+                + (f", {self.duplicates} duplicates" if self.duplicates else "")
+                + f", identity {self.identity}, {self.traffic}")
+
+
+class Admitted(Frozen):
+    score: float
+    stderr: float | None = Field(description="clustered by task; None with fewer than 2 tasks scored")
+    n_scored: int
+    provisional: bool = Field(description="n_scored < report.trustThreshold: too few to decide on")
+    partial: bool = Field(False, description="uploaded under upload.partial: upload although incomplete or over the "
+                                             "infra share")
+    partial_why: str = ""
+    evidence: Evidence
+
+    def summary(self) -> str:
+        flags = "".join((f"; provisional (n={self.n_scored} < trust threshold)" if self.provisional else "",
+                         f"; partial: {self.partial_why}" if self.partial else ""))
+        return f"admitted: {self.evidence.summary()}{flags}"
+
+
+class Refused(Frozen):
+    refusal: Refusal
+    reason: str = Field(description="what is wrong, naming the evidence")
+    remedy: Remedy
+    evidence: Evidence
+
+    def summary(self) -> str:
+        return f"refused ({self.refusal.value}): {self.reason}"
+
+
+Admission = Admitted | Refused
+
+
+def admit(cell: Cell, facts: RunDirFacts, policy: GatePolicy, *, requests: int | None = None,
+          can_resume: bool = False, model_names: Iterable[str] = (), benchmark_names: Iterable[str] = ()) -> Admission:
+    """The gate, for a run dir read whole (`count_instant_failures` applied where the agent calls a model).
+
+    `requests`: vLLM requests its job's output showed (None: not read); `can_resume`: a resume may still complete it
+    (fires left, not marked to upload as it is); `model_names`/`benchmark_names`: the DB's names for the cell's model
+    and benchmark (their families), besides its own."""
+    evidence = _evidence(cell, facts, requests, model_names, benchmark_names)
+
+    def refused(refusal: Refusal, reason: str, remedy: Remedy) -> Refused:
+        return Refused(refusal=refusal, reason=reason, remedy=remedy, evidence=evidence)
+
+    if evidence.identity != "ok":
+        return refused(Refusal.IDENTITY, f"run dir {facts.run_tag} is not this cell's run: {evidence.identity}", "hold")
+    if facts.n_invalid:
+        return refused(Refusal.INVALID_REWARD, f"{facts.n_invalid} trial(s) with an invalid reward, e.g. "
+                                               f"{facts.path}/{facts.invalid}", "hold")
+    if cell.partial_credit is False and facts.n_fractional:
+        return refused(Refusal.INVALID_REWARD, f"{facts.n_fractional} reward(s) between 0 and 1 on {cell.benchmark}, "
+                                               f"which gives no partial credit, e.g. {facts.path}/{facts.fractional}",
+                       "hold")
+    if cell.calls_model and facts.n_completed and not _answered(cell, facts, requests):
+        return refused(Refusal.NO_TRAFFIC, f"no trial shows the model answering ({evidence.traffic}): a dead "
+                                           "launch; check the vLLM server and the api_base the trials call", "refire")
+    if evidence.expected is None:
+        return refused(Refusal.NO_TOTAL, "neither the benchmark catalog nor Harbor says how many trials the run "
+                                         "must have: complete it by hand, or name a preset with its task count", "hold")
+    short = _short(evidence, policy)
+    if short is not None:
+        refusal, reason = short
+        if can_resume:
+            return refused(refusal, reason, "resume")
+        covered = evidence.seen / evidence.expected if evidence.expected else 0.0
+        if not policy.partial_upload or evidence.scored == 0 or covered < policy.min_completed_fraction:
+            why = "" if policy.partial_upload else "; set upload.partial: upload to publish it flagged partial"
+            if policy.partial_upload and covered < policy.min_completed_fraction:
+                why = f"; below upload.minCompletedFraction {policy.min_completed_fraction:g}"
+            return refused(refusal, f"{reason}; resumes cannot complete it{why}", "hold")
+        return _admitted(facts, evidence, policy, partial_why=reason)
+    if evidence.scored == 0:
+        return refused(Refusal.NOTHING_SCORED, "no trial was graded or failed as the model's own", "hold")
+    return _admitted(facts, evidence, policy)
+
+
+def expected_trials(cell: Cell, facts: RunDirFacts) -> tuple[int | None, Literal["catalog", "harbor"] | None]:
+    """tasks × nAttempts from the catalog, else Harbor's own total, else unknown."""
+    if cell.tasks is not None:
+        return cell.tasks * cell.n_attempts, "catalog"
+    if facts.n_total is not None:
+        return facts.n_total, "harbor"
+    return None, None
+
+
+def distinct_trials(facts: RunDirFacts, n_attempts: int) -> int:
+    """(task, attempt) pairs with a result: a task's trials beyond nAttempts are re-runs, counted once."""
+    return sum(min(seen, n_attempts) for seen, _, _ in facts.tasks.values())
+
+
+def clustered_stderr(tasks: Iterable[tuple[int, int, float]]) -> float | None:
+    """Standard error of the mean reward with tasks as clusters (CR1): G/(G-1) · Σ_g (S_g − n_g·m)² / n². With one
+    trial per task it is the usual sample standard error."""
+    scored = [(n, total) for _, n, total in tasks if n > 0]
+    clusters, n = len(scored), sum(count for count, _ in scored)
+    if clusters < 2:
+        return None
+    mean = sum(total for _, total in scored) / n
+    spread = sum((total - count * mean) ** 2 for count, total in scored)
+    return math.sqrt(clusters / (clusters - 1) * spread / (n * n))
+
+
+def _admitted(facts: RunDirFacts, evidence: Evidence, policy: GatePolicy, partial_why: str = "") -> Admitted:
+    return Admitted(score=facts.reward_sum / evidence.scored, stderr=clustered_stderr(facts.tasks.values()),
+                    n_scored=evidence.scored, provisional=evidence.scored < policy.trust_threshold,
+                    partial=bool(partial_why), partial_why=partial_why, evidence=evidence)
+
+
+def _short(evidence: Evidence, policy: GatePolicy) -> tuple[Refusal, str] | None:
+    """Why the run is not yet a whole result (incomplete, or too many infra trials), if it is not."""
+    assert evidence.expected is not None
+    if evidence.seen < evidence.expected:
+        return Refusal.INCOMPLETE, (f"{evidence.seen} of {evidence.expected} expected trials ({evidence.expected_from})"
+                                    f" have a result")
+    if evidence.infra_share > policy.max_infra_fraction:
+        return Refusal.INFRA_SHARE, (f"{evidence.infra} of {evidence.trials} trials are infra ({evidence.infra_share:.0%}"
+                                     f"), above upload.maxInfraErrorFraction {policy.max_infra_fraction:g}")
+    return None
+
+
+def _answered(cell: Cell, facts: RunDirFacts, requests: int | None) -> bool:
+    """Some trial shows the model answering: output tokens where usage is reported; vLLM requests where it is not
+    (a harness that never reports tokens is judged by requests alone)."""
+    if cell.reports_tokens and facts.n_usage_reported:
+        return facts.n_answered > 0
+    return bool(requests)
+
+
+def _evidence(cell: Cell, facts: RunDirFacts, requests: int | None, model_names: Iterable[str],
+              benchmark_names: Iterable[str]) -> Evidence:
+    expected, source = expected_trials(cell, facts)
+    classified = facts.n_graded + facts.n_benign_errors + facts.n_infra_errors
+    return Evidence(
+        trials=facts.n_completed, graded=facts.n_graded, model_failures=facts.n_benign_errors,
+        infra=facts.n_infra_errors, invalid=facts.n_invalid, scored=facts.n_graded + facts.n_benign_errors,
+        expected=expected, expected_from=source, seen=distinct_trials(facts, cell.n_attempts),
+        duplicates=sum(max(seen - cell.n_attempts, 0) for seen, _, _ in facts.tasks.values()),
+        tasks=len(facts.tasks), infra_share=facts.n_infra_errors / classified if classified else 0.0,
+        identity=_identity(cell, facts, model_names, benchmark_names), traffic=_traffic(cell, facts, requests))
+
+
+def _identity(cell: Cell, facts: RunDirFacts, model_names: Iterable[str], benchmark_names: Iterable[str]) -> str:
+    """'ok', or what the run dir says it evaluated that is not the cell (what it does not say is not held)."""
+    wrong = []
+    models = {_model_key(name) for name in (cell.model, *model_names)}
+    if facts.model is not None and _model_key(facts.model) not in models:
+        wrong.append(f"model {facts.model!r}, not {cell.model!r}")
+    benchmarks = {cell.benchmark_name.lower(), *(name.lower() for name in benchmark_names)}
+    if facts.benchmark_name is not None and facts.benchmark_name.lower() not in benchmarks:
+        wrong.append(f"benchmark {facts.benchmark_name!r}, not {cell.benchmark_name!r}")
+    if facts.agent is not None and facts.agent != cell.agent:
+        wrong.append(f"agent {facts.agent!r}, not {cell.agent!r}")
+    return "; ".join(wrong) or "ok"
+
+
+def _model_key(name: str) -> str:
+    """How two spellings of one model compare: no serving provider prefix, no trailing slash, any case."""
+    name = name.strip().rstrip("/")
+    for prefix in HARBOR_PROVIDERS:
+        name = name.removeprefix(prefix)
+    return name.lower()
+
+
+def _traffic(cell: Cell, facts: RunDirFacts, requests: int | None) -> str:
+    if not cell.calls_model:
+        return f"agent {cell.agent} calls no model"
+    parts = []
+    if facts.n_usage_reported:
+        parts.append(f"{facts.n_answered} of {facts.n_usage_reported} trials reporting usage got model output")
+    else:
+        parts.append("no trial reported token usage")
+    parts.append("vLLM requests not read" if requests is None else f"{requests} vLLM requests")
+    return ", ".join(parts)

@@ -1,6 +1,6 @@
 """Which trial exceptions are infra (retry-worthy), benign (a valid score of 0) or other.
 
-The class lists are data (REFERENCE.md §3, shipped as a catalog); this module only gives them a
+The class lists are data (RULES §3, shipped as a catalog); this module only gives them a
 type and the two rules everyone must apply the same way: classification and the
 dimensionally stable breakdown (every known class present, 0 included). `InstantFailure` is
 always an infra class: the reconciler files instant failures there, whatever Harbor called them.

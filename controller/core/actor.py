@@ -1,6 +1,6 @@
 """act(): execute a Plan step by step through the adapters, and say what happened.
 
-Submissions follow the create-pending protocol of DESIGN.md:
+Submissions follow the create-pending protocol (RULES §12):
   1. record the intent (our submission record + a Pending row with the deterministic run tag);
   2. look for a job with that name in the queue AND accounting; if found, adopt it;
   3. only then submit, and record the job id.

@@ -1,4 +1,4 @@
-"""REFERENCE.md §2: should a cell be (re)started, judged from the newest matching row.
+"""RULES §2: should a cell be (re)started, judged from the newest matching row.
 
 The table is data; `row_case` only decides which line of it a row falls on.
 """

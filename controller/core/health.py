@@ -1,4 +1,4 @@
-"""Launch health (REFERENCE §8, §9): what an operator checks by hand after every launch, as pure functions.
+"""Launch health (RULES §8, §9): what an operator checks by hand after every launch, as pure functions.
 
 - **Instant failures**: a trial that raised before one output token, within `instant_fail` of agent time or
   without the model ever answering one request, is infra (the served model was not reachable), never the

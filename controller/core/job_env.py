@@ -1,4 +1,4 @@
-"""The environment a job script receives (REFERENCE.md §7): our contract with sbatch scripts, built in one place.
+"""The environment a job script receives (RULES §7): our contract with sbatch scripts, built in one place.
 
 Precedence, lowest first: the cluster's `env`, its `secretEnv`, what a remedy adds to a refire (e.g.
 `EVAL_CLEAR_COMPILE_CACHE=1`), then the contract's `EVAL_*` values, which always win. `validate` refuses a
@@ -17,7 +17,7 @@ from pydantic import Field
 from controller.core.types import Cell, Frozen, Serving
 from controller.core.vocabulary import Launch, Resume
 
-# The serving recipe of the cell's harness pattern (REFERENCE §10), one variable per vLLM setting; each is set only
+# The serving recipe of the cell's harness pattern (RULES §10), one variable per vLLM setting; each is set only
 # when the recipe sets it, and the job script adds a flag only for a non-empty one.
 SERVING_NAMES = (
     "EVAL_VLLM_TOOL_CALL_PARSER", "EVAL_VLLM_REASONING_PARSER", "EVAL_VLLM_CHAT_TEMPLATE", "EVAL_VLLM_EXTRA_ARGS",

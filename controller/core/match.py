@@ -1,7 +1,7 @@
 """Join the three observed sources to cells: which rows, jobs and run dirs belong to which cell.
 
 Pure and batched: every index is built once per pass, so matching 1,000 cells costs one walk of
-each source. Rules (REFERENCE.md §1, §3):
+each source. Rules (RULES §1, §3):
 - a row belongs to a cell through the model's and the benchmark's families and a matching config;
 - a run dir belongs to a cell by its run tag (ours) or, for dirs the old listener made, by the
   model/benchmark/agent/multiplier its config.json and meta.env name;

@@ -6,8 +6,8 @@ Per cell, the first rule that applies decides (each names its `Rule`):
   2. a source could not be read                                                 → Unknown, no action;
   3. a run dir of the cell cannot be read and no job of it is live               → Unknown, no action;
   4. a job of the cell is queued or running → watch it: duplicate, stale queue, pre-walltime, zombie,
-     stuck near complete, stuck general (REFERENCE §2, §5);
-  5. otherwise the newest matching row decides (REFERENCE §2); where that row is ours or missing, an
+     stuck near complete, stuck general (RULES §2, §5);
+  5. otherwise the newest matching row decides (RULES §2); where that row is ours or missing, an
      interrupted submission is finished first, then the cell's run dir is classified (§4): a dir on disk
      is worth more than a fresh start; a finished run is verified (§5) and its upload gated.
 Then, for the whole EvalRun: cells another EvalRun owns only watch; pinggy leases whose job is over are
@@ -474,7 +474,7 @@ class _CellRules:
         return self._result(Phase.RUNNING, actions, f"job running ({progress}); {note}", Rule.IN_FLIGHT, updates,
                             facts, remember=moving, health=(state, note))
 
-    # ------------------------------------------------------------------ REFERENCE §8: launch health
+    # ------------------------------------------------------------------ RULES §8: launch health
 
     def _read_output(self, job: ObservedJob) -> None:
         output = self.outputs.get(job.job_id)
@@ -578,7 +578,7 @@ class _CellRules:
     def _stuck_general(self, job: ObservedJob, facts: RunDirFacts, actions: list[Action], updates: list[RowUpdate],
                        quiet: timedelta) -> CellPlan:
         """Long retry tails are normal: the first reading only reports; a second one, a whole `stale_general`
-        later with still no new score, cancels and uploads what is there (the seed's 'second consecutive')."""
+        later with still no new score, cancels and uploads what is there (RULES §5: the second consecutive reading)."""
         progress = _progress(facts)
         reading = self.memory.stall_reading
         same = reading is not None and reading.run_tag == facts.run_tag and reading.scored == facts.n_scored

@@ -143,7 +143,7 @@ class ResultUpload(Frozen):
 
 
 class ResultsDB(Protocol):
-    """The lab's shared OT-Agent tables (REFERENCE.md §1), written by many users and tools.
+    """The lab's shared OT-Agent tables (RULES §1), written by many users and tools.
 
     Rules for every backend:
     - Writes touch only rows whose `username` is `owner`; anything else raises `WriteRefused`, checked in the

@@ -1,8 +1,8 @@
-"""REFERENCE.md §4: resume classification of a run dir, evaluated in the documented order.
+"""RULES §4: resume classification of a run dir, evaluated in the documented order.
 
 One deliberate addition: "trials still landing after the job ended" is tested right after
 IN_FLIGHT, not last. A killed job's sandboxes keep writing for up to an hour, and a dir that is
-still changing must not be resumed, uploaded or given up on until it is quiet (the seeds wait
+still changing must not be resumed, uploaded or given up on until it is quiet (RULES §3: users wait
 ~60 min before inspecting such a dir).
 """
 

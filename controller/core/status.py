@@ -158,7 +158,7 @@ def _conditions(plan: Plan, counts: dict[Phase, int], failed_actions: int,
 
 
 def _health(plan: Plan) -> str:
-    """How the running jobs are doing (REFERENCE §8), e.g. ' (running jobs: 2 alive, 1 launching)'."""
+    """How the running jobs are doing (RULES §8), e.g. ' (running jobs: 2 alive, 1 launching)'."""
     verdicts = Counter(c.health for c in plan.cells if c.health is not None)
     if not verdicts:
         return ""

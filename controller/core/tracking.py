@@ -1,6 +1,6 @@
 """What a cell logs to the tracker, and whether what the server reads back is exactly that. Pure.
 
-"Exit 0" and "a report on disk" were how success was misreported (REFERENCE §5): a cell is Completed only
+"Exit 0" and "a report on disk" were how success was misreported (RULES §5): a cell is Completed only
 when every metric logged (score, each error bucket, the step stats) and every param read back equal.
 """
 

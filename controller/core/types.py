@@ -84,7 +84,7 @@ class EnvironmentOverrides(Frozen):
 
 
 class Serving(Frozen):
-    """How vLLM serves a cell's model for its harness's serving pattern (REFERENCE §10): the registry entry's
+    """How vLLM serves a cell's model for its harness's serving pattern (RULES §10): the registry entry's
     settings for every pattern, then the pattern's own. Unset = the job script's default (no flag)."""
 
     pattern: str | None = Field(None, description="the harness's serving pattern (harnesses.yaml)")
@@ -151,7 +151,7 @@ class Cell(Frozen):
 
     @cached_property
     def key(self) -> str:
-        """Identity of the cell across passes and processes (DESIGN.md: model, dataset, fingerprint), scoped by the
+        """Identity of the cell across passes and processes (RULES §12: model, dataset, fingerprint), scoped by the
         EvalRun's namespace: tenants never share a cell (its claim, run tags, jobs). Injective: a `|` or `\\` in
         a part is escaped, so parts never run into each other; for names without them, and without a namespace,
         the key is the one of every earlier version."""
@@ -290,7 +290,7 @@ class ObservedRow(Frozen):
 
 
 class ErrorKind(StrEnum):
-    """How a trial's exception counts (REFERENCE §3): infra is not the model's fault, benign is a valid 0."""
+    """How a trial's exception counts (RULES §3): infra is not the model's fault, benign is a valid 0."""
 
     INFRA = "infra"
     BENIGN = "benign"
@@ -438,7 +438,7 @@ class CellOwner(Frozen):
 
 
 class RemedyKind(StrEnum):
-    """What a known failure calls for (REFERENCE §9): a new attempt, one elsewhere, fewer launches, or a human."""
+    """What a known failure calls for (RULES §9): a new attempt, one elsewhere, fewer launches, or a human."""
 
     REFIRE = "refire"
     REFIRE_ELSEWHERE = "refire-elsewhere"
@@ -447,7 +447,7 @@ class RemedyKind(StrEnum):
 
 
 class RemedyCause(StrEnum):
-    """Which health rule diagnosed the attempt (REFERENCE §8, §9)."""
+    """Which health rule diagnosed the attempt (RULES §8, §9)."""
 
     DEAD_LAUNCH = "dead-launch"
     LAUNCH_STALLED = "launch-stalled"

@@ -1,6 +1,6 @@
 """The words a plan is written in: phases, the rules that decide, the actions, and what acting said.
 
-Closed sets, all of them: a `Rule` per row of REFERENCE.md / DESIGN.md / DECISIONS.md (live numbers go in
+Closed sets, all of them: a `Rule` per row of docs/RULES.md (live numbers go in
 the reason, never in the rule), one small frozen type per action with the fields its execution needs, and a
 `Step` per thing the actor does, which is also how Kubernetes Events are named. A new rule or action is a
 new member here, so every `match` over them is checked by mypy rather than held together by convention.
@@ -56,74 +56,74 @@ class Rule(StrEnum):
         member.citation = citation
         return member
 
-    # DESIGN.md: fail closed, one owner, the submission protocol
-    OBSERVATION_FAILED = "ObservationFailed", "DESIGN: observation failed → Unknown; nothing is submitted or cancelled"
+    # RULES §12: fail closed, one owner, the submission protocol
+    OBSERVATION_FAILED = "ObservationFailed", "RULES §12: observation failed → Unknown; nothing is submitted or cancelled"
     RUN_DIR_UNREADABLE = ("RunDirUnreadable",
-                          "DESIGN: unreadable run dir → Unknown; no upload, resume or submit until it can be read")
+                          "RULES §12: unreadable run dir → Unknown; no upload, resume or submit until it can be read")
     OWNED_ELSEWHERE = ("OwnedElsewhere",
-                       "DESIGN: one cell, one owner; another EvalRun claimed it first → observe only")
-    SUBMISSION_REPAIR = "SubmissionRepair", "DESIGN: create-pending protocol, step 2–3 repair"
+                       "RULES §12: one cell, one owner; another EvalRun claimed it first → observe only")
+    SUBMISSION_REPAIR = "SubmissionRepair", "RULES §12: create-pending protocol, step 2–3 repair"
     DELETION_CANCEL = ("DeletionCancel",
-                       "DESIGN: deletionPolicy Cancel → cancel the live jobs of the cells this EvalRun owns")
-    # a job that failed needs a human (issue 3)
+                       "RULES §12: deletionPolicy Cancel → cancel the live jobs of the cells this EvalRun owns")
+    # RULES §13: a job that failed needs a human
     JOB_FAILED_DIR_UNSEEN = ("JobFailedRunDirUnseen",
-                             "issue: FAILED / OUT_OF_MEMORY, run dir not visible → hold for a human")
-    JOB_FAILED_AT_START = "JobFailedAtStart", "issue: FAILED at start / OUT_OF_MEMORY → hold for a human"
-    # REFERENCE §2 with a job in the queue
-    QUEUED_STALE = "QueuedStale", "REFERENCE §2: Pending, older than stalePendingHours → cancel, then start"
-    QUEUED = "Queued", "REFERENCE §2: Pending, younger than stalePendingHours → skip"
-    # REFERENCE §5: a running job
-    PRE_WALLTIME = "PreWalltime", "REFERENCE §5: pre-walltime"
-    ZOMBIE = "Zombie", "REFERENCE §5: zombie → cancel, upload"
-    STUCK_NEAR_COMPLETE = "StuckNearComplete", "REFERENCE §5: stuck near complete → cancel, post-eval"
-    STUCK_GENERAL = "StuckGeneral", "REFERENCE §5: stuck general → report Stalled"
+                             "RULES §13: FAILED / OUT_OF_MEMORY, run dir not visible → hold for a human")
+    JOB_FAILED_AT_START = "JobFailedAtStart", "RULES §13: FAILED at start / OUT_OF_MEMORY → hold for a human"
+    # RULES §2 with a job in the queue
+    QUEUED_STALE = "QueuedStale", "RULES §2: Pending, older than stalePendingHours → cancel, then start"
+    QUEUED = "Queued", "RULES §2: Pending, younger than stalePendingHours → skip"
+    # RULES §5: a running job
+    PRE_WALLTIME = "PreWalltime", "RULES §5: pre-walltime"
+    ZOMBIE = "Zombie", "RULES §5: zombie → cancel, upload"
+    STUCK_NEAR_COMPLETE = "StuckNearComplete", "RULES §5: stuck near complete → cancel, post-eval"
+    STUCK_GENERAL = "StuckGeneral", "RULES §5: stuck general → report Stalled"
     STUCK_GENERAL_AGAIN = ("StuckGeneralSecondReading",
-                           "REFERENCE §5: stuck general, second consecutive reading → cancel, post-eval")
-    IN_FLIGHT = "InFlight", "REFERENCE §4: IN_FLIGHT → wait"
-    # REFERENCE §2: nothing queued or running, the newest matching row decides
-    NO_EXISTING_JOB = "NoExistingJob", "REFERENCE §2: none → start (no existing job)"
-    JOB_FINISHED = "JobFinished", "REFERENCE §2: finished with metrics → skip (job finished)"
-    METRICS_CLEARED = "MetricsCleared", "REFERENCE §2: finished, metrics cleared → start (finished but metrics cleared)"
-    STARTED_FRESH = "StartedFresh", "REFERENCE §2: started, young → skip (job in progress)"
-    STARTED_STALE = "StartedStale", "REFERENCE §2: started, stale → start (stale started)"
-    PENDING_FRESH = "PendingFresh", "REFERENCE §2: pending, young → skip (job pending)"
-    PENDING_STALE = "PendingStale", "REFERENCE §2: pending, stale → start (stale pending)"
+                           "RULES §5: stuck general, second consecutive reading → cancel, post-eval")
+    IN_FLIGHT = "InFlight", "RULES §4: IN_FLIGHT → wait"
+    # RULES §2: nothing queued or running, the newest matching row decides
+    NO_EXISTING_JOB = "NoExistingJob", "RULES §2: none → start (no existing job)"
+    JOB_FINISHED = "JobFinished", "RULES §2: finished with metrics → skip (job finished)"
+    METRICS_CLEARED = "MetricsCleared", "RULES §2: finished, metrics cleared → start (finished but metrics cleared)"
+    STARTED_FRESH = "StartedFresh", "RULES §2: started, young → skip (job in progress)"
+    STARTED_STALE = "StartedStale", "RULES §2: started, stale → start (stale started)"
+    PENDING_FRESH = "PendingFresh", "RULES §2: pending, young → skip (job pending)"
+    PENDING_STALE = "PendingStale", "RULES §2: pending, stale → start (stale pending)"
     UNRECOGNISED_STATUS = ("UnrecognisedStatus",
-                           "REFERENCE §2: unrecognised job_status → skip (unrecognised job_status; a human decides)")
-    # REFERENCE §4: the run dir decides
-    DIR_SETTLING = "Settling", "REFERENCE §4: SETTLING → wait"
-    DIR_REJECTED = "Rejected", "REFERENCE §4: REJECTED → upload as is"
-    DIR_AT_RESUME_LIMIT = "AtResumeLimit", "REFERENCE §4: AT_RESUME_LIMIT → upload as is"
-    DIR_EARLY_KILL = "EarlyKill", "REFERENCE §4: EARLY_KILL → resume"
-    DIR_INCOMPLETE = "Incomplete", "REFERENCE §4: INCOMPLETE → resume"
-    DIR_PARTIAL = "Partial", "REFERENCE §4: PARTIAL → resume"
-    DIR_PARTIAL_OK = "PartialOk", "REFERENCE §4: PARTIAL_OK → upload"
-    DIR_DONE_WITH_ERRORS = "DoneWithErrors", "REFERENCE §4: DONE_WITH_ERRORS → resume"
-    DIR_DONE = "Done", "REFERENCE §4: DONE → upload"
+                           "RULES §2: unrecognised job_status → skip (unrecognised job_status; a human decides)")
+    # RULES §4: the run dir decides
+    DIR_SETTLING = "Settling", "RULES §4: SETTLING → wait"
+    DIR_REJECTED = "Rejected", "RULES §4: REJECTED → upload as is"
+    DIR_AT_RESUME_LIMIT = "AtResumeLimit", "RULES §4: AT_RESUME_LIMIT → upload as is"
+    DIR_EARLY_KILL = "EarlyKill", "RULES §4: EARLY_KILL → resume"
+    DIR_INCOMPLETE = "Incomplete", "RULES §4: INCOMPLETE → resume"
+    DIR_PARTIAL = "Partial", "RULES §4: PARTIAL → resume"
+    DIR_PARTIAL_OK = "PartialOk", "RULES §4: PARTIAL_OK → upload"
+    DIR_DONE_WITH_ERRORS = "DoneWithErrors", "RULES §4: DONE_WITH_ERRORS → resume"
+    DIR_DONE = "Done", "RULES §4: DONE → upload"
     SETTLE_AFTER_CANCEL = ("SettleAfterCancel",
-                           "REFERENCE §3: after a kill, sandboxes keep writing → settling, not finished")
+                           "RULES §3: after a kill, sandboxes keep writing → settling, not finished")
     MONITOR_CANCELLED = ("UploadAsIsAfterMonitorCancel",
-                         "REFERENCE §5: the monitor cancelled it → post-eval, upload as is, no resume")
-    # REFERENCE §5 verification and the upload gates (DECISIONS.md)
-    # REFERENCE §8, §9: launch health, and the remedies of the failure catalog
-    DEAD_LAUNCH = ("DeadLaunch", "REFERENCE §8: every completed trial an instant failure → dead launch: cancel, "
+                         "RULES §5: the monitor cancelled it → post-eval, upload as is, no resume")
+    # RULES §5: verification and the upload gates
+    # RULES §8, §9: launch health, and the remedies of the failure catalog
+    DEAD_LAUNCH = ("DeadLaunch", "RULES §8: every completed trial an instant failure → dead launch: cancel, "
                                  "refire or hold; never a score")
     LAUNCH_STALLED = ("LaunchStalled",
-                      "REFERENCE §8: no trial started within health.launchGraceMinutes → cancel, refire")
-    PINGGY_NOT_WIRED = ("PinggyNotWired", "REFERENCE §8: trials call an api_base that is not the leased pinggy URL → "
+                      "RULES §8: no trial started within health.launchGraceMinutes → cancel, refire")
+    PINGGY_NOT_WIRED = ("PinggyNotWired", "RULES §8: trials call an api_base that is not the leased pinggy URL → "
                                           "cancel, release the pair, hold")
-    PINGGY_LOCKED = ("PinggyLocked", "REFERENCE §8: 'a tunnel with the same token is already active' → cancel, lock "
+    PINGGY_LOCKED = ("PinggyLocked", "RULES §8: 'a tunnel with the same token is already active' → cancel, lock "
                                      "the pair for an hour, refire on another")
-    KNOWN_FAILURE = "KnownFailure", "REFERENCE §9: a catalogued failure in the job's output → its remedy"
-    NO_TRAFFIC = ("NoTraffic", "REFERENCE §8: no chat completions for health.noTrafficMinutes after vLLM was ready "
+    KNOWN_FAILURE = "KnownFailure", "RULES §9: a catalogued failure in the job's output → its remedy"
+    NO_TRAFFIC = ("NoTraffic", "RULES §8: no chat completions for health.noTrafficMinutes after vLLM was ready "
                                "→ report Stalled")
-    BAD_REQUESTS = ("BadRequests", "REFERENCE §8: 400 share above health.badRequestFraction → report Stalled "
+    BAD_REQUESTS = ("BadRequests", "RULES §8: 400 share above health.badRequestFraction → report Stalled "
                                    "(context overflow?)")
-    REFIRE = ("Refire", "issue 16: a remedied attempt → a new attempt after health.refireBackoffMinutes, at most "
+    REFIRE = ("Refire", "RULES §9: a remedied attempt → a new attempt after health.refireBackoffMinutes, at most "
                         "health.maxRefires per cell")
-    REFIRES_EXHAUSTED = "RefiresExhausted", "issue 16: health.maxRefires refires used → hold with the diagnosis"
-    VERIFY_UPLOAD = "VerifyUpload", "REFERENCE §5: verify, don't trust exit codes → Completed only once read back"
-    UPLOAD_GATE = ("UploadGate", "DECISIONS: upload gates (minCompletedFraction, maxInfraErrorFraction, "
+    REFIRES_EXHAUSTED = "RefiresExhausted", "RULES §9: health.maxRefires refires used → hold with the diagnosis"
+    VERIFY_UPLOAD = "VerifyUpload", "RULES §5: verify, don't trust exit codes → Completed only once read back"
+    UPLOAD_GATE = ("UploadGate", "RULES §5: upload gates (minCompletedFraction, maxInfraErrorFraction, "
                                  "overlongHours with upload.overlong: hold) → hold until upload.forceUpload")
 
     # RULES §14: the admission gate, before every upload
@@ -335,7 +335,7 @@ class CellPlan(Frozen):
     memory: CellMemory = Field(CellMemory(), description="the cell's memory as observed this pass")
     remember: CellMemory | None = Field(None, description="the cell's memory after this pass, written before its "
                                                           "actions (None: unchanged)")
-    health: HealthState | None = Field(None, description="of a running job: does it work (REFERENCE §8)")
+    health: HealthState | None = Field(None, description="of a running job: does it work (RULES §8)")
     health_note: str = Field("", description="the verdict in words: 'alive: 14 trials scored, 42 req/min, …'")
     gpu_hours: float | None = Field(None, description="actual GPU-hours of this EvalRun's jobs of the cell, summed "
                                                       "(None: none known)")

@@ -114,7 +114,7 @@ def targets_for(specs: SpecSet, catalog: Catalog) -> list[RunTarget]:
     for run in specs.evalruns:
         cluster = specs.cluster_of(run)
         cells = resolve(run.run, cluster.cluster, catalog)
-        for note in resolution_notes(run.run, cluster.cluster, catalog):  # REFERENCE §6: a size-rule fallback is said
+        for note in resolution_notes(run.run, cluster.cluster, catalog):  # RULES §6: a size-rule fallback is said
             log.info("resolved with a fallback", extra={"evalrun": str(run.ref), "note": note})
         for warning in walltime_warnings(run.run, cluster.cluster, catalog):
             log.warning("walltime clamped", extra={"evalrun": str(run.ref), "note": warning})

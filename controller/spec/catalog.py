@@ -44,7 +44,7 @@ class CatalogModel(BaseModel):
 
 def _bare_file_name(value: str) -> str:
     """The job script looks a config name up in its configs dir (OT-Agent's sbatch prepends ${DCFT}/eval/configs/):
-    a path there is doubled, and Harbor's config is not found after vLLM has warmed up (seed 003 §7)."""
+    a path there is doubled, and Harbor's config is not found after vLLM has warmed up (RULES §9)."""
     if "/" in value or "\\" in value or value in (".", ".."):
         raise ValueError("must be a bare file name (e.g. dcagent_eval_config_no_override.yaml), not a path: the job "
                          "script prepends its configs dir, so a path is doubled and Harbor's config is not found "
@@ -277,7 +277,7 @@ class ModelRegistry(CatalogModel):
 
 
 class ServingPattern(CatalogModel):
-    """A way of serving a model for a kind of scaffold (REFERENCE §10, patterns A-D)."""
+    """A way of serving a model for a kind of scaffold (RULES §10, patterns A-D)."""
 
     note: str = ""
     client_side_tool_calls: bool = Field(False, description="the agent parses tool calls out of the text itself: a "
@@ -339,7 +339,7 @@ def _normal(text: str) -> str:
 
 
 class FailureCatalog(CatalogModel):
-    """The failure modes a controller can see in a job's log (REFERENCE §9), first match wins."""
+    """The failure modes a controller can see in a job's log (RULES §9), first match wins."""
 
     modes: list[FailureModeSpec] = Field(max_length=FAILURE_MODES_MAX)
 

@@ -293,7 +293,7 @@ def _check_walltime(run: EvalRun, document: Document, cluster: AnyCluster, catal
 
 def _check_serving(run: EvalRun, document: Document, catalog: Catalog) -> list[SpecError]:
     """An agent that parses tool calls out of the text itself must get no vLLM tool-call parser: the parser takes
-    the JSON away from it and every trial scores 0, silently (seed 003 §4, §7). Reported at the registry line
+    the JSON away from it and every trial scores 0, silently (RULES §10). Reported at the registry line
     that gives the parser; at the EvalRun's agent when the registry was not read from a file."""
     harness = catalog.harnesses.harness(run.spec.agent)
     pattern = catalog.harnesses.patterns[harness.pattern]

@@ -2,7 +2,7 @@
 
 camelCase in YAML (Kubernetes convention), snake_case in Python. Unknown fields are errors and
 every field carries a description, which becomes `kubectl explain` text in the generated CRDs.
-Defaults are the ones REFERENCE.md documents.
+Defaults are the ones docs/RULES.md documents.
 
 Validators that reject one entry of a list or one key of a map raise `PydanticCustomError` with
 `ctx["at"]` = the location below the field (an index, a key, `"[key]"` for the key itself), so the
@@ -135,7 +135,7 @@ Dataset = Annotated[str, Field(min_length=1, max_length=DATASET_MAX, json_schema
 
 
 RESERVED_ENV = ("{what} {name} is a name the reconciler or the scheduler sets for every job (the EVAL_* contract "
-                "of REFERENCE §7, SLURM_*), and would be overridden; remove it, or name your variable differently")
+                "of RULES §7, SLURM_*), and would be overridden; remove it, or name your variable differently")
 
 
 def entry_error(at: tuple[str | int, ...], kind: str, message: str, **ctx: Any) -> PydanticCustomError:
@@ -240,7 +240,7 @@ REMEDY_ENV = frozenset({"EVAL_CLEAR_COMPILE_CACHE"})  # contract names a remedy 
 
 
 class FailureModeSpec(SpecModel):
-    """A failure a job's log shows, and what to do about it (the failure catalog, REFERENCE §9)."""
+    """A failure a job's log shows, and what to do about it (the failure catalog, RULES §9)."""
 
     name: Name = Field(description="Shown in reasons, `explain` and Events, e.g. nccl-timeout.")
     patterns: list[Annotated[str, Field(min_length=1, max_length=PATTERN_MAX)]] = Field(
@@ -432,7 +432,7 @@ AnyCluster = EvalCluster | ClusterEvalCluster
 
 
 class ResumePolicy(SpecModel):
-    """When a finished or killed run dir is resumed (REFERENCE §4)."""
+    """When a finished or killed run dir is resumed (RULES §4)."""
 
     max_total_fires: PositiveInt = Field(2, le=100, description="Jobs per run dir: the original plus resumes.")
     infra_error_threshold: int = Field(
@@ -442,7 +442,7 @@ class ResumePolicy(SpecModel):
 
 
 class MonitorPolicy(SpecModel):
-    """When a running job is judged stuck (REFERENCE §5)."""
+    """When a running job is judged stuck (RULES §5)."""
 
     near_complete_fraction: float = Field(0.97, gt=0, le=1, description="Scored/total that counts as near complete.")
     stale_near_minutes: Minutes = Field(60, description="No new score for this long near complete → cancel.")
@@ -457,7 +457,7 @@ class MonitorPolicy(SpecModel):
 
 
 class HealthPolicy(SpecModel):
-    """Launch health (REFERENCE §8): what an operator checks after every launch, and the remedies' bounds."""
+    """Launch health (RULES §8): what an operator checks after every launch, and the remedies' bounds."""
 
     instant_fail_seconds: float = Field(
         10, ge=0, le=3600, description="A trial that raised with no output token and less agent time than this is "
@@ -671,7 +671,7 @@ class ReportSpec(SpecModel):
     """How `evalctl report` shows this EvalRun's results."""
 
     trust_threshold: PositiveInt = Field(150, le=1_000_000, description="Cells with fewer scored trials are shown "
-                                                                         "as provisional (the seeds' n ≥ 150).")
+                                                                         "as provisional (RULES §11: n ≥ 150).")
 
 
 class EvalRunSpec(SpecModel):
@@ -697,7 +697,7 @@ class EvalRunSpec(SpecModel):
     )
     overrides: SandboxOverrides = Field(default_factory=SandboxOverrides, description="Sandbox size overrides.")
     n_attempts: PositiveInt = Field(
-        3, le=100, description="Harbor attempts per task (-k); REFERENCE totals (tb2 267 = 89 tasks × 3) assume 3."
+        3, le=100, description="Harbor attempts per task (-k); RULES §6 totals (tb2 267 = 89 tasks × 3) assume 3."
     )
     agent_kwargs: list[str] = Field(default_factory=list, max_length=AGENT_KWARGS_MAX,
                                     description="Extra --agent-kwarg values (override registry).")

@@ -76,7 +76,7 @@ def resolution_notes(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tup
 
 def walltime_warnings(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[str, ...]:
     """Presets that ask for more walltime than the cluster allows: their jobs get the cluster's longest, and a job
-    the walltime ends is resumed (REFERENCE §4), so the run goes on in chunks instead of being refused."""
+    the walltime ends is resumed (RULES §4), so the run goes on in chunks instead of being refused."""
     return tuple(
         f"preset {b.name} asks for walltime {b.walltime}, more than cluster {cluster.metadata.name} allows "
         f"(maxTimeLimit {cluster.spec.longest_walltime}): its jobs get {b.time_limit} and are resumed after the "

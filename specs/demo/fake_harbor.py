@@ -44,7 +44,7 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
-# What our sbatch passes to `harbor jobs resume -f ...`: REFERENCE.md §3 infra errors.
+# What our sbatch passes to `harbor jobs resume -f ...`: RULES §3 infra errors.
 RESUME_FILTER = frozenset({
     "DaytonaError", "DaytonaAuthenticationError", "DaytonaAuthorizationError", "DaytonaNotFoundError",
     "DaytonaSandboxStopError", "DaytonaRateLimitError", "EnvironmentStartTimeoutError",

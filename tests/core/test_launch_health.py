@@ -1,4 +1,4 @@
-"""Launch health (REFERENCE §8, §9), one test per rule: a dead launch is never a score, a launch that cannot work
+"""Launch health (RULES §8, §9), one test per rule: a dead launch is never a score, a launch that cannot work
 is cancelled and refired (bounded) or held with its diagnosis, and a slow but healthy one is left alone."""
 
 from __future__ import annotations

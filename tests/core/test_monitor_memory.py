@@ -1,4 +1,4 @@
-"""The monitor rules that need memory (REFERENCE §5, the eval-monitor seed): a second stuck-general reading
+"""The monitor rules that need memory (RULES §5, the eval-monitor seed): a second stuck-general reading
 escalates, and a run the monitor cancelled is analysed and uploaded as it is, never resumed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""REFERENCE.md §2, one test row per table row: the newest matching row decides."""
+"""RULES §2, one test row per table row: the newest matching row decides."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_dedup_table_row(name, the_row, phase, kinds, reason):
     assert [a.kind.value for a in decided.actions] == kinds
     assert reason in decided.reason or any(reason in a.reason for a in decided.actions)
     assert decided.rule in {dedup.rule for dedup in DEDUP_TABLE.values()}
-    assert decided.rule.citation.startswith("REFERENCE §2")
+    assert decided.rule.citation.startswith("RULES §2")
 
 
 def test_newest_matching_row_decides():

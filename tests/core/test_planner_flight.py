@@ -1,4 +1,4 @@
-"""Jobs in the queue (REFERENCE §5 monitoring), the submission-protocol repairs, the caps and Unknown."""
+"""Jobs in the queue (RULES §5 monitoring), the submission-protocol repairs, the caps and Unknown."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""REFERENCE.md §4, one test row per class: our row, our job ended, and what its run dir says."""
+"""RULES §4, one test row per class: our row, our job ended, and what its run dir says."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ def test_too_many_infra_errors_are_resumed_once_then_completed(cluster):
 def test_explain_names_the_rule(cluster):
     cluster.write(models=["org/a-8B"], datasets=["DCAgent/tiny_a"])
     out = cluster.evalctl("explain", "org/a-8B", "DCAgent/tiny_a").stdout
-    assert "rule:   REFERENCE §2: none → start (no existing job)" in out
+    assert "rule:   RULES §2: none → start (no existing job)" in out
     assert "action: submit: no existing job" in out
 
 

@@ -1,4 +1,4 @@
-"""The eval-monitor runbook (REFERENCE §5) end to end on the local executor with the fake Harbor, with the
+"""The eval-monitor runbook (RULES §5) end to end on the local executor with the fake Harbor, with the
 windows shrunk to seconds: hang at 98%, a general stall, a zombie, trials landing after a cancel. Each ends
 with the run dir analysed and uploaded as it is, one job, no resume. Each task runs 3 attempts (the catalog's
 default), so N tasks are 3N trials."""

@@ -258,7 +258,7 @@ def test_the_same_cells_in_two_namespaces_are_two_tenants_work_and_a_cancel_touc
     shared = SharedCluster(lab, {"FAKE_HARBOR_HANG_AFTER": "1"})  # one absolute jobsDir for both tenants
     lab.start_operator("-n", other, trusted_host=False)
     # forceEval: the results DB is the lab's, shared evidence; without it the second tenant's cell may wait on the
-    # first one's Pending row (dedup, REFERENCE §2), which is not what this test is about
+    # first one's Pending row (dedup, RULES §2), which is not what this test is about
     run = lab.run_yaml(["org/a-8B"], cluster=shared.ref, extra="  deletionPolicy: Cancel\n  forceEval: true")
     try:
         lab.apply(run, run.replace(f"namespace: {lab.namespace}", f"namespace: {other}"))

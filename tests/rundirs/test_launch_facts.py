@@ -1,4 +1,4 @@
-"""The facts the launch-health rules read (REFERENCE §8), from real files in Harbor's layout: the trials that raised
+"""The facts the launch-health rules read (RULES §8), from real files in Harbor's layout: the trials that raised
 without an output token (`quiet_failures`), the trials that started (`n_started_trials`) and the endpoint the first
 trial calls (`api_base`) — read from a local tree, through fsspec, from the memo on a later pass."""
 

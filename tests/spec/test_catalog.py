@@ -18,7 +18,7 @@ def test_error_classes_are_data() -> None:
     assert classes.classify("AgentTimeoutError", has_reward=True) == "benign"
     assert classes.classify("AgentTimeoutError", has_reward=False) == "other"
     assert classes.classify("ValueError", has_reward=False) == "other"
-    assert len(classes.infra) == 16 and "InstantFailure" in classes.infra, "the 15 of REFERENCE §3 and our own"
+    assert len(classes.infra) == 16 and "InstantFailure" in classes.infra, "the 15 of RULES §3 and our own"
 
 
 def test_catalog_is_cached() -> None:
@@ -69,7 +69,7 @@ def test_shipped_files_are_all_there() -> None:
 
 
 def test_a_config_yaml_path_is_refused_at_its_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Path doubling (seed 003 §7): the job script prepends its configs dir to the name."""
+    """Path doubling (RULES §9): the job script prepends its configs dir to the name."""
     (tmp_path / "presets.yaml").write_text(
         "presets:\n  bfcl:\n    dataset: DCAgent2/bfcl-parity\n    n_concurrent: 32\n"
         "    config_yaml: /home/me/eval/configs/dcagent_eval_config_no_override.yaml\n"

@@ -36,7 +36,7 @@ def one(evalrun: EvalRun, on: EvalCluster | None = None, catalog: Catalog = CATA
     return cell
 
 
-# --------------------------------------------------------------------------- presets (REFERENCE §6)
+# --------------------------------------------------------------------------- presets (RULES §6)
 
 PRESET_TABLE = [
     ("tb2", "DCAgent2/terminal_bench_2", 64, 267),

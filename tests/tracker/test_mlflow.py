@@ -95,7 +95,7 @@ def test_a_deleted_experiment_is_refused_not_recreated(mlflow_server: MlflowServ
 
 
 def test_reanalysis_logs_to_the_same_run(mlflow_server: MlflowServer, experiment: str) -> None:
-    """REFERENCE §5: re-analysis attaches to the original run; a changed param is immutable in MLflow."""
+    """RULES §5: re-analysis attaches to the original run; a changed param is immutable in MLflow."""
     tracker = MlflowTracker(mlflow_server.url)
     first = record()
     again = record(metrics={**first.metrics, "mean_score": 0.55, "error.timeout": 1.0},
@@ -184,7 +184,7 @@ def test_stopped_server_is_unavailable_then_recovers(mlflow_server: MlflowServer
 
 def test_swallowed_writes_return_but_read_back_tells(mlflow_server: MlflowServer, mlflow_proxy: MlflowProxy,
                                                     experiment: str) -> None:
-    """A proxy answers 200 and drops the push: `log` cannot tell (REFERENCE §5), `read_back` can."""
+    """A proxy answers 200 and drops the push: `log` cannot tell (RULES §5), `read_back` can."""
     through_proxy, direct = MlflowTracker(mlflow_proxy.url), MlflowTracker(mlflow_server.url)
     logged = record()
     run_id = through_proxy.log(experiment, logged)

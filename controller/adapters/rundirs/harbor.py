@@ -1,4 +1,4 @@
-"""`RunDirs` over `$EVAL_JOBS_DIR/<run_tag>/` in Harbor's layout (REFERENCE.md §3).
+"""`RunDirs` over `$EVAL_JOBS_DIR/<run_tag>/` in Harbor's layout (RULES §3).
 
 Trial dirs are the truth: the job `result.json` carries no trial results and its stats lag (and
 go stale when a killed job's sandboxes keep writing), so every trial `result.json` is read once

@@ -1,6 +1,6 @@
 """Every SQL statement of the SQLite store, in one place.
 
-The first three tables mirror the OT-Agent results schema (REFERENCE.md §1) so old tools and
+The first three tables mirror the OT-Agent results schema (RULES §1) so old tools and
 dashboards can read what we write; the `evalrun_*` tables are the reconciler's own memory.
 Name lists travel as ONE JSON parameter (`json_each`), so a pass costs the same few statements
 whether an EvalRun names ten models or five hundred.

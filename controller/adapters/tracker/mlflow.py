@@ -3,7 +3,7 @@
 On the server: experiment <name> (created when missing) → one run named <run tag>, tagged
 `evalrun.run_tag=<run tag>` and `evalrun.<key>` for each record tag; params as params; metrics at step 0
 (the newest value is the run's, so a re-analysis replaces what dashboards show); the report as the
-artifact `post_eval_report.txt`; the run left FINISHED. Re-analysis attaches to the same run (REFERENCE §5).
+artifact `post_eval_report.txt`; the run left FINISHED. Re-analysis attaches to the same run (RULES §5).
 
 Params are immutable in MLflow: logging a param again with the same value is a no-op, a different value is
 refused (INVALID_PARAMETER_VALUE) and the whole batch with it. A re-analysis with changed settings (max
@@ -11,7 +11,7 @@ retries ×2, another browser backend) keeps the first value as the param and rec
 `evalrun.param.<name>`; `read_back` reports that tag's value as the param, i.e. what the LAST analysis used,
 which is what the core compares against what it logged. No logged value is ever deleted or rewritten.
 
-`log` returning proves nothing: a proxy or rate limiter can answer 200 and drop the write (REFERENCE §5,
+`log` returning proves nothing: a proxy or rate limiter can answer 200 and drop the write (RULES §5,
 "verify, don't trust exit codes"). `read_back` reads the server afresh so the core can compare.
 
 Timeouts: mlflow's HTTP client retries 7 times with exponential backoff (minutes) and waits 120 s per request

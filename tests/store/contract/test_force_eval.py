@@ -1,5 +1,5 @@
 """forceEval on every backend: a real pass adds a row of ours next to another user's Finished row and leaves
-theirs byte for byte as it was (REFERENCE §1: own rows only; §2: forceEval adds a NEW row)."""
+theirs byte for byte as it was (RULES §1: own rows only; §2: forceEval adds a NEW row)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
 """Which trial exceptions are the model's own failures (a valid 0) and which are infra (not a measurement).
 
-<<<<<<< HEAD
 The class lists are data (RULES §3, shipped as a catalog); this module only gives them a type and the rules
 everyone must apply the same way: classification and the dimensionally stable breakdown (every known class
 present, 0 included). The classification is closed: an exception is the model's failure only when the catalog
-says so; every other one, known or not, is infra, as the users' own extraction excludes every errored trial.
+says so; every other one, known or not, is infra, as the users' own per-trial extraction leaves every errored trial out of the denominator.
 The reconciler's own buckets are infra too: `InstantFailure` (raised before one output token, within seconds),
 `Ungraded` (no exception and no reward: the verifier never ran) and `NoModelOutput` (graded, but the model
 produced no token: the verifier graded an untouched workspace).
-=======
-The class lists are data (RULES §3, shipped as a catalog); this module only gives them a
-type and the two rules everyone must apply the same way: classification and the
-dimensionally stable breakdown (every known class present, 0 included). `InstantFailure` is
-always an infra class: the reconciler files instant failures there, whatever Harbor called them.
->>>>>>> rules-doc
 """
 
 from __future__ import annotations

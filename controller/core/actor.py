@@ -21,7 +21,7 @@ from typing import Any, assert_never
 
 from pydantic import Field
 
-from controller.core.admission import Admitted
+from controller.core.admission import Admitted, admission_record
 from controller.core.job_env import JobSecrets, JobSettings, job_environment
 from controller.core.metrics import RunMetrics, run_metrics, same_metrics
 from controller.core.ports import NewRow, ObservationError, Scheduler, StoreUnavailable, SubmitRequest, Tracker
@@ -174,12 +174,11 @@ class Actor:
                 self.state.finish_attempt(facts.run_tag)  # its GPU-hours are history from now on
                 return f"post-eval report written for {facts.run_tag}"
             case Upload(facts=facts, row_id=row_id, is_overlong=is_overlong, gpu_hours=gpu_hours, admitted=admitted):
-                result = work.metrics(facts, admitted)
-                message = self._upload(work, facts, result, row_id, is_overlong, gpu_hours)
+                message = self._upload(work, facts, admitted, row_id, is_overlong, gpu_hours)
                 return message if self.tracker is None else \
-                    f"{message}; {self._track(work, facts, result, gpu_hours)}"
+                    f"{message}; {self._track(work, facts, admitted, gpu_hours)}"
             case Track(facts=facts, gpu_hours=gpu_hours, admitted=admitted):
-                return self._track(work, facts, work.metrics(facts, admitted), gpu_hours)
+                return self._track(work, facts, admitted, gpu_hours)
             case Quarantine(subject=subject, scope=scope, name=name, ttl_s=ttl_s):
                 self.state.quarantine(subject, scope, name, action.reason, ttl_s)
                 return f"{subject.value} {name} quarantined for {ttl_s / 3600:g} h: {action.reason}"
@@ -241,8 +240,9 @@ class Actor:
                       benchmark_name=cell.benchmark_name, job_status=RowStatus.PENDING, submitted_at=now,
                       n_rep_eval=cell.n_attempts, config=row_config(cell, run_tag))
 
-    def _upload(self, work: _CellWork, facts: RunDirFacts, result: RunMetrics, row_id: str | None, is_overlong: bool,
+    def _upload(self, work: _CellWork, facts: RunDirFacts, admitted: Admitted, row_id: str | None, is_overlong: bool,
                 gpu_hours: float | None) -> str:
+        result = work.metrics(facts, admitted)
         accuracy = result.score
         assert accuracy is not None  # admitted: the gate refuses a run with nothing scored
         if row_id is None:  # an orphan dir: give it a row of ours first
@@ -261,16 +261,18 @@ class Actor:
             raise UploadNotVerified(f"row {row_id} reads is_overlong={landed.is_overlong}, not {is_overlong}")
         what = f"accuracy={accuracy:.4f}" + (" is_overlong=true" if is_overlong else "") + (
             " provisional=true" if result.stats.provisional else "") + (" partial=true" if result.stats.partial else "")
-        work.learnt(db_verified=f"row {row_id} read back with {what} ({facts.run_tag})")
+        work.learnt(db_verified=f"row {row_id} read back with {what} ({facts.run_tag})",
+                    admitted=admission_record(facts.run_tag, admitted))
         if not written:
             return f"{what} for {facts.run_tag} was already in row {row_id} (verified, not rewritten)"
         return f"uploaded {what} for {facts.run_tag} (row {row_id}, verified)"
 
-    def _track(self, work: _CellWork, facts: RunDirFacts, result: RunMetrics, gpu_hours: float | None) -> str:
+    def _track(self, work: _CellWork, facts: RunDirFacts, admitted: Admitted, gpu_hours: float | None) -> str:
         """Log to the tracker, read the run back, compare; the memory gets the outcome, so the planner can say it."""
         if self.tracker is None:
             raise UploadNotVerified("upload.mlflow is on but this pass has no tracker configured")
         tracker, experiment = self.tracker
+        result = work.metrics(facts, admitted)
         analysis = work.analyses.get(facts.run_tag) or self.analyze_dir(facts, result)
         record = tracker_record(work.cell, facts, result, analysis, self.errors, gpu_hours)
         work.learnt(tracked_run_tag=None, track_error=None)
@@ -283,7 +285,7 @@ class Actor:
             reason = f"MLflow: {'; '.join(wrong[:3])}" + (f" (+{len(wrong) - 3} more)" if len(wrong) > 3 else "")
             work.learnt(track_error=reason)
             raise UploadNotVerified(reason)
-        work.learnt(tracked_run_tag=facts.run_tag)
+        work.learnt(tracked_run_tag=facts.run_tag, admitted=admission_record(facts.run_tag, admitted))
         return f"MLflow run {facts.run_tag} in {experiment!r} verified ({len(record.metrics)} metrics)"
 
 

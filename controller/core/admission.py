@@ -30,7 +30,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from controller.core.types import Cell, Frozen, RunDirFacts
+from controller.core.types import AdmissionRecord, Cell, Frozen, RunDirFacts
 
 GATE_VERSION = 1  # bump when a rule changes what is admitted: a row's evidence says which gate passed it
 HARBOR_PROVIDERS = ("hosted_vllm/", "openai/", "vllm/")
@@ -158,6 +158,13 @@ def admit(cell: Cell, facts: RunDirFacts, policy: GatePolicy, *, requests: int |
     if evidence.scored == 0:
         return refused(Refusal.NOTHING_SCORED, "no trial was graded or failed as the model's own", "hold")
     return _admitted(facts, evidence, policy)
+
+
+def admission_record(run_tag: str, admitted: Admitted) -> AdmissionRecord:
+    """What the controller state keeps of an upload that read back: status and explain show it."""
+    return AdmissionRecord(run_tag=run_tag, score=admitted.score, n_scored=admitted.n_scored,
+                           provisional=admitted.provisional, partial=admitted.partial,
+                           evidence=admitted.summary())
 
 
 def expected_trials(cell: Cell, facts: RunDirFacts) -> tuple[int | None, Literal["catalog", "harbor"] | None]:

@@ -99,6 +99,13 @@ def measured_nothing(facts: RunDirFacts) -> int:
     return facts.n_instant_failures + facts.error_breakdown.get(NO_MODEL_OUTPUT, 0)
 
 
+def no_output_summary(facts: RunDirFacts) -> str:
+    """'12 instant failures' (and 'N graded trials without one output token', when there are such)."""
+    silent = measured_nothing(facts) - facts.n_instant_failures
+    return f"{facts.n_instant_failures} instant failures" + (
+        f" and {silent} graded trials without one output token" if silent else "")
+
+
 def is_dead_launch(facts: RunDirFacts) -> bool:
     """Every trial that completed failed instantly or got no output from the model: nothing in the dir is a score."""
     return facts.n_completed > 0 and measured_nothing(facts) == facts.n_completed
@@ -171,8 +178,7 @@ def verdict(reading: OutputReading | None, facts: RunDirFacts | None, job_starte
         waited = _minutes(now - job_started) if job_started is not None else "?"
         return HealthState.LAUNCHING, f"launching ({waited} of {_minutes(health.launch_grace)}{traffic})"
     if is_dead_launch(facts):
-        return HealthState.STALLED, (f"suspect: {measured_nothing(facts)} trials without model output and no real "
-                                     "trial yet "
+        return HealthState.STALLED, (f"suspect: {no_output_summary(facts)} and no real trial yet "
                                      f"(a dead launch at {health.dead_launch_trials}){traffic}")
     since = f", last result {_minutes(now - facts.last_progress_at)} ago" if facts.last_progress_at else ""
     return HealthState.ALIVE, f"alive: {facts.n_scored} trials scored{since}{traffic}"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -54,7 +54,7 @@ from controller.core.health import (
     count_instant_failures,
     diagnose,
     is_dead_launch,
-    measured_nothing,
+    no_output_summary,
     read_output,
     unwired_api_base,
     verdict,
@@ -961,8 +961,24 @@ class _CellRules:
                         progress=progress_of(facts, self.now, running=phase == Phase.RUNNING),
                         memory=self.memory, remember=remember if remember != self.memory else None,
                         health=state, health_note=note, gpu_hours=self.gpu_hours, admission=admission,
-                        n_scored=n_scored, provisional=None if n_scored is None
-                        else n_scored < self.policy.admission.trust_threshold)
+                        **self._trust(admission, facts, score, n_scored))
+
+    def _trust(self, admission: Admission | None, facts: RunDirFacts | None, score: float | None,
+               n_scored: int | None) -> dict[str, Any]:
+        """How far the cell's score can be trusted (RULES §14): the gate's verdict of this pass, else what it said
+        of the upload that holds the score (the controller state), else the row's own n_valid_trials."""
+        trust = self.policy.admission.trust_threshold
+        if isinstance(admission, Admitted):
+            return {"n_scored": admission.n_scored, "provisional": admission.provisional,
+                    "partial": admission.partial, "evidence": admission.summary()}
+        if isinstance(admission, Refused):
+            return {"n_scored": n_scored, "provisional": None if n_scored is None else n_scored < trust,
+                    "evidence": admission.summary()}
+        record = self.memory.admitted
+        if score is not None and record is not None and facts is not None and record.run_tag == facts.run_tag:
+            return {"n_scored": record.n_scored, "provisional": record.provisional, "partial": record.partial,
+                    "evidence": record.evidence}
+        return {"n_scored": n_scored, "provisional": None if n_scored is None else n_scored < trust}
 
 
 # ---------------------------------------------------------------------- caps
@@ -1035,10 +1051,7 @@ def _failure(job: ObservedJob, policy: Policy) -> str:
 
 
 def _dead_launch(facts: RunDirFacts) -> str:
-    silent = measured_nothing(facts) - facts.n_instant_failures
-    what = f"{facts.n_instant_failures} instant failures" + (f" and {silent} graded trials without one output token"
-                                                              if silent else "")
-    return (f"dead launch: {what}, 0 real trials — served model unreachable? "
+    return (f"dead launch: {no_output_summary(facts)}, 0 real trials — served model unreachable? "
             "(check the vLLM server and the api_base the trials call)")
 
 

@@ -3,7 +3,8 @@
 The class lists are data (RULES §3, shipped as a catalog); this module only gives them a type and the rules
 everyone must apply the same way: classification and the dimensionally stable breakdown (every known class
 present, 0 included). The classification is closed: an exception is the model's failure only when the catalog
-says so; every other one, known or not, is infra, as the users' own per-trial extraction leaves every errored trial out of the denominator.
+says so; every other one, known or not, is infra (the users' own per-trial extraction leaves every errored trial
+out of the denominator).
 The reconciler's own buckets are infra too: `InstantFailure` (raised before one output token, within seconds),
 `Ungraded` (no exception and no reward: the verifier never ran) and `NoModelOutput` (graded, but the model
 produced no token: the verifier graded an untouched workspace).

@@ -534,6 +534,18 @@ class StallReading(Frozen):
     at: datetime
 
 
+class AdmissionRecord(Frozen):
+    """What the admission gate admitted for an upload that read back as written: what status and explain show of
+    a Completed cell (RULES §14)."""
+
+    run_tag: str
+    score: float
+    n_scored: int
+    provisional: bool
+    partial: bool = False
+    evidence: str = Field(description="the gate's evidence in words: trials by class, expected vs seen, traffic")
+
+
 class CellMemory(BaseModel):
     """What the rules remember about a cell between passes (kept in the controller state, per cell key).
 
@@ -551,6 +563,7 @@ class CellMemory(BaseModel):
     stall_reading: StallReading | None = None
     remedies: tuple[Remedy, ...] = Field((), description="one per failed attempt the health rules diagnosed")
     output: OutputReading | None = Field(None, description="the running job's output, read so far")
+    admitted: AdmissionRecord | None = Field(None, description="the last upload the admission gate admitted")
 
     def stored(self) -> dict[str, Any]:
         """The JSON the controller state keeps (the key names of every earlier version)."""

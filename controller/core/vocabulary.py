@@ -344,6 +344,9 @@ class CellPlan(Frozen):
     n_scored: int | None = Field(None, description="the uploaded row's scored trials (n_valid_trials)")
     provisional: bool | None = Field(None, description="the score rests on fewer than report.trustThreshold scored "
                                                        "trials")
+    partial: bool | None = Field(None, description="its score was uploaded under upload.partial: upload (incomplete, "
+                                                   "or over the infra share)")
+    evidence: str = Field("", description="the admission gate's evidence in words, where it was asked")
 
 
 class Plan(Frozen):

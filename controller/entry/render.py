@@ -53,6 +53,10 @@ def _cell_json(cell: CellPlan, plan: Plan) -> dict[str, Any]:
         "rule": cell.rule.value,
         "health": None if cell.health is None else {"state": cell.health.value, "note": cell.health_note},
         "score": cell.score,
+        "n_scored": cell.n_scored,
+        "provisional": cell.provisional,
+        "partial": cell.partial,
+        "evidence": cell.evidence or None,
         "gpu_hours": cell.gpu_hours,
         "est_gpu_hours": None if estimate is None else estimate.model_dump(mode="json"),
         "progress": None if cell.progress is None else cell.progress.model_dump(mode="json"),
@@ -202,8 +206,10 @@ def explain(cell: CellPlan, console: Console, now: datetime) -> None:
     console.print(f"  cell key {c.key}", highlight=False)
     trials = f" {progress_text(cell.progress)}" if cell.progress is not None else ""
     console.print(f"  phase:  {_phase(cell.phase)}{trials}")
-    console.print(f"  score:  {value_text(cell.score, now)}" + ("" if cell.score is not None else " (none uploaded)"),
-                  highlight=False)
+    console.print(f"  score:  {value_text(cell.score, now)}" + (_trust_flags(cell) if cell.score is not None
+                                                                 else " (none uploaded)"), highlight=False)
+    if cell.evidence:
+        console.print(f"  admission: {cell.evidence}", highlight=False)
     console.print(f"  rule:   {cell.rule.citation}", highlight=False)
     console.print(f"  reason: {cell.reason}", highlight=False)
     if cell.health is not None:
@@ -236,8 +242,15 @@ def _grid_cell(cell: CellPlan | None) -> str:
 def _score_or_progress(cell: CellPlan) -> str:
     """` 0.417` once a score is uploaded, else ` 5/18 · ETA 14 min` from its run dir (never a score before)."""
     if cell.score is not None:
-        return f" {cell.score:.3f}"
+        return f" {cell.score:.3f}{_trust_flags(cell)}"
     return f" {progress_text(cell.progress)}" if cell.progress is not None else ""
+
+
+def _trust_flags(cell: CellPlan) -> str:
+    """' (provisional, n=12)' or ' (partial)': what a score must never be shown without (RULES §14)."""
+    flags = [f"provisional, n={cell.n_scored}" if cell.provisional else "", "partial" if cell.partial else ""]
+    shown = ", ".join(flag for flag in flags if flag)
+    return f" ({shown})" if shown else ""
 
 
 def progress_text(progress: Progress) -> str:

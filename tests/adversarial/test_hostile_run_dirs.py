@@ -29,7 +29,6 @@ from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.localfs import TOP_FILE_CAP, TRIAL_RESULT_CAP
 from controller.adapters.rundirs.report import REPORT_NAME, StepStats, step_stats, write_post_eval_report
 from controller.core.match import join_cells, run_dir_matches
-from controller.core.metrics import run_metrics
 from controller.core.planner import plan
 from controller.core.ports import (
     JobsDirMissing,
@@ -40,7 +39,7 @@ from controller.core.ports import (
 )
 from controller.core.types import JobState, RunDirFacts
 from controller.core.vocabulary import CellPlan, Phase
-from tests.core.builders import ME, NOW, POLICY, ago, cell, job, obs, row, sub
+from tests.core.builders import ME, NOW, POLICY, ago, cell, job, metrics_of, obs, row, sub
 from tests.e2e.conftest import Cluster
 from tests.fixtures.evalctl import wait_until
 from tests.fixtures.harbor_dirs import (
@@ -208,11 +207,13 @@ def json_list(run: Path) -> Path:
     return _replace(run / TRIAL / "result.json", b"[]")
 
 
-def reward_of_wrong_type(run: Path) -> Path:
-    result = run / TRIAL / "result.json"
-    doc = json.loads(result.read_bytes())
-    doc["verifier_result"] = {"rewards": {"reward": "high"}}
-    return _replace(result, json.dumps(doc).encode())
+def rewards_of(rewards: dict[str, object]) -> Callable[[Path], Path]:
+    def build(run: Path) -> Path:
+        result = run / TRIAL / "result.json"
+        doc = json.loads(result.read_bytes())
+        doc["verifier_result"] = {"rewards": rewards}
+        return _replace(result, json.dumps(doc).encode())
+    return build
 
 
 def output_tokens_of_wrong_type(run: Path) -> Path:
@@ -234,6 +235,15 @@ def nan_reward(run: Path) -> Path:
     result = run / TRIAL / "result.json"
     return _replace(result, result.read_bytes().replace(b'"reward": 1.0', b'"reward": NaN')
                     .replace(b'"reward": 0.0', b'"reward": NaN'))
+
+
+INVALID_REWARDS = {
+    "string": (rewards_of({"reward": "high"}), "reward is 'high', not a finite number"),
+    "nan": (nan_reward, "reward is nan, not a finite number"),
+    "negative": (rewards_of({"reward": -1}), "reward -1 is outside [0, 1]"),
+    "seven": (rewards_of({"reward": 7}), "reward 7 is outside [0, 1]"),
+    "another-key": (rewards_of({"score": 1.0}), "rewards has no 'reward' key (only score)"),
+}
 
 
 def deeply_nested(run: Path) -> Path:
@@ -326,8 +336,6 @@ CASES = {
     "socket-trial-result": Hostile(unix_socket, "No such device or address"),
     "oversize-trial-result": Hostile(oversize, f"larger than the {TRIAL_RESULT_CAP >> 20} MiB cap"),
     "list-trial-result": Hostile(json_list, "a JSON array, not an object"),
-    "reward-of-wrong-type": Hostile(reward_of_wrong_type, "verifier_result.rewards.reward is 'high', not a number"),
-    "nan-reward": Hostile(nan_reward, "not JSON: NaN is not a JSON number"),
     "output-tokens-of-wrong-type": Hostile(output_tokens_of_wrong_type,
                                            "agent_result.n_output_tokens is 'lots', not a count"),
     "agent-time-of-wrong-type": Hostile(agent_time_of_wrong_type,
@@ -395,6 +403,22 @@ def test_what_cannot_be_read_makes_the_cell_unknown(jobs: Path, hostile: Hostile
     if not hostile.run_level:
         assert facts.path == str(jobs / TAG)
     assert_held_unknown(plan_own_cell(observed), bad)
+
+
+@pytest.mark.parametrize(("build", "says"), INVALID_REWARDS.values(), ids=INVALID_REWARDS.keys())
+def test_an_invalid_reward_holds_the_cell_naming_the_trial(jobs: Path, build: Callable[[Path], Path],
+                                                          says: str) -> None:
+    """Never averaged (−1 and 7 made −0.25 and 3.75), never read as 0 (another key): held, naming the file."""
+    bad = build(finished_run(jobs))
+    written = ago(hours=3).timestamp()  # as the rest of the finished run: not a trial landing after the job
+    os.utime(bad, (written, written))
+    observed = observe_bounded(jobs)
+    assert not isinstance(observed, BaseException), observed
+    (facts,) = observed
+    assert (facts.unreadable, facts.n_invalid, facts.n_completed) == ("", 1, N_TRIALS)
+    cell_plan = plan_own_cell(observed)
+    assert cell_plan.phase is Phase.FAILED and [a.kind.value for a in cell_plan.actions] == ["hold"]
+    assert f"{bad}: {says}" in cell_plan.reason, cell_plan.reason
 
 
 def test_a_missing_jobs_dir_is_not_an_empty_one(jobs: Path) -> None:
@@ -503,7 +527,7 @@ class Reporting:
     operator: Path  # outside the run dir: never to be touched
 
     def write(self) -> Path:
-        path, _ = write_post_eval_report(self.run, self.facts, REFERENCE_ERRORS, run_metrics(self.facts, REFERENCE_ERRORS))
+        path, _ = write_post_eval_report(self.run, self.facts, REFERENCE_ERRORS, metrics_of(self.facts, REFERENCE_ERRORS))
         return path
 
 

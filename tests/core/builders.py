@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from controller.core.admission import Admission, Admitted, GatePolicy, admit
+from controller.core.metrics import RunMetrics, run_metrics
 from controller.core.planner import Policy
+from controller.core.trial_errors import ErrorClasses
 from controller.core.types import (
     Cell,
     EvalRunRef,
@@ -66,10 +69,14 @@ def facts(tag: str, *, total: int | None = 10, completed: int = 10, scored: int 
           finished: bool = True, fires: int = 1, trial_dirs: int | None = None, has_result: bool = True,
           last_progress: datetime | None = None, no_resume: bool = False, model: str | None = None,
           benchmark_name: str | None = None, agent: str | None = None) -> RunDirFacts:
+    graded = max(completed - infra, 0)  # one trial per task; the infra ones first, the rest graded evenly
+    tasks = {f"task-{i:03d}": (1, 0, 0.0) if i < infra else (1, 1, completed * 0.5 / graded)
+             for i in range(completed)}
     return RunDirFacts(
         run_tag=tag, path=f"/jobs/{tag}", has_config=True, has_result=has_result, n_total=total,
         n_trial_dirs=completed if trial_dirs is None else trial_dirs, n_completed=completed,
-        n_scored=completed - infra if scored is None else scored, n_infra_errors=infra,
+        n_scored=completed - infra if scored is None else scored, n_infra_errors=infra, n_graded=graded,
+        n_answered=completed, n_usage_reported=completed, tasks=tasks,
         reward_sum=completed * 0.5, reward_sq_sum=completed * 0.5, started_at=ago(hours=3),
         finished_at=ago(hours=2) if finished else None, last_progress_at=last_progress or ago(hours=2),
         fires=fires, no_resume=no_resume, model=model, benchmark_name=benchmark_name, agent=agent,
@@ -79,3 +86,28 @@ def facts(tag: str, *, total: int | None = 10, completed: int = 10, scored: int 
 def obs(*, rows: tuple[ObservedRow, ...] = (), subs: tuple[Submission, ...] = (), jobs: tuple[ObservedJob, ...] = (),
         dirs: tuple[RunDirFacts, ...] = ()) -> Observation:
     return Observation(rows=rows, submissions=subs, jobs=jobs, run_dirs=dirs)
+
+
+def cell_of(run: RunDirFacts, **changes: object) -> Cell:
+    """A cell the run dir says it evaluated (what it does not say, the builder's default); without Harbor's total,
+    its catalog says the benchmark has as many tasks as the dir ran."""
+    named = {"model": run.model, "benchmark_name": run.benchmark_name, "agent": run.agent,
+             "tasks": len(run.tasks) or None if run.n_total is None else None}
+    return cell(**{key: value for key, value in named.items() if value is not None} | changes)  # type: ignore[arg-type]
+
+
+def gate(run: RunDirFacts, c: Cell | None = None, *, requests: int | None = 1, **policy: object) -> Admission:
+    """The admission gate's verdict on a run dir read whole (no fires left to resume it)."""
+    return admit(c or cell_of(run), run, GatePolicy(**policy), requests=requests)  # type: ignore[arg-type]
+
+
+def admitted(run: RunDirFacts, c: Cell | None = None, **policy: object) -> Admitted:
+    """The verdict on a run dir the test takes to be admissible: failing here names what the gate refused."""
+    verdict = gate(run, c, **policy)
+    assert isinstance(verdict, Admitted), verdict.summary()
+    return verdict
+
+
+def metrics_of(run: RunDirFacts, errors: ErrorClasses, c: Cell | None = None, **policy: object) -> RunMetrics:
+    """What an upload of the run dir would write: the gate's numbers."""
+    return run_metrics(admitted(run, c, **policy), run, errors)

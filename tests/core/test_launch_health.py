@@ -8,7 +8,6 @@ from datetime import timedelta
 import pytest
 
 from controller.core.health import HealthLimits, count_instant_failures
-from controller.core.metrics import accuracy
 from controller.core.planner import Policy, plan, plan_cell
 from controller.core.types import (
     CellMemory,
@@ -36,7 +35,7 @@ TAG = C.run_tag(1)
 LITELLM = "litellm.APIConnectionError"
 
 
-def instant(n: int, *, seconds: float | None = 0.4, kind: ErrorKind = ErrorKind.OTHER,
+def instant(n: int, *, seconds: float | None = 0.4, kind: ErrorKind = ErrorKind.INFRA,
             answered: bool = False) -> tuple[QuietFailure, ...]:
     return tuple(QuietFailure(exception_type=LITELLM, kind=kind, agent_seconds=seconds, answered=answered)
                  for _ in range(n))
@@ -51,8 +50,9 @@ def dead_dir(n: int = 12, *, finished: bool = True) -> RunDirFacts:
     """Every completed trial raised within a second, no output token: the served model was unreachable."""
     return facts(TAG, total=60, completed=n, scored=0, finished=finished,
                  last_progress=ago(minutes=1 if not finished else 40)).model_copy(update={
-        "reward_sum": 0.0, "reward_sq_sum": 0.0, "n_other_errors": n, "error_breakdown": {LITELLM: n},
-        "quiet_failures": instant(n), "n_started_trials": n})
+        "reward_sum": 0.0, "reward_sq_sum": 0.0, "n_infra_errors": n, "n_graded": 0, "error_breakdown": {LITELLM: n},
+        "quiet_failures": instant(n), "n_started_trials": n, "n_answered": 0, "n_usage_reported": 0,
+        "tasks": {f"task-{i:03d}": (1, 0, 0.0) for i in range(n)}})
 
 
 def running(dir_: RunDirFacts | None, *, started_min: float = 20, outputs: tuple[JobOutput, ...] = (),
@@ -78,24 +78,40 @@ def kinds(decided) -> list[str]:
 # --------------------------------------------------------------------------- instant failures are infra
 
 
+def score(counted: RunDirFacts) -> float | None:
+    """What the admission gate divides: the scored trials' rewards over graded + the model's failures."""
+    n = counted.n_graded + counted.n_benign_errors
+    return counted.reward_sum / n if n else None
+
+
+CONTEXT = "ContextLengthExceededError"  # the model's own failure, unless it came before one output token
+
+
+def quiet(n: int, *, seconds: float | None = 0.4, answered: bool = False,
+          task: str = "task-x") -> tuple[QuietFailure, ...]:
+    return tuple(QuietFailure(exception_type=CONTEXT, kind=ErrorKind.BENIGN, agent_seconds=seconds, answered=answered,
+                              reward=0.0, task=task) for _ in range(n))
+
+
 def test_instant_failures_are_infra_so_a_quarter_dead_run_scores_over_its_real_trials():
-    """24 completed: 9 reward 1, 9 genuine zeros, 6 instant failures of an unknown class → 9/18, not 9/24."""
-    mixed = facts(TAG, total=24, completed=24, scored=18).model_copy(update={
-        "reward_sum": 9.0, "reward_sq_sum": 9.0, "n_other_errors": 6, "error_breakdown": {LITELLM: 6},
-        "quiet_failures": instant(6)})
+    """24 completed: 9 reward 1, 9 genuine zeros, 6 instant failures of a model-failure class → 9/18, not 9/24."""
+    mixed = facts(TAG, total=24, completed=24, scored=24).model_copy(update={
+        "reward_sum": 9.0, "reward_sq_sum": 9.0, "n_graded": 18, "n_benign_errors": 6, "error_breakdown": {CONTEXT: 6},
+        "quiet_failures": quiet(6), "tasks": {"task-x": (24, 24, 9.0)}})
 
     counted = count_instant_failures(mixed, HEALTH.instant_fail)
 
-    assert accuracy(mixed) == pytest.approx(9 / 24), "before: the dead trials were the model's zeros"
-    assert accuracy(counted) == pytest.approx(9 / 18)
-    assert (counted.n_instant_failures, counted.n_infra_errors, counted.n_other_errors) == (6, 6, 0)
-    assert counted.error_breakdown == {LITELLM: 0, "InstantFailure": 6}
+    assert score(mixed) == pytest.approx(9 / 24), "before: the dead trials were the model's zeros"
+    assert score(counted) == pytest.approx(9 / 18)
+    assert (counted.n_instant_failures, counted.n_infra_errors, counted.n_benign_errors) == (6, 6, 0)
+    assert counted.error_breakdown == {CONTEXT: 0, "InstantFailure": 6}
+    assert counted.tasks == {"task-x": (24, 18, 9.0)}, "the task's tally loses the moved trials too"
 
 
 def test_a_slow_failure_of_a_model_that_answered_and_a_genuine_zero_stay_as_they_were():
     slow = facts(TAG, total=2, completed=2, scored=1).model_copy(update={
-        "reward_sum": 0.0, "n_other_errors": 1, "error_breakdown": {LITELLM: 1},
-        "quiet_failures": instant(1, seconds=45.0, answered=True)})
+        "reward_sum": 0.0, "n_benign_errors": 1, "n_graded": 1, "error_breakdown": {CONTEXT: 1},
+        "quiet_failures": quiet(1, seconds=45.0, answered=True)})
 
     assert count_instant_failures(slow, HEALTH.instant_fail) == slow
 
@@ -103,13 +119,28 @@ def test_a_slow_failure_of_a_model_that_answered_and_a_genuine_zero_stay_as_they
 def test_a_model_that_never_answered_is_an_instant_failure_however_long_the_retries_took():
     """Real Harbor 0.26 retries an unreachable model ~36 s before it raises (InternalServerError, reward 0.0)."""
     retried = facts(TAG, total=3, completed=3, scored=3).model_copy(update={
-        "reward_sum": 0.0, "n_other_errors": 3, "error_breakdown": {"InternalServerError": 3},
-        "quiet_failures": tuple(QuietFailure(exception_type="InternalServerError", kind=ErrorKind.OTHER,
+        "reward_sum": 0.0, "n_infra_errors": 3, "n_graded": 0, "error_breakdown": {"InternalServerError": 3},
+        "quiet_failures": tuple(QuietFailure(exception_type="InternalServerError", kind=ErrorKind.INFRA,
                                              agent_seconds=36.2, reward=0.0) for _ in range(3))})
 
     counted = count_instant_failures(retried, HEALTH.instant_fail)
 
-    assert counted.n_instant_failures == 3 and accuracy(counted) is None, "no valid trial: nothing to score"
+    assert counted.n_instant_failures == 3 and score(counted) is None, "no valid trial: nothing to score"
+
+
+def test_a_graded_trial_without_one_output_token_is_no_measurement():
+    """A dead server behind a live harness: no exception, 0 output tokens, the verifier graded the untouched
+    workspace (reward 0). Moved to NoModelOutput (infra), out of the score."""
+    silent = facts(TAG, total=4, completed=4).model_copy(update={
+        "reward_sum": 1.0, "n_graded": 4, "tasks": {f"t{i}": (1, 1, float(i == 0)) for i in range(4)},
+        "quiet_failures": tuple(QuietFailure(exception_type=None, kind=None, agent_seconds=3.0, reward=0.0,
+                                             task=f"t{i}") for i in (1, 2))})
+
+    counted = count_instant_failures(silent, HEALTH.instant_fail)
+
+    assert (counted.n_graded, counted.n_infra_errors, counted.n_instant_failures) == (2, 2, 0)
+    assert counted.error_breakdown["NoModelOutput"] == 2 and score(counted) == pytest.approx(0.5)
+    assert counted.tasks["t1"] == (1, 0, 0.0) and counted.tasks["t0"] == (1, 1, 1.0)
 
 
 # --------------------------------------------------------------------------- dead launches
@@ -386,8 +417,11 @@ def test_an_agent_that_calls_no_model_keeps_its_scores():
     oracle = cell(agent="oracle", calls_model=False)
     tag = oracle.run_tag(1)
     over = job(tag, JobState.COMPLETED, started=ago(hours=1), ended=ago(minutes=30))
-    seen = obs(subs=(sub(oracle),), rows=(row("Started", job_name=tag),), jobs=(over,),
-               dirs=(dead_dir(60).model_copy(update={"run_tag": tag, "n_completed": 60, "n_total": 60}),))
+    failed = dead_dir(60).model_copy(update={  # the task's own failure (a class the catalog calls the model's)
+        "run_tag": tag, "n_completed": 60, "n_total": 60, "n_infra_errors": 0, "n_benign_errors": 60,
+        "error_breakdown": {CONTEXT: 60}, "tasks": {f"t{i}": (1, 1, 0.0) for i in range(60)},
+        "quiet_failures": tuple(q for i in range(60) for q in quiet(1, task=f"t{i}"))})
+    seen = obs(subs=(sub(oracle),), rows=(row("Started", job_name=tag),), jobs=(over,), dirs=(failed,))
 
     decided = plan_cell(oracle, seen, POLICY, NOW)
     as_llm = plan_cell(oracle.model_copy(update={"calls_model": True}), seen, POLICY, NOW)

@@ -80,9 +80,14 @@ def test_a_run_the_monitor_cancelled_is_uploaded_as_it_is_not_resumed() -> None:
     without = plan_cell(C, observed, POLICY, NOW)
     remembered = plan_cell(C, observed.model_copy(update={"memory": CellMemory(upload_as_is=TAG)}), POLICY, NOW)
 
+    partial = POLICY.model_copy(update={"admission": POLICY.admission.model_copy(update={"partial_upload": True})})
+    published = plan_cell(C, observed.model_copy(update={"memory": CellMemory(upload_as_is=TAG)}), partial, NOW)
+
     assert kinds(without) == ["resume"]
-    assert remembered.phase == Phase.EVALUATED and kinds(remembered) == ["analyze", "upload"]
-    assert remembered.rule == Rule.MONITOR_CANCELLED
+    assert remembered.phase == Phase.FAILED and kinds(remembered) == ["hold"], "292 of 300 is no plain score"
+    assert remembered.rule == Rule.ADMISSION_INCOMPLETE and "292 of 300 expected" in remembered.reason
+    assert published.phase == Phase.EVALUATED and kinds(published) == ["analyze", "upload"]
+    assert published.rule == Rule.MONITOR_CANCELLED and published.actions[1].admitted.partial
 
 
 def test_trials_still_landing_after_the_cancel_are_waited_for_first() -> None:

@@ -28,14 +28,14 @@ RESUME_ROWS = [
     # name, job state, facts, fires launched, phase, action kinds, reason fragment
     ("SETTLING: trials landing after the job ended", JobState.CANCELLED,
      facts(TAG, completed=7, finished=False, last_progress=ago(minutes=5)), 1, Phase.SETTLING, ["wait"], "landing"),
-    ("SETTLING: completed > total", JobState.TIMEOUT, facts(TAG, completed=12, total=10), 1, Phase.SETTLING,
-     ["wait"], "settle"),
-    ("REJECTED: .no-resume", JobState.TIMEOUT, facts(TAG, completed=6, finished=False, no_resume=True), 1,
-     Phase.EVALUATED, ["analyze", "upload"], ".no-resume"),
-    ("AT_RESUME_LIMIT: upload as is", JobState.TIMEOUT, facts(TAG, completed=6, finished=False, fires=2), 2,
-     Phase.EVALUATED, ["analyze", "upload"], "resume limit"),
-    ("AT_RESUME_LIMIT below minCompletedFraction", JobState.TIMEOUT, facts(TAG, completed=2, finished=False, fires=2),
-     2, Phase.FAILED, ["hold"], "minCompletedFraction"),
+    ("DONE: more results than Harbor's total (leftovers of an earlier fire) decide, never settle for ever",
+     JobState.TIMEOUT, facts(TAG, completed=12, total=10), 1, Phase.EVALUATED, ["analyze", "upload"], "12/10"),
+    ("REJECTED and incomplete: held, never a plain score", JobState.TIMEOUT,
+     facts(TAG, completed=6, finished=False, no_resume=True), 1, Phase.FAILED, ["hold"], "6 of 10 expected"),
+    ("AT_RESUME_LIMIT and incomplete: held", JobState.TIMEOUT, facts(TAG, completed=6, finished=False, fires=2), 2,
+     Phase.FAILED, ["hold"], "resumes cannot complete it"),
+    ("AT_RESUME_LIMIT far short", JobState.TIMEOUT, facts(TAG, completed=2, finished=False, fires=2),
+     2, Phase.FAILED, ["hold"], "2 of 10 expected"),
     ("EARLY_KILL: no result.json, no trials", JobState.NODE_FAIL,
      facts(TAG, completed=0, total=None, finished=False, has_result=False, trial_dirs=0), 1, Phase.PENDING,
      ["resume"], "EARLY_KILL"),
@@ -44,16 +44,17 @@ RESUME_ROWS = [
      "INCOMPLETE"),
     ("PARTIAL: finished, infra > threshold", JobState.COMPLETED, facts(TAG, completed=5, infra=11, total=20), 1,
      Phase.PENDING, ["resume"], "PARTIAL"),
-    ("PARTIAL_OK: finished, infra <= threshold", JobState.COMPLETED, facts(TAG, completed=6, infra=2), 1,
-     Phase.EVALUATED, ["analyze", "upload"], "within threshold"),
+    ("PARTIAL_OK: finished short of its total: the admission gate resumes it", JobState.COMPLETED,
+     facts(TAG, completed=6, infra=2), 1, Phase.PENDING, ["resume"], "6 of 10 expected"),
     ("DONE_WITH_ERRORS", JobState.COMPLETED, facts(TAG, completed=20, total=20, infra=11), 1, Phase.PENDING,
      ["resume"], "DONE_WITH_ERRORS"),
-    ("DONE: infra == threshold", JobState.COMPLETED, facts(TAG, completed=20, total=20, infra=10), 1,
-     Phase.EVALUATED, ["analyze", "upload"], "done"),
+    ("DONE: infra == threshold, but half the trials: the infra share resumes it", JobState.COMPLETED,
+     facts(TAG, completed=20, total=20, infra=10), 1, Phase.PENDING, ["resume"], "InfraShare"),
+    ("DONE: 2 infra of 20 (10%) is within maxInfraErrorFraction", JobState.COMPLETED,
+     facts(TAG, completed=20, total=20, infra=2), 1, Phase.EVALUATED, ["analyze", "upload"], "done"),
     ("DONE", JobState.COMPLETED, facts(TAG, completed=10), 1, Phase.EVALUATED, ["analyze", "upload"], "done"),
-    ("DONE_WITH_ERRORS at the limit uploads as is", JobState.COMPLETED,
-     facts(TAG, completed=20, total=20, infra=11, fires=2), 2, Phase.EVALUATED, ["analyze", "upload"],
-     "resume limit"),
+    ("DONE_WITH_ERRORS at the limit: held with its infra share", JobState.COMPLETED,
+     facts(TAG, completed=20, total=20, infra=11, fires=2), 2, Phase.FAILED, ["hold"], "11 of 20 trials are infra"),
 ]
 
 
@@ -85,7 +86,24 @@ def test_legacy_meta_env_fires_count_towards_the_limit():
     """A dir whose meta.env says it was resumed once already is at the limit, even if we launched nothing."""
     decided = plan_cell(C, ours_after(JobState.TIMEOUT, facts(TAG, completed=6, finished=False, fires=2)),
                         POLICY, NOW)
+    assert [a.kind.value for a in decided.actions] == ["hold"] and "resumes cannot complete it" in decided.reason
+
+
+def test_upload_partial_publishes_what_resumes_cannot_complete_flagged_partial():
+    partial = POLICY.model_copy(update={"admission": POLICY.admission.model_copy(update={"partial_upload": True})})
+    decided = plan_cell(C, ours_after(JobState.TIMEOUT, facts(TAG, completed=6, finished=False, fires=2), fires_launched=2),
+                        partial, NOW)
     assert [a.kind.value for a in decided.actions] == ["analyze", "upload"]
+    upload = decided.actions[1]
+    assert upload.admitted.partial and "6 of 10 expected" in upload.admitted.partial_why
+    assert "partial: 6 of 10" in decided.reason
+
+
+def test_a_partial_upload_still_needs_min_completed_fraction():
+    partial = POLICY.model_copy(update={"admission": POLICY.admission.model_copy(update={"partial_upload": True})})
+    decided = plan_cell(C, ours_after(JobState.TIMEOUT, facts(TAG, completed=2, finished=False, fires=2), fires_launched=2),
+                        partial, NOW)
+    assert [a.kind.value for a in decided.actions] == ["hold"] and "minCompletedFraction 0.5" in decided.reason
 
 
 def test_finished_row_of_a_dir_uploaded_as_is_stays_failed():

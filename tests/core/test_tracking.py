@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from controller.core.metrics import run_metrics
 from controller.core.planner import plan_cell
 from controller.core.ports import TrackedRun
 from controller.core.tracking import Analysis, differences, tracker_record
 from controller.core.trial_errors import ErrorClasses
 from controller.core.types import CellMemory
 from controller.core.vocabulary import ActionKind, Phase
-from tests.core.builders import NOW, POLICY, SCORED, cell, facts, obs, row, sub
+from tests.core.builders import NOW, POLICY, SCORED, cell, facts, metrics_of, obs, row, sub
 
 TRACKING = POLICY.model_copy(update={"track": True})
 CELL = cell()
@@ -55,7 +54,7 @@ ANALYSIS = Analysis(report="report", step_stats={"steps_mean": 12.5, "steps_medi
 
 def record_for(breakdown: dict[str, int]):
     run = facts(TAG).model_copy(update={"error_breakdown": breakdown})
-    return tracker_record(CELL, run, run_metrics(run, ERRORS), ANALYSIS, ERRORS)
+    return tracker_record(CELL, run, metrics_of(run, ERRORS, CELL), ANALYSIS, ERRORS)
 
 
 def test_every_run_has_the_same_metric_names_whatever_its_errors() -> None:

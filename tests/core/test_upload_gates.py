@@ -1,6 +1,6 @@
 """Upload gates: a run whose numbers should not reach the leaderboard unreviewed is held with the numbers in
-the reason, and `upload.forceUpload` releases it (never a run with nothing completed). An overlong run is
-uploaded with `is_overlong` on its row (`upload.overlong: upload`, the default) or held (`hold`)."""
+the reason, and `upload.forceUpload` releases it (flagged partial; never a run with nothing completed). An overlong
+run is uploaded with `is_overlong` on its row (`upload.overlong: upload`, the default) or held (`hold`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 
+from controller.core.admission import GatePolicy
 from controller.core.planner import Policy, plan_cell
 from controller.core.types import CellMemory, JobState
 from controller.core.vocabulary import CellPlan, Phase, Upload
@@ -23,27 +24,40 @@ def finished_run(**changes: object):
                jobs=(job(TAG, JobState.COMPLETED, started=ago(hours=5), ended=ago(hours=2)),), dirs=(dir_,))
 
 
-GATES = POLICY.model_copy(update={"max_infra_error_fraction": 0.2, "overlong": timedelta(hours=24),
-                                  "hold_overlong": True})
+GATES = POLICY.model_copy(update={"admission": GatePolicy(max_infra_fraction=0.2), "overlong": timedelta(hours=24),
+                                  "hold_overlong": True, "infra_error_threshold": 50, "max_total_fires": 1})
+INFRA_30 = {"n_infra_errors": 30, "n_scored": 70, "n_graded": 70, "reward_sum": 35.0,
+            "tasks": {f"t{i}": (1, 0, 0.0) if i < 30 else (1, 1, 0.5) for i in range(100)}}
 
 
-@pytest.mark.parametrize(("changes", "says"), [
-    ({"n_infra_errors": 30, "n_scored": 70}, "30 infra errors in 100 completed (30%), above maxInfraErrorFraction 0.2"),
-    ({"started_at": ago(hours=30)}, "ran 28 h, longer than overlongHours 24 (is_overlong; upload.overlong: hold)"),
-])
-def test_a_run_past_a_gate_is_held_with_its_numbers(changes: dict, says: str) -> None:
-    decided = plan_cell(C, finished_run(**changes), GATES.model_copy(update={"infra_error_threshold": 50}), NOW)
+def test_an_overlong_run_is_held_with_its_numbers() -> None:
+    decided = plan_cell(C, finished_run(started_at=ago(hours=30)), GATES, NOW)
 
     assert decided.phase == Phase.FAILED and [a.kind.value for a in decided.actions] == ["hold"]
-    assert says in decided.reason and "forceUpload" in decided.reason
+    assert "ran 28 h, longer than overlongHours 24 (is_overlong; upload.overlong: hold)" in decided.reason
+    assert "forceUpload" in decided.reason
 
 
-def test_force_upload_releases_a_held_run() -> None:
-    forced = GATES.model_copy(update={"force_upload": True, "infra_error_threshold": 50})
+def test_a_run_over_the_infra_share_is_resumed_then_held_with_its_numbers() -> None:
+    resumed = plan_cell(C, finished_run(**INFRA_30), GATES.model_copy(update={"max_total_fires": 2}), NOW)
+    held = plan_cell(C, finished_run(**INFRA_30), GATES, NOW)
 
-    decided = plan_cell(C, finished_run(n_infra_errors=30, n_scored=70), forced, NOW)
+    assert [a.kind.value for a in resumed.actions] == ["resume"] and "InfraShare" in resumed.reason
+    assert held.phase == Phase.FAILED and [a.kind.value for a in held.actions] == ["hold"]
+    assert "30 of 100 trials are infra (30%), above upload.maxInfraErrorFraction 0.2" in held.reason
+    assert "upload.partial: upload" in held.reason
+
+
+def test_force_upload_releases_a_held_run_flagged_partial() -> None:
+    """`upload.forceUpload` (like `upload.partial: upload`) lets the gate publish it, flagged partial."""
+    forced = GATES.model_copy(update={"force_upload": True, "admission": GatePolicy(max_infra_fraction=0.2,
+                                                                                     partial_upload=True)})
+
+    decided = plan_cell(C, finished_run(**INFRA_30), forced, NOW)
 
     assert decided.phase == Phase.EVALUATED and [a.kind.value for a in decided.actions] == ["analyze", "upload"]
+    [upload] = [a for a in decided.actions if isinstance(a, Upload)]
+    assert upload.admitted.partial and upload.admitted.score == 0.5 and upload.admitted.n_scored == 70
 
 
 def test_force_upload_releases_a_held_overlong_run_flagged() -> None:
@@ -137,7 +151,7 @@ def test_an_unflagged_row_of_an_overlong_run_is_shown_never_rewritten(user: str,
 
 
 def test_within_every_gate_the_run_is_uploaded() -> None:
-    decided = plan_cell(C, finished_run(n_infra_errors=10, n_scored=90), GATES, NOW)
+    decided = plan_cell(C, finished_run(n_infra_errors=10, n_scored=90, n_graded=90), GATES, NOW)
 
     assert decided.phase == Phase.EVALUATED and [a.kind.value for a in decided.actions] == ["analyze", "upload"]
 
@@ -145,7 +159,8 @@ def test_within_every_gate_the_run_is_uploaded() -> None:
 def test_nothing_completed_is_never_uploaded_even_when_forced() -> None:
     forced = POLICY.model_copy(update={"force_upload": True, "max_total_fires": 1})
 
-    decided = plan_cell(C, finished_run(n_completed=0, n_scored=0, n_trial_dirs=0, finished_at=None), forced, NOW)
+    decided = plan_cell(C, finished_run(n_completed=0, n_scored=0, n_graded=0, n_trial_dirs=0, tasks={},
+                                        finished_at=None), forced, NOW)
 
     assert decided.phase == Phase.FAILED and "forceUpload" not in decided.reason
 

@@ -56,8 +56,11 @@ def test_legacy_dir_exact_counts(tmp_path: Path) -> None:
     build_legacy(tmp_path / "legacy")
     facts = observe(tmp_path)["legacy"]
     assert (facts.n_trial_dirs, facts.n_completed, facts.n_scored) == (6, 5, 3)
-    assert (facts.n_infra_errors, facts.n_benign_errors, facts.n_other_errors) == (1, 1, 1)
+    # closed classes: 2 graded, the timeout with a reward is the model's, the unknown class is infra with Daytona
+    assert (facts.n_graded, facts.n_benign_errors, facts.n_infra_errors, facts.n_invalid) == (2, 1, 2, 0)
     assert (facts.reward_sum, facts.reward_sq_sum) == (1.0, 1.0)
+    assert facts.tasks == {"pass": (1, 1, 1.0), "fail": (1, 1, 0.0), "slow": (1, 1, 0.0), "noreward": (1, 0, 0.0),
+                           "sandbox": (1, 0, 0.0)}
     assert facts.model == "laion/Qwen3-8B"
     assert facts.dataset == "/scratch/datasets/terminal_bench_2"
     assert facts.benchmark_name == "terminal_bench_2"
@@ -88,11 +91,13 @@ def test_error_breakdown_lists_every_known_class(tmp_path: Path) -> None:
         "AgentTimeoutError": 1, "DaytonaError": 1, "RewardFileNotFoundError": 1}
 
 
-def test_agent_timeout_without_reward_is_other(tmp_path: Path) -> None:
-    write_trial(tmp_path / "r" , "t__aaaaaaa", exception="AgentTimeoutError")
+def test_agent_timeout_without_reward_is_infra(tmp_path: Path) -> None:
+    write_trial(tmp_path / "r", "t__aaaaaaa", exception="AgentTimeoutError")  # never graded: not the model's 0
     write_trial(tmp_path / "r", "t__bbbbbbb", exception="ContextLengthExceededError")  # benign without reward
     facts = observe(tmp_path)["r"]
-    assert (facts.n_benign_errors, facts.n_other_errors, facts.n_scored) == (1, 1, 0)
+    assert (facts.n_benign_errors, facts.n_infra_errors, facts.n_graded, facts.n_scored) == (1, 1, 0, 0)
+    assert facts.error_breakdown["AgentTimeoutError"] == 1
+    assert facts.tasks == {"t": (2, 1, 0.0)} and facts.reward_sum == 0.0, "the model's failure scores a 0"
 
 
 def test_infra_trial_reward_stays_out_of_the_sums(tmp_path: Path) -> None:

@@ -56,7 +56,8 @@ def test_a_running_dir_reads_only_its_new_trials(tmp_path: Path, reads: list[str
     assert trial_config_reads(reads) == [str(run / "instant__zzzzzzz" / "config.json")], "one per scan: the first trial's"
     assert (first["ev_running"].n_completed, again["ev_running"].n_completed) == (11, 13)
     assert again["ev_running"].quiet_failures == first["ev_running"].quiet_failures == (
-        QuietFailure(exception_type="APIConnectionError", kind=ErrorKind.OTHER, agent_seconds=0.5),), \
+        QuietFailure(exception_type="APIConnectionError", kind=ErrorKind.INFRA, agent_seconds=0.5,
+                     task="instant"),), \
         "a remembered trial outcome keeps its tokens and agent time"
     assert again == a_pass(tmp_path / "jobs"), "the remembered trials give the same facts as reading them"
 

@@ -41,8 +41,9 @@ def build_launch(run: Path, *, finished: bool = False) -> Path:
     # instant failures: raised, no output token, (almost) no agent time
     write_trial(run, "a-conn__aaaaaaa", exception="APIConnectionError", output_tokens=None, agent_seconds=0.5,
                 api_base=PINGGY)
-    write_trial(run, "b-bad__bbbbbbb", exception="BadRequestError", reward=0.0, output_tokens=0, agent_seconds=0.5,
-                api_base="http://10.0.0.7:8000/v1")
+    bad = write_trial(run, "b-bad__bbbbbbb", exception="BadRequestError", reward=0.0, output_tokens=0,
+                      agent_seconds=0.5, api_base="http://10.0.0.7:8000/v1")
+    from_litellm(bad / "result.json")  # the model's failure only as litellm's, not as a sandbox SDK's
     write_trial(run, "c-sandbox__ccccccc", exception="DaytonaError", agent_seconds=None)  # never ran, no usage
     # raised without a token, but after a long time: quiet, not instant (the core tells them apart)
     write_trial(run, "d-slow__ddddddd", exception="AgentTimeoutError", reward=0.0, output_tokens=0, agent_seconds=900,
@@ -61,12 +62,23 @@ def build_launch(run: Path, *, finished: bool = False) -> Path:
     return run
 
 
-QUIET = (
-    QuietFailure(exception_type="APIConnectionError", kind=ErrorKind.OTHER, agent_seconds=0.5, reward=None),
-    QuietFailure(exception_type="BadRequestError", kind=ErrorKind.BENIGN, agent_seconds=0.5, reward=0.0),
-    QuietFailure(exception_type="DaytonaError", kind=ErrorKind.INFRA, agent_seconds=None, reward=None),
+def from_litellm(result: Path) -> None:
+    """Make a trial's exception litellm's, as Harbor records it: the bare class, the package in the message."""
+    doc = json.loads(result.read_text())
+    name = doc["exception_info"]["exception_type"]
+    doc["exception_info"]["exception_message"] = f"litellm.{name}: Hosted_vllmException - request rejected"
+    result.write_text(json.dumps(doc))
+
+
+QUIET = (  # an unknown class (APIConnectionError) is infra like DaytonaError; litellm's BadRequestError the model's
+    QuietFailure(exception_type="APIConnectionError", kind=ErrorKind.INFRA, agent_seconds=0.5, reward=None,
+                 task="a-conn"),
+    QuietFailure(exception_type="BadRequestError", kind=ErrorKind.BENIGN, agent_seconds=0.5, reward=0.0,
+                 task="b-bad"),
+    QuietFailure(exception_type="DaytonaError", kind=ErrorKind.INFRA, agent_seconds=None, reward=None,
+                 task="c-sandbox"),
     QuietFailure(exception_type="AgentTimeoutError", kind=ErrorKind.BENIGN, agent_seconds=900.0, reward=0.0,
-                 answered=True),
+                 answered=True, task="d-slow"),
 )
 N_STARTED = 9  # the 8 with a result (the cancelled one too) and i-working
 
@@ -80,8 +92,13 @@ def test_quiet_failures_started_trials_and_api_base(tmp_path: Path) -> None:
     assert facts.api_base == PINGGY  # the first trial's, not b's internal address
     # the tallies are what they were: reclassifying is the core's, with the EvalRun's threshold
     assert (facts.n_trial_dirs, facts.n_completed, facts.n_scored) == (12, 7, 5)
-    assert (facts.n_infra_errors, facts.n_benign_errors, facts.n_other_errors) == (1, 3, 1)
+    assert (facts.n_graded, facts.n_infra_errors, facts.n_benign_errors, facts.n_invalid) == (2, 2, 3, 0)
     assert (facts.reward_sum, facts.n_instant_failures) == (1.0, 0)
+    # usage: b, d, e, f, g report output tokens (a's is null, c has none); only e, f and g got any
+    assert (facts.n_usage_reported, facts.n_answered) == (5, 3)
+    assert facts.tasks == {"a-conn": (1, 0, 0.0), "b-bad": (1, 1, 0.0), "c-sandbox": (1, 0, 0.0),
+                           "d-slow": (1, 1, 0.0), "e-zero": (1, 1, 0.0), "f-timeout": (1, 1, 0.0),
+                           "g-pass": (1, 1, 1.0)}
 
 
 def test_the_core_moves_the_instant_ones_to_infra(tmp_path: Path) -> None:
@@ -89,9 +106,37 @@ def test_the_core_moves_the_instant_ones_to_infra(tmp_path: Path) -> None:
     build_launch(tmp_path / "r")
     facts = count_instant_failures(observe(tmp_path)["r"], timedelta(seconds=10))
     assert facts.n_instant_failures == 3
-    assert (facts.n_infra_errors, facts.n_benign_errors, facts.n_other_errors) == (3, 2, 0)
+    assert (facts.n_graded, facts.n_infra_errors, facts.n_benign_errors) == (2, 3, 2)
     assert facts.error_breakdown["InstantFailure"] == 3 and facts.error_breakdown["AgentTimeoutError"] == 2
+    assert facts.error_breakdown["BadRequestError"] == 0 and facts.error_breakdown["NoModelOutput"] == 0
     assert facts.reward_sum == 1.0  # b's 0.0 left the sums; e's and d's genuine zeros stayed
+    assert facts.tasks["b-bad"] == (1, 0, 0.0) and facts.tasks["d-slow"] == (1, 1, 0.0), "and its task's tally"
+
+
+def test_a_bare_bad_request_error_is_infra(tmp_path: Path) -> None:
+    """Without litellm named in its message or traceback, a BadRequestError may be the sandbox SDK's: not the
+    model's failure, whatever its reward."""
+    write_trial(tmp_path / "r", "a__aaaaaaa", exception="BadRequestError", reward=0.0, output_tokens=10)
+    write_trial(tmp_path / "r", "b__bbbbbbb", exception="BadRequestError", reward=0.0, output_tokens=10)
+    from_litellm(tmp_path / "r" / "b__bbbbbbb" / "result.json")
+    facts = observe(tmp_path)["r"]
+    assert (facts.n_infra_errors, facts.n_benign_errors, facts.n_graded) == (1, 1, 0)
+    assert facts.tasks == {"a": (1, 0, 0.0), "b": (1, 1, 0.0)}
+
+
+def test_a_graded_trial_without_an_output_token_is_quiet_and_moved_to_no_model_output(tmp_path: Path) -> None:
+    """The verifier graded an untouched workspace: listed with no exception and no kind, then infra in the core."""
+    write_trial(tmp_path / "r", "a__aaaaaaa", reward=1.0, output_tokens=0, agent_seconds=300)
+    write_trial(tmp_path / "r", "b__bbbbbbb", reward=1.0, output_tokens=40)
+    write_trial(tmp_path / "r", "c__ccccccc", reward=0.0)  # no usage reported: not known to be silent
+    facts = observe(tmp_path)["r"]
+    assert facts.quiet_failures == (
+        QuietFailure(exception_type=None, kind=None, agent_seconds=300.0, reward=1.0, task="a"),)
+    assert (facts.n_graded, facts.reward_sum, facts.n_usage_reported, facts.n_answered) == (3, 2.0, 2, 1)
+    moved = count_instant_failures(facts, timedelta(seconds=10))
+    assert (moved.n_graded, moved.n_infra_errors, moved.n_instant_failures) == (2, 1, 0)
+    assert moved.error_breakdown["NoModelOutput"] == 1 and moved.reward_sum == 1.0
+    assert moved.tasks == {"a": (1, 0, 0.0), "b": (1, 1, 1.0), "c": (1, 1, 0.0)}
 
 
 @pytest.mark.parametrize(("config", "expected"), [

@@ -1,4 +1,5 @@
-"""core.metrics: accuracy with errored trials as 0, sample stderr from sums, None on empty dirs."""
+"""What an admitted run uploads: accuracy over graded trials and the model's own failures, infra left out, a
+stderr clustered by task, and the stats with the gate's evidence."""
 
 from __future__ import annotations
 
@@ -10,64 +11,88 @@ from pathlib import Path
 import pytest
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
-from controller.core.metrics import run_metrics
+from controller.core.admission import Refusal, Refused, clustered_stderr
 from controller.core.types import RunDirFacts
+from tests.core.builders import gate, metrics_of
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_trial
 
 
-def facts_for(rewards: list[float], n_infra_errors: int = 0) -> RunDirFacts:
+def facts_for(rewards: list[float], n_infra_errors: int = 0, per_task: int = 1) -> RunDirFacts:
+    """Graded trials with these rewards, `per_task` attempts of each task, and infra ones of their own tasks."""
+    tasks: dict[str, tuple[int, int, float]] = {}
+    for i, reward in enumerate(rewards):
+        seen, scored, total = tasks.get(f"t{i // per_task}", (0, 0, 0.0))
+        tasks[f"t{i // per_task}"] = (seen + 1, scored + 1, total + reward)
+    tasks |= {f"infra{i}": (1, 0, 0.0) for i in range(n_infra_errors)}
     return RunDirFacts(run_tag="r", path="/r", n_completed=len(rewards) + n_infra_errors, n_infra_errors=n_infra_errors,
-                       reward_sum=sum(rewards), reward_sq_sum=sum(r * r for r in rewards))
+                       n_graded=len(rewards), reward_sum=sum(rewards), reward_sq_sum=sum(r * r for r in rewards),
+                       tasks=tasks, n_total=len(tasks) * per_task if per_task == 1 else None)
 
 
-def test_errored_trials_count_as_zero_and_infra_is_excluded(tmp_path: Path) -> None:
+def test_the_model_s_failures_count_as_zero_and_every_other_exception_is_infra(tmp_path: Path) -> None:
     run = tmp_path / "r"
     write_trial(run, "a__aaaaaaa", reward=1.0)
     write_trial(run, "b__bbbbbbb", reward=1.0)
-    write_trial(run, "c__ccccccc", reward=0.0, exception="AgentTimeoutError")
-    write_trial(run, "d__ddddddd", exception="RewardFileNotFoundError")  # no reward: a 0
+    write_trial(run, "c__ccccccc", reward=0.0, exception="AgentTimeoutError")  # graded timeout: the model's 0
+    write_trial(run, "f__fffffff", exception="ContextLengthExceededError")  # the model's failure, no reward: a 0
+    write_trial(run, "d__ddddddd", exception="RewardFileNotFoundError")  # unknown class: infra, not the model's 0
     write_trial(run, "e__eeeeeee", exception="DaytonaError")  # infra: not a valid trial
+    for name in ("g__ggggggg", "h__hhhhhhh", "i__iiiiiii", "j__jjjjjjj", "k__kkkkkkk", "l__lllllll", "m__mmmmmmm",
+                 "n__nnnnnnn", "o__ooooooo", "p__ppppppp", "q__qqqqqqq", "r__rrrrrrr", "s__sssssss", "t__ttttttt"):
+        write_trial(run, name, reward=0.5 if name < "n" else 0.0)
     (facts,) = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe()
-    result = run_metrics(facts, REFERENCE_ERRORS)
+    result = metrics_of(facts, REFERENCE_ERRORS)
     values = {m.name: m.value for m in result.metrics}
-    assert values["accuracy"] == 0.5 and result.score == 0.5
-    assert values["n_valid_trials"] == 4
-    assert values["accuracy_stderr"] == pytest.approx(statistics.stdev([1, 1, 0, 0]) / math.sqrt(4))
-    assert result.stats.n_trials == 4 and result.stats.n_infra_errors == 1
-    infra = sorted(REFERENCE_ERRORS.infra)
-    assert result.stats.infra_error_breakdown == {name: int(name == "DaytonaError") for name in infra}
+    rewards = [1, 1, 0, 0] + [0.5] * 7 + [0.0] * 7
+    assert values["accuracy"] == pytest.approx(statistics.fmean(rewards)) and result.score == values["accuracy"]
+    assert values["n_valid_trials"] == 18
+    assert values["accuracy_stderr"] == pytest.approx(statistics.stdev(rewards) / math.sqrt(18))
+    assert result.stats.n_trials == 18 and result.stats.n_infra_errors == 2
+    assert result.stats.infra_error_breakdown["DaytonaError"] == 1
+    assert result.stats.infra_error_breakdown["RewardFileNotFoundError"] == 1, "unknown classes are infra"
     assert result.stats.n_errors_by_class["RewardFileNotFoundError"] == 1
-    assert set(result.stats.n_errors_by_class) == set(REFERENCE_ERRORS.known) | {"RewardFileNotFoundError"}
+    assert set(result.stats.n_errors_by_class) >= set(REFERENCE_ERRORS.known) | {"RewardFileNotFoundError"}
+    assert result.stats.evidence["graded"] == 16 and result.stats.evidence["model_failures"] == 2
 
 
 @pytest.mark.parametrize("rewards", [[0.0, 1.0, 1.0, 0.25, 0.5, 0.0, 1.0], [1.0] * 10, [0.3, 0.9]])
-def test_stderr_matches_the_textbook_formula(rewards: list[float]) -> None:
-    result = run_metrics(facts_for(rewards), REFERENCE_ERRORS)
+def test_with_one_attempt_per_task_the_stderr_is_the_textbook_one(rewards: list[float]) -> None:
+    result = metrics_of(facts_for(rewards), REFERENCE_ERRORS)
     values = {m.name: m.value for m in result.metrics}
     assert values["accuracy"] == pytest.approx(statistics.fmean(rewards))
     assert values["accuracy_stderr"] == pytest.approx(statistics.stdev(rewards) / math.sqrt(len(rewards)), abs=1e-12)
 
 
-def test_empty_dir_scores_none() -> None:
-    result = run_metrics(facts_for([]), REFERENCE_ERRORS)
-    assert result.score is None
-    assert [(m.name, m.value) for m in result.metrics] == [
-        ("accuracy", None), ("accuracy_stderr", None), ("n_valid_trials", 0.0)]
-    assert result.stats.infra_error_breakdown == dict.fromkeys(sorted(REFERENCE_ERRORS.infra), 0)
+def test_attempts_of_one_task_are_a_cluster_not_independent_trials() -> None:
+    """3 attempts of 4 tasks that each pass all or nothing: the iid formula would claim √3 less uncertainty."""
+    rewards = [1.0] * 3 + [0.0] * 3 + [1.0] * 3 + [0.0] * 3
+    per_task = [1.0, 0.0, 1.0, 0.0]
+    clustered = clustered_stderr(facts_for(rewards, per_task=3).tasks.values())
+    assert clustered == pytest.approx(statistics.stdev(per_task) / math.sqrt(4))
+    assert clustered > statistics.stdev(rewards) / math.sqrt(12) * 1.5
 
 
-def test_only_infra_errors_scores_none() -> None:
-    assert run_metrics(facts_for([], n_infra_errors=3), REFERENCE_ERRORS).score is None
+def test_empty_dir_is_refused() -> None:
+    verdict = gate(facts_for([]).model_copy(update={"n_total": 0}))
+    assert isinstance(verdict, Refused) and verdict.refusal == Refusal.NOTHING_SCORED
+
+
+def test_only_infra_errors_is_refused_for_its_infra_share() -> None:
+    verdict = gate(facts_for([], n_infra_errors=3))
+    assert isinstance(verdict, Refused) and verdict.refusal == Refusal.INFRA_SHARE and verdict.remedy == "hold"
 
 
 def test_single_trial_has_score_but_no_stderr() -> None:
-    values = {m.name: m.value for m in run_metrics(facts_for([1.0]), REFERENCE_ERRORS).metrics}
+    values = {m.name: m.value for m in metrics_of(facts_for([1.0]), REFERENCE_ERRORS).metrics}
     assert (values["accuracy"], values["accuracy_stderr"]) == (1.0, None)
 
 
-def test_upload_carries_a_list_and_the_stats_dict() -> None:
+def test_upload_carries_a_list_and_the_stats_dict_with_the_evidence() -> None:
     ended = datetime(2026, 11, 29, tzinfo=UTC)
-    upload = run_metrics(facts_for([1.0, 0.0]), REFERENCE_ERRORS).upload(ended_at=ended, is_overlong=True)
+    upload = metrics_of(facts_for([1.0, 0.0]), REFERENCE_ERRORS).upload(ended_at=ended, is_overlong=True)
     assert [m.name for m in upload.metrics] == ["accuracy", "accuracy_stderr", "n_valid_trials"]
     assert upload.n_trials == 2 and upload.ended_at == ended and upload.is_overlong
-    assert set(upload.stats) == {"n_trials", "n_infra_errors", "infra_error_breakdown", "n_errors_by_class"}
+    assert set(upload.stats) == {"n_trials", "n_scored", "n_infra_errors", "infra_error_breakdown",
+                                 "n_errors_by_class", "provisional", "partial", "evidence"}
+    assert upload.stats["provisional"] is True and upload.stats["n_scored"] == 2 and upload.stats["partial"] is False
+    assert upload.stats["evidence"]["gate"] == 1 and upload.stats["evidence"]["expected"] == 2

@@ -27,7 +27,10 @@ from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_synthetic_run_dir
 
 SERIAL = 10**9  # more never-read run dirs than any test has: read here
 PINGGY = "https://abc-1-2-3-4.a.pinggy.link/v1"
-INSTANT = QuietFailure(exception_type="APIConnectionError", kind=ErrorKind.OTHER, agent_seconds=0.5)
+INSTANT = QuietFailure(exception_type="APIConnectionError", kind=ErrorKind.INFRA, agent_seconds=0.5, task="instant")
+# the model answered, then timed out without one output token: quiet, not instant (240 s of agent time)
+QUIET = QuietFailure(exception_type="AgentTimeoutError", kind=ErrorKind.BENIGN, agent_seconds=240.0, reward=0.0,
+                     answered=True, task="zz-quiet")
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +58,10 @@ def forget_everything(monkeypatch: pytest.MonkeyPatch) -> None:
 def mixed_fleet(jobs: Path) -> Path:
     """Finished and running dirs, and one of each way a run dir or a file in it cannot be read."""
     for i in range(6):
-        write_synthetic_run_dir(jobs / f"ev_done_{i}", 5 + i, infra_every=3, benign_every=4, api_base=PINGGY)
+        done = write_synthetic_run_dir(jobs / f"ev_done_{i}", 5 + i, n_total=6 + i, infra_every=3, benign_every=4,
+                                       api_base=PINGGY).path
+        write_trial(done, "zz-quiet__zzzzzzz", reward=0.0, exception="AgentTimeoutError", output_tokens=0,
+                    input_tokens=900)  # the last trial: the first one's api_base stays PINGGY
     for i in range(4):
         run = write_synthetic_run_dir(jobs / f"ev_running_{i}", 3 + i, n_total=20, finished=False).path
         write_trial(run, "pending__zzzzzzz", result=False)
@@ -94,9 +100,9 @@ def test_workers_give_the_facts_and_the_memo_of_a_serial_pass(tmp_path: Path, re
     assert "other_loop" not in by_tag and by_tag["other_tool"].unreadable == ""
     assert {tag for tag, f in by_tag.items() if f.unreadable} == {
         "ev_bad_json", "ev_empty_trial", "ev_fifo_trial", "ev_dir_config", "ev_a_file", "ev_loop"}
-    assert by_tag["ev_done_5"].n_completed == 10 and by_tag["ev_running_3"].n_trial_dirs == 9
+    assert by_tag["ev_done_5"].n_completed == 11 and by_tag["ev_running_3"].n_trial_dirs == 9
     # what the launch-health rules read came back from the workers too
-    assert by_tag["ev_done_5"].api_base == PINGGY and by_tag["ev_done_5"].quiet_failures[0].agent_seconds == 240.0
+    assert by_tag["ev_done_5"].api_base == PINGGY and by_tag["ev_done_5"].quiet_failures == (QUIET,)
     assert by_tag["ev_running_3"].quiet_failures == (INSTANT,) and by_tag["ev_running_3"].n_started_trials == 8
 
 

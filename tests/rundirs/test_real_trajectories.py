@@ -20,7 +20,7 @@ from fsspec.implementations.local import LocalFileSystem
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.harbor_format import trial_outcome
 from controller.adapters.rundirs.report import REPORT_NAME, TokenStats, step_stats, write_post_eval_report
-from controller.core.metrics import run_metrics
+from tests.core.builders import metrics_of
 from tests.fixtures.harbor_agent import MODEL, AgentRun, fake_llm, run_terminus2
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS
 
@@ -110,7 +110,7 @@ def test_post_eval_report_of_a_real_run(agent_run: AgentRun) -> None:
     run_dir = agent_run.run_dir
     (facts,) = HarborRunDirs(str(run_dir.parent), REFERENCE_ERRORS).observe()
 
-    path, summary = write_post_eval_report(run_dir, facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))
+    path, summary = write_post_eval_report(run_dir, facts, REFERENCE_ERRORS, metrics_of(facts, REFERENCE_ERRORS))
 
     assert path == run_dir / REPORT_NAME
     assert summary.mean_score == pytest.approx(2 / 3) and (summary.n_valid, summary.n_total) == (3, 3)

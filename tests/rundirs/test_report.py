@@ -10,7 +10,8 @@ import pytest
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.report import REPORT_NAME, post_eval_analysis, write_post_eval_report
-from controller.core.metrics import run_metrics
+from controller.core.admission import Refusal, Refused
+from tests.core.builders import gate, metrics_of
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_job_result, write_meta_env, write_trial
 
 
@@ -24,8 +25,11 @@ def test_report_has_score_histogram_and_steps(tmp_path: Path) -> None:
     corrupt = write_trial(run, "e__eeeeeee", result=False, steps=3)
     (corrupt / "agent" / "trajectory.json").write_text("[{")
     (facts,) = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe()
+    # 4 of 5 trials, one infra: a partial upload's report
+    metrics = metrics_of(facts, REFERENCE_ERRORS, partial_upload=True)
+    assert metrics.stats.partial and metrics.stats.evidence["seen"] == 4
 
-    path, summary = write_post_eval_report(run, facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))
+    path, summary = write_post_eval_report(run, facts, REFERENCE_ERRORS, metrics)
 
     assert path == run / REPORT_NAME and path.is_file()
     assert summary.mean_score == 1 / 3 and (summary.n_scored, summary.n_total, summary.n_valid) == (3, 5, 3)
@@ -35,6 +39,7 @@ def test_report_has_score_histogram_and_steps(tmp_path: Path) -> None:
     assert summary.error_histogram["DaytonaError"] == 1 and summary.error_histogram["CancelledError"] == 0
     text = path.read_text()
     assert "mean score: 0.3333" in text and "scored: 3 / 5 total" in text
+    assert "trials: graded 2  model failures 1  infra 1  invalid 0" in text
     rows = [line.split() for line in text.splitlines() if line.startswith("  ")]
     assert {row[1]: (row[0], int(row[2])) for row in rows} == {
         name: ({"DaytonaError": "infra", "AgentTimeoutError": "benign"}.get(name, _kind(name)),
@@ -70,7 +75,7 @@ def test_tokens_come_from_final_metrics_else_from_the_steps(tmp_path: Path) -> N
           {"total_prompt_tokens": None})
     (facts,) = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe()
 
-    _, summary = write_post_eval_report(run, facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))
+    _, summary = write_post_eval_report(run, facts, REFERENCE_ERRORS, metrics_of(facts, REFERENCE_ERRORS))
 
     assert summary.steps is not None and (summary.steps.n_trajectories, summary.steps.max) == (3, 3)
     tokens = summary.steps.tokens
@@ -85,14 +90,17 @@ def test_tokens_come_from_final_metrics_else_from_the_steps(tmp_path: Path) -> N
         "tokens_mean": 1050.0, "tokens_median": 1050.0, "tokens_max": 1200.0}
 
 
-def test_report_on_an_empty_dir_says_none(tmp_path: Path) -> None:
+def test_an_empty_dir_is_refused_by_the_gate_so_it_gets_no_report(tmp_path: Path) -> None:
+    """A report is written for admitted runs only: a dir with nothing in it never reaches one."""
     write_meta_env(tmp_path / "r", MODEL="m")
     (facts,) = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe()
-    path, summary = write_post_eval_report(tmp_path / "r", facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))
-    assert summary.mean_score is None and summary.steps is None
-    assert "mean score: none" in path.read_text()
-    write_post_eval_report(tmp_path / "r", facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))  # repeatable
-    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["meta.env", REPORT_NAME]
+    verdict = gate(facts)
+    assert isinstance(verdict, Refused) and (verdict.refusal, verdict.remedy) == (Refusal.NO_TOTAL, "hold")
+    write_job_result(tmp_path / "r", n_total=0)  # Harbor says there was nothing to run
+    (facts,) = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe()
+    verdict = gate(facts)
+    assert isinstance(verdict, Refused) and (verdict.refusal, verdict.remedy) == (Refusal.NOTHING_SCORED, "hold")
+    assert verdict.evidence.scored == 0
 
 
 def test_repeated_reports_replace_the_file_and_leave_no_temp_files(tmp_path: Path) -> None:
@@ -103,33 +111,45 @@ def test_repeated_reports_replace_the_file_and_leave_no_temp_files(tmp_path: Pat
     for n_total in (2, 3, 3, 4):
         write_job_result(run, n_total=n_total)
         (facts,) = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe()
-        path, _ = write_post_eval_report(run, facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))
+        # 1 of n_total trials: reported as a partial upload, whatever the share
+        metrics = metrics_of(facts, REFERENCE_ERRORS, partial_upload=True, min_completed_fraction=0.25)
+        path, _ = write_post_eval_report(run, facts, REFERENCE_ERRORS, metrics)
         assert f"scored: 1 / {n_total} total" in path.read_text()
         assert sorted(p.name for p in run.iterdir()) == sorted([*before, REPORT_NAME])
     assert not path.is_symlink() and os.stat(path).st_nlink == 1
 
 
+def admissible_run(run: Path) -> list[str]:
+    """A run dir the gate admits (one task, graded); returns its entries."""
+    write_meta_env(run, MODEL="m")
+    write_job_result(run, n_total=1)
+    write_trial(run, "a__aaaaaaa", reward=1.0)
+    return sorted(p.name for p in run.iterdir())
+
+
 def test_a_failed_rename_leaves_the_old_report_and_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    write_meta_env(tmp_path / "r", MODEL="m")
+    entries = admissible_run(tmp_path / "r")
     (facts,) = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe()
-    path, _ = write_post_eval_report(tmp_path / "r", facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))
+    path, _ = write_post_eval_report(tmp_path / "r", facts, REFERENCE_ERRORS, metrics_of(facts, REFERENCE_ERRORS))
     old = path.read_text()
+    assert "mean score: 1.0000 over 1 valid trials" in old
 
     def no_rename(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("controller.adapters.rundirs.report.os.rename", no_rename)
     with pytest.raises(OSError, match="post-eval report not written: No space left on device") as failed:
-        write_post_eval_report(tmp_path / "r", facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))
+        write_post_eval_report(tmp_path / "r", facts, REFERENCE_ERRORS, metrics_of(facts, REFERENCE_ERRORS))
     assert failed.value.filename == str(path)
-    assert path.read_text() == old and sorted(p.name for p in (tmp_path / "r").iterdir()) == ["meta.env", REPORT_NAME]
+    assert path.read_text() == old and sorted(p.name for p in (tmp_path / "r").iterdir()) == sorted(
+        [*entries, REPORT_NAME])
 
 
 def test_a_missing_run_dir_is_an_error_naming_it(tmp_path: Path) -> None:
-    write_meta_env(tmp_path / "r", MODEL="m")
+    admissible_run(tmp_path / "r")
     (facts,) = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe()
     with pytest.raises(FileNotFoundError, match="post-eval report not written: No such file or directory"):
-        write_post_eval_report(tmp_path / "gone", facts, REFERENCE_ERRORS, run_metrics(facts, REFERENCE_ERRORS))
+        write_post_eval_report(tmp_path / "gone", facts, REFERENCE_ERRORS, metrics_of(facts, REFERENCE_ERRORS))
     assert not (tmp_path / "gone").exists()
 
 

@@ -16,9 +16,23 @@ def test_error_classes_are_data() -> None:
     assert classes.classify("DaytonaRateLimitError", has_reward=False) == "infra"
     assert classes.classify("ContextLengthExceededError", has_reward=False) == "benign"
     assert classes.classify("AgentTimeoutError", has_reward=True) == "benign"
-    assert classes.classify("AgentTimeoutError", has_reward=False) == "other"
-    assert classes.classify("ValueError", has_reward=False) == "other"
-    assert len(classes.infra) == 16 and "InstantFailure" in classes.infra, "the 15 of RULES §3 and our own"
+    assert classes.classify("AgentTimeoutError", has_reward=False) == "infra", "ungraded: not the model's 0"
+    assert classes.classify("ValueError", has_reward=False) == "infra", "closed: an unknown class is infra"
+    assert len(classes.infra) == 18 and {"InstantFailure", "Ungraded", "NoModelOutput"} <= classes.infra
+
+
+@pytest.mark.parametrize(("exception_type", "qualified", "kind"), [
+    ("BadRequestError", "litellm.BadRequestError", "benign"),  # litellm's: the model's context overflow
+    ("BadRequestError", "litellm.exceptions.BadRequestError", "benign"),
+    ("BadRequestError", "daytona_api_client.exceptions.BadRequestError", "infra"),  # a sandbox SDK's
+    ("BadRequestError", None, "infra"),  # nothing says whose: not explicitly the model's
+    ("daytona.common.errors.DaytonaError", "daytona.common.errors.DaytonaError", "infra"),
+    ("harbor.llms.ContextLengthExceededError", "harbor.llms.ContextLengthExceededError", "benign"),
+])
+def test_a_qualified_model_failure_matches_only_its_package(exception_type: str, qualified: str | None,
+                                                            kind: str) -> None:
+    classes = load_catalog().error_classes
+    assert classes.classify(exception_type, has_reward=True, qualified=qualified) == kind
 
 
 def test_catalog_is_cached() -> None:

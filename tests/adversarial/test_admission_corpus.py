@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import timedelta
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.core.admission import Admitted, Refusal, Refused, admit
-from controller.core.planner import plan_cell
 from controller.core.health import count_instant_failures
+from controller.core.planner import plan_cell
 from controller.core.types import Cell, CellMemory, JobState, OutputReading, RunDirFacts
 from controller.core.vocabulary import Phase, Resume, Submit, Upload
 from tests.core.builders import NOW, POLICY, ago, cell, job, obs, row, sub

@@ -69,7 +69,7 @@ def count_instant_failures(facts: RunDirFacts, instant_fail: timedelta) -> RunDi
     breakdown = dict(facts.error_breakdown)
     counts = {ErrorKind.INFRA: facts.n_infra_errors, ErrorKind.BENIGN: facts.n_benign_errors}
     graded, instant = facts.n_graded, 0
-    reward_sum, reward_sq_sum = facts.reward_sum, facts.reward_sq_sum
+    reward_sum = facts.reward_sum
     tasks = dict(facts.tasks)
     for trial in moved:
         if trial.exception_type is None:
@@ -85,13 +85,12 @@ def count_instant_failures(facts: RunDirFacts, instant_fail: timedelta) -> RunDi
         if trial.kind != ErrorKind.INFRA:  # it was scored: the sums and its task's tally held it
             reward = trial.reward or 0.0
             reward_sum -= reward
-            reward_sq_sum -= reward * reward
             seen, scored, task_sum = tasks.get(trial.task, (1, 1, reward))
             tasks[trial.task] = (seen, scored - 1, task_sum - reward)
     return facts.model_copy(update={
         "n_instant_failures": instant, "error_breakdown": dict(sorted(breakdown.items())),
         "n_infra_errors": counts[ErrorKind.INFRA], "n_benign_errors": counts[ErrorKind.BENIGN], "n_graded": graded,
-        "reward_sum": reward_sum, "reward_sq_sum": reward_sq_sum, "tasks": tasks})
+        "reward_sum": reward_sum, "tasks": tasks})
 
 
 def measured_nothing(facts: RunDirFacts) -> int:

@@ -21,7 +21,7 @@ from pydantic import Field
 
 from controller.core.status import RunStatus
 from controller.core.types import EvalRunRef, Frozen
-from controller.core.vocabulary import Phase, Plan
+from controller.core.vocabulary import CellPlan, Phase, Plan
 
 EVALRUN_SUBJECT = ""  # the subject of the EvalRun's own events (a cell's is its key)
 NOTIFICATION_IDS = uuid.UUID("4c0f3e52-8f0b-4f8e-9a51-6e6f74696679")
@@ -98,7 +98,7 @@ def facts(plan: Plan, status: RunStatus) -> tuple[Fact, ...]:
         known = cell.phase != Phase.UNKNOWN
         for phase, event in CELL_EVENTS.items():
             holds = cell.phase == phase if known else None
-            detail = cell.reason if phase == Phase.FAILED or cell.score is None else f"score {cell.score:.4g}"
+            detail = cell.reason if phase == Phase.FAILED or cell.score is None else _score_detail(cell)
             found.append(Fact(subject=cell.cell.key, label=cell.cell.label, event=event, holds=holds,
                               detail=_clip(detail) if holds else ""))
     everything_known = status.counts[Phase.UNKNOWN] == 0
@@ -169,6 +169,11 @@ def undelivered_note(notifications: Sequence[Notification]) -> str:
         last = next((n.last_error for n in reversed(mine) if n.last_error), "")
         parts.append(f"webhook {webhook}: {', '.join(said)}" + (f" (last error: {last})" if last else ""))
     return "; ".join(parts)
+
+
+def _score_detail(cell: CellPlan) -> str:
+    """'score 0.412 (provisional, n=36)': never a score without how far it can be trusted (RULES §14)."""
+    return f"score {cell.score:.4g}" + (f" ({cell.trust_note})" if cell.trust_note else "")
 
 
 def _stalled_detail(status: RunStatus) -> str:

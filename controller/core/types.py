@@ -372,7 +372,6 @@ class RunDirFacts(Frozen):
     n_usage_reported: int = Field(0, description="trials whose agent reported its output tokens at all (0 included)")
     error_breakdown: dict[str, int] = Field(default_factory=dict)
     reward_sum: float = Field(0.0, description="over the scored trials: graded, and the model's failures")
-    reward_sq_sum: float = 0.0
     tasks: dict[str, tuple[int, int, float]] = Field(
         default_factory=dict, description="task → (completed trials, scored trials, their reward sum): coverage "
                                           "of (task, attempt) pairs and the task-clustered standard error")

@@ -348,6 +348,12 @@ class CellPlan(Frozen):
                                                    "or over the infra share)")
     evidence: str = Field("", description="the admission gate's evidence in words, where it was asked")
 
+    @property
+    def trust_note(self) -> str:
+        """'provisional, n=36', 'partial', both or '': what a score is never shown without (RULES §14)."""
+        flags = (f"provisional, n={self.n_scored}" if self.provisional else "", "partial" if self.partial else "")
+        return ", ".join(flag for flag in flags if flag)
+
 
 class Plan(Frozen):
     evalrun: EvalRunRef

@@ -247,10 +247,7 @@ def _score_or_progress(cell: CellPlan) -> str:
 
 
 def _trust_flags(cell: CellPlan) -> str:
-    """' (provisional, n=12)' or ' (partial)': what a score must never be shown without (RULES §14)."""
-    flags = [f"provisional, n={cell.n_scored}" if cell.provisional else "", "partial" if cell.partial else ""]
-    shown = ", ".join(flag for flag in flags if flag)
-    return f" ({shown})" if shown else ""
+    return f" ({cell.trust_note})" if cell.trust_note else ""
 
 
 def progress_text(progress: Progress) -> str:

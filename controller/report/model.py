@@ -54,6 +54,8 @@ class CellReport(Frozen):
     n_total: int | None
     infra_share: float | None
     provisional: bool
+    partial: bool = Field(False, description="uploaded under upload.partial: upload (incomplete, or over the infra "
+                                             "share)")
     errors: dict[str, int] = Field(default_factory=dict, description="error class → trials, as MLflow has them")
     steps: dict[str, float] = Field(default_factory=dict, description="steps_* and tokens_* per trial")
     attempts: tuple[Attempt, ...] = ()
@@ -137,6 +139,7 @@ def _cell(cell_plan: CellPlan, obs: Observation, errors: ErrorClasses, trust_thr
         reason=cell_plan.reason, score=scored.score if scored else None, stderr=scored.stderr if scored else None,
         n_valid=n_valid, n_scored=facts.n_scored if facts else None, n_total=facts.n_total if facts else None,
         infra_share=_infra_share(facts), provisional=n_valid is None or n_valid < trust_threshold,
+        partial=bool(cell_plan.partial),
         errors=errors.breakdown(facts.error_breakdown) if facts else {},
         steps=steps.get(facts.run_tag, {}) if facts else {},
         attempts=tuple(_attempts(obs, remedies)), history=history,

@@ -21,10 +21,22 @@ listening, which is what the reconciler reads in a job's output:
     INFO:     127.0.0.1:53312 - "POST /v1/chat/completions HTTP/1.1" 200 OK
     INFO:     127.0.0.1:53318 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request
 
+A quiet-dead server, for the admission gate's traffic rule (RULES §14; `mode`, default `script`, the behaviour
+above): a model server that is up and takes requests, yet never gives the agent one output token.
+- `empty`: every chat completion is answered 200 with an empty completion (content "", usage with prompt tokens
+  and `completion_tokens: 0`, as a vLLM whose model emits EOS at once), whatever the script: the agent runs, gets
+  nothing, and the verifier grades the untouched workspace.
+- `silent`: every chat-completions request is read and never answered: its handler waits, in small steps, until
+  the client hangs up (the agent's timeout), the server stops, or `silent_cap_s` (120 s) has passed, then closes
+  the connection without a response. No access line either (uvicorn prints one per response).
+From the command line the mode is `--mode`, by default the environment's `FAKE_LLM_MODE` (how a job script's
+environment selects it: tests/fixtures/terminus2_job.sh starts this file with the job's environment).
+
 Stdlib only, so the reconciler's Python 3.11 (tests, in a thread) and the eval env's 3.12 (CLI) both run it:
 
     python eval/harbor/fake_llm.py [--port N]    # prints "fake-llm listening on http://127.0.0.1:PORT/v1"
     python eval/harbor/fake_llm.py --access-log --bad-request-every 3 --url-file F   # as a job runs vLLM
+    FAKE_LLM_MODE=silent python eval/harbor/fake_llm.py --access-log --url-file F      # quiet-dead (or --mode)
     harbor run ... -a terminus-2 -m openai/fake-model --ak api_base=http://127.0.0.1:PORT/v1
 """
 
@@ -34,6 +46,8 @@ import argparse
 import json
 import os
 import re
+import select
+import socket
 import sys
 import threading
 import time
@@ -45,6 +59,10 @@ from typing import Any, TextIO
 
 MODEL = "fake-model"
 SCRIPT_TAG = re.compile(r"fake-llm-script:\s*([\w-]+)")
+MODES = ("script", "empty", "silent")  # see the module's docstring; `script` is the default
+MODE_ENV = "FAKE_LLM_MODE"  # the command line's default --mode
+SILENT_CAP_S = 120.0  # the longest a `silent` handler holds a request (a test can never hang on it)
+SILENT_STEP_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -124,9 +142,15 @@ class FakeLLM:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
                  scripts: dict[str, tuple[Reply, ...]] | None = None, bad_request_every: int = 0,
-                 access_log: TextIO | None = None) -> None:
+                 access_log: TextIO | None = None, mode: str = "script", silent_cap_s: float = SILENT_CAP_S) -> None:
         if bad_request_every < 0:
             raise ValueError(f"bad_request_every must be 0 (never) or more, not {bad_request_every}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        self.mode = mode
+        self.silent_cap_s = silent_cap_s
+        self._stopping = threading.Event()  # set by stop(): `silent` handlers let go of their requests
+        self._held = 0  # chat-completions requests a `silent` handler took and never answered
         self.scripts = SCRIPTS if scripts is None else scripts
         self.bad_request_every = bad_request_every  # every Nth chat-completions request is answered 400; 0: none
         self.access_log = access_log  # where uvicorn-style startup and access lines go; None: nowhere
@@ -155,6 +179,12 @@ class FakeLLM:
         """Requests answered with an error (unknown script, script exhausted, malformed request)."""
         with self._lock:
             return list(self._errors)
+
+    @property
+    def held(self) -> int:
+        """Chat-completions requests taken and never answered (`silent`)."""
+        with self._lock:
+            return self._held
 
     @property
     def rejected(self) -> int:
@@ -192,6 +222,7 @@ class FakeLLM:
         self.log(f'INFO:     {client[0]}:{client[1]} - "{request_line}" {status} {phrase}'.rstrip())
 
     def stop(self) -> None:
+        self._stopping.set()  # first: a `silent` handler returns within a step
         self._server.shutdown()  # waits for serve_forever to return
         self._server.server_close()
         self._thread.join()
@@ -202,8 +233,19 @@ class FakeLLM:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def hold(self, connection: socket.socket) -> None:
+        """`silent`: keep a request unanswered until its client hangs up, the server stops or the cap passes."""
+        with self._lock:
+            self._held += 1
+        deadline = time.monotonic() + self.silent_cap_s
+        while time.monotonic() < deadline and not self._stopping.wait(SILENT_STEP_S):
+            if _hung_up(connection):
+                return
+
     def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """HTTP status and JSON body for one chat-completions request."""
+        if self.mode == "empty":
+            return self._empty(body)
         with self._lock:
             self._requests += 1
             reject = self.bad_request_every > 0 and self._requests % self.bad_request_every == 0
@@ -246,6 +288,28 @@ class FakeLLM:
             "usage": usage,
         }
 
+    def _empty(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """`empty`: a 200 with no completion at all (0 completion tokens), whatever the request asks."""
+        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        texts = [_text(m.get("content")) for m in messages if isinstance(m, dict)]
+        first_user = next((m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None)
+        match = SCRIPT_TAG.search(_text(first_user.get("content"))) if first_user else None
+        turn = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+        prompt_tokens = max(1, sum(len(t) for t in texts) // 4)  # the prompt was read: a plausible count
+        model = str(body.get("model") or MODEL)
+        with self._lock:
+            self._requests += 1
+            number = self._requests
+            self._calls.append(Call(match.group(1) if match else "", turn, model, Reply("", prompt_tokens, 0)))
+        return 200, {
+            "id": f"chatcmpl-fake-empty-{number}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": ""}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens},
+        }
+
     def _error(self, status: int, message: str) -> tuple[int, dict[str, Any]]:
         with self._lock:
             self._errors.append(message)
@@ -259,6 +323,15 @@ def _text(content: object) -> str:
     if isinstance(content, list):
         return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
     return ""
+
+
+def _hung_up(connection: socket.socket) -> bool:
+    """The client closed its end (or reset it): the socket reads EOF. Nothing more is ever expected of it."""
+    try:
+        readable, _, _ = select.select([connection], [], [], 0)
+        return bool(readable) and connection.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
 
 
 def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
@@ -284,6 +357,10 @@ def _handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
                 return
             if not isinstance(body, dict):
                 self._send(400, {"error": {"message": "body is not a JSON object"}})
+                return
+            if llm.mode == "silent":
+                llm.hold(self.connection)
+                self.close_connection = True  # no response, ever: the connection just ends
                 return
             status, answer = llm.answer(body)
             self._send(status, answer)
@@ -315,10 +392,16 @@ def main() -> None:
     parser.add_argument("--access-log", action="store_true",
                         help="print uvicorn's startup lines and an access line per request on stdout, as vLLM does")
     parser.add_argument("--url-file", type=Path, help="write the base URL here (atomically) once listening")
+    parser.add_argument("--mode", choices=MODES, default=os.environ.get(MODE_ENV) or "script",
+                        help=f"script (default), empty (200s with no completion) or silent (never answers); "
+                             f"default: ${MODE_ENV}, else script")
+    parser.add_argument("--silent-cap", type=float, default=SILENT_CAP_S, metavar="SECONDS",
+                        help="silent: the longest a request is held before its connection is closed unanswered")
     args = parser.parse_args()
     llm = FakeLLM(args.host, args.port, bad_request_every=args.bad_request_every,
-                  access_log=sys.stdout if args.access_log else None)
-    print(f"fake-llm listening on {llm.base_url}", flush=True)
+                  access_log=sys.stdout if args.access_log else None, mode=args.mode, silent_cap_s=args.silent_cap)
+    print(f"fake-llm listening on {llm.base_url}" + ("" if llm.mode == "script" else f" (mode {llm.mode})"),
+          flush=True)
     llm.announce()
     if args.url_file is not None:
         partial = args.url_file.with_name(f".{args.url_file.name}.tmp")

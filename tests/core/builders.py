@@ -77,7 +77,7 @@ def facts(tag: str, *, total: int | None = 10, completed: int = 10, scored: int 
         n_trial_dirs=completed if trial_dirs is None else trial_dirs, n_completed=completed,
         n_scored=completed - infra if scored is None else scored, n_infra_errors=infra, n_graded=graded,
         n_answered=completed, n_usage_reported=completed, tasks=tasks,
-        reward_sum=completed * 0.5, reward_sq_sum=completed * 0.5, started_at=ago(hours=3),
+        reward_sum=completed * 0.5, started_at=ago(hours=3),
         finished_at=ago(hours=2) if finished else None, last_progress_at=last_progress or ago(hours=2),
         fires=fires, no_resume=no_resume, model=model, benchmark_name=benchmark_name, agent=agent,
     )

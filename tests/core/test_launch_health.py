@@ -50,7 +50,7 @@ def dead_dir(n: int = 12, *, finished: bool = True) -> RunDirFacts:
     """Every completed trial raised within a second, no output token: the served model was unreachable."""
     return facts(TAG, total=60, completed=n, scored=0, finished=finished,
                  last_progress=ago(minutes=1 if not finished else 40)).model_copy(update={
-        "reward_sum": 0.0, "reward_sq_sum": 0.0, "n_infra_errors": n, "n_graded": 0, "error_breakdown": {LITELLM: n},
+        "reward_sum": 0.0, "n_infra_errors": n, "n_graded": 0, "error_breakdown": {LITELLM: n},
         "quiet_failures": instant(n), "n_started_trials": n, "n_answered": 0, "n_usage_reported": 0,
         "tasks": {f"task-{i:03d}": (1, 0, 0.0) for i in range(n)}})
 
@@ -96,7 +96,7 @@ def quiet(n: int, *, seconds: float | None = 0.4, answered: bool = False,
 def test_instant_failures_are_infra_so_a_quarter_dead_run_scores_over_its_real_trials():
     """24 completed: 9 reward 1, 9 genuine zeros, 6 instant failures of a model-failure class → 9/18, not 9/24."""
     mixed = facts(TAG, total=24, completed=24, scored=24).model_copy(update={
-        "reward_sum": 9.0, "reward_sq_sum": 9.0, "n_graded": 18, "n_benign_errors": 6, "error_breakdown": {CONTEXT: 6},
+        "reward_sum": 9.0, "n_graded": 18, "n_benign_errors": 6, "error_breakdown": {CONTEXT: 6},
         "quiet_failures": quiet(6), "tasks": {"task-x": (24, 24, 9.0)}})
 
     counted = count_instant_failures(mixed, HEALTH.instant_fail)

@@ -12,6 +12,17 @@ def rows(cluster) -> list[tuple]:
         return conn.execute("SELECT job_name, job_status, metrics, stats FROM sandbox_jobs ORDER BY job_name").fetchall()
 
 
+def assert_admitted_with_evidence(metrics: list[dict], stats: dict, expected: int) -> None:
+    """The row says what the admission gate saw: the count the score rests on, its flags, the evidence record."""
+    n_valid = next(m["value"] for m in metrics if m["name"] == "n_valid_trials")
+    evidence = stats["evidence"]
+    assert stats["n_scored"] == n_valid == evidence["scored"] == evidence["graded"] + evidence["model_failures"]
+    assert stats["provisional"] is (n_valid < 150) and stats["partial"] is False
+    assert (evidence["gate"], evidence["expected"], evidence["seen"], evidence["identity"]) == (1, expected, expected,
+                                                                                               "ok")
+    assert evidence["infra_share"] <= 0.1 and evidence["invalid"] == 0
+
+
 def test_loop_converges_then_a_pass_takes_no_action(cluster):
     cluster.write(models=["org/a-8B", "org/b-32B"], datasets=["DCAgent/tiny_a", "DCAgent/tiny_b"],
                   env={"FAKE_HARBOR_TASKS": "6", "FAKE_HARBOR_TRIAL_SECONDS": "0.01"})
@@ -26,6 +37,8 @@ def test_loop_converges_then_a_pass_takes_no_action(cluster):
         names = [m["name"] for m in json.loads(metrics)]
         assert names[:2] == ["accuracy", "accuracy_stderr"], "metrics are a LIST of {name, value}"
         assert "infra_error_breakdown" in json.loads(stats)
+        assert_admitted_with_evidence(json.loads(metrics), json.loads(stats), expected=6 * 3)
+    assert all(c["provisional"] is True and c["n_scored"] > 0 for c in status["cells"]), "n < 150: provisional"
     reports = list(Path(cluster.root / "jobs").glob("*/post_eval_report.txt"))
     assert len(reports) == 4
     again = cluster.evalctl("reconcile", "--once")

@@ -63,6 +63,8 @@ def test_completed_cells_hold_score_buckets_and_step_stats_in_one_run_each(clust
         assert run.data.metrics["steps_max"] >= run.data.metrics["steps_mean"] > 0, "step stats from trajectories"
         assert run.data.tags["evalrun.model"] in MODELS and run.info.status == "FINISHED"
         assert run.data.metrics["gpu_hours"] == 0.0, "its actual GPU-hours: wall × gpusPerJob (0 on this cluster)"
+        assert (run.data.tags["evalrun.provisional"], run.data.tags["evalrun.partial"]) == ("true", "false")
+        assert "seen=" in run.data.tags["evalrun.admission"] and "identity=ok" in run.data.tags["evalrun.admission"]
     names = [{name for name in run.data.metrics if name.startswith("errors.")} for run in tracked]
     assert names[0] == names[1] and "errors.DaytonaError" in names[0], "every bucket, zeros included"
     assert all(phase == "Completed" for phase, _ in phases(cluster).values())

@@ -21,6 +21,7 @@ from controller.entry.wiring import cluster_ports, targets_for, utc_now
 from controller.spec.catalog import load_catalog
 from controller.spec.loader import load_specs
 from tests.e2e.conftest import Cluster
+from tests.e2e.test_converge import assert_admitted_with_evidence
 from tests.fixtures.evalctl import wait_until
 from tests.fixtures.postgres import pg_start, pg_stop
 
@@ -51,6 +52,8 @@ def test_the_demo_converges_on_postgres(pg_cluster: Cluster) -> None:
     assert "converged after" in result.stdout
     rows = query(pg_cluster.store, "SELECT job_status, jsonb_typeof(metrics), username FROM sandbox_jobs")
     assert sorted(rows) == [("Finished", "array", os.environ.get("USER") or rows[0][2])] * 2
+    for metrics, stats in query(pg_cluster.store, "SELECT metrics, stats FROM sandbox_jobs"):
+        assert_admitted_with_evidence(metrics, stats, expected=3 * 3)
     again = pg_cluster.evalctl("reconcile", "--once")
     assert "0 action(s) done" in again.stdout, "a converged store gives a pass with nothing to do"
 

@@ -25,7 +25,7 @@ def facts_for(rewards: list[float], n_infra_errors: int = 0, per_task: int = 1) 
         tasks[f"t{i // per_task}"] = (seen + 1, scored + 1, total + reward)
     tasks |= {f"infra{i}": (1, 0, 0.0) for i in range(n_infra_errors)}
     return RunDirFacts(run_tag="r", path="/r", n_completed=len(rewards) + n_infra_errors, n_infra_errors=n_infra_errors,
-                       n_graded=len(rewards), reward_sum=sum(rewards), reward_sq_sum=sum(r * r for r in rewards),
+                       n_graded=len(rewards), reward_sum=sum(rewards),
                        tasks=tasks, n_total=len(tasks) * per_task if per_task == 1 else None)
 
 

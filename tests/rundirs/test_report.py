@@ -38,7 +38,7 @@ def test_report_has_score_histogram_and_steps(tmp_path: Path) -> None:
     assert set(summary.error_histogram) == set(REFERENCE_ERRORS.known)
     assert summary.error_histogram["DaytonaError"] == 1 and summary.error_histogram["CancelledError"] == 0
     text = path.read_text()
-    assert "mean score: 0.3333" in text and "scored: 3 / 5 total" in text
+    assert "mean score: 0.3333" in text and "with a reward: 3 / 5 total" in text
     assert "trials: graded 2  model failures 1  infra 1  invalid 0" in text
     rows = [line.split() for line in text.splitlines() if line.startswith("  ")]
     assert {row[1]: (row[0], int(row[2])) for row in rows} == {
@@ -114,7 +114,7 @@ def test_repeated_reports_replace_the_file_and_leave_no_temp_files(tmp_path: Pat
         # 1 of n_total trials: reported as a partial upload, whatever the share
         metrics = metrics_of(facts, REFERENCE_ERRORS, partial_upload=True, min_completed_fraction=0.25)
         path, _ = write_post_eval_report(run, facts, REFERENCE_ERRORS, metrics)
-        assert f"scored: 1 / {n_total} total" in path.read_text()
+        assert f"with a reward: 1 / {n_total} total" in path.read_text()
         assert sorted(p.name for p in run.iterdir()) == sorted([*before, REPORT_NAME])
     assert not path.is_symlink() and os.stat(path).st_nlink == 1
 

@@ -419,7 +419,7 @@ def _tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: _Reader,
     invalid: list[str] = []
     fractional: list[str] = []
     quiet: list[QuietFailure] = []
-    reward_sum = reward_sq_sum = 0.0
+    reward_sum = 0.0
     newest: float | None = None
     kinds: Counter[ErrorKind] = Counter()
     classes: Counter[str] = Counter()
@@ -480,7 +480,6 @@ def _tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: _Reader,
             scored += 1
             task_sum += value
             reward_sum += value
-            reward_sq_sum += value * value
         tasks[task] = (seen, scored, task_sum)
     return {
         "n_trial_dirs": n_dirs,
@@ -497,7 +496,6 @@ def _tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: _Reader,
         "n_usage_reported": n_reported,
         "error_breakdown": errors.breakdown(classes),
         "reward_sum": reward_sum,
-        "reward_sq_sum": reward_sq_sum,
         "tasks": tasks,
         "last_progress_at": datetime.fromtimestamp(newest, UTC) if newest is not None else None,
         "quiet_failures": tuple(quiet),

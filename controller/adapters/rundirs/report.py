@@ -299,7 +299,7 @@ def render(summary: PostEvalSummary, facts: RunDirFacts, errors: ErrorClasses) -
         f"post-eval report: {facts.run_tag}",
         f"model: {facts.model or '?'}  benchmark: {facts.benchmark_name or '?'}  agent: {facts.agent or '?'}",
         f"mean score: {score}{stderr} over {summary.n_valid} valid trials",
-        (f"scored: {summary.n_scored} / {total} total "
+        (f"with a reward: {summary.n_scored} / {total} total "
          f"(completed {summary.n_completed}, trial dirs {facts.n_trial_dirs})"),
         f"trials: graded {facts.n_graded}  model failures {facts.n_benign_errors}  infra {facts.n_infra_errors}"
         f"  invalid {facts.n_invalid}",

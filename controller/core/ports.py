@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Protocol
 
 from pydantic import Field
@@ -142,6 +143,31 @@ class ResultUpload(Frozen):
     is_overlong: bool = Field(False, description="the run took longer than upload.overlongHours")
 
 
+class AuditVerdict(StrEnum):
+    """What the admission gate says today of a row already in the results DB (`evalctl db audit`)."""
+
+    OK = "ok"
+    PROVISIONAL = "provisional"  # admitted, but on fewer scored trials than report.trustThreshold
+    REFUSED = "refused"  # the gate would not publish this number
+
+
+class RowAuditMark(Frozen):
+    """The gate's verdict on one `sandbox_jobs` row, kept beside the lab's tables (never in them): what a
+    leaderboard filters by. `audited_at` is the store's clock at the first write of this verdict."""
+
+    row_id: str
+    gate: int = Field(description="GATE_VERSION of the gate that judged it")
+    verdict: AuditVerdict
+    refusal: str | None = Field(None, description="the Refusal, when refused")
+    reason: str = ""
+    audited_at: datetime | None = None
+
+    def same_verdict(self, other: RowAuditMark) -> bool:
+        """One gate's same judgement of the row (the time it was recorded aside)."""
+        return (self.row_id, self.gate, self.verdict, self.refusal, self.reason) == \
+            (other.row_id, other.gate, other.verdict, other.refusal, other.reason)
+
+
 class ResultsDB(Protocol):
     """The lab's shared OT-Agent tables (RULES §1), written by many users and tools.
 
@@ -188,6 +214,17 @@ class ResultsDB(Protocol):
         Exactly once: a row already Finished with the same metrics and the same `is_overlong` (null reads as
         false) is left untouched (returns False).
         """
+        ...
+
+    def read_audit_marks(self, row_ids: Sequence[str]) -> dict[str, RowAuditMark]:
+        """The audit marks of these rows (row id → mark), in one statement; a store without marks has none."""
+        ...
+
+    def mark_rows(self, marks: Sequence[RowAuditMark]) -> None:
+        """Record the gate's verdict on rows of ANY user in `evalrun_row_audit`, the store's own table: the
+        `sandbox_jobs` rows themselves are never written. One transaction; a row already marked with the same
+        gate, verdict, refusal and reason keeps its mark (and its `audited_at`), another mark replaces it.
+        A backend that cannot hold the table raises `WriteRefused`."""
         ...
 
     def close(self) -> None: ...

@@ -23,12 +23,13 @@ import typer
 from rich.console import Console
 
 from controller.adapters.process import identity_is_dead, process_identity
-from controller.adapters.store import UnsupportedStoreURL, open_store
+from controller.adapters.store import SUPABASE_SCHEMES, UnsupportedStoreURL, open_store
 from controller.core.db_check import check_results
 from controller.core.reconcile import PassResult, reconcile_pass
 from controller.core.store import Store
 from controller.core.vocabulary import Plan
 from controller.entry import render
+from controller.entry.auditing import audit_results
 from controller.entry.intake import flag_query, selector_rule, targets_with_selections, unevaluated_candidates
 from controller.entry.logs import configure_logging
 from controller.entry.notify import FLUSH_S, Notifier, webhooks_of
@@ -156,8 +157,12 @@ class StoreURLs(NamedTuple):
     state: str | None
 
 
+def _results_url(urls: StoreURLs) -> str:
+    return urls.results or os.environ.get("EVALCTL_STORE") or DEFAULT_STORE
+
+
 def _store(urls: StoreURLs, *, readonly: bool) -> Store:
-    url = urls.results or os.environ.get("EVALCTL_STORE") or DEFAULT_STORE
+    url = _results_url(urls)
     state = urls.state or os.environ.get("EVALCTL_STATE") or None
     busy = os.environ.get(BUSY_TIMEOUT_ENV)
     if busy is None:
@@ -496,6 +501,50 @@ def db_check(
             render.db_findings(findings, rows_read, out)
         if findings:
             raise typer.Exit(1)
+
+
+@db_app.command("audit")
+def db_audit(
+    files: Files = [],  # noqa: B006
+    store: StoreURL = None,
+    state: StateURL = None,
+    output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
+    apply: Annotated[bool, typer.Option("--apply", help="Mark the rows listed in evalrun_row_audit (gate version, "
+                                                        "verdict, refusal, reason, time); sandbox_jobs is never "
+                                                        "written.")] = False,
+    verbose: Verbose = 0,
+) -> None:
+    """Re-apply the admission gate to the Finished rows of the specs' cells whose run dirs can still be read; list
+    those it would refuse or mark provisional. Exit 0: nothing new (or --apply marked it), 1: findings not marked,
+    2: bad input. Changes nothing without --apply."""
+    configure_logging(verbose)
+    code = 0
+    with _exits():
+        specs = _load(files)
+        urls = StoreURLs(store, state)
+        _refuse((apply and _results_url(urls).startswith(SUPABASE_SCHEMES),
+                 "--apply cannot mark rows through Supabase's REST API: use --store postgresql://… (the project's "
+                 "direct connection), whose migrations create evalrun_row_audit"))
+        opened = _store(urls, readonly=True)
+        try:
+            found = audit_results(specs, opened, load_catalog(), utc_now())
+        finally:
+            opened.close()
+        marked = None
+        if apply:
+            if found.new:
+                writable = _store(urls, readonly=False)
+                try:
+                    writable.results.mark_rows([entry.mark() for entry in found.new])
+                finally:
+                    writable.close()
+            marked = len(found.new)
+        if output == Output.json:
+            print(render.audit_json(found, marked=marked))
+        else:
+            render.audit_table(found, out, marked=marked)
+        code = 1 if found.new and not apply else 0
+    raise typer.Exit(code)
 
 
 @app.command()

@@ -36,10 +36,11 @@ BENCHMARK = "dev_set_v2"
 PASSWORD = "hunter2-very-secret"
 OWN_TABLES = {"evalrun_submissions", "evalrun_leases", "evalrun_cell_owners", "evalrun_tunnel_leases",
               "evalrun_cell_memory", "evalrun_quarantine", "evalrun_model_selections", "evalrun_notify_episodes",
-              "evalrun_notifications", "evalrun_schema_migrations"}
+              "evalrun_notifications", "evalrun_row_audit", "evalrun_schema_migrations"}
 QWEN = EvalRunRef(name="qwen-evals")
 # (version, name) of migrations/*.sql
-SHIPPED = [(1, "controller_tables"), (2, "quarantine"), (3, "model_selections"), (4, "gpu_hours"), (5, "notifications")]
+SHIPPED = [(1, "controller_tables"), (2, "quarantine"), (3, "model_selections"), (4, "gpu_hours"), (5, "notifications"),
+           (6, "row_audit")]
 OT_AGENT_TABLES = {"models", "benchmarks", "sandbox_jobs"}
 RESULT = ResultUpload(metrics=(Metric(name="accuracy", value=0.42), Metric(name="accuracy_stderr", value=0.03)),
                       stats={"n_trials": 290, "n_infra_errors": 10}, n_trials=300, ended_at=T0)

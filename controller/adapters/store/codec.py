@@ -19,7 +19,7 @@ from controller.core.gpu_hours import AttemptCost
 from controller.core.intake import RegisteredModel, Selection
 from controller.core.metrics import same_metrics
 from controller.core.notify import Episode, Notification, NotifyEvent
-from controller.core.ports import NamedRow, ResultUpload, SandboxJobRow, StateSnapshot, WriteRefused
+from controller.core.ports import NamedRow, ResultUpload, RowAuditMark, SandboxJobRow, StateSnapshot, WriteRefused
 from controller.core.types import (
     CellMemory,
     CellOwner,
@@ -188,6 +188,15 @@ def model_selections(records: Iterable[Mapping[str, Any]]) -> tuple[Selection, .
     """Raises ValueError on a record that does not decode: the caller fails the read closed."""
     try:
         return tuple(Selection(model=r["model"], rule=r["rule"], selected_at=r["selected_at"]) for r in records)
+    except ValidationError as error:
+        raise ValueError(_first_line(error)) from None
+
+
+def audit_marks(records: Iterable[Mapping[str, Any]]) -> dict[str, RowAuditMark]:
+    """Row id → its audit mark. Raises ValueError on a record that does not decode: the caller fails the read closed."""
+    try:
+        return {str(r["row_id"]): RowAuditMark(**{**r, "row_id": str(r["row_id"]),
+                                                  "audited_at": parse_timestamp(r["audited_at"])}) for r in records}
     except ValidationError as error:
         raise ValueError(_first_line(error)) from None
 

@@ -32,6 +32,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from controller.adapters.store import postgres_sql as sql
 from controller.adapters.store.codec import (
     already_uploaded,
+    audit_marks,
     check_owner,
     decode_families,
     decode_rows,
@@ -51,6 +52,7 @@ from controller.core.ports import (
     ObservationError,
     ResultsSnapshot,
     ResultUpload,
+    RowAuditMark,
     SandboxJobRow,
     StateSnapshot,
 )
@@ -216,6 +218,32 @@ class PostgresStore:
                 "stats": Jsonb(result.stats),
             }), (COMMIT, None))
             return True
+
+    # ----------------------------------------------------------------------- row audit marks (`evalctl db audit`)
+
+    def read_audit_marks(self, row_ids: Sequence[str]) -> dict[str, RowAuditMark]:
+        """One statement; a database migration 0006 has not reached (a reader's) has no marks."""
+        if not row_ids:
+            return {}
+        with self._reading() as conn:
+            if not self._have(conn, ("evalrun_row_audit",)):
+                return {}
+            (cursor,) = self._round(conn, (sql.ROW_AUDITS, (list(row_ids),)))
+            records = _dicts(cursor)
+        try:
+            return audit_marks(records)
+        except ValueError as error:
+            raise ObservationError(f"store {self.name}: row audit marks: {_first_line(error)}") from None
+
+    def mark_rows(self, marks: Sequence[RowAuditMark]) -> None:
+        """One statement, whatever the number of rows; our own table only, never `sandbox_jobs`."""
+        if not marks:
+            return
+        with self._writing() as conn:
+            self._round(conn, (sql.PUT_ROW_AUDITS, {
+                "row_ids": [m.row_id for m in marks], "gates": [m.gate for m in marks],
+                "verdicts": [m.verdict.value for m in marks], "refusals": [m.refusal for m in marks],
+                "reasons": [m.reason for m in marks]}))
 
     # ----------------------------------------------------------------------- controller state
 

@@ -25,7 +25,7 @@ MIGRATIONS = "evalrun_schema_migrations"  # version, name, applied_at of every m
 OT_AGENT_TABLES = ("models", "benchmarks", "sandbox_jobs")
 OWN_TABLES = ("evalrun_submissions", "evalrun_leases", "evalrun_cell_owners", "evalrun_tunnel_leases",
               "evalrun_cell_memory", "evalrun_quarantine", "evalrun_model_selections", "evalrun_notify_episodes",
-              "evalrun_notifications")
+              "evalrun_notifications", "evalrun_row_audit")
 
 # Created one by one, only where absent (CREATE needs a privilege a lab user may lack even when the table
 # exists, so existing tables are not even named in a CREATE). Indexes only come with a table we create.
@@ -401,4 +401,23 @@ UPDATE evalrun_notifications
        last_error = %(error)s, next_attempt_at = now() + make_interval(secs => %(retry_s)s::float8),
        finished_at = CASE WHEN %(give_up)s::boolean THEN now() END, claimed_by = NULL, claim_until = NULL
  WHERE id = %(id)s AND claimed_by = %(holder)s
+"""
+
+# --------------------------------------------------------------------------- row audit marks (`evalctl db audit`)
+
+ROW_AUDITS = """
+SELECT row_id, gate, verdict, refusal, reason, audited_at FROM evalrun_row_audit WHERE row_id = ANY(%s::text[])
+"""
+
+# One statement for every mark; the same verdict again keeps the first mark (and its audited_at), another replaces it.
+PUT_ROW_AUDITS = """
+INSERT INTO evalrun_row_audit (row_id, gate, verdict, refusal, reason, audited_at)
+SELECT m.row_id, m.gate, m.verdict, m.refusal, m.reason, now()
+  FROM unnest(%(row_ids)s::text[], %(gates)s::integer[], %(verdicts)s::text[], %(refusals)s::text[],
+              %(reasons)s::text[]) AS m(row_id, gate, verdict, refusal, reason)
+    ON CONFLICT (row_id) DO UPDATE
+   SET gate = excluded.gate, verdict = excluded.verdict, refusal = excluded.refusal, reason = excluded.reason,
+       audited_at = excluded.audited_at
+ WHERE (evalrun_row_audit.gate, evalrun_row_audit.verdict, evalrun_row_audit.refusal, evalrun_row_audit.reason)
+       IS DISTINCT FROM (excluded.gate, excluded.verdict, excluded.refusal, excluded.reason)
 """

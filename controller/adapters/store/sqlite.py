@@ -21,6 +21,7 @@ from controller.adapters.store import sqlite_sql as sql
 from controller.adapters.store.codec import (
     already_uploaded,
     as_utc,
+    audit_marks,
     check_owner,
     decode_families,
     decode_rows,
@@ -44,6 +45,7 @@ from controller.core.ports import (
     ObservationError,
     ResultsSnapshot,
     ResultUpload,
+    RowAuditMark,
     SandboxJobRow,
     StateSnapshot,
 )
@@ -142,6 +144,27 @@ class SqliteStore:
                 "ended_at": format_timestamp(result.ended_at), "is_overlong": int(result.is_overlong),
             })
             return True
+
+    # ----------------------------------------------------------------------- row audit marks (`evalctl db audit`)
+
+    def read_audit_marks(self, row_ids: Sequence[str]) -> dict[str, RowAuditMark]:
+        conn = self._connection()
+        if conn is None or not row_ids or "evalrun_row_audit" not in self._tables(conn):
+            return {}
+        try:
+            records = self._run(conn, sql.ROW_AUDITS, (_json(row_ids),)).fetchall()
+            return audit_marks(map(dict, records))
+        except (sqlite3.Error, ValueError) as error:
+            raise ObservationError(_unavailable(self.path, error)) from error
+
+    def mark_rows(self, marks: Sequence[RowAuditMark]) -> None:
+        """Our own table only: `sandbox_jobs` is not touched, whoever owns the rows."""
+        now = format_timestamp(self._now())
+        with self._write() as conn:
+            for mark in marks:
+                self._run(conn, sql.PUT_ROW_AUDIT, {
+                    "row_id": mark.row_id, "gate": mark.gate, "verdict": mark.verdict.value, "refusal": mark.refusal,
+                    "reason": mark.reason, "now": now})
 
     # ----------------------------------------------------------------------- controller state
 

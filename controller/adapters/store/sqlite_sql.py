@@ -138,6 +138,15 @@ CREATE TABLE IF NOT EXISTS evalrun_notifications (
     finished_at     TEXT
 );
 CREATE INDEX IF NOT EXISTS evalrun_notifications_state ON evalrun_notifications(evalrun, state);
+
+CREATE TABLE IF NOT EXISTS evalrun_row_audit (
+    row_id     TEXT PRIMARY KEY,
+    gate       INTEGER NOT NULL,
+    verdict    TEXT NOT NULL,
+    refusal    TEXT,
+    reason     TEXT NOT NULL,
+    audited_at TEXT NOT NULL
+);
 """
 
 # Columns added after a file may have been made (its CREATE TABLE IF NOT EXISTS leaves an old table as it was):
@@ -155,7 +164,7 @@ CREATE INDEX IF NOT EXISTS evalrun_submissions_finished ON evalrun_submissions(b
 OT_AGENT_TABLES = ("models", "benchmarks", "sandbox_jobs")
 OWN_TABLES = ("evalrun_submissions", "evalrun_leases", "evalrun_tunnel_leases", "evalrun_cell_owners",
               "evalrun_cell_memory", "evalrun_quarantine", "evalrun_model_selections", "evalrun_notify_episodes",
-              "evalrun_notifications")
+              "evalrun_notifications", "evalrun_row_audit")
 
 # --------------------------------------------------------------------------- observe
 
@@ -390,4 +399,22 @@ UPDATE evalrun_notifications
        last_error = :error, next_attempt_at = :next, finished_at = CASE WHEN :give_up THEN :now END,
        claimed_by = NULL, claim_until = NULL
  WHERE id = :id AND claimed_by = :holder
+"""
+
+# --------------------------------------------------------------------------- row audit marks (`evalctl db audit`)
+
+ROW_AUDITS = """
+SELECT row_id, gate, verdict, refusal, reason, audited_at FROM evalrun_row_audit
+ WHERE row_id IN (SELECT value FROM json_each(?))
+"""
+
+# The same verdict again keeps the first mark (and its audited_at); another replaces it.
+PUT_ROW_AUDIT = """
+INSERT INTO evalrun_row_audit (row_id, gate, verdict, refusal, reason, audited_at)
+VALUES (:row_id, :gate, :verdict, :refusal, :reason, :now)
+    ON CONFLICT (row_id) DO UPDATE
+   SET gate = excluded.gate, verdict = excluded.verdict, refusal = excluded.refusal, reason = excluded.reason,
+       audited_at = excluded.audited_at
+ WHERE evalrun_row_audit.gate IS NOT excluded.gate OR evalrun_row_audit.verdict IS NOT excluded.verdict
+    OR evalrun_row_audit.refusal IS NOT excluded.refusal OR evalrun_row_audit.reason IS NOT excluded.reason
 """

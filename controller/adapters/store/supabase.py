@@ -40,6 +40,7 @@ from controller.core.ports import (
     ObservationError,
     ResultsSnapshot,
     ResultUpload,
+    RowAuditMark,
     SandboxJobRow,
     StoreUnavailable,
     WriteRefused,
@@ -224,6 +225,18 @@ class SupabaseResults:
         raise WriteRefused(self._line(f"uploading to sandbox_jobs row {row_id}", f"the row is {owner}'s, yet the "
                                       "update changed nothing (row-level security or a proxy swallowed it? use "
                                       "the service-role key)"))
+
+    # ----------------------------------------------------------------------- row audit marks
+
+    def read_audit_marks(self, row_ids: Sequence[str]) -> dict[str, RowAuditMark]:
+        """None through PostgREST: the marks' table is created by the PostgreSQL store's migrations (docs/DECISIONS.md
+        "Audit marks"), which this REST client cannot run."""
+        return {}
+
+    def mark_rows(self, marks: Sequence[RowAuditMark]) -> None:
+        raise WriteRefused(f"supabase {self.host}: audit marks are not written through the REST API; run "
+                           "`evalctl db audit --apply` with --store postgresql://… (the project's direct connection), "
+                           "whose migrations create evalrun_row_audit")
 
     def close(self) -> None:
         self._http.close()

@@ -100,6 +100,8 @@ def _exits() -> Iterator[None]:
     except (UsageError, UnsupportedStoreURL) as exc:
         _error(f"evalctl: {exc}")
         raise typer.Exit(2) from None
+    except typer.Exit:  # a command's own exit code (click's Exit is a RuntimeError): not a failure to report
+        raise
     except Exception as exc:
         if os.environ.get("EVALCTL_DEBUG") == "1":
             raise

@@ -11,7 +11,8 @@ one (else at the local vLLM), so the launch-health check of a pinggy cell finds 
 Tasks: the subdirectories of <dataset> when it is a directory, else FAKE_HARBOR_TASKS (default 8)
 tasks task-000...; each run n_attempts times. Rewards are a deterministic hash of (model, benchmark, task,
 attempt). By default ~1 in 8 trials hit AgentTimeoutError (graded, reward 0.0) and ~1 in 12 a
-DaytonaError (no reward), capped below the default infra threshold of 10.
+DaytonaError (no reward), capped below the default infra threshold of 10 and at 10% of the job's trials (the
+default upload.maxInfraErrorFraction), so a default run is uploaded without a resume.
 
 Fault modes (env): FAKE_HARBOR_TRIAL_SECONDS (0.05 per trial), FAKE_HARBOR_HANG_AFTER=N (hang after
 N trials; N ≥ all trials: a zombie that hangs once every trial has a result), FAKE_HARBOR_EXIT_CODE=N (exit N
@@ -52,6 +53,7 @@ RESUME_FILTER = frozenset({
     "AgentEnvironmentTimeoutError", "VerificationNotCompletedError", "TrialNotScoredError", "AddTestsDirError",
 })
 INFRA_CAP = 9  # hash-chosen infra errors stay under the default infraErrorThreshold (10)
+INFRA_SHARE_CAP = 0.1  # ... and within the default upload.maxInfraErrorFraction of the job's trials
 BENIGN_RATE = 1 / 8
 INFRA_RATE = 1 / 12
 # What Harbor records (ExceptionInfo.from_exception: the class name, str(exc)) when litellm cannot reach the server.
@@ -398,7 +400,8 @@ def main(argv: list[str]) -> int:
         if forced_infra is not None:
             infra = n_infra < forced_infra
         else:
-            infra = n_infra < INFRA_CAP and unit("infra", job.model, task, attempt, fire) < INFRA_RATE
+            cap = min(INFRA_CAP, int(job.n_total * INFRA_SHARE_CAP))
+            infra = n_infra < cap and unit("infra", job.model, task, attempt, fire) < INFRA_RATE
         n_infra += infra
         job.results.append(job.run_trial(task, attempt, infra))
         job.write_job_result(finished=False)

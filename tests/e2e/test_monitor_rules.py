@@ -1,6 +1,7 @@
 """The eval-monitor runbook (RULES §5) end to end on the local executor with the fake Harbor, with the
 windows shrunk to seconds: hang at 98%, a general stall, a zombie, trials landing after a cancel. Each ends
-with the run dir analysed and uploaded as it is, one job, no resume. Each task runs 3 attempts (the catalog's
+with the run dir analysed and uploaded as it is, one job, no resume — a run cut short of its trials only flagged
+`partial` under `upload.partial: upload` (else held: RULES §14). Each task runs 3 attempts (the catalog's
 default), so N tasks are 3N trials."""
 
 from __future__ import annotations
@@ -47,14 +48,26 @@ def history(cluster: Cluster) -> tuple[int, list[tuple[str, str]]]:
     return submissions, rows
 
 
-def test_a_hang_at_98_percent_is_cancelled_analysed_and_uploaded_with_the_partial_score(cluster: Cluster) -> None:
-    write(cluster, {"FAKE_HARBOR_TASKS": "50", "FAKE_HARBOR_HANG_AFTER": "147"},  # 147 of 150 trials
-          "{nearCompleteFraction: 0.97, staleNearMinutes: 0.05, settleMinutes: 0.02}")
+def partial_flags(cluster: Cluster) -> list[bool]:
+    with sqlite3.connect(cluster.root / "store.db") as conn:
+        return [json.loads(stats)["partial"] for (stats,) in conn.execute("SELECT stats FROM sandbox_jobs")]
 
-    outputs = passes_until(cluster, "Completed")
 
+def test_a_hang_at_98_percent_is_held_then_uploaded_flagged_partial_once_the_user_says_so(cluster: Cluster) -> None:
+    env = {"FAKE_HARBOR_TASKS": "50", "FAKE_HARBOR_HANG_AFTER": "147"}  # 147 of 150 trials
+    monitor = "{nearCompleteFraction: 0.97, staleNearMinutes: 0.05, settleMinutes: 0.02}"
+    write(cluster, env, monitor)
+
+    outputs = passes_until(cluster, "Failed")
+    held = cell(cluster)
+    assert "147 of 150 expected trials" in held["reason"] and "upload.partial: upload" in held["reason"], held
+    assert [status for status, _ in history(cluster)[1]] == ["Started"], "nothing published"
+    write(cluster, env, monitor, "{partial: upload}")  # the lever: the same cell, published flagged
+    outputs += passes_until(cluster, "Completed")
+
+    assert partial_flags(cluster) == [True] and cell(cluster)["partial"] is True
     text = "".join(outputs)
-    assert "stuck near complete" in text and "resume" not in text, text[-3000:]
+    assert "stuck near complete" in text and ": resume: " not in text, text[-3000:]
     submissions, rows = history(cluster)
     assert submissions == 1 and [status for status, _ in rows] == ["Finished"]
     [job] = cluster.scheduler.observe()
@@ -66,7 +79,7 @@ def test_a_hang_at_98_percent_is_cancelled_analysed_and_uploaded_with_the_partia
 
 def test_a_general_stall_is_reported_first_and_cancelled_on_the_second_reading(cluster: Cluster) -> None:
     write(cluster, {"FAKE_HARBOR_TASKS": "10", "FAKE_HARBOR_HANG_AFTER": "12"},  # 12 of 30 trials
-          "{staleGeneralMinutes: 0.05, settleMinutes: 0.02}", "{minCompletedFraction: 0.3}")
+          "{staleGeneralMinutes: 0.05, settleMinutes: 0.02}", "{minCompletedFraction: 0.3, partial: upload}")
 
     stalled = passes_until(cluster, "Stalled")
     first = cell(cluster)
@@ -74,9 +87,9 @@ def test_a_general_stall_is_reported_first_and_cancelled_on_the_second_reading(c
 
     assert "first reading" in first["reason"] and [a["kind"] for a in first["actions"]] == ["wait"]
     text = "".join(stalled + outputs)
-    assert "stuck general, second reading" in text and "resume" not in text, text[-3000:]
+    assert "stuck general, second reading" in text and ": resume: " not in text, text[-3000:]
     [job] = cluster.scheduler.observe()
-    assert job.state.value == "Cancelled" and history(cluster)[0] == 1
+    assert job.state.value == "Cancelled" and history(cluster)[0] == 1 and partial_flags(cluster) == [True]
 
 
 def test_a_zombie_is_cancelled_and_uploaded(cluster: Cluster) -> None:
@@ -88,12 +101,13 @@ def test_a_zombie_is_cancelled_and_uploaded(cluster: Cluster) -> None:
     assert "zombie" in "".join(outputs)
     [job] = cluster.scheduler.observe()
     assert job.state.value == "Cancelled" and history(cluster)[0] == 1
+    assert partial_flags(cluster) == [False], "every trial has a result: a whole score"
 
 
 def test_trials_landing_after_the_cancel_are_waited_for_and_uploaded_once(cluster: Cluster) -> None:
     write(cluster, {"FAKE_HARBOR_TASKS": "50", "FAKE_HARBOR_HANG_AFTER": "147", "FAKE_HARBOR_WRITE_AFTER_KILL": "2",
                     "FAKE_HARBOR_LATE_TRIAL_SECONDS": "1"},
-          "{nearCompleteFraction: 0.97, staleNearMinutes: 0.05, settleMinutes: 0.15}")
+          "{nearCompleteFraction: 0.97, staleNearMinutes: 0.05, settleMinutes: 0.15}", "{partial: upload}")
     phases: list[str] = []
 
     outputs = passes_until(cluster, "Completed", phases=phases)

@@ -37,7 +37,7 @@ def test_an_overlong_run_is_uploaded_with_its_flag_and_says_so(cluster):
     result = cluster.evalctl("reconcile", "--loop", "--interval", "0.5", "--until-done")
 
     assert "flagged is_overlong: ran" in planned, planned
-    assert "uploaded accuracy=0.4000 is_overlong=true" in result.stdout, result.stdout
+    assert "uploaded accuracy=0.3636 is_overlong=true" in result.stdout, result.stdout
     assert stored(cluster) == [("Finished", 1)]
     [cell] = cells(cluster)
     assert cell["phase"] == "Completed" and "flagged is_overlong" in cell["reason"]

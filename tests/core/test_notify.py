@@ -111,3 +111,15 @@ def test_messages_say_what_happened_and_status_says_what_did_not_go_out() -> Non
     assert undelivered_note([failed, waiting]) == ("webhook team: 1 given up after 8 attempt(s), 1 waiting "
                                                    "(last error: HTTP 500)")
     assert undelivered_note([]) == ""
+
+
+def test_a_completed_message_says_how_far_its_score_can_be_trusted() -> None:
+    """A provisional or partial score never goes out as a bare number (RULES §14)."""
+    flagged = plan_of(C, C, C)
+    cells = (flagged.cells[0].model_copy(update={"n_scored": 36, "provisional": True}),
+             flagged.cells[1].model_copy(update={"n_scored": 267, "provisional": False, "partial": True}),
+             flagged.cells[2].model_copy(update={"n_scored": 267, "provisional": False}))
+    found = facts(flagged.model_copy(update={"cells": cells}), summarize(flagged))
+
+    details = [f.detail for f in found if f.event == NotifyEvent.COMPLETED]
+    assert details == ["score 0.5 (provisional, n=36)", "score 0.5 (partial)", "score 0.5"]

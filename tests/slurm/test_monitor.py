@@ -1,6 +1,7 @@
 """The eval-monitor rules on the real SLURM cluster, with the fake Harbor under sbatch and the windows shrunk
 to seconds: a hang at 98%, a general stall, a zombie and trials landing after the scancel. Each is scancelled,
-analysed and uploaded as it is: one job, no resume."""
+analysed and uploaded as it is: one job, no resume (a run cut short flagged `partial`, under `upload.partial:
+upload`; RULES §14)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ pytestmark = pytest.mark.slurm
 
 def write(cluster, env: dict[str, str], monitor: str) -> None:
     cluster.write(models=[cluster.model(1)], datasets=["DCAgent/hangbench"], script=cluster.fake_harbor_script(),
-                  env={"FAKE_HARBOR_INFRA_ERRORS": "0", **env}, extra_run=f"  monitor: {monitor}")
+                  env={"FAKE_HARBOR_INFRA_ERRORS": "0", **env}, extra_run=f"  monitor: {monitor}",
+                  upload="{partial: upload}")
 
 
 def passes_until(cluster, phase: str, outputs: list[str], timeout_s: float = 240) -> dict:
@@ -29,13 +31,14 @@ def passes_until(cluster, phase: str, outputs: list[str], timeout_s: float = 240
     return cell
 
 
-def assert_scancelled_and_uploaded(cluster, outputs: list[str], rule: str, n_trials: int) -> None:
+def assert_scancelled_and_uploaded(cluster, outputs: list[str], rule: str, n_trials: int, partial: bool) -> None:
     text = "".join(outputs)
-    assert rule in text and "resume" not in text, text[-3000:]
+    assert rule in text and ": resume: " not in text, text[-3000:]
     [sub] = cluster.submissions()
     assert cluster.job_state(sub["job_id"]) == "CANCELLED"
     [row] = cluster.rows()
     assert row["job_status"] == "Finished" and row["stats"]["n_trials"] == n_trials, row["stats"]
+    assert row["stats"]["partial"] is partial, row["stats"]
     assert text.count(": upload: ") == 1, "uploaded once"
 
 
@@ -46,7 +49,7 @@ def test_a_hang_at_98_percent_is_scancelled_and_uploaded_with_the_partial_score(
 
     cell = passes_until(cluster, "Completed", outputs)
 
-    assert_scancelled_and_uploaded(cluster, outputs, "stuck near complete", 49)
+    assert_scancelled_and_uploaded(cluster, outputs, "stuck near complete", 49, partial=True)
     assert cell["score"] is not None
 
 
@@ -59,7 +62,7 @@ def test_a_general_stall_is_reported_then_scancelled_on_the_second_reading(clust
     passes_until(cluster, "Completed", outputs)
 
     assert "first reading" in first["reason"], first
-    assert_scancelled_and_uploaded(cluster, outputs, "stuck general, second reading", 6)
+    assert_scancelled_and_uploaded(cluster, outputs, "stuck general, second reading", 6, partial=True)
 
 
 def test_a_zombie_is_scancelled_and_uploaded(cluster):
@@ -69,7 +72,7 @@ def test_a_zombie_is_scancelled_and_uploaded(cluster):
 
     passes_until(cluster, "Completed", outputs)
 
-    assert_scancelled_and_uploaded(cluster, outputs, "zombie", 6)
+    assert_scancelled_and_uploaded(cluster, outputs, "zombie", 6, partial=False)
 
 
 def test_trials_landing_after_the_scancel_are_waited_for_and_counted(cluster):
@@ -80,4 +83,6 @@ def test_trials_landing_after_the_scancel_are_waited_for_and_counted(cluster):
 
     passes_until(cluster, "Completed", outputs)
 
-    assert_scancelled_and_uploaded(cluster, outputs, "stuck near complete", 50)  # 48 + the 2 written after
+    # 48 + the 2 written after the scancel; those re-ran tasks 0 and 1 (a killed fire's sandboxes), so 48 of the
+    # 50 (task, attempt) pairs have a result: counted, and flagged partial (RULES §14)
+    assert_scancelled_and_uploaded(cluster, outputs, "stuck near complete", 50, partial=True)

@@ -83,15 +83,16 @@ def test_real_harbor_job_cancelled_mid_run_is_resumed_without_rerunning_finished
 
 
 @pytest.mark.slow
-def test_timeout_is_resumed_once_then_uploaded_as_is_at_the_resume_limit(cluster):
+def test_timeout_is_resumed_once_then_uploaded_flagged_partial_at_the_resume_limit(cluster):
     model = cluster.model(1)
     # 6 tasks, hang after 2 per fire: fire 1 scores 2 and hangs into TIMEOUT, the resume scores 2 more and hangs
-    # again; what is left after the second TIMEOUT is 4/6 (≥ minCompletedFraction 0.5) and is uploaded as is.
+    # again; what is left after the second TIMEOUT is 4/6 (≥ minCompletedFraction 0.5) and, under
+    # `upload.partial: upload`, is uploaded as is, flagged partial (RULES §14; by default it would be held).
     # No infra errors: fake Harbor's resume re-runs those, which would shift what each fire completes.
     cluster.write(models=[model], datasets=["DCAgent/hangbench"], script=cluster.fake_harbor_script(),
                   env={"FAKE_HARBOR_TASKS": "6", "FAKE_HARBOR_HANG_AFTER": "2", "FAKE_HARBOR_TRIAL_SECONDS": "0.05",
                        "FAKE_HARBOR_INFRA_ERRORS": "0"},
-                  time_limit="1",
+                  time_limit="1", upload="{partial: upload}",
                   extra_run="  monitor: {preWalltimeMinutes: 0, settleMinutes: 0}\n  resume: {maxTotalFires: 2}")
     cluster.reconcile()
     [first] = cluster.submissions()
@@ -120,7 +121,7 @@ def test_timeout_is_resumed_once_then_uploaded_as_is_at_the_resume_limit(cluster
 
     [row] = cluster.rows()
     assert row["job_status"] == "Finished" and row["metrics"], row
-    assert row["stats"]["n_trials"] == 4, row["stats"]
+    assert row["stats"]["n_trials"] == 4 and row["stats"]["partial"] is True, row["stats"]
     assert {m["name"]: m["value"] for m in row["metrics"]}["n_valid_trials"] == 4
     assert len(cluster.submissions()) == 2, "no third fire past resume.maxTotalFires"
     again = cluster.reconcile().stdout

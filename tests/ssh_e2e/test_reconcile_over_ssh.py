@@ -70,6 +70,7 @@ spec:
   agent: oracle
   nAttempts: 1
   monitor: {{preWalltimeMinutes: 1, settleMinutes: 0}}
+  upload: {{maxInfraErrorFraction: 0.25}}  # the tiny dataset's noreward task is infra (RULES §14)
 """)
 
     def evalctl(self, *args: str) -> subprocess.CompletedProcess[str]:

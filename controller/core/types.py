@@ -486,6 +486,8 @@ class Quarantined(Frozen):
     name: str
     reason: str
     until: datetime
+    since: datetime | None = Field(None, description="when it began (None: recorded before versions kept it)")
+    owner: str = Field("", description="the EvalRun whose pass decided it ('' when not recorded)")
 
 
 class JobOutput(Frozen):

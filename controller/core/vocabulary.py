@@ -275,6 +275,7 @@ class Quarantine(_Mutation):
     scope: str
     name: str
     ttl_s: float
+    owner: str = Field("", description="the EvalRun whose pass decided it, shown with it and kept in the store")
 
 
 class Wait(_Action):

@@ -163,6 +163,7 @@ def plan(
     owners: Mapping[str, EvalRunRef] | None = None,
     quarantined: Sequence[Quarantined] = (),
     estimates: Mapping[str, GpuEstimate] | None = None,
+    usable_nodes: frozenset[str] | None = None,
 ) -> Plan:
     """Decide every cell, then share out what is scarce: launches (`budget`, default the policy's
     per-pass cap; `budget_note`: why the cells past it wait) and pinggy pairs (`policy.tunnel_pairs` minus those
@@ -172,6 +173,7 @@ def plan(
     `owners`: cell key → the OTHER EvalRun that acts for it; such a cell is shown, never acted on.
     `quarantined`: nodes, pairs and cluster launches not to use now (the store's unexpired quarantines).
     `estimates`: cell key → the estimated GPU-hours of one attempt (unknown where missing), for the budget.
+    `usable_nodes`: the nodes the cluster's jobs may run on (None: not known), so quarantines never take them all.
     """
     estimates = estimates or {}
     leased = {lease.holder: lease.pair for lease in tunnel_leases}

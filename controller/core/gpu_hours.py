@@ -56,6 +56,7 @@ class GpuEstimate(Frozen):
     hours: float | None = Field(description="None: unknown")
     source: EstimateSource
     basis: str = Field(description="what it is the median of, for plan and explain")
+    group: str = Field("", description="the benchmark and size band whose cost it is (e.g. 'tb2, 0–14B')")
 
 
 UNKNOWN = GpuEstimate(hours=None, source=EstimateSource.UNKNOWN, basis="no finished attempt or run dir to go by")
@@ -96,13 +97,14 @@ def estimates(cells: Sequence[Cell], history: Iterable[AttemptCost], run_dirs: I
 
 def _estimate(group: tuple[str, str], history: list[float] | None, dirs: list[float] | None) -> GpuEstimate:
     benchmark, band = group
+    name = f"{benchmark}, {band}"
     if history:
-        return GpuEstimate(hours=statistics.median(history), source=EstimateSource.HISTORY,
-                           basis=f"median of {len(history)} finished attempt(s) of {benchmark}, {band}")
+        return GpuEstimate(hours=statistics.median(history), source=EstimateSource.HISTORY, group=name,
+                           basis=f"median of {len(history)} finished attempt(s) of {name}")
     if dirs:
-        return GpuEstimate(hours=statistics.median(dirs), source=EstimateSource.RUN_DIRS,
-                           basis=f"median wall time of {len(dirs)} run dir(s) of {benchmark}, {band}, × gpusPerJob")
-    return UNKNOWN
+        return GpuEstimate(hours=statistics.median(dirs), source=EstimateSource.RUN_DIRS, group=name,
+                           basis=f"median wall time of {len(dirs)} run dir(s) of {name}, × gpusPerJob")
+    return UNKNOWN.model_copy(update={"group": name})
 
 
 def _dir_hours(facts: RunDirFacts, gpus_per_job: int) -> float | None:
@@ -155,7 +157,8 @@ class GpuBudget(Frozen):
     spent: float = Field(0.0, description="actual GPU-hours of every job of its cells (so far, for running ones)")
     committed: float = Field(0.0, description="spent + the estimated rest of live cells + the launches of this plan")
     held: int = Field(0, description="launches held by the budget")
-    unestimated: int = Field(0, description="launches (and live cells) counted as 0: their estimate is unknown")
+    unestimated: int = Field(0, description="launches and live cells with no estimate (with a budget, probes "
+                                            "counted at their walltime × GPUs)")
 
 
 def launch_cost(estimate: GpuEstimate, facts: RunDirFacts | None, resume: bool) -> float | None:
@@ -167,20 +170,16 @@ def launch_cost(estimate: GpuEstimate, facts: RunDirFacts | None, resume: bool) 
     return estimate.hours
 
 
-def past_gpu_budget(budget: GpuBudget, cost: float | None) -> bool:
-    """Would this launch take the EvalRun past its budget? One with an unknown cost counts 0, but is held once
-    the budget is already used up (it surely adds something)."""
-    if budget.max_hours is None:
-        return False
-    after = budget.committed + (cost or 0.0)
-    return after > budget.max_hours or (cost is None and budget.committed >= budget.max_hours)
+def past_gpu_budget(budget: GpuBudget, cost: float) -> bool:
+    """Would this launch take the EvalRun past its budget?"""
+    return budget.max_hours is not None and budget.committed + cost > budget.max_hours
 
 
 def budget_reason(budget: GpuBudget, cost: float | None) -> str:
     """e.g. `budget: 412 of 400 GPU-h (spent 380, est. 32 for this launch; spec.budget.maxGpuHours)`."""
     assert budget.max_hours is not None
     after = budget.committed + (cost or 0.0)
-    this = "no estimate for this launch (counted as 0)" if cost is None else f"est. {_h(cost)} for this launch"
+    this = "no estimate for this launch" if cost is None else f"est. {_h(cost)} for this launch"
     return (f"budget: {_h(after)} of {budget.max_hours:g} GPU-h (spent {_h(budget.spent)}, {this}; "
             "raise spec.budget.maxGpuHours to launch it)")
 

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field
 
+from controller.core.hostlist import HostlistError, expand
 from controller.core.trial_errors import INSTANT_FAILURE, NO_MODEL_OUTPUT
 from controller.core.types import (
     ErrorKind,
@@ -54,6 +55,7 @@ class HealthLimits(Frozen):
     max_refires: int = 2
     refire_backoff: timedelta = timedelta(minutes=5)
     bad_node: timedelta = timedelta(hours=24)
+    max_quarantined_nodes: int = 8
     failure_modes: tuple[FailureMode, ...] = Field((), description="the catalog, then the cluster's own entries")
 
 
@@ -147,7 +149,22 @@ def read_output(previous: OutputReading | None, output: JobOutput, modes: Sequen
         "bad_requests": reading.bad_requests + bad, "requests_per_minute": rate,
         "ready_at": reading.ready_at or (now if SERVER_READY.search(output.text) else None),
         "last_request_at": now if statuses else reading.last_request_at, "pinggy": pinggy,
-        "failure": reading.failure or (failure.mode.name if failure else None)})
+        "failure": reading.failure or (failure.mode.name if failure else None),
+        "failure_at": now if failure is not None else reading.failure_at})
+
+
+def blamed_node(nodes: str, log: str = "") -> str | None:
+    """The one node a failure points at: the job's only node, or the one of its nodes its log names alone.
+    None when that cannot be told (a multi-node job whose log names none or several, an unparsable NodeList):
+    excluding a whole NodeList expression would take many healthy nodes out for a day."""
+    try:
+        names = expand(nodes)
+    except HostlistError:
+        return None
+    if len(names) <= 1:
+        return names[0] if names else None
+    named = [name for name in names if re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", log)]
+    return named[0] if len(named) == 1 else None
 
 
 def bad_request_share(reading: OutputReading) -> float | None:

@@ -20,7 +20,8 @@ rules); `suspend` turns every mutation into a hold.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -51,6 +52,7 @@ from controller.core.gpu_hours import (
 from controller.core.health import (
     HealthLimits,
     bad_request_share,
+    blamed_node,
     count_instant_failures,
     diagnose,
     is_dead_launch,
@@ -65,6 +67,7 @@ from controller.core.types import (
     Cell,
     CellMemory,
     EvalRunRef,
+    FailureMode,
     FailureStage,
     Frozen,
     JobState,
@@ -186,41 +189,54 @@ def plan(
     released = () if policy.suspend else ended_leases(evalrun, tunnel_leases, observations, live_job_names)
     holders = {lease.pair: lease.holder for lease in tunnel_leases if lease not in released}
     ours = tuple(q for q in quarantined if q.scope in (str(evalrun), policy.cluster))
+    decided = _within_node_cap(decided, ours, policy, usable_nodes)
     # what this very plan quarantines counts for its own launches (a refire must not go back to the bad node)
     deciding = [q for c in decided if isinstance(c, CellPlan) for a in c.actions if isinstance(a, Quarantine)
                 if (q := _as_quarantined(a, now)).scope in (str(evalrun), policy.cluster)]
     locked = {q.name for q in (*ours, *deciding) if q.kind == QuarantineKind.PAIR}
     bad_nodes = tuple(sorted({q.name for q in (*ours, *deciding) if q.kind == QuarantineKind.NODE}))
     backing_off = next((q for q in (*ours, *deciding) if q.kind == QuarantineKind.CLUSTER), None)
-    remaining = 0 if backing_off else policy.max_submissions_per_pass if budget is None else budget
-    over_budget = Wait(reason=budget_note if backing_off is None else (
-        f"launches on {policy.cluster} back off until {backing_off.until:%H:%M} UTC: {backing_off.reason}"))
+    remaining = policy.max_submissions_per_pass if budget is None else budget
+    over_budget = Wait(reason=budget_note)
+    paused = None if backing_off is None else Wait(
+        reason=f"launches on {policy.cluster} back off until {backing_off.until:%H:%M} UTC: {backing_off.reason}")
+    nowhere = _no_usable_node(policy.cluster, bad_nodes, usable_nodes)
     untouched_waits: CellPlan | None = None  # 10,000 fresh cells past the budget: their one plan, decided once
-    gpu = _gpu_budget(evalrun, decided, observations, policy, estimates)
+    gpu, probing = _gpu_budget(evalrun, decided, observations, policy, estimates)
     planned = []
     for cell_plan in decided:
-        if isinstance(cell_plan, Cell) and remaining <= 0:
-            untouched_waits = untouched_waits or _without_launch(
-                plan_cell(cell_plan, UNTOUCHED, policy, now), over_budget)
+        blocked = nowhere or paused or (over_budget if remaining <= 0 else None)
+        if isinstance(cell_plan, Cell) and blocked is not None:
+            untouched_waits = untouched_waits or _without_launch(plan_cell(cell_plan, UNTOUCHED, policy, now), blocked)
             cell_plan = untouched_waits.model_copy(update={"cell": cell_plan})
         elif isinstance(cell_plan, Cell):
             cell_plan = plan_cell(cell_plan, UNTOUCHED, policy, now)
         launch = launch_of(cell_plan)
         if launch is not None:
             pair = _pair_for(launch, policy, holders, locked) if cell_plan.cell.needs_pinggy else None
-            cost = launch_cost(estimates.get(cell_plan.cell.key, UNKNOWN), cell_plan.run_dir,
-                               resume=isinstance(launch, Resume))
+            estimate = estimates.get(cell_plan.cell.key, UNKNOWN)
+            cost = launch_cost(estimate, cell_plan.run_dir, resume=isinstance(launch, Resume))
+            gpu_hold = _gpu_hold(gpu, cost, estimate, probing)
             if cell_plan.cell.needs_pinggy and pair is None:
                 cell_plan = _without_launch(cell_plan, _no_pair(policy, holders, locked))
-            elif past_gpu_budget(gpu, cost):
-                cell_plan = _without_launch(cell_plan, Hold(reason=budget_reason(gpu, cost)))
+            elif nowhere is not None:
+                cell_plan = _without_launch(cell_plan, nowhere)
+            elif paused is not None and not _answers_back_off(cell_plan):
+                cell_plan = _without_launch(cell_plan, paused)
+            elif gpu_hold is not None:
+                cell_plan = _without_launch(cell_plan, Hold(reason=gpu_hold))
                 gpu = gpu.model_copy(update={"held": gpu.held + 1})
             elif remaining <= 0:
                 cell_plan = _without_launch(cell_plan, over_budget)  # one Wait for all: 10,000 cells wait alike
             else:
                 remaining -= 1
+                if cost is None and gpu.max_hours is not None:  # the first of its group: it measures the cost
+                    cost = _prior_hours(cell_plan.cell, policy)
+                    probing.add(estimate.group)
+                    cell_plan = _noted(cell_plan, f"GPU-hour probe for {estimate.group}: no estimate yet, counted "
+                                                  f"as its walltime × GPUs ({cost:.3g} GPU-h) until it reports")
                 gpu = gpu.model_copy(update={"committed": gpu.committed + (cost or 0.0),
-                                             "unestimated": gpu.unestimated + (cost is None)})
+                                             "unestimated": gpu.unestimated + (estimate.hours is None)})
                 if pair is not None:
                     holders[pair] = launch.submission_name
                 cell_plan = _placed(cell_plan, launch, pair, bad_nodes)
@@ -232,11 +248,13 @@ def plan(
 
 
 def _gpu_budget(evalrun: EvalRunRef, decided: Sequence[CellPlan | Cell], observations: Sequence[Observation],
-                policy: Policy, estimates: Mapping[str, GpuEstimate]) -> GpuBudget:
+                policy: Policy, estimates: Mapping[str, GpuEstimate]) -> tuple[GpuBudget, set[str]]:
     """Before any launch: what this EvalRun's jobs have spent, plus what its live cells are still expected to
-    spend (their estimate less what their live attempt has used; an unknown one counts 0 and is counted)."""
+    spend (their estimate, or with none their walltime × GPUs, less what their live attempt has used); and the
+    groups (benchmark, size band) whose cost a live cell without an estimate is measuring."""
     spent = committed = 0.0
     unestimated = 0
+    probing: set[str] = set()
     for decision, obs in zip(decided, observations, strict=True):
         if isinstance(decision, Cell):
             continue
@@ -247,14 +265,82 @@ def _gpu_budget(evalrun: EvalRunRef, decided: Sequence[CellPlan | Cell], observa
         if live is None:
             continue
         ours = [s for s in obs.submissions if evalrun.known_as(s.evalrun)]
-        estimate = estimates.get(decision.cell.key, UNKNOWN).hours
-        if estimate is None:
+        estimate = estimates.get(decision.cell.key, UNKNOWN)
+        if estimate.hours is None:
             unestimated += 1
-            continue
-        attempt = run_tag_of(live.name)
-        committed += max(estimate - (cell_hours(ours, obs.jobs, run_tag=attempt) or 0.0), 0.0)
+            probing.add(estimate.group)
+        expected = _prior_hours(decision.cell, policy) if estimate.hours is None else estimate.hours
+        committed += max(expected - (cell_hours(ours, obs.jobs, run_tag=run_tag_of(live.name)) or 0.0), 0.0)
     return GpuBudget(max_hours=policy.max_gpu_hours, spent=spent, committed=spent + committed,
-                     unestimated=unestimated)
+                     unestimated=unestimated), probing
+
+
+def _gpu_hold(gpu: GpuBudget, cost: float | None, estimate: GpuEstimate, probing: set[str]) -> str | None:
+    """Why the budget holds a launch, if it does. Without an estimate, one launch per group probes the cost (while
+    any budget is left); the rest of its group waits for that number."""
+    if gpu.max_hours is None:
+        return None
+    if cost is not None:
+        return budget_reason(gpu, cost) if past_gpu_budget(gpu, cost) else None
+    if estimate.group in probing:
+        return (f"budget: no GPU-hour estimate for {estimate.group} yet; a probe job of it is measuring the cost, "
+                "and this launch waits for that number (spec.budget.maxGpuHours)")
+    return budget_reason(gpu, None) if gpu.committed >= gpu.max_hours else None
+
+
+def _prior_hours(cell: Cell, policy: Policy) -> float:
+    """The most one job of the cell can cost: its walltime × the cluster's GPUs per job."""
+    seconds = walltime_seconds(cell.time_limit) if cell.time_limit else policy.walltime.total_seconds()
+    return seconds / 3600 * policy.gpus_per_job
+
+
+def _answers_back_off(cell_plan: CellPlan) -> bool:
+    """The refire of a failure that backed the cluster off: the pause it started never blocks it."""
+    memory = cell_plan.remember or cell_plan.memory
+    remedy = memory.remedies[-1] if memory.remedies else None
+    return cell_plan.rule == Rule.REFIRE and remedy is not None and remedy.kind == RemedyKind.BACK_OFF
+
+
+def _within_node_cap(decided: list[CellPlan | Cell], live: Sequence[Quarantined], policy: Policy,
+                     usable: frozenset[str] | None) -> list[CellPlan | Cell]:
+    """New node quarantines, in cell order, while the cluster has fewer than `health.maxQuarantinedNodes` and at
+    least one usable node would stay; past that the refire still goes elsewhere-or-anywhere, without excluding."""
+    nodes = {q.name for q in live if q.kind == QuarantineKind.NODE and q.scope == policy.cluster}
+    kept: list[CellPlan | Cell] = []
+    for decision in decided:
+        if isinstance(decision, Cell) or not any(isinstance(a, Quarantine) and a.subject == QuarantineKind.NODE
+                                                 for a in decision.actions):
+            kept.append(decision)
+            continue
+        actions: list[Action] = []
+        skipped = []
+        for action in decision.actions:
+            if not (isinstance(action, Quarantine) and action.subject == QuarantineKind.NODE) or action.name in nodes:
+                actions.append(action)
+            elif len(nodes) >= policy.health.max_quarantined_nodes:
+                skipped.append(f"node {action.name} not quarantined: {len(nodes)} already "
+                               f"(health.maxQuarantinedNodes {policy.health.max_quarantined_nodes})")
+            elif usable is not None and usable <= nodes | {action.name}:
+                skipped.append(f"node {action.name} not quarantined: it is the last usable node of "
+                               f"{policy.cluster}")
+            else:
+                nodes.add(action.name)
+                actions.append(action)
+        kept.append(decision.model_copy(update={"actions": tuple(actions)}) if not skipped else
+                    _noted(decision.model_copy(update={"actions": tuple(actions)}), "; ".join(skipped)))
+    return kept
+
+
+def _no_usable_node(cluster: str, bad_nodes: Sequence[str], usable: frozenset[str] | None) -> Hold | None:
+    """Every node the cluster's jobs may use is quarantined: a launch would only wait on BadConstraints."""
+    if not usable or not usable <= set(bad_nodes):
+        return None
+    return Hold(reason=f"every usable node of {cluster} is quarantined ({', '.join(sorted(usable))}): release one "
+                       f"with `evalctl nodes release NODE --cluster {cluster}`, or wait for the quarantines to end")
+
+
+def _noted(cell_plan: CellPlan, note: str) -> CellPlan:
+    return cell_plan.model_copy(update={"reason": f"{cell_plan.reason}; {note}"})
 
 
 def _spent(cell: Cell, obs: Observation) -> float | None:
@@ -447,34 +533,21 @@ class _CellRules:
             return self._result(Phase.SUBMITTED, actions, f"job pending (job {job.job_id} queued)", Rule.QUEUED,
                                 updates, facts)
 
-        progress = _progress(facts)
         if job.time_left_s is not None and job.time_left_s <= self.policy.pre_walltime.total_seconds():
             actions.append(Cancel(job_id=job.job_id,
                                   reason=f"{job.time_left_s // 60} min of walltime left; cancel now, resume later"))
             return self._result(Phase.RUNNING, actions, "pre-walltime cancel", Rule.PRE_WALLTIME, updates, facts)
-        if job.state == JobState.RUNNING:
-            self._read_output(job)
-            unhealthy = self._unhealthy(job, facts, actions, updates)
-            if unhealthy is not None:
-                return unhealthy
-        expected = expected_trials(self.cell, facts)[0] if facts is not None else None
-        if facts is not None and expected and not facts.unreadable:  # zombie and stuck rules count trials
-            last = facts.last_progress_at or job.started_at
-            quiet = self.now - last if last is not None else timedelta(0)
-            if distinct_trials(facts, self.cell.n_attempts) >= expected and quiet >= self.policy.zombie_grace:
-                return self._cancel_to_upload(job, facts, actions, updates, "zombie job", Rule.ZOMBIE,
-                                              f"every trial has a result ({progress}) but the job still runs")
-            near = math.ceil(self.policy.near_complete_fraction * expected)
-            if facts.n_scored >= near and quiet >= self.policy.stale_near:
-                return self._cancel_to_upload(job, facts, actions, updates, "stuck near complete",
-                                              Rule.STUCK_NEAR_COMPLETE, f"{progress}, no new score for {_minutes(quiet)}")
-            if quiet >= self.policy.stale_general:
-                return self._stuck_general(job, facts, actions, updates, quiet)
-        actions.append(Wait(reason=f"job {job.job_id} running"))
+        self._read_output(job)
+        run = self._running(job, facts, actions, updates)
+        for check in RUNNING_RULES:
+            decided = check(self, run)
+            if decided is not None:
+                return _with_advice(decided, run.advice)
+        run.actions.append(Wait(reason=f"job {job.job_id} running"))
         moving = self.learnt.model_copy(update={"stall_reading": None})  # progress ends a stall reading
-        state, note = verdict(self._reading(job), facts, job.started_at, self.policy.health, self.now)
-        return self._result(Phase.RUNNING, actions, f"job running ({progress}); {note}", Rule.IN_FLIGHT, updates,
-                            facts, remember=moving, health=(state, note))
+        state, note = verdict(run.reading, facts, job.started_at, self.policy.health, self.now)
+        return self._result(Phase.RUNNING, run.actions, f"job running ({_progress(facts)}); {note}", Rule.IN_FLIGHT,
+                            updates, facts, remember=moving, health=(state, note))
 
     # ------------------------------------------------------------------ RULES §8: launch health
 
@@ -488,121 +561,179 @@ class _CellRules:
         reading = self.learnt.output
         return reading if reading is not None and reading.job_id == job.job_id else None
 
-    def _unhealthy(self, job: ObservedJob, facts: RunDirFacts | None, actions: list[Action],
-                   updates: list[RowUpdate]) -> CellPlan | None:
-        """The first check of a running job that finds it dead (cancel, remedy) or not working (report)."""
-        health, reading = self.policy.health, self._reading(job)
+    def _running(self, job: ObservedJob, facts: RunDirFacts | None, actions: list[Action],
+                 updates: list[RowUpdate]) -> _Running:
+        """The derived view every running rule reads, with the effect of a back-off or hold match already among
+        its actions: whatever rule decides, the match's back-off starts (once per matched line)."""
+        reading = self._reading(job)
         readable = facts if facts is not None and not facts.unreadable else None
-        if readable is not None and readable.n_completed >= health.dead_launch_trials and is_dead_launch(readable):
-            return self._cancel_to_remedy(job, readable, actions, updates, RemedyCause.DEAD_LAUNCH, RemedyKind.REFIRE,
-                                          _dead_launch(readable))
-        pair = self.leased.get(job.name)
-        unwired = unwired_api_base(readable.api_base, self.policy.tunnel_urls.get(pair or "")) \
-            if readable is not None and self.cell.needs_pinggy else ""
-        if unwired:
-            return self._cancel_to_remedy(job, readable, actions, updates, RemedyCause.PINGGY_NOT_WIRED, RemedyKind.HOLD,
-                                          f"pinggy not wired: {unwired}; the job must send the agent to its pair's "
-                                          "public URL (EVAL_PINGGY_URL)")
-        if reading is not None and reading.pinggy == "locked":
-            locked = "pinggy pair locked: a tunnel with the same token is already active on the server"
-            lock = [Quarantine(subject=QuarantineKind.PAIR, scope=str(self.cell.evalrun), name=pair, reason=locked,
-                               ttl_s=PAIR_LOCK.total_seconds())] if pair else []
-            return self._cancel_to_remedy(job, facts, [*actions, *lock], updates, RemedyCause.PINGGY_LOCKED,
-                                          RemedyKind.REFIRE, f"{locked} (pair {pair}); refire on another pair")
-        mode = next((m for m in health.failure_modes if reading is not None and m.name == reading.failure
+        mode = next((m for m in self.policy.health.failure_modes if reading is not None and m.name == reading.failure
                      and m.when == FailureStage.RUNNING), None)
-        if mode is not None and mode.remedy in (RemedyKind.REFIRE, RemedyKind.REFIRE_ELSEWHERE):
-            return self._cancel_to_remedy(job, facts, actions, updates, RemedyCause.KNOWN_FAILURE, mode.remedy,
-                                          f"{mode.name}: {mode.advice}", mode.job_env)
-        if mode is not None:  # back-off (the job goes on; the cluster launches less) or hold (a human decides)
-            backing_off = self._quarantines(Remedy(run_tag="", kind=mode.remedy, diagnosis=mode.name, at=self.now,
-                                                   backoff_minutes=mode.backoff_minutes,
-                                                   cause=RemedyCause.KNOWN_FAILURE), job)
-            return self._stalled([*actions, *backing_off], updates, facts, Rule.KNOWN_FAILURE,
-                                 f"{mode.name}: {mode.advice}")
-        started = job.started_at
-        launching = readable is None or (readable.n_started_trials == 0 and readable.n_completed == 0)
-        if launching and started is not None and self.now - started >= health.launch_grace and not (
-                facts is not None and facts.unreadable):
-            return self._cancel_to_remedy(job, facts, actions, updates, RemedyCause.LAUNCH_STALLED, RemedyKind.REFIRE,
-                                          f"stalled launch: no trial started in {_minutes(self.now - started)} "
-                                          f"(health.launchGraceMinutes {_minutes(health.launch_grace)})")
-        pending = readable is None or readable.n_total is None or readable.n_completed < readable.n_total
-        if reading is not None and reading.ready_at is not None and pending:
-            quiet = self.now - (reading.last_request_at or reading.ready_at)
-            if quiet >= health.no_traffic:
-                return self._stalled(actions, updates, facts, Rule.NO_TRAFFIC,
-                                     f"no traffic: no chat completion request for {_minutes(quiet)} since vLLM was "
-                                     "ready, with trials pending (agents not reaching the model?)")
-        share = bad_request_share(reading) if reading is not None else None
-        if reading is not None and share is not None and share > health.bad_request_fraction:
-            return self._stalled(actions, updates, facts, Rule.BAD_REQUESTS,
-                                 f"{share:.0%} of {reading.requests} requests answered 400 (health.badRequestFraction "
-                                 f"{health.bad_request_fraction:g}): context overflow? lower max_input_tokens / "
-                                 "max_output_tokens in the harbor config")
-        return None
+        advice = mode if mode is not None and mode.remedy in (RemedyKind.BACK_OFF, RemedyKind.HOLD) else None
+        if advice is not None and reading is not None and reading.failure_at == self.now:
+            actions = [*actions, *self._quarantines(
+                Remedy(run_tag="", kind=advice.remedy, diagnosis=f"{advice.name}: {advice.advice}", at=self.now,
+                       backoff_minutes=advice.backoff_minutes, cause=RemedyCause.KNOWN_FAILURE), job, since=self.now)]
+        expected = expected_trials(self.cell, readable)[0] if readable is not None else None
+        last = readable.last_progress_at or job.started_at if readable is not None else None
+        return _Running(job=job, facts=facts, readable=readable, reading=reading, actions=actions, updates=updates,
+                        expected=expected or None, quiet=self.now - last if last is not None else timedelta(0),
+                        catalogued=mode, advice=advice)
 
-    def _cancel_to_remedy(self, job: ObservedJob, facts: RunDirFacts | None, actions: list[Action],
-                          updates: list[RowUpdate], cause: RemedyCause, kind: RemedyKind, diagnosis: str,
-                          job_env: Mapping[str, str] | None = None) -> CellPlan:
+    # Each check of a running job, in RUNNING_RULES order: a plan when it decides, else None.
+
+    def _dead_launch(self, run: _Running) -> CellPlan | None:
+        facts = run.readable
+        if facts is None or facts.n_completed < self.policy.health.dead_launch_trials or not is_dead_launch(facts):
+            return None
+        return self._cancel_to_remedy(run, facts, RemedyCause.DEAD_LAUNCH, RemedyKind.REFIRE, _dead_launch(facts))
+
+    def _zombie(self, run: _Running) -> CellPlan | None:
+        facts = run.readable
+        if facts is None or not run.expected or run.quiet < self.policy.zombie_grace \
+                or distinct_trials(facts, self.cell.n_attempts) < run.expected:
+            return None
+        return self._cancel_to_upload(run, facts, "zombie job", Rule.ZOMBIE,
+                                      f"every trial has a result ({_progress(facts)}) but the job still runs")
+
+    def _stuck_near_complete(self, run: _Running) -> CellPlan | None:
+        facts = run.readable
+        if facts is None or not run.expected or run.quiet < self.policy.stale_near \
+                or facts.n_scored < math.ceil(self.policy.near_complete_fraction * run.expected):
+            return None
+        return self._cancel_to_upload(run, facts, "stuck near complete", Rule.STUCK_NEAR_COMPLETE,
+                                      f"{_progress(facts)}, no new score for {_minutes(run.quiet)}")
+
+    def _pinggy_unwired(self, run: _Running) -> CellPlan | None:
+        if run.readable is None or not self.cell.needs_pinggy:
+            return None
+        pair = self.leased.get(run.job.name)
+        unwired = unwired_api_base(run.readable.api_base, self.policy.tunnel_urls.get(pair or ""))
+        if not unwired:
+            return None
+        return self._cancel_to_remedy(run, run.readable, RemedyCause.PINGGY_NOT_WIRED, RemedyKind.HOLD,
+                                      f"pinggy not wired: {unwired}; the job must send the agent to its pair's "
+                                      "public URL (EVAL_PINGGY_URL)")
+
+    def _pinggy_locked(self, run: _Running) -> CellPlan | None:
+        if run.reading is None or run.reading.pinggy != "locked":
+            return None
+        pair = self.leased.get(run.job.name)
+        locked = "pinggy pair locked: a tunnel with the same token is already active on the server"
+        if pair:
+            run.actions.append(Quarantine(subject=QuarantineKind.PAIR, scope=str(self.cell.evalrun), name=pair,
+                                          reason=locked, ttl_s=PAIR_LOCK.total_seconds(), owner=str(self.cell.evalrun)))
+        return self._cancel_to_remedy(run, run.facts, RemedyCause.PINGGY_LOCKED, RemedyKind.REFIRE,
+                                      f"{locked} (pair {pair}); refire on another pair")
+
+    def _catalog_cancel(self, run: _Running) -> CellPlan | None:
+        mode = run.catalogued
+        if mode is None or mode.remedy not in (RemedyKind.REFIRE, RemedyKind.REFIRE_ELSEWHERE):
+            return None
+        return self._cancel_to_remedy(run, run.facts, RemedyCause.KNOWN_FAILURE, mode.remedy,
+                                      f"{mode.name}: {mode.advice}", mode.job_env)
+
+    def _launch_stalled(self, run: _Running) -> CellPlan | None:
+        started, facts = run.job.started_at, run.readable
+        launching = facts is None or (facts.n_started_trials == 0 and facts.n_completed == 0)
+        unreadable = run.facts is not None and run.facts.unreadable
+        if not launching or started is None or unreadable or self.now - started < self.policy.health.launch_grace:
+            return None
+        return self._cancel_to_remedy(run, run.facts, RemedyCause.LAUNCH_STALLED, RemedyKind.REFIRE,
+                                      f"stalled launch: no trial started in {_minutes(self.now - started)} "
+                                      f"(health.launchGraceMinutes {_minutes(self.policy.health.launch_grace)})")
+
+    def _no_traffic(self, run: _Running) -> CellPlan | None:
+        reading, facts = run.reading, run.readable
+        pending = facts is None or facts.n_total is None or facts.n_completed < facts.n_total
+        if reading is None or reading.ready_at is None or not pending:
+            return None
+        quiet = self.now - (reading.last_request_at or reading.ready_at)
+        if quiet < self.policy.health.no_traffic:
+            return None
+        return self._stalled(run, Rule.NO_TRAFFIC, f"no traffic: no chat completion request for {_minutes(quiet)} "
+                                                   "since vLLM was ready, with trials pending (agents not reaching "
+                                                   "the model?)")
+
+    def _bad_requests(self, run: _Running) -> CellPlan | None:
+        health, reading = self.policy.health, run.reading
+        share = bad_request_share(reading) if reading is not None else None
+        if reading is None or share is None or share <= health.bad_request_fraction:
+            return None
+        return self._stalled(run, Rule.BAD_REQUESTS,
+                             f"{share:.0%} of {reading.requests} requests answered 400 (health.badRequestFraction "
+                             f"{health.bad_request_fraction:g}): context overflow? lower max_input_tokens / "
+                             "max_output_tokens in the harbor config")
+
+    def _catalog_advice(self, run: _Running) -> CellPlan | None:
+        """A back-off or hold match: the job goes on (the cluster launches less, or a human decides)."""
+        if run.advice is None:
+            return None
+        return self._stalled(run, Rule.KNOWN_FAILURE, f"{run.advice.name}: {run.advice.advice}")
+
+    def _cancel_to_remedy(self, run: _Running, facts: RunDirFacts | None, cause: RemedyCause, kind: RemedyKind,
+                          diagnosis: str, job_env: Mapping[str, str] | None = None) -> CellPlan:
         """Cancel a job that cannot work, and remember what to do once it ended (refire, or a human)."""
+        job = run.job
         remedy = Remedy(run_tag=facts.run_tag if facts is not None else self._dir_tag(job), kind=kind,
-                        diagnosis=diagnosis, at=self.now, node=job.nodes or None, job_env=dict(job_env or {}),
-                        cause=cause)
+                        diagnosis=diagnosis, at=self.now, node=blamed_node(job.nodes, job.log_tail),
+                        job_env=dict(job_env or {}), cause=cause)
         cancel = Cancel(job_id=job.job_id, reason=diagnosis)
         rule = DIAGNOSED_BY[cause]
-        return self._result(Phase.STALLED, [*actions, cancel, *self._quarantines(remedy, job)], diagnosis, rule,
-                            updates, facts, remember=self._with_remedy(remedy), health=(HealthState.DEAD, diagnosis))
+        return self._result(Phase.STALLED, [*run.actions, cancel, *self._quarantines(remedy, job, since=self.now)],
+                            diagnosis, rule, run.updates, facts, remember=self._with_remedy(remedy),
+                            health=(HealthState.DEAD, diagnosis))
 
-    def _stalled(self, actions: list[Action], updates: list[RowUpdate], facts: RunDirFacts | None, rule: Rule,
-                 diagnosis: str) -> CellPlan:
+    def _stalled(self, run: _Running, rule: Rule, diagnosis: str) -> CellPlan:
         """Running but not working: reported, not cancelled (a long tail or a slow model can look alike)."""
-        return self._result(Phase.STALLED, [*actions, Wait(reason=diagnosis)], diagnosis, rule, updates, facts,
-                            remember=self.learnt, health=(HealthState.STALLED, diagnosis))
+        return self._result(Phase.STALLED, [*run.actions, Wait(reason=diagnosis)], diagnosis, rule, run.updates,
+                            run.facts, remember=self.learnt, health=(HealthState.STALLED, diagnosis))
 
     def _with_remedy(self, remedy: Remedy) -> CellMemory:
         kept = tuple(r for r in self.learnt.remedies if r.run_tag != remedy.run_tag)
         return self.learnt.model_copy(update={"remedies": (*kept, remedy)})
 
-    def _quarantines(self, remedy: Remedy, job: ObservedJob | None) -> list[Action]:
-        """A node to exclude (refire-elsewhere) or the cluster's launches to pause (back-off), unless already."""
-        health, cluster = self.policy.health, self.policy.cluster
+    def _quarantines(self, remedy: Remedy, job: ObservedJob | None, since: datetime) -> list[Action]:
+        """What a remedy takes out of use, from `since` (the failure it answers), unless already: the one node a
+        refire-elsewhere failure points at, or the cluster's new launches for a back-off's minutes."""
+        health, cluster, owner = self.policy.health, self.policy.cluster, str(self.cell.evalrun)
         active = {(q.kind, q.scope, q.name) for q in self.quarantined}
         if remedy.kind == RemedyKind.REFIRE_ELSEWHERE and remedy.node:
             if (QuarantineKind.NODE, cluster, remedy.node) not in active:
-                return [Quarantine(subject=QuarantineKind.NODE, scope=cluster, name=remedy.node,
+                return [Quarantine(subject=QuarantineKind.NODE, scope=cluster, name=remedy.node, owner=owner,
                                    reason=remedy.diagnosis, ttl_s=health.bad_node.total_seconds())]
-        if remedy.kind == RemedyKind.BACK_OFF and (QuarantineKind.CLUSTER, cluster, cluster) not in active:
+        left = remedy.backoff_minutes * 60.0 - (self.now - since).total_seconds()
+        if remedy.kind == RemedyKind.BACK_OFF and left > 0 and (QuarantineKind.CLUSTER, cluster, cluster) not in active:
             return [Quarantine(subject=QuarantineKind.CLUSTER, scope=cluster, name=cluster, reason=remedy.diagnosis,
-                               ttl_s=remedy.backoff_minutes * 60.0)]
+                               ttl_s=left, owner=owner)]
         return []
 
-    def _stuck_general(self, job: ObservedJob, facts: RunDirFacts, actions: list[Action], updates: list[RowUpdate],
-                       quiet: timedelta) -> CellPlan:
+    def _stuck_general(self, run: _Running) -> CellPlan | None:
         """Long retry tails are normal: the first reading only reports; a second one, a whole `stale_general`
         later with still no new score, cancels and uploads what is there (RULES §5: the second consecutive reading)."""
+        facts = run.readable
+        if facts is None or not run.expected or run.quiet < self.policy.stale_general:
+            return None
         progress = _progress(facts)
         reading = self.memory.stall_reading
         same = reading is not None and reading.run_tag == facts.run_tag and reading.scored == facts.n_scored
         first_at = reading.at if reading is not None and same else None
         if first_at is not None and self.now - first_at >= self.policy.stale_general:
-            return self._cancel_to_upload(job, facts, actions, updates, "stuck general, second reading",
-                                          Rule.STUCK_GENERAL_AGAIN,
+            return self._cancel_to_upload(run, facts, "stuck general, second reading", Rule.STUCK_GENERAL_AGAIN,
                                           f"{progress}, no new score since {first_at:%Y-%m-%d %H:%M}")
-        actions.append(Wait(reason=f"no new score for {_minutes(quiet)} ({progress})"))
+        actions = [*run.actions, Wait(reason=f"no new score for {_minutes(run.quiet)} ({progress})")]
         remember = self.learnt if first_at is not None else self.learnt.model_copy(update={
             "stall_reading": StallReading(run_tag=facts.run_tag, scored=facts.n_scored, at=self.now)})
-        return self._result(Phase.STALLED, actions, f"stalled: no progress for {_minutes(quiet)}"
+        return self._result(Phase.STALLED, actions, f"stalled: no progress for {_minutes(run.quiet)}"
                             + (f" (first reading {first_at:%H:%M}; cancelled if still stuck a "
                                f"{_minutes(self.policy.stale_general)} after it)" if first_at else " (first reading)"),
-                            Rule.STUCK_GENERAL, updates, facts, remember=remember)
+                            Rule.STUCK_GENERAL, run.updates, facts, remember=remember)
 
-    def _cancel_to_upload(self, job: ObservedJob, facts: RunDirFacts, actions: list[Action],
-                          updates: list[RowUpdate], what: str, rule: Rule, why: str) -> CellPlan:
+    def _cancel_to_upload(self, run: _Running, facts: RunDirFacts, what: str, rule: Rule, why: str) -> CellPlan:
         """Cancel, and remember that this run dir is to be uploaded as it is once it settles, never resumed."""
-        actions.append(Cancel(job_id=job.job_id, reason=f"{what}: {_progress(facts)}"))
+        actions = [*run.actions, Cancel(job_id=run.job.job_id, reason=f"{what}: {_progress(facts)}")]
         remember = self.learnt.model_copy(update={"stall_reading": None, "upload_as_is": facts.run_tag})
-        return self._result(Phase.STALLED, actions, f"{what}: {why}", rule, updates, facts, remember=remember)
+        return self._result(Phase.STALLED, actions, f"{what}: {why}", rule, run.updates, facts, remember=remember)
 
     def _bookkeeping(self, job: ObservedJob) -> list[RowUpdate]:
         """Move our Pending row to Started once its job runs."""
@@ -757,7 +888,7 @@ class _CellRules:
         if found is not None:
             assert job is not None
             return Remedy(run_tag=facts.run_tag, kind=found.mode.remedy, diagnosis=str(found), at=self.now,
-                          node=job.nodes or None, job_env=found.mode.job_env,
+                          node=blamed_node(job.nodes, job.log_tail), job_env=found.mode.job_env,
                           backoff_minutes=found.mode.backoff_minutes, cause=RemedyCause.KNOWN_FAILURE)
         if is_dead_launch(facts) and cls != DirClass.SETTLING:
             return Remedy(run_tag=facts.run_tag, kind=RemedyKind.REFIRE, diagnosis=_dead_launch(facts), at=self.now,
@@ -768,7 +899,9 @@ class _CellRules:
         """Carry out a remedy: hold for a human, or refire (a new attempt) after the back-off, at most maxRefires
         times per cell. Never an upload: nothing in a remedied attempt is a score."""
         health, remember = self.policy.health, self._with_remedy(remedy)
-        actions = self._quarantines(remedy, job)
+        failed_at = job.ended_at if job is not None and job.ended_at else remedy.at
+        # its effect starts once, when the remedy is decided: a remembered one is never renewed
+        actions = [] if remedy in self.learnt.remedies else self._quarantines(remedy, job, since=failed_at)
         rule = DIAGNOSED_BY[remedy.cause]
         if remedy.kind == RemedyKind.HOLD:
             return self._result(Phase.FAILED, [*actions, Hold(reason=remedy.diagnosis)], remedy.diagnosis, rule,
@@ -778,7 +911,9 @@ class _CellRules:
             reason = f"{remedy.diagnosis}; not refired again: {refired} refire(s) used (health.maxRefires)"
             return self._result(Phase.FAILED, [*actions, Hold(reason=reason)], reason, Rule.REFIRES_EXHAUSTED,
                                 facts=facts, remember=remember)
-        after = (job.ended_at if job is not None and job.ended_at else remedy.at) + health.refire_backoff
+        after = failed_at + health.refire_backoff
+        if remedy.kind == RemedyKind.BACK_OFF:  # the refire waits out the cluster's pause (and passes it)
+            after = max(after, failed_at + timedelta(minutes=remedy.backoff_minutes))
         if self.now < after:
             reason = f"refire after {after:%H:%M:%S} UTC (health.refireBackoffMinutes): {remedy.diagnosis}"
             return self._result(Phase.PENDING, [*actions, Wait(reason=reason)], reason, Rule.REFIRE, facts=facts,
@@ -863,16 +998,20 @@ class _CellRules:
 
     def _overlong(self, facts: RunDirFacts) -> str | None:
         """How a run took longer than upload.overlongHours, from its started_at (the first fire's: Harbor keeps it
-        on a resume) to its end; None if not."""
-        limit, end = self.policy.overlong, facts.finished_at or facts.last_progress_at
+        on a resume) to its end, else from its jobs' accounting (first start to last end); None if not."""
+        jobs = [job for job in self.jobs if self._dir_tag(job) == facts.run_tag]
+        limit = self.policy.overlong
+        start = facts.started_at or min((j.started_at for j in jobs if j.started_at), default=None)
+        end = facts.finished_at or facts.last_progress_at or max((j.ended_at for j in jobs if j.ended_at), default=None)
         if limit == "walltime":
             limit = timedelta(seconds=walltime_seconds(self.cell.time_limit)) if self.cell.time_limit \
                 else self.policy.walltime
-        if facts.started_at is None or end is None or end - facts.started_at <= limit:
+        if start is None or end is None or end - start <= limit:
             return None
         what = "one job's walltime" if self.policy.overlong == "walltime" else "overlongHours"
-        return f"ran {(end - facts.started_at).total_seconds() / 3600:.3g} h, longer than {what} " \
-               f"{limit.total_seconds() / 3600:g}"
+        source = "" if facts.started_at else " (by the scheduler's accounting: the run dir has no started_at)"
+        return f"ran {(end - start).total_seconds() / 3600:.3g} h, longer than {what} " \
+               f"{limit.total_seconds() / 3600:g}{source}"
 
     # ------------------------------------------------------------------ helpers
 
@@ -981,6 +1120,48 @@ class _CellRules:
             return {"n_scored": record.n_scored, "provisional": record.provisional, "partial": record.partial,
                     "evidence": record.evidence}
         return {"n_scored": n_scored, "provisional": None if n_scored is None else n_scored < trust}
+
+
+@dataclass(frozen=True)
+class _Running:
+    """What the rules of a running job read: its run dir, its output so far, how long since its last score."""
+
+    job: ObservedJob
+    facts: RunDirFacts | None
+    readable: RunDirFacts | None  # facts, when they can be read
+    reading: OutputReading | None
+    actions: list[Action]  # what every decision carries: duplicate cancels, a back-off match's effect
+    updates: list[RowUpdate]
+    expected: int | None  # trials expected (None: not known yet)
+    quiet: timedelta  # since the last score (or the job's start)
+    catalogued: FailureMode | None  # the running catalog entry its output matched
+    advice: FailureMode | None  # that entry, when it neither cancels nor refires
+
+
+# RULES §8 and §5 for a running job, in precedence order: the first that decides wins. Rules that free GPUs
+# (cancel) come before the ones that only report; a catalog match that backs off or holds only advises, last, and
+# its effect rides along with whatever decides (`_with_advice`), so no match makes a job immune to cancellation.
+RUNNING_RULES: tuple[Callable[[_CellRules, _Running], CellPlan | None], ...] = (
+    _CellRules._dead_launch,           # every completed trial measured nothing  → cancel, refire
+    _CellRules._zombie,                # every trial has a result, job still runs → cancel, upload
+    _CellRules._stuck_near_complete,   # ≥ 97 % scored, then quiet                → cancel, upload
+    _CellRules._pinggy_unwired,        # trials call an address that is not the pair → cancel, hold
+    _CellRules._pinggy_locked,         # the pair's token is held elsewhere      → cancel, refire on another pair
+    _CellRules._catalog_cancel,        # a refire / refire-elsewhere catalog match → cancel, refire
+    _CellRules._launch_stalled,        # no trial started within the grace        → cancel, refire
+    _CellRules._stuck_general,         # no new score: report, cancel at the second reading
+    _CellRules._no_traffic,            # vLLM ready, no request                   → report
+    _CellRules._bad_requests,          # too many 400s                            → report
+    _CellRules._catalog_advice,        # a back-off / hold catalog match          → report with its advice
+)
+
+
+def _with_advice(decided: CellPlan, advice: FailureMode | None) -> CellPlan:
+    """A rule other than the match itself decided: its reason also says what the catalog matched."""
+    if advice is None or decided.rule == Rule.KNOWN_FAILURE:
+        return decided
+    return decided.model_copy(update={"reason": f"{decided.reason}; output also matched {advice.name}: "
+                                                f"{advice.advice}"})
 
 
 # ---------------------------------------------------------------------- caps

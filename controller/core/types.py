@@ -525,6 +525,8 @@ class OutputReading(Frozen):
     last_request_at: datetime | None = Field(None, description="the last pass that saw a new request")
     pinggy: str | None = Field(None, description="'live' (authenticated) or 'locked' (token already active)")
     failure: str | None = Field(None, description="a catalogued running failure matched in it")
+    failure_at: datetime | None = Field(None, description="the pass that last read a new line matching `failure`: "
+                                                          "a back-off runs from it, once per match")
 
 
 class StallReading(Frozen):

@@ -100,6 +100,7 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog) -> Poli
             max_refires=health.max_refires,
             refire_backoff=timedelta(minutes=health.refire_backoff_minutes),
             bad_node=timedelta(hours=health.bad_node_hours),
+            max_quarantined_nodes=health.max_quarantined_nodes,
             failure_modes=catalog.failures.modes_for(cspec.failure_catalog),
         ),
         cluster=str(cluster.ref),

@@ -478,6 +478,9 @@ class HealthPolicy(SpecModel):
     refire_backoff_minutes: Minutes = Field(5, description="Wait this long after a failed attempt before its refire.")
     bad_node_hours: float = Field(24, gt=0, le=24 * 30, description="A node a refire-elsewhere failure blames is "
                                                                     "excluded from the cluster's submissions this long.")
+    max_quarantined_nodes: int = Field(
+        8, ge=0, le=10_000, description="At most this many nodes of a cluster are quarantined at once (and never "
+                                        "its last usable one); past it a refire goes elsewhere without excluding.")
 
 
 class UploadPolicy(SpecModel):

@@ -129,19 +129,64 @@ def test_launches_share_the_budget_in_cell_order_and_count_what_live_cells_still
     assert the_plan.gpu_budget.committed == 80.0
 
 
-def test_an_unknown_estimate_counts_zero_until_the_budget_is_used_up() -> None:
-    policy = POLICY.model_copy(update={"max_gpu_hours": 10.0})
-    spent = sub(SMALL).model_copy(update={"gpu_hours": 4.0})
+def unknown(group: str = "terminal_bench_2, 0–14B") -> GpuEstimate:
+    return GpuEstimate(hours=None, source=EstimateSource.UNKNOWN, basis="test", group=group)
+
+
+def test_an_unknown_estimate_launches_one_probe_per_group_and_its_group_waits_for_the_number() -> None:
+    """8 cells of a benchmark with no history under a budget far below one job: one probe, not 8 launches."""
+    cells = [cell(f"org/m{i}-8B") for i in range(8)]
+    policy = POLICY.model_copy(update={"max_gpu_hours": 0.05, "gpus_per_job": 1})
+
+    the_plan = plan(RUN, cells, [obs() for _ in cells], policy, NOW, estimates={c.key: unknown() for c in cells})
+
+    launched = [c for c in the_plan.cells if any(isinstance(a, Submit) for a in c.actions)]
+    held = [a for c in the_plan.cells for a in c.actions if isinstance(a, Hold)]
+    assert len(launched) == 1 and "GPU-hour probe for terminal_bench_2, 0–14B" in launched[0].reason
+    assert len(held) == 7 and all("a probe job of it is measuring the cost" in h.reason for h in held)
+    assert the_plan.gpu_budget.committed == 24.0, "counted as its walltime × GPUs, not 0"
+
+
+def test_a_live_probe_keeps_its_group_waiting_and_counts_its_walltime_less_what_it_used() -> None:
+    probe, other = cell("org/a-8B"), cell("org/b-8B")
+    running = job(probe.run_tag(1), JobState.RUNNING, started=ago(hours=1)).model_copy(update={"gpu_hours": 1.0})
+    policy = POLICY.model_copy(update={"max_gpu_hours": 100.0, "gpus_per_job": 1})
+
+    the_plan = plan(RUN, [probe, other], [obs(subs=(sub(probe),), jobs=(running,)), obs()], policy, NOW,
+                    estimates={probe.key: unknown(), other.key: unknown()})
+
+    (hold,) = [a for a in the_plan.cells[1].actions if isinstance(a, Hold)]
+    assert "a probe job of it is measuring the cost" in hold.reason
+    assert the_plan.gpu_budget.committed == 1.0 + 23.0
+
+
+def test_another_group_probes_only_while_budget_is_left() -> None:
+    tb2, swe = cell("org/a-8B"), cell("org/a-8B", benchmark_name="swebench")
+    policy = POLICY.model_copy(update={"max_gpu_hours": 10.0, "gpus_per_job": 1})
+    spent = sub(SMALL).model_copy(update={"gpu_hours": 10.0})
     done = obs(subs=(spent,), dirs=(facts(SMALL.run_tag(1)),))
 
-    within = plan(RUN, [SMALL, OTHER_SMALL], [done, obs()], policy, NOW)
-    used_up = plan(RUN, [SMALL, OTHER_SMALL], [obs(subs=(spent.model_copy(update={"gpu_hours": 10.0}),),
-                                                   dirs=(facts(SMALL.run_tag(1)),)), obs()], policy, NOW)
+    the_plan = plan(RUN, [SMALL, tb2, swe], [done, obs(), obs()], policy, NOW,
+                    estimates={tb2.key: unknown(), swe.key: unknown("swebench, 0–14B")})
 
-    assert any(isinstance(a, Submit) for a in within.cells[1].actions)
-    assert within.gpu_budget.unestimated == 1, "counted as 0, and counted as such"
-    (hold,) = [a for a in used_up.cells[1].actions if isinstance(a, Hold)]
-    assert "budget: 10 of 10 GPU-h" in hold.reason and "no estimate for this launch (counted as 0)" in hold.reason
+    holds = [a.reason for c in the_plan.cells[1:] for a in c.actions if isinstance(a, Hold)]
+    assert len(holds) == 2 and all("budget: 10 of 10 GPU-h (spent 10, no estimate for this launch" in h
+                                   for h in holds)
+
+
+def test_spent_passes_the_budget_by_at_most_one_job() -> None:
+    """Probe, then launches by the measured estimate: what is committed never passes the budget by more than the
+    probe itself."""
+    probe, rest = cell("org/a-8B"), [cell(f"org/r{i}-8B") for i in range(5)]
+    measured = sub(probe).model_copy(update={"gpu_hours": 0.045})
+    policy = POLICY.model_copy(update={"max_gpu_hours": 0.05, "gpus_per_job": 1})
+
+    the_plan = plan(RUN, [probe, *rest], [obs(subs=(measured,), dirs=(facts(probe.run_tag(1)),)),
+                                          *(obs() for _ in rest)], policy, NOW,
+                    estimates={c.key: estimated(0.045) for c in rest})
+
+    assert not [c for c in the_plan.cells if any(isinstance(a, Submit) for a in c.actions)]
+    assert the_plan.gpu_budget.committed <= 0.05
 
 
 def test_a_resume_costs_the_share_of_trials_left() -> None:

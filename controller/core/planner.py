@@ -93,6 +93,8 @@ from controller.core.vocabulary import (
     Analyze,
     Cancel,
     CellPlan,
+    Effect,
+    EffectKind,
     HealthState,
     Hold,
     Launch,
@@ -244,7 +246,28 @@ def plan(
             cell_plan = _suspended(cell_plan)
         planned.append(cell_plan)
     return Plan(evalrun=evalrun, cells=tuple(planned), suspended=policy.suspend, tunnel_releases=released,
-                quarantined=ours, estimates=dict(estimates), gpu_budget=gpu)
+                quarantined=ours, estimates=dict(estimates), gpu_budget=gpu,
+                effects=_effects(ours, deciding, planned))
+
+
+EFFECT_KINDS: dict[QuarantineKind, EffectKind] = {
+    QuarantineKind.CLUSTER: "back-off", QuarantineKind.NODE: "node", QuarantineKind.PAIR: "pinggy-pair"}
+
+
+def _effects(live: Sequence[Quarantined], deciding: Sequence[Quarantined],
+             planned: Sequence[CellPlan]) -> tuple[Effect, ...]:
+    """The remedies in force for `status` and `explain`: the store's quarantines, the ones this plan starts, and
+    refires waiting out their back-off."""
+    found: dict[tuple[str, str], Effect] = {}
+    for q in (*live, *deciding):
+        found.setdefault((q.kind.value, q.name), Effect(
+            kind=EFFECT_KINDS[q.kind], subject=q.name, cause=q.reason, since=q.since, until=q.until,
+            owner=q.owner))
+    refires = tuple(Effect(kind="refire", subject=c.cell.label, cause=remedy.diagnosis, since=remedy.at,
+                           until=c.refire_due, owner=str(c.cell.evalrun))
+                    for c in planned if c.refire_due is not None
+                    for remedy in (c.remember or c.memory).remedies[-1:])
+    return (*found.values(), *refires)
 
 
 def _gpu_budget(evalrun: EvalRunRef, decided: Sequence[CellPlan | Cell], observations: Sequence[Observation],
@@ -360,7 +383,7 @@ def _untouched(cell: Cell, obs: Observation) -> bool:
 
 def _as_quarantined(action: Quarantine, now: datetime) -> Quarantined:
     return Quarantined(kind=action.subject, scope=action.scope, name=action.name, reason=action.reason,
-                       until=now + timedelta(seconds=action.ttl_s))
+                       until=now + timedelta(seconds=action.ttl_s), since=now, owner=action.owner)
 
 
 def plan_deletion(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Observation],
@@ -917,7 +940,7 @@ class _CellRules:
         if self.now < after:
             reason = f"refire after {after:%H:%M:%S} UTC (health.refireBackoffMinutes): {remedy.diagnosis}"
             return self._result(Phase.PENDING, [*actions, Wait(reason=reason)], reason, Rule.REFIRE, facts=facts,
-                                remember=remember)
+                                remember=remember).model_copy(update={"refire_due": after})
         attempt = self._next_attempt()
         reason = f"refire {refired + 1} of {health.max_refires}: {remedy.diagnosis}"
         submit = Submit(run_tag=self.cell.run_tag(attempt), attempt=attempt, reason=reason, job_env=remedy.job_env)

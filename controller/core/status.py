@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field
 
 from controller.core.types import EvalRunRef, Frozen
-from controller.core.vocabulary import CellPlan, Outcome, Phase, Plan, Rule
+from controller.core.vocabulary import CellPlan, Effect, Outcome, Phase, Plan, Rule
 
 ATTENTION_LIMIT = 20  # a status is read by people and stored in etcd: the full table lives in `evalctl status`
 IN_FLIGHT = frozenset({Phase.PENDING, Phase.SUBMITTED, Phase.RUNNING, Phase.SETTLING, Phase.EVALUATED})
@@ -73,6 +73,7 @@ class RunStatus(Frozen):
     selection: str = Field("", description="what its modelSelector did in the last pass")
     gpu_hours: GpuSummary = GpuSummary()
     notifications: str = Field("", description="its webhook messages not delivered (yet), in words")
+    effects: tuple[Effect, ...] = Field((), description="remedies in force: back-offs, quarantines, refires waiting")
 
     @property
     def done(self) -> int:
@@ -117,6 +118,7 @@ def summarize(plan: Plan, outcomes: Sequence[Outcome] = (), generation: int | No
         selection=plan.intake,
         gpu_hours=gpu_summary(plan),
         notifications=plan.notifications,
+        effects=plan.effects,
     )
 
 

@@ -348,12 +348,34 @@ class CellPlan(Frozen):
     partial: bool | None = Field(None, description="its score was uploaded under upload.partial: upload (incomplete, "
                                                    "or over the infra share)")
     evidence: str = Field("", description="the admission gate's evidence in words, where it was asked")
+    refire_due: datetime | None = Field(None, description="a refire waiting out its back-off: when it goes")
 
     @property
     def trust_note(self) -> str:
         """'provisional, n=36', 'partial', both or '': what a score is never shown without (RULES §14)."""
         flags = (f"provisional, n={self.n_scored}" if self.provisional else "", "partial" if self.partial else "")
         return ", ".join(flag for flag in flags if flag)
+
+
+EffectKind = Literal["back-off", "node", "pinggy-pair", "refire"]
+
+
+class Effect(Frozen):
+    """A remedy in force (RULES §9): what it takes out of use or waits for, why, from when to when, and whose pass
+    decided it. Back-offs, node and pair quarantines are records of the controller state; a pending refire is
+    its cell's remembered remedy."""
+
+    kind: EffectKind
+    subject: str = Field(description="the cluster, node, pair, or cell it applies to")
+    cause: str
+    since: datetime | None = Field(None, description="None: recorded before versions kept it")
+    until: datetime
+    owner: str = Field("", description="the EvalRun whose pass decided it")
+
+    def line(self) -> str:
+        since = f"since {self.since:%Y-%m-%d %H:%M}, " if self.since is not None else ""
+        owner = f" (by {self.owner})" if self.owner else ""
+        return f"{self.kind} {self.subject}: {since}until {self.until:%Y-%m-%d %H:%M} UTC{owner}: {self.cause}"
 
 
 class Plan(Frozen):
@@ -368,13 +390,15 @@ class Plan(Frozen):
     estimates: dict[str, GpuEstimate] = Field(default_factory=dict, description="cell key → estimated GPU-hours "
                                                                                  "of one attempt")
     gpu_budget: GpuBudget = Field(GpuBudget(), description="GPU-hours spent and committed, against maxGpuHours")
+    effects: tuple[Effect, ...] = Field((), description="every remedy in force that touches it: back-offs, "
+                                                        "quarantines, locked pairs, refires waiting")
+    notifications: str = Field("", description="its webhook messages not delivered (yet), in words")
 
     def estimate(self, cell: CellPlan) -> GpuEstimate | None:
         """A cell's estimate when it has not run yet (no GPU-hours of its own, not done): what `plan` shows."""
         if cell.gpu_hours is not None or cell.phase in (Phase.COMPLETED, Phase.EVALUATED):
             return None
         return self.estimates.get(cell.cell.key)
-    notifications: str = Field("", description="its webhook messages not delivered (yet), in words")
 
 
 # --------------------------------------------------------------------------- what acting said

@@ -396,12 +396,12 @@ def explain(
     """Why the planner decides what it does for one cell."""
     configure_logging(verbose)
     with _exits():
-        matches = [c for p in _plans(_load(files), StoreURLs(store, state)) for c in p.cells if c.cell.model == model
-                   and benchmark in (c.cell.benchmark, c.cell.dataset, c.cell.benchmark_name)]
+        matches = [(c, p) for p in _plans(_load(files), StoreURLs(store, state)) for c in p.cells
+                   if c.cell.model == model and benchmark in (c.cell.benchmark, c.cell.dataset, c.cell.benchmark_name)]
         if not matches:
             raise UsageError(f"no cell {model} × {benchmark} in these specs")
-        for cell in matches:
-            render.explain(cell, out, utc_now())
+        for cell, its_plan in matches:
+            render.explain(cell, out, utc_now(), its_plan.effects)
 
 
 @app.command()

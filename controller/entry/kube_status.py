@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-from controller.core.status import Condition, RunStatus
+from controller.core.status import ATTENTION_LIMIT, Condition, RunStatus
 from controller.core.types import Frozen
 from controller.core.vocabulary import Outcome, Step
 
@@ -41,6 +41,7 @@ def status_patch(summary: RunStatus, previous: Mapping[str, Any] | None, now: da
         "modelSelector": {"selected": summary.selected, "note": summary.selection} if summary.selection else None,
         "gpuHours": _gpu_hours(summary),
         "notifications": summary.notifications or None,  # messages not delivered (yet); null drops the key
+        "effects": [e.model_dump(mode="json") for e in summary.effects[:ATTENTION_LIMIT]],  # remedies in force
     }
 
 

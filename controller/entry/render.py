@@ -18,7 +18,7 @@ from controller.core.intake import Candidate
 from controller.core.progress import Progress
 from controller.core.reconcile import PassResult
 from controller.core.status import GpuSummary, RunStatus, gpu_summary, summarize
-from controller.core.vocabulary import CellPlan, Phase, Plan
+from controller.core.vocabulary import CellPlan, Effect, Phase, Plan
 from controller.entry.humanize import value_text
 
 TABLE_CELLS_MAX = 200  # past this many cells, `plan` shows a row per decision rather than per cell
@@ -82,7 +82,17 @@ def plan_table(plan: Plan, console: Console) -> None:
                       cell.reason)
     console.print(table)
     console.print(gpu_line(gpu_summary(plan)), highlight=False)
+    effects(plan, console)
     selections(plan, console)
+
+
+def effects(plan: Plan, console: Console) -> None:
+    """Every remedy in force, and how to undo the ones a person may lift."""
+    for effect in plan.effects:
+        console.print(f"  in force: {effect.line()}", markup=False, highlight=False)
+    if any(effect.kind == "node" for effect in plan.effects):
+        console.print("  (lift a node's quarantine: evalctl nodes release NODE --cluster CLUSTER)", markup=False,
+                      highlight=False)
 
 
 def _gpu_cell(cell: CellPlan, plan: Plan) -> str:
@@ -153,9 +163,7 @@ def status_grid(plan: Plan, console: Console) -> None:
         table.add_row(model, *(_grid_cell(c) for c in cells))
     console.print(table)
     console.print(gpu_line(gpu_summary(plan)), highlight=False)
-    for q in plan.quarantined:
-        console.print(f"  quarantined {q.kind.value} {q.name} until {q.until:%Y-%m-%d %H:%M} UTC: {q.reason}",
-                      highlight=False)
+    effects(plan, console)
     if plan.notifications:
         console.print(f"  notifications: {plan.notifications}", markup=False, highlight=False)
     selections(plan, console)
@@ -175,6 +183,7 @@ def _status_json(plan: Plan, summary: RunStatus) -> dict[str, Any]:
         "cells": [_cell_json(c, plan) for c in plan.cells],
         "gpu_hours": summary.gpu_hours.model_dump(mode="json"),
         "quarantined": [q.model_dump(mode="json") for q in plan.quarantined],
+        "effects": [e.model_dump(mode="json") for e in plan.effects],
         "notifications": plan.notifications,
         **_selector_json(plan),
     }
@@ -199,8 +208,9 @@ def pass_summary(results: Sequence[PassResult], console: Console) -> None:
             console.print(f"  {mark} {outcome.cell}: {outcome.action}: {outcome.message}", highlight=False)
 
 
-def explain(cell: CellPlan, console: Console, now: datetime) -> None:
-    """Every value as a person reads it (humanize): no enum or datetime repr reaches the screen."""
+def explain(cell: CellPlan, console: Console, now: datetime, in_force: Sequence[Effect] = ()) -> None:
+    """Every value as a person reads it (humanize): no enum or datetime repr reaches the screen. `in_force`: the
+    plan's effects; the cluster's and this cell's are shown."""
     c = cell.cell
     console.print(f"[bold]{c.model} × {c.benchmark}[/] (EvalRun {c.evalrun})", highlight=False)
     console.print(f"  dataset {c.dataset}, agent {c.agent}, harbor config {c.harbor_config}, "
@@ -220,6 +230,9 @@ def explain(cell: CellPlan, console: Console, now: datetime) -> None:
         console.print(f"  GPU-hours: {cell.gpu_hours:.2f} spent (this EvalRun's jobs of the cell)", highlight=False)
     for action in cell.actions:
         console.print(f"  action: {action.render()}", highlight=False)
+    for effect in in_force:
+        if effect.kind != "refire" or effect.subject == c.label:
+            console.print(f"  in force: {effect.line()}", markup=False, highlight=False)
     for update in cell.row_updates:
         console.print(f"  record: {value_text(update, now)}", highlight=False)
     for key, value in cell.memory:

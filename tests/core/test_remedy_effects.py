@@ -251,3 +251,20 @@ def test_overlong_without_started_at_is_decided_by_the_jobs_accounting():
     (upload,) = [a for a in decided.actions if a.kind.value == "upload"]
     assert upload.is_overlong and "by the scheduler's accounting" in upload.reason  # type: ignore[union-attr]
     assert not [a for a in decided.actions if isinstance(a, Wait)]
+
+
+# --------------------------------------------------------------------------- effects a person can see
+
+
+def test_the_plan_lists_each_effect_in_force_with_its_cause_start_end_and_owner():
+    [node_q] = [node("gpu01")]
+    the_plan = plan(RUN, [C], [failed(ended_min=1)], POLICY, NOW, quarantined=(node_q,))
+
+    by_kind = {e.kind: e for e in the_plan.effects}
+    assert set(by_kind) == {"node", "back-off", "refire"}
+    back_off, refire = by_kind["back-off"], by_kind["refire"]
+    assert (back_off.subject, back_off.since, back_off.until, back_off.owner) == (
+        "hpc", NOW, NOW + timedelta(minutes=9), str(RUN))
+    assert "hf-hub-rate-limit" in back_off.cause
+    assert (refire.subject, refire.until, refire.owner) == (C.label, NOW + timedelta(minutes=9), str(RUN))
+    assert by_kind["node"].subject == "gpu01" and "until 2026-11-29 13:00 UTC" in by_kind["node"].line()

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from controller.core.intake import Selection
 from controller.core.planner import plan
 from controller.core.status import Condition, summarize
+from controller.core.types import Quarantined, QuarantineKind
 from controller.entry.kube_status import conditions_patch, status_patch
 from tests.core.builders import POLICY, RUN, cell, obs
 
@@ -47,3 +48,15 @@ def test_the_status_counts_what_a_model_selector_took() -> None:
     assert patch["modelSelector"] == {"selected": 2, "note": "selected 2 new model(s): org/m0-8B, org/m1-8B"}
     plain = status_patch(summarize(the_plan.model_copy(update={"selections": (), "intake": ""})), None, NOW)
     assert plain["modelSelector"] is None, "a merge patch's null: no selector, no key"
+
+
+def test_the_status_lists_every_effect_in_force_with_its_cause_start_end_and_owner() -> None:
+    back_off = Quarantined(kind=QuarantineKind.CLUSTER, scope="c1", name="c1", reason="hf-hub-rate-limit: …",
+                           since=NOW, until=NOW + timedelta(minutes=10), owner="team-a/sweep")
+    the_plan = plan(RUN, [cell()], [obs()], POLICY.model_copy(update={"cluster": "c1"}), NOW, quarantined=(back_off,))
+
+    patched = status_patch(summarize(the_plan), None, NOW)
+
+    assert patched["effects"] == [{"kind": "back-off", "subject": "c1", "cause": "hf-hub-rate-limit: …",
+                                   "since": "2026-12-01T12:00:00Z", "until": "2026-12-01T12:10:00Z",
+                                   "owner": "team-a/sweep"}]

@@ -1,6 +1,7 @@
 """Launch health on the real SLURM cluster (issue 16): catalogued start failures are refired up to
-`health.maxRefires` then held, or held at once; an NCCL failure quarantines the node and the refire excludes it (on
-this one-node lab sbatch then refuses the refire: see EXCLUSION_REFUSED); a job RUNNING with no trial past
+`health.maxRefires` then held, or held at once; an NCCL failure on the lab's one node refires without quarantining
+its last usable node, and a cell whose every usable node is quarantined is held until `evalctl nodes release`; a
+job RUNNING with no trial past
 `launchGraceMinutes` is cancelled and refired; a refire pass SIGKILLed between the protocol's steps still gives one
 SLURM job per attempt name.
 
@@ -11,6 +12,7 @@ observable state only: `evalctl reconcile --once` in a bounded poll until the st
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import signal
@@ -20,6 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from controller.adapters.store import open_store
+from controller.core.types import QuarantineKind
 from tests.slurm.conftest import REPO, SlurmCluster, slurm, wait_until
 
 pytestmark = pytest.mark.slurm
@@ -152,22 +156,14 @@ def test_a_catalogued_start_failure_is_refired_up_to_max_refires_or_held_at_once
 
 NCCL_LINE = ("[rank0]: Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE) ran for "
              "600000 milliseconds before timing out")
-# slurm-wlm 22.05 refuses a job that excludes every node of its partition at submit time, and still keeps a record
-# of it under its name (FAILED, Reason=BadConstraints, no node): on this one-node lab that is what a refire that
-# excludes `vm` gets, so the exclusion is read from that record.
-EXCLUSION_REFUSED = "Requested node configuration is not available"
 
 
-@pytest.mark.parametrize("back_off", ["same-pass", "after-back-off"])
-def test_an_nccl_start_failure_quarantines_the_node_and_the_refire_excludes_it(cluster, back_off):
+def test_an_nccl_failure_on_the_last_usable_node_refires_without_quarantining_it(cluster):
+    """`vm` is the lab's only node: quarantining it would leave every job pending on BadConstraints (slurm-wlm
+    refuses a job that excludes every node of its partition). The refire goes, and says why nothing was excluded."""
     model, dataset = cluster.model(1), "DCAgent/ncclbench"
-    script = failing_at_start(cluster, NCCL_LINE)
-
-    def write(backoff_minutes: float) -> None:
-        cluster.write(models=[model], datasets=[dataset], script=script,
-                      extra_run=f"  health: {{maxRefires: 2, refireBackoffMinutes: {backoff_minutes}}}")
-
-    write(0 if back_off == "same-pass" else 60)
+    cluster.write(models=[model], datasets=[dataset], script=failing_at_start(cluster, NCCL_LINE),
+                  extra_run="  health: {maxRefires: 2, refireBackoffMinutes: 0}")
     cluster.reconcile()
     [first] = cluster.submissions()
     assert cluster.wait_job_final(first["job_id"]) == "FAILED"
@@ -175,40 +171,45 @@ def test_an_nccl_start_failure_quarantines_the_node_and_the_refire_excludes_it(c
     refire_name = f"{tag_stem(first['run_tag'])}2"
     outputs: list[str] = []
 
-    if back_off == "after-back-off":  # the diagnosis pass quarantines the node and waits out the back-off
-        outputs.append(cluster.reconcile().stdout)
-        assert "node vm quarantined for 24 h: nccl-timeout" in flat(outputs[-1]), outputs[-1]
-        assert "submitted job" not in outputs[-1] and len(cluster.submissions()) == 1, outputs[-1]
-        [cell] = cluster.status()["cells"]
-        assert "refire after" in cell["reason"] and "nccl-timeout" in cell["reason"], cell
-        write(0)
-
     passes_until(cluster, outputs, lambda _: cluster.accounting(refire_name) or cluster.queue(refire_name),
                  f"a SLURM job named {refire_name}")
-    text = "".join(outputs)
-    assert flat(text).count("node vm quarantined for 24 h") == 1, text
+
+    text = flat("".join(outputs))
+    assert "quarantined for" not in text and "node vm not quarantined: it is the last usable node" in text, text
     [refire] = cluster.accounting(refire_name) or cluster.queue(refire_name)
-    job = scontrol_job(cluster, refire["job_id"])
-    assert job["ExcNodeList"] == "vm", f"the refire of an NCCL failure must exclude vm: {job}"
-    # vm is the lab's only node: sbatch refuses the refire outright (see EXCLUSION_REFUSED)
-    assert EXCLUSION_REFUSED in text, text
-    assert (job["JobState"], job["Reason"], job["NodeList"]) == ("FAILED", "BadConstraints", ""), job
+    assert scontrol_job(cluster, refire["job_id"]).get("ExcNodeList") in (None, "(null)", ""), "nothing excluded"
+    assert cluster.status()["quarantined"] == []
 
-    status = cluster.status()
-    [quarantine] = status["quarantined"]
-    assert (quarantine["kind"], quarantine["name"]) == ("node", "vm"), quarantine
-    _, advice = start_advice("nccl-timeout")
-    assert quarantine["reason"] == f"nccl-timeout: {advice}", quarantine
-    table = flat(cluster.evalctl("status").stdout)
-    assert re.search(r"quarantined node vm until \d{4}-\d\d-\d\d \d\d:\d\d UTC: nccl-timeout", table), table
 
-    # the refused refire is not retried into more jobs, and the node is not quarantined twice
-    for _ in range(2):
-        again = cluster.reconcile(check=False)
-        assert "submitted job" not in again.stdout and "quarantined for" not in again.stdout, again.stdout
-    assert [s["name"] for s in cluster.submissions()] == [first["name"], refire_name]
-    assert [j["job_id"] for j in cluster.accounting(refire_name)] == [refire["job_id"]]
-    assert cluster.our_queued_jobs() == []
+def test_with_every_usable_node_quarantined_the_cell_is_held_until_a_human_releases_the_node(cluster):
+    """An older quarantine of `vm` (another EvalRun's, or from before the cap): the launch is held saying so, not
+    sent to wait on BadConstraints; `evalctl nodes release` is the lever, and the next pass launches on vm."""
+    model, dataset = cluster.model(1), cluster.tiny_dataset("release")
+    cluster.write(models=[model], datasets=[dataset], script=cluster.fake_harbor_script())
+    store = open_store(cluster.store)
+    try:
+        store.quarantine(QuarantineKind.NODE, "slurm-test", "vm", "nccl-timeout: an earlier failure", 3600,
+                         owner="earlier")
+    finally:
+        store.close()
+
+    cluster.reconcile()
+
+    [cell] = cluster.status()["cells"]
+    [hold] = [a for a in cell["actions"] if a["kind"] == "hold"]
+    assert "every usable node of slurm-test is quarantined (vm)" in hold["reason"], cell
+    assert cluster.submissions() == [] and cluster.our_queued_jobs() == []
+    listed = json.loads(cluster.evalctl("nodes", "list", "-o", "json").stdout)
+    assert [(n["cluster"], n["node"], n["owner"]) for n in listed] == [("slurm-test", "vm", "earlier")], listed
+
+    released = cluster.evalctl("nodes", "release", "vm", "--cluster", "slurm-test")
+
+    assert "vm" in released.stdout and "nccl-timeout" in released.stdout, released.stdout
+    cluster.reconcile()
+    [first] = cluster.submissions()
+    wait_until(lambda: cluster.job_state(first["job_id"]) not in ("PENDING", ""), "the job to start")
+    assert scontrol_job(cluster, first["job_id"])["NodeList"] == "vm"
+    assert json.loads(cluster.evalctl("nodes", "list", "-o", "json").stdout) == []
 
 
 # --------------------------------------------------------------------------- 3. stalled launch

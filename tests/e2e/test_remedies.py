@@ -80,7 +80,7 @@ def test_a_back_off_ends_and_both_its_refire_and_another_evalrun_launch(cluster:
     runs = {run["name"]: run for run in json.loads(cluster.evalctl("status", "-o", "json").stdout)["evalruns"]}
     assert runs["victim"]["counts"] == {"Completed": 1} and runs["other"]["counts"] == {"Completed": 1}, runs
     launched = sql(cluster, "SELECT name, created_at FROM evalrun_submissions ORDER BY created_at")
-    assert [name for name, _ in launched][0] == a1 and len(launched) == 3, launched
+    assert launched[0][0] == a1 and len(launched) == 3, launched
     assert all(datetime.fromisoformat(at) >= datetime.fromisoformat(until) for _, at in launched[1:]), (
         "both the refire and the other EvalRun launched once the pause ended", launched, until)
     assert quarantines(cluster) == [("cluster", "local", "victim")], "one pause, never renewed by its own match"

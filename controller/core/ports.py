@@ -388,6 +388,11 @@ class Scheduler(Protocol):
         """Look one name up in the queue AND accounting (step 2 of the submission protocol)."""
         ...
 
+    def usable_nodes(self) -> tuple[str, ...] | None:
+        """The nodes the cluster's jobs may run on (its partition's), one read; None where the scheduler cannot
+        tell or has no nodes to choose. Raises ObservationError when the read fails: never "no nodes"."""
+        ...
+
     def submit(self, request: SubmitRequest) -> str:
         """Start a job and return its id. NOT idempotent: only call after `find` returned None."""
         ...

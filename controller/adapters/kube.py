@@ -1,5 +1,6 @@
-"""The Kubernetes API, as the operator uses it beyond what kopf does: the EvalCluster an EvalRun names, the
-Secrets its secretRefs point at, and the EvalRuns to wake when their EvalCluster changes.
+"""The Kubernetes API, as the operator uses it beyond what kopf does: the EvalCluster an EvalRun names (and its
+status: its quarantined nodes), the Secrets its secretRefs point at, and the EvalRuns to wake when their EvalCluster
+changes.
 
 The official client, configured like kubectl (in-cluster service account, else $KUBECONFIG / ~/.kube/config).
 Reads that fail raise; callers turn that into a Stalled or retried pass, never into "absent".
@@ -53,9 +54,18 @@ class KubeApi:
             found = cast(dict[str, Any], self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural))
         return cast(list[dict[str, Any]], found.get("items", []))
 
-    def annotate(self, plural: str, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+    def annotate(self, plural: str, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
+        """Set annotations of a namespaced object (a merge patch: None removes one)."""
         self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, plural, name,
                                                    {"metadata": {"annotations": dict(annotations)}})
+
+    def patch_status(self, plural: str, namespace: str | None, name: str, status: Mapping[str, Any]) -> None:
+        """Merge `status` into an object's status (namespace None: a cluster-scoped ClusterEvalCluster)."""
+        body = {"status": dict(status)}
+        if namespace is None:
+            self.custom.patch_cluster_custom_object_status(GROUP, VERSION, plural, name, body)
+        else:
+            self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, plural, name, body)
 
 
 class KubernetesSecrets:

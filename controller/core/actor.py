@@ -179,8 +179,9 @@ class Actor:
                     f"{message}; {self._track(work, facts, admitted, gpu_hours)}"
             case Track(facts=facts, gpu_hours=gpu_hours, admitted=admitted):
                 return self._track(work, facts, admitted, gpu_hours)
-            case Quarantine(subject=subject, scope=scope, name=name, ttl_s=ttl_s):
-                self.state.quarantine(subject, scope, name, action.reason, ttl_s)
+            case Quarantine(subject=subject, scope=scope, name=name, ttl_s=ttl_s, owner=owner):
+                if not self.state.quarantine(subject, scope, name, action.reason, ttl_s, owner):
+                    return f"{subject.value} {name} not quarantined again: a human released it ({action.reason})"
                 return f"{subject.value} {name} quarantined for {ttl_s / 3600:g} h: {action.reason}"
             case _:
                 assert_never(action)

@@ -277,9 +277,25 @@ class ControllerState(Protocol):
         """Replace what the rules remember about a cell (readings across passes). Idempotent."""
         ...
 
-    def quarantine(self, kind: QuarantineKind, scope: str, name: str, reason: str, ttl_s: float) -> None:
+    def quarantine(self, kind: QuarantineKind, scope: str, name: str, reason: str, ttl_s: float,
+                   owner: str = "") -> bool:
         """Keep `name` (a node, a pinggy pair, a cluster's launches) out of use for `ttl_s` seconds from now by the
-        store's clock; repeating it extends the time. `read_state` returns it until then."""
+        store's clock, decided by `owner`'s pass (an EvalRun); repeating it extends the time and keeps its `since`
+        (the store's clock when it began). `read_state` and `live_quarantines` return it until then.
+
+        One a human released is not brought back by the same decision (the same reason) before it would have
+        ended: a pass that decides again from the failure it already saw must not undo the release. Returns whether
+        the quarantine is in force now (False: that released decision)."""
+        ...
+
+    def release_quarantine(self, kind: QuarantineKind, scope: str, name: str) -> bool:
+        """Lift a quarantine before its end (a human's call); True if one was in force. Releasing twice, or one
+        that is absent or over, is a no-op (False)."""
+        ...
+
+    def live_quarantines(self) -> tuple[Quarantined, ...]:
+        """Every quarantine in force by the store's clock, of every kind and scope, by kind, scope and name: what
+        a human looks at. One statement; a store made before quarantines has none."""
         ...
 
     def try_lease(self, name: str, holder: str, ttl_s: float) -> bool:
@@ -370,6 +386,11 @@ class Scheduler(Protocol):
 
     def find(self, name: str) -> ObservedJob | None:
         """Look one name up in the queue AND accounting (step 2 of the submission protocol)."""
+        ...
+
+    def usable_nodes(self) -> tuple[str, ...] | None:
+        """The nodes the cluster's jobs may run on (its partition's), one read; None where the scheduler cannot
+        tell or has no nodes to choose. Raises ObservationError when the read fails: never "no nodes"."""
         ...
 
     def submit(self, request: SubmitRequest) -> str:

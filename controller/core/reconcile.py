@@ -91,8 +91,9 @@ class ClusterPorts:
 
 
 class ClusterView:
-    """One pass's reads of a cluster (queue and accounting, run dirs), and the launches it still allows: the
-    pass's cap and the cluster's rate, and room under `maxLiveJobs` (our queued + running jobs, from the queue).
+    """One pass's reads of a cluster (queue and accounting, run dirs, the nodes its jobs may run on), and the
+    launches it still allows: the pass's cap and the cluster's rate, and room under `maxLiveJobs` (our queued +
+    running jobs, from the queue).
 
     `launching`: whether this pass may launch there at all (it holds the cluster's launch lease, taken BEFORE the
     queue is read: another process that launched meanwhile has released it, and its jobs are in this read)."""
@@ -101,6 +102,7 @@ class ClusterView:
                  launching: str | None = None):
         self.jobs = _read(ports.scheduler.observe)
         self.dirs = _read(functools.partial(ports.run_dirs.observe, functools.partial(own_run_dir, stems)))
+        self.nodes = _read(ports.scheduler.usable_nodes)
         self.paced = min(rate_budget(self.jobs, ports.submissions_per_minute, now), policy.max_submissions_per_pass)
         self.max_live = policy.max_live_jobs
         self.live = 0 if isinstance(self.jobs, ObservationError) else sum(1 for job in self.jobs if job.state.active)
@@ -125,6 +127,11 @@ class ClusterView:
         if isinstance(self.jobs, ObservationError):
             return None
         return frozenset(job.name for job in self.jobs if job.state.active)
+
+    @property
+    def usable_nodes(self) -> frozenset[str] | None:
+        """The nodes the cluster's jobs may run on; None when not known (a read that failed is never "no nodes")."""
+        return None if isinstance(self.nodes, ObservationError) else frozenset(self.nodes or ()) or None
 
     def spend(self, the_plan: Plan) -> None:
         launched = sum(1 for cell in the_plan.cells if launch_of(cell) is not None)
@@ -217,7 +224,8 @@ def _target_pass(target: RunTarget, store: Store, ports: ClusterPorts, view: Clu
         the_plan = plan(target.evalrun, target.cells, observed.cells, policy, now, budget=view.budget,
                         budget_note=view.budget_note, tunnel_leases=snapshot.tunnel_leases if snapshot else (),
                         live_job_names=view.live_job_names, owners=acting.owners,
-                        quarantined=snapshot.quarantined if snapshot else (), estimates=estimated)
+                        quarantined=snapshot.quarantined if snapshot else (), estimates=estimated,
+                        usable_nodes=view.usable_nodes)
         the_plan = the_plan.model_copy(update={"selections": target.selections, "intake": target.intake})
         view.spend(the_plan)
         outcomes = tuple(ports.actor_for(target).act(the_plan)) if acting.granted else ()

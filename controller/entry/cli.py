@@ -28,7 +28,7 @@ from controller.core.db_check import check_results
 from controller.core.reconcile import PassResult, reconcile_pass
 from controller.core.store import Store
 from controller.core.vocabulary import Plan
-from controller.entry import render
+from controller.entry import nodes, render
 from controller.entry.auditing import audit_results
 from controller.entry.intake import flag_query, selector_rule, targets_with_selections, unevaluated_candidates
 from controller.entry.logs import configure_logging
@@ -629,6 +629,55 @@ def models_unevaluated(
         else:
             for run, chosen in found:
                 render.candidates_table(str(run.ref) if files else None, chosen, out)
+
+
+nodes_app = typer.Typer(no_args_is_help=True, help="Nodes quarantined as bad (refire-elsewhere): see them, lift them.")
+app.add_typer(nodes_app, name="nodes")
+ClusterName = Annotated[str | None, typer.Option("--cluster", help="The EvalCluster: namespace/name, "
+                                                 "ClusterEvalCluster/name, or its name alone.")]
+
+
+@nodes_app.command("list")
+def nodes_list(
+    cluster: ClusterName = None,
+    store: StoreURL = None,
+    state: StateURL = None,
+    output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
+    verbose: Verbose = 0,
+) -> None:
+    """Every node quarantined now: cluster, node, since, until, the EvalRun whose pass decided it, why. Read-only."""
+    configure_logging(verbose)
+    with _exits():
+        opened = _store(StoreURLs(store, state), readonly=True)
+        try:
+            found = nodes.node_quarantines(opened.state.live_quarantines(), cluster)
+        finally:
+            opened.close()
+        if output == Output.json:
+            print(nodes.as_json(found))
+        else:
+            nodes.table(found, out, utc_now())
+
+
+@nodes_app.command("release")
+def nodes_release(
+    node: Annotated[str, typer.Argument(help="The node, as `nodes list` shows it.")],
+    cluster: ClusterName = None,
+    store: StoreURL = None,
+    state: StateURL = None,
+    verbose: Verbose = 0,
+) -> None:
+    """Lift a node's quarantine now: the next pass may submit to it. Exit 1 if it is not quarantined."""
+    configure_logging(verbose)
+    with _exits():
+        opened = _store(StoreURLs(store, state), readonly=False)
+        try:
+            released = nodes.release(opened.state, node, cluster)
+        except nodes.ClusterNeeded as exc:
+            raise UsageError(str(exc)) from None
+        finally:
+            opened.close()
+        out.print(nodes.released_line(released, utc_now()), markup=False, soft_wrap=True)
 
 
 @app.command()

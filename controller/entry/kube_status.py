@@ -1,4 +1,5 @@
-"""How a RunStatus (core/status.py) looks as an EvalRun's `.status`, and a pass's outcomes as Events.
+"""How a RunStatus (core/status.py) looks as an EvalRun's `.status`, a cluster's quarantined nodes as its
+`.status`, and a pass's outcomes as Events.
 
 Conditions keep their `lastTransitionTime` while their status does not change (Kubernetes API
 conventions); lists are replaced whole by a merge patch, so a condition that went away disappears.
@@ -12,11 +13,12 @@ from datetime import datetime
 from typing import Any, Literal
 
 from controller.core.status import ATTENTION_LIMIT, Condition, RunStatus
-from controller.core.types import Frozen
+from controller.core.types import Frozen, Quarantined
 from controller.core.vocabulary import Outcome, Step
 
 EVENT_SAMPLES = 5  # cells named in one aggregated Event; the rest are counted
 EVENT_MESSAGE_MAX = 1000  # the API server refuses messages over 1 KiB in events.k8s.io
+QUARANTINED_NODES_MAX = 100  # nodes an EvalCluster's status lists; `evalctl nodes list` shows them all
 
 
 class EventNote(Frozen):
@@ -50,6 +52,16 @@ def _gpu_hours(summary: RunStatus) -> dict[str, Any]:
     gpu = summary.gpu_hours
     return {"spent": round(gpu.spent, 3), "estimated": round(gpu.estimated, 3), "notYetRun": gpu.not_yet_run,
             "estimatedFrom": gpu.by_source, "max": gpu.max_hours, "heldByBudget": gpu.held}
+
+
+def quarantined_nodes_patch(nodes: Sequence[Quarantined]) -> dict[str, Any]:
+    """An EvalCluster's `.status`: its nodes quarantined now, by node (the first QUARANTINED_NODES_MAX; the rest
+    counted)."""
+    shown = sorted(nodes, key=lambda q: q.name)[:QUARANTINED_NODES_MAX]
+    return {"quarantinedNodes": [{"node": q.name, "reason": q.reason,
+                                  "since": None if q.since is None else _timestamp(q.since),
+                                  "until": _timestamp(q.until), "owner": q.owner} for q in shown],
+            "quarantinedNodesOmitted": len(nodes) - len(shown)}
 
 
 def invalid_spec_patch(messages: Sequence[str], generation: int | None, previous: Mapping[str, Any] | None,
@@ -108,11 +120,11 @@ def aggregate_events(outcomes: Sequence[Outcome]) -> list[EventNote]:
         message = f"{len(group)} cell(s): {sample}{more}"
         reason = action.event_reason + ("" if ok else "Failed")
         notes.append(EventNote(type="Normal" if ok else "Warning", reason=reason,
-                               message=_clip(message, EVENT_MESSAGE_MAX)))
+                               message=clip(message)))
     return notes
 
 
-def _clip(text: str, limit: int) -> str:
+def clip(text: str, limit: int = EVENT_MESSAGE_MAX) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

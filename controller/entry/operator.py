@@ -22,9 +22,11 @@ import kopf
 
 from controller.adapters.kube import GROUP, VERSION, KubeApi, load_client_config
 from controller.adapters.remote.ssh import parse_host
+from controller.core.types import ClusterRef
 from controller.entry import prometheus
 from controller.entry.kube_status import EventNote, invalid_spec_patch, not_run_patch
 from controller.entry.notify import Notifier
+from controller.entry.operator_nodes import publish_nodes, release_annotated
 from controller.entry.operator_pass import (
     OperatorConfig,
     PassReport,
@@ -153,7 +155,14 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
     @kopf.on.create(*EVALCLUSTERS, registry=registry, id="cluster-apply")
     @kopf.on.update(*EVALCLUSTERS, registry=registry, id="cluster-change")
     def cluster_changed(body: kopf.Body, memo: Memo, namespace: str | None, name: str, **_: Any) -> None:
-        """Fixing a cluster must re-run the EvalRuns on it now, not at the next timer tick."""
+        """Fixing a cluster must re-run the EvalRuns on it now, not at the next timer tick. Nodes its
+        `evalrun.io/release-nodes` names are released first (operator_nodes.py), and its status lists its
+        quarantined nodes. A store that fails raises: kopf retries the handler."""
+        with memo.stores.open() as store:
+            note = release_annotated(memo.api, store, body)
+            publish_nodes(memo.api, store, ClusterRef(namespace=namespace, name=name), body.get("status"))
+        if note is not None:
+            kopf.event(body, type=note.type, reason=note.reason, message=note.message)
         _rerun_evalruns_on(memo.api, ("evalclusters", namespace, name), str(body.metadata.get("resourceVersion")))
 
     @kopf.on.event(*CLUSTER_EVALCLUSTERS, registry=registry, id="clusterwide-change")

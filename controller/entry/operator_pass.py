@@ -28,6 +28,7 @@ from controller.core.vocabulary import Outcome
 from controller.entry.intake import targets_with_selections
 from controller.entry.kube_status import EventNote, aggregate_events, invalid_spec_patch, status_patch
 from controller.entry.notify import Notifier, webhooks_of
+from controller.entry.operator_nodes import publish_nodes
 from controller.entry.wiring import cluster_ports, targets_for
 from controller.spec.catalog import Catalog, load_catalog
 from controller.spec.errors import SpecErrors
@@ -99,8 +100,9 @@ def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body:
     meta = body.get("metadata", {})
     generation = meta.get("generation")
     previous = body.get("status")
+    cluster = _cluster(api, body)
     try:
-        specs = _specs(api, config, body)
+        specs = _specs(config, body, cluster)
     except SpecErrors as exc:
         messages = [error.message for error in exc.errors]
         return PassReport(status=invalid_spec_patch(messages, generation, previous, now),
@@ -111,6 +113,7 @@ def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body:
         [result] = reconcile_pass(targets, store,
                                   _ports(api, config, specs, store, catalog, meta["namespace"]),
                                   now, act=True, holder=config.holder, holder_is_dead=identity_is_dead)
+        publish_nodes(api, store, targets[0].cluster, (cluster or {}).get("status"))
     if notifier is not None:  # the sender's thread delivers what the pass queued; the URLs are the namespace's
         notifier.offer(webhooks_of(specs, KubernetesSecrets(api, meta["namespace"])))
     requested = (meta.get("annotations") or {}).get(REQUESTED_AT)
@@ -133,7 +136,7 @@ def release_object(api: KubeApi, config: OperatorConfig, stores: Stores, body: M
     orphaned, its cells are given up at once (a policy refusal or typo never holds a deletion).
     """
     try:
-        specs = _specs(api, config, body)
+        specs = _specs(config, body, _cluster(api, body))
     except SpecErrors:
         if (body.get("spec") or {}).get("deletionPolicy") == "Cancel":
             raise
@@ -161,10 +164,14 @@ def _ports(api: KubeApi, config: OperatorConfig, specs: SpecSet, store: Store, c
                          ambient_mlflow_login=config.policy.ambient_mlflow_login)
 
 
-def _specs(api: KubeApi, config: OperatorConfig, body: Mapping[str, Any]) -> SpecSet:
-    """The EvalRun and the cluster it names: an EvalCluster of its namespace, or the admin's ClusterEvalCluster."""
+def _cluster(api: KubeApi, body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The cluster an EvalRun names, as the API has it (None: it does not exist, or none is named)."""
     plural, namespace, name = cluster_of(body)
-    cluster = api.get(plural, namespace, name) if name is not None else None
+    return api.get(plural, namespace, name) if name is not None else None
+
+
+def _specs(config: OperatorConfig, body: Mapping[str, Any], cluster: Mapping[str, Any] | None) -> SpecSet:
+    """The EvalRun and the cluster it names: an EvalCluster of its namespace, or the admin's ClusterEvalCluster."""
     return load_objects([body, *([cluster] if cluster else [])], config.base_dir, load_catalog(), config.policy)
 
 

@@ -89,6 +89,9 @@ class _NoCluster:
     def observe(self, *_: object) -> tuple:
         return ()
 
+    def usable_nodes(self) -> None:
+        return None
+
     def actor_for(self, target: RunTarget):  # pragma: no cover - reaching it is the failure
         raise AssertionError("acted although the store could not be written")
 

@@ -130,6 +130,18 @@ def test_excluded_nodes_reach_the_job(slurm: SlurmScheduler, slurm_env: dict[str
     assert f"ExcNodeList={','.join(nodes)}" in shown.split(), shown
 
 
+def test_the_partitions_nodes_are_usable_and_a_legacy_expression_excludes_only_nodes_it_has(
+        slurm: SlurmScheduler, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """A hostlist expression an older store holds (`vm,gone[01-03]`) is expanded; sbatch gets the node the lab has."""
+    nodes = node_names(slurm_env)
+    assert sorted(slurm.usable_nodes() or ()) == nodes
+    req = request(tmp_path, "legacy", "#SBATCH --hold\nexit 0")
+    job_id = slurm.submit(req.model_copy(update={"exclude_nodes": (f"{nodes[0]},gone[01-03]",)}))
+    shown = subprocess.run(["scontrol", "show", "job", job_id], env=slurm_env, capture_output=True, text=True,
+                           check=True).stdout
+    assert f"ExcNodeList={nodes[0]}" in shown.split(), shown
+
+
 def test_a_failed_job_carries_its_last_lines_masked_and_the_node_it_ran_on(
         slurm: SlurmScheduler, slurm_env: dict[str, str], tmp_path: Path) -> None:
     req = request(tmp_path, "fails", 'for i in $(seq 1 100); do echo "step $i"; done\n'

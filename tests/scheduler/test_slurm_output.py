@@ -17,7 +17,7 @@ import pytest
 from controller.adapters.scheduler.commands import CommandFailed, CommandResult, CommandRunner, LocalCommands
 from controller.adapters.scheduler.slurm import READ_MARKER, READ_SCRIPT, SlurmOptions, SlurmScheduler
 from controller.adapters.secrets import SecretMask
-from controller.core.ports import OUTPUT_READ_CAP, ObservationError, OutputCursor, SubmitRequest
+from controller.core.ports import OUTPUT_READ_CAP, ObservationError, OutputCursor
 from controller.core.types import JobOutput
 
 SECRET = "tok-5f0c9e1d2b"
@@ -102,30 +102,6 @@ def test_output_that_is_not_what_the_script_prints_is_unknown_never_a_guess(stdo
 def test_a_failed_or_timed_out_read_is_an_observation_error(answer: CommandResult | Exception) -> None:
     with pytest.raises(ObservationError, match="reading job output"):
         slurm(Scripted(answer)).read_output(cursors("ev_a"))
-
-
-class ByCommand(Scripted):
-    """sinfo lists the cluster's nodes; every other command answers like sbatch."""
-
-    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> CommandResult:
-        self.calls.append(list(argv))
-        out = "gpu07\ngpu08\n" if argv[0] == "sinfo" else "123\n"
-        return CommandResult(returncode=0, stdout=out, stderr="")
-
-
-def test_excluded_nodes_reach_sbatch_as_one_exclude_flag_and_none_adds_nothing() -> None:
-    """A quarantined node the cluster no longer has is left out: sbatch would refuse the whole job for it."""
-    runner = ByCommand(CommandResult(returncode=0, stdout="", stderr=""))
-    scheduler = slurm(runner)
-    scheduler._logs_dir_made = True
-    request = SubmitRequest(name="ev_x", comment="k", script="/s/job.sh", args=("a",), env={}, logs_dir="/logs",
-                            time_limit="10", exclude_nodes=("gpu07", "gpu[01-02]", "gpu07", "", "gone99"))
-    assert scheduler.submit(request) == "123"
-    assert scheduler.submit(request.model_copy(update={"exclude_nodes": ()})) == "123"
-    sinfo, with_exclude, without = runner.calls
-    assert sinfo[0] == "sinfo" and "--exclude=gpu07,gpu[01-02]" in with_exclude
-    assert with_exclude[-2:] == ["/s/job.sh", "a"]
-    assert not any(arg.startswith("--exclude") for arg in without)
 
 
 # ---------------------------------------------------------------------- the real script on real files

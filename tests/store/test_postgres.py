@@ -40,7 +40,7 @@ OWN_TABLES = {"evalrun_submissions", "evalrun_leases", "evalrun_cell_owners", "e
 QWEN = EvalRunRef(name="qwen-evals")
 # (version, name) of migrations/*.sql
 SHIPPED = [(1, "controller_tables"), (2, "quarantine"), (3, "model_selections"), (4, "gpu_hours"), (5, "notifications"),
-           (6, "row_audit")]
+           (6, "row_audit"), (7, "quarantine_owner")]
 OT_AGENT_TABLES = {"models", "benchmarks", "sandbox_jobs"}
 RESULT = ResultUpload(metrics=(Metric(name="accuracy", value=0.42), Metric(name="accuracy_stderr", value=0.03)),
                       stats={"n_trials": 290, "n_infra_errors": 10}, n_trials=300, ended_at=T0)
@@ -198,7 +198,7 @@ def test_a_database_migrated_before_quarantines_reads_none_then_gets_the_table_o
     with opened(pg_url):
         pass
     run_sql(pg_url, "DROP TABLE evalrun_quarantine")
-    run_sql(pg_url, "DELETE FROM evalrun_schema_migrations WHERE name = 'quarantine'")
+    run_sql(pg_url, "DELETE FROM evalrun_schema_migrations WHERE name IN ('quarantine', 'quarantine_owner')")
 
     with opened(pg_url, readonly=True) as reader:
         before = reader.read_state(QWEN, [], 60).quarantined
@@ -208,6 +208,27 @@ def test_a_database_migrated_before_quarantines_reads_none_then_gets_the_table_o
 
     assert before == ()
     assert [q.name for q in after] == ["node-7"], "the reader notices the table once it exists"
+    assert [(version, name) for version, name, _ in migration_rows(pg_url)] == SHIPPED
+
+
+def test_a_database_migrated_before_quarantine_owners_is_read_as_it_is_then_gets_the_columns_on_a_writable_open(
+        pg_url: str) -> None:
+    with opened(pg_url) as store:
+        store.quarantine(QuarantineKind.NODE, "lab", "gpu[01-16]", "nccl-timeout", 3600)
+    run_sql(pg_url, "ALTER TABLE evalrun_quarantine DROP COLUMN since, DROP COLUMN owner, DROP COLUMN released_at")
+    run_sql(pg_url, "DELETE FROM evalrun_schema_migrations WHERE name = 'quarantine_owner'")
+
+    with opened(pg_url, readonly=True) as reader:
+        (before,) = reader.live_quarantines()
+        assert reader.read_state(QWEN, [], 60).quarantined == (before,)
+        with opened(pg_url) as writer:
+            assert writer.release_quarantine(QuarantineKind.NODE, "lab", "gpu[01-16]")
+            writer.quarantine(QuarantineKind.NODE, "lab", "gpu03", "nccl-timeout", 3600, "sweep")
+        (after,) = reader.live_quarantines()
+
+    assert (before.name, before.since, before.owner) == ("gpu[01-16]", None, "")
+    assert (after.name, after.owner) == ("gpu03", "sweep") and after.since is not None, \
+        "the reader notices the columns once the migration ran"
     assert [(version, name) for version, name, _ in migration_rows(pg_url)] == SHIPPED
 
 

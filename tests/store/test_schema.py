@@ -81,6 +81,37 @@ def test_a_store_made_before_quarantines_reads_none_read_only_and_gets_the_table
     assert [q.name for q in after] == ["node-7"]
 
 
+PRE_OWNER_QUARANTINE = """
+CREATE TABLE evalrun_quarantine (kind TEXT NOT NULL, scope TEXT NOT NULL, name TEXT NOT NULL, reason TEXT NOT NULL,
+                                 until TEXT NOT NULL, PRIMARY KEY (kind, scope, name));
+INSERT INTO evalrun_quarantine VALUES ('node', 'lab', 'gpu[01-16]', 'nccl-timeout', '2999-01-01T00:00:00.000000+00:00');
+"""
+
+
+def test_a_store_made_before_quarantine_owners_is_read_as_it_is_and_gets_the_columns_when_opened_writable(
+    db_path: Path,
+) -> None:
+    with sqlite3.connect(db_path) as conn:
+        conn.executescript(PRE_OWNER_QUARANTINE)
+    reader = SqliteStore(db_path, readonly=True)
+    (old,) = reader.live_quarantines()
+    assert reader.read_state(EvalRunRef(name="any"), [], 60).quarantined == (old,)
+    assert (old.name, old.since, old.owner) == ("gpu[01-16]", None, ""), "a reader never alters the file"
+
+    writer = SqliteStore(db_path)
+    assert writer.release_quarantine(QuarantineKind.NODE, "lab", "gpu[01-16]"), "a legacy record can be lifted"
+    writer.quarantine(QuarantineKind.NODE, "lab", "gpu03", "nccl-timeout", 3600, "sweep")
+    SqliteStore(db_path).close()  # a second writable open finds nothing left to add
+    (new,) = reader.live_quarantines()
+    reader.close()
+    writer.close()
+
+    assert (new.name, new.owner) == ("gpu03", "sweep") and new.since is not None
+    with sqlite3.connect(db_path) as conn:
+        columns = [name for (name,) in conn.execute("SELECT name FROM pragma_table_info('evalrun_quarantine')")]
+    assert columns[-3:] == ["since", "owner", "released_at"]
+
+
 @pytest.mark.parametrize(("column", "value"), [("kind", "gremlin"), ("until", "next tuesday")])
 def test_an_undecodable_quarantine_fails_the_state_read(db_path: Path, column: str, value: str) -> None:
     store = SqliteStore(db_path)

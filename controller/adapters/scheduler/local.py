@@ -147,6 +147,10 @@ class LocalScheduler:
 
     # ------------------------------------------------------------------ mutate
 
+    def usable_nodes(self) -> None:
+        """Not applicable: every job runs on this host."""
+        return None
+
     def submit(self, request: SubmitRequest) -> str:
         """Start the runner. `request.exclude_nodes` is ignored: every local job runs on this one host."""
         job_id = self._next_id()

@@ -22,6 +22,7 @@ import binascii
 import itertools
 import logging
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
@@ -32,6 +33,7 @@ from controller.adapters.scheduler.commands import (
 )
 from controller.adapters.scheduler.output import TAIL_BYTES, failure_tail, job_output
 from controller.adapters.secrets import SecretMask
+from controller.core.hostlist import HostlistError, expand
 from controller.core.ports import OUTPUT_READ_CAP, ObservationError, OutputCursor, SubmitRequest
 from controller.core.types import RUN_TAG_PREFIX, Frozen, JobOutput, JobState, ObservedJob
 
@@ -48,6 +50,7 @@ SACCT_FIELDS = "JobID,JobName,State,ExitCode,Submit,Start,End,NodeList,ElapsedRa
 GPU_TRES = re.compile(r"(?:^|,)gres/gpu=(\d+)")
 TYPED_GPU_TRES = re.compile(r"(?:^|,)gres/gpu:[^=,]+=(\d+)")
 ACCOUNTING_WINDOW = "now-14days"
+NODES_FRESH_S = 60.0  # how long one `sinfo` answer serves (a pass, and the submissions it makes)
 NO_NODES = frozenset({"", "None assigned", "(null)", "None"})  # what squeue / sacct print before a job has a node
 
 # Positional arguments: the cap, then (offset, path) pairs. ONE `stat` sizes every file (a missing or non-regular
@@ -143,6 +146,7 @@ class SlurmScheduler:
         self.mask = mask or SecretMask()
         self._user = user
         self._logs_dir_made = False
+        self._nodes: tuple[float, tuple[str, ...]] | None = None  # (when, what) sinfo last listed
 
     # ------------------------------------------------------------------ observe
 
@@ -242,16 +246,31 @@ class SlurmScheduler:
             raise RuntimeError(f"sbatch failed (exit {result.returncode}): {_error_line(result.stderr)}")
         return job_id
 
+    def usable_nodes(self) -> tuple[str, ...] | None:
+        """The nodes `sinfo` lists for the cluster's partition (every partition when it names none), in its order;
+        None when it lists none (cannot tell, never "no nodes"). One `sinfo` serves NODES_FRESH_S: the pass's
+        read and its submissions' `--exclude` share it."""
+        now = time.monotonic()
+        if self._nodes is None or now - self._nodes[0] > NODES_FRESH_S:
+            partition = ["--partition", self.options.partition] if self.options.partition else []
+            out = self._read(["sinfo", "--noheader", "--Node", "--format=%N", *partition], "sinfo").stdout
+            self._nodes = (now, tuple(dict.fromkeys(out.split())))
+        return self._nodes[1] or None
+
     def _known(self, nodes: Sequence[str]) -> list[str]:
-        """The nodes to exclude that the cluster still has: sbatch refuses the whole job for one it does not know
-        (a quarantined node since removed would block every submission). A hostlist expression is kept as is."""
-        if not nodes:
+        """The quarantined nodes to exclude, one name each, that the cluster has: sbatch refuses the whole job for
+        a node it does not know (one since removed would block every submission). A hostlist expression a store
+        still holds from older versions is expanded: taken literally, it excluded a whole rack or failed the job."""
+        names = [name for node in nodes for name in _node_names(node)]
+        if not names:
             return []
         try:
-            listed = self._read(["sinfo", "--noheader", "--Node", "--format=%N"], "sinfo").stdout.split()
+            listed = self.usable_nodes()
         except ObservationError:
-            return list(nodes)  # cannot tell: exclude them all, and let sbatch say if one is unknown
-        return [node for node in nodes if node in listed or "[" in node or "," in node]
+            listed = None
+        if listed is None:
+            return names  # cannot tell: exclude them all, and let sbatch say if one is unknown
+        return [name for name in names if name in listed]
 
     def cancel(self, job_id: str) -> None:
         if not job_id.isdigit():
@@ -321,8 +340,18 @@ def _nodes(text: str) -> str:
     return "" if text.strip() in NO_NODES else text.strip()
 
 
+def _node_names(node: str) -> tuple[str, ...]:
+    """A quarantined node's names: itself, or every node of a legacy hostlist expression; none for one that does not
+    parse (sent to sbatch, it would fail the job)."""
+    try:
+        return expand(node)
+    except HostlistError as exc:
+        log.warning("quarantined node name not understood; not excluded", extra={"node": node, "error": str(exc)})
+        return ()
+
+
 def _exclude(nodes: Sequence[str]) -> list[str]:
-    """`--exclude=a,b` for the cluster's quarantined nodes (hostlist expressions like `gpu[01-02]` included)."""
+    """`--exclude=a,b` for the cluster's quarantined nodes, one name each."""
     names = [node for node in dict.fromkeys(n.strip() for n in nodes) if node]
     return [f"--exclude={','.join(names)}"] if names else []
 

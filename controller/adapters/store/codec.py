@@ -236,7 +236,8 @@ def state_snapshot(tables: Mapping[str, Iterable[Mapping[str, Any]]]) -> StateSn
             cell_owners=tuple(CellOwner(**timed(r, "renewed_at")) for r in records("evalrun_cell_owners")),
             cell_memory={r["cell_key"]: CellMemory.from_stored(parse_json(r["memory"]))
                          for r in records("evalrun_cell_memory")},
-            quarantined=tuple(Quarantined(**timed(r, "until")) for r in records("evalrun_quarantine")),
+            quarantined=tuple(Quarantined(**{**timed(r, "until"), "since": parse_timestamp(r.get("since"))})
+                              for r in records("evalrun_quarantine")),
             gpu_history=tuple(AttemptCost(**r) for r in records("gpu_history")),
         )
     except ValidationError as error:

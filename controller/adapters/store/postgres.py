@@ -56,7 +56,15 @@ from controller.core.ports import (
     SandboxJobRow,
     StateSnapshot,
 )
-from controller.core.types import CellMemory, EvalRunRef, QuarantineKind, RowStatus, Submission, TunnelLease
+from controller.core.types import (
+    CellMemory,
+    EvalRunRef,
+    Quarantined,
+    QuarantineKind,
+    RowStatus,
+    Submission,
+    TunnelLease,
+)
 
 Params = Sequence[Any] | Mapping[str, Any] | None
 Statement = tuple[str, Params]
@@ -90,7 +98,7 @@ class PostgresStore:
         self._secrets = _secrets(dsn)
         self._counter_lock = threading.Lock()
         self._present: frozenset[str] = frozenset()  # tables known to exist (they are never dropped)
-        self._gpu_columns = False  # migration 0004's columns known to exist (a reader may see a database without)
+        self._upgraded: set[str] = set()  # tables known to have sql.ADDED_COLUMNS (a reader may see a database without)
         try:
             self._conninfo = self._session_conninfo(dsn)
         except psycopg.ProgrammingError as error:
@@ -262,7 +270,9 @@ class PostgresStore:
         with self._reading() as conn:
             self._have(conn, tuple(wanted))
             tables = [table for table in wanted if table in self._present]
-            if "evalrun_submissions" in tables and not self._has_gpu_columns(conn):
+            if "evalrun_quarantine" in tables and not self._has_added_columns(conn, "evalrun_quarantine"):
+                wanted["evalrun_quarantine"] = sql.LEGACY_LIVE_QUARANTINES
+            if "evalrun_submissions" in tables and not self._has_added_columns(conn, "evalrun_submissions"):
                 wanted["evalrun_submissions"] = sql.LEGACY_SUBMISSIONS_OF_EVALRUN_AND_CELLS
             elif "evalrun_submissions" in tables and benchmarks:
                 wanted["gpu_history"] = sql.GPU_HISTORY
@@ -276,6 +286,19 @@ class PostgresStore:
                 return state_snapshot(found)
             except ValueError as error:
                 raise ObservationError(f"store {self.name}: controller state: {_first_line(error)}") from None
+
+    def live_quarantines(self) -> tuple[Quarantined, ...]:
+        with self._reading() as conn:
+            if not self._have(conn, ("evalrun_quarantine",)):
+                return ()
+            statement = sql.LIVE_QUARANTINES if self._has_added_columns(conn, "evalrun_quarantine") \
+                else sql.LEGACY_LIVE_QUARANTINES
+            (cursor,) = self._round(conn, (statement, None))
+            records = _dicts(cursor)
+        try:
+            return state_snapshot({"evalrun_quarantine": records}).quarantined
+        except ValueError as error:
+            raise ObservationError(f"store {self.name}: quarantines: {_first_line(error)}") from None
 
     def read_selections(self, evalrun: EvalRunRef) -> tuple[Selection, ...]:
         with self._reading() as conn:
@@ -316,11 +339,20 @@ class PostgresStore:
         with self._writing() as conn:
             self._round(conn, (sql.PUT_MEMORY, (cell_key, Jsonb(memory.stored()))))
 
-    def quarantine(self, kind: QuarantineKind, scope: str, name: str, reason: str, ttl_s: float) -> None:
-        """One upsert; its end is now() + ttl by the server's clock, so skewed clients agree on it."""
+    def quarantine(self, kind: QuarantineKind, scope: str, name: str, reason: str, ttl_s: float,
+                   owner: str = "") -> bool:
+        """One upsert; its start and end are the server's clock, so skewed clients agree on them."""
         with self._writing() as conn:
-            self._round(conn, (sql.PUT_QUARANTINE, {"kind": QuarantineKind(kind).value, "scope": scope, "name": name,
-                                                    "reason": reason, "ttl_s": float(ttl_s)}))
+            (cursor,) = self._round(conn, (sql.PUT_QUARANTINE, {
+                "kind": QuarantineKind(kind).value, "scope": scope, "name": name, "reason": reason,
+                "ttl_s": float(ttl_s), "owner": owner}))
+            return cursor.fetchone() is not None
+
+    def release_quarantine(self, kind: QuarantineKind, scope: str, name: str) -> bool:
+        with self._writing() as conn:
+            (cursor,) = self._round(conn, (sql.RELEASE_QUARANTINE, {"kind": QuarantineKind(kind).value,
+                                                                    "scope": scope, "name": name}))
+            return cursor.fetchone() is not None
 
     def claim_cells(self, evalrun: EvalRunRef, cell_keys: list[str], ttl_s: float) -> dict[str, EvalRunRef]:
         """Claim, drop the claims no longer named, read the owners back: one transaction, one round trip."""
@@ -497,12 +529,14 @@ class PostgresStore:
         self._present = frozenset(name for (name,) in cursor)
         return self._present.issuperset(tables)
 
-    def _has_gpu_columns(self, conn: Connection) -> bool:
-        """Has migration 0004 reached this database? Asked only until it has (columns are never dropped)."""
-        if not self._gpu_columns:
-            (cursor,) = self._round(conn, (sql.HAS_GPU_COLUMNS, (list(sql.GPU_COLUMNS), list(sql.GPU_COLUMNS))))
-            self._gpu_columns = bool(_one(cursor)[0])
-        return self._gpu_columns
+    def _has_added_columns(self, conn: Connection, table: str) -> bool:
+        """Have the migrations that add columns to `table` (sql.ADDED_COLUMNS) reached this database? Asked only
+        until they have (columns are never dropped)."""
+        if table not in self._upgraded:
+            (cursor,) = self._round(conn, (sql.HAS_COLUMNS, {"table": table, "columns": list(sql.ADDED_COLUMNS[table])}))
+            if _one(cursor)[0]:
+                self._upgraded.add(table)
+        return table in self._upgraded
 
     def _set_up(self, conn: Connection) -> None:
         """Create the missing OT-Agent tables and apply the missing migrations, under an advisory lock.
@@ -525,7 +559,7 @@ class PostgresStore:
                     conn.execute(text)
                     conn.execute(sql.RECORD_MIGRATION, (version, name))
         self._present = frozenset(sql.OT_AGENT_TABLES + sql.OWN_TABLES)
-        self._gpu_columns = True
+        self._upgraded = set(sql.ADDED_COLUMNS)
 
     def _session_conninfo(self, dsn: str) -> str:
         """The DSN plus our session settings: timeouts, UTC (timestamps read as text), read-only if asked."""

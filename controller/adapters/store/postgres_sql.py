@@ -156,10 +156,13 @@ SUBMISSIONS_OF_EVALRUN_AND_CELLS = SUBMISSIONS_OF.format(columns=SUBMISSION_COLU
 # a read-only store on a database migration 0004 has not reached: the records without GPU-hours
 LEGACY_SUBMISSIONS_OF_EVALRUN_AND_CELLS = SUBMISSIONS_OF.format(columns=LEGACY_SUBMISSION_COLUMNS)
 
-GPU_COLUMNS = ("model", "benchmark", "gpu_hours", "finished_at")  # migration 0004
-HAS_GPU_COLUMNS = """
-SELECT count(*) = cardinality(%s::text[]) FROM pg_attribute
- WHERE attrelid = to_regclass('evalrun_submissions') AND attname = ANY(%s::text[]) AND NOT attisdropped
+# Columns later migrations added to a table (0004: GPU-hours; 0007: a quarantine's start, owner and release): a
+# read-only store on a database they have not reached reads the table without them.
+ADDED_COLUMNS = {"evalrun_submissions": ("model", "benchmark", "gpu_hours", "finished_at"),
+                 "evalrun_quarantine": ("since", "owner", "released_at")}
+HAS_COLUMNS = """
+SELECT count(*) = cardinality(%(columns)s::text[]) FROM pg_attribute
+ WHERE attrelid = to_regclass(%(table)s) AND attname = ANY(%(columns)s::text[]) AND NOT attisdropped
 """
 
 # Finished attempts of the named benchmarks whose every job's GPU-hours are recorded, newest first.
@@ -187,6 +190,11 @@ MEMORY_OF_CELLS = "SELECT cell_key, memory FROM evalrun_cell_memory WHERE cell_k
 
 # Every quarantine still in force by the database's clock (the table is small: no filter by EvalRun).
 LIVE_QUARANTINES = """
+SELECT kind, scope, name, reason, until, since, owner FROM evalrun_quarantine
+ WHERE until > now() AND released_at IS NULL ORDER BY kind, scope, name
+"""
+# a read-only store on a database migration 0007 has not reached: nothing was released there
+LEGACY_LIVE_QUARANTINES = """
 SELECT kind, scope, name, reason, until FROM evalrun_quarantine WHERE until > now() ORDER BY kind, scope, name
 """
 
@@ -303,11 +311,25 @@ DELETE_LEASE = "DELETE FROM evalrun_leases WHERE name = %s AND holder = %s"
 
 # --------------------------------------------------------------------------- quarantine (the database's clock)
 
-# Repeating one replaces its reason and sets its end to the new now() + ttl.
+# Repeating one replaces its reason and owner and sets its end to the new now() + ttl; one still in force keeps its
+# start. A released one stays released against the same reason until it would have ended (ControllerState.quarantine):
+# then nothing is written, and no row comes back.
 PUT_QUARANTINE = """
-INSERT INTO evalrun_quarantine (kind, scope, name, reason, until)
-VALUES (%(kind)s, %(scope)s, %(name)s, %(reason)s, now() + make_interval(secs => %(ttl_s)s::float8))
-    ON CONFLICT (kind, scope, name) DO UPDATE SET reason = excluded.reason, until = excluded.until
+INSERT INTO evalrun_quarantine AS q (kind, scope, name, reason, until, since, owner)
+VALUES (%(kind)s, %(scope)s, %(name)s, %(reason)s, now() + make_interval(secs => %(ttl_s)s::float8), now(),
+        %(owner)s)
+    ON CONFLICT (kind, scope, name) DO UPDATE
+   SET reason = excluded.reason, until = excluded.until, owner = excluded.owner, released_at = NULL,
+       since = CASE WHEN q.until > now() AND q.released_at IS NULL THEN q.since ELSE excluded.since END
+ WHERE q.released_at IS NULL OR q.until <= now() OR q.reason <> excluded.reason
+RETURNING 1
+"""
+
+# The record stays (its reason and end): what keeps the same decision from bringing it back.
+RELEASE_QUARANTINE = """
+UPDATE evalrun_quarantine SET released_at = now()
+ WHERE kind = %(kind)s AND scope = %(scope)s AND name = %(name)s AND until > now() AND released_at IS NULL
+RETURNING 1
 """
 
 # --------------------------------------------------------------------------- cell owners

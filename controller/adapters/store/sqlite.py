@@ -49,7 +49,15 @@ from controller.core.ports import (
     SandboxJobRow,
     StateSnapshot,
 )
-from controller.core.types import CellMemory, EvalRunRef, QuarantineKind, RowStatus, Submission, TunnelLease
+from controller.core.types import (
+    CellMemory,
+    EvalRunRef,
+    Quarantined,
+    QuarantineKind,
+    RowStatus,
+    Submission,
+    TunnelLease,
+)
 
 MEMORY = ":memory:"
 BUSY_TIMEOUT_S = 30.0
@@ -185,18 +193,30 @@ class SqliteStore:
                     return self._run(conn, statement, params).fetchall() if table in tables else []
 
                 # a writable store upgraded the file when it opened it; a reader never alters it
-                upgraded = "evalrun_submissions" in tables and (not self.readonly or not _missing_columns(conn))
+                stale = _missing_columns(conn) if self.readonly else {}
+                upgraded = "evalrun_submissions" not in stale
                 submissions = select("evalrun_submissions", sql.SUBMISSIONS_OF_EVALRUN_AND_CELLS if upgraded
                                      else sql.LEGACY_SUBMISSIONS_OF_EVALRUN_AND_CELLS, named)
                 history = select("evalrun_submissions", sql.GPU_HISTORY, named) if upgraded and benchmarks else []
                 owners = select("evalrun_cell_owners", sql.OWNERS_OF_CELLS, named)
                 tunnels = select("evalrun_tunnel_leases", sql.TUNNEL_LEASES)
                 memory = select("evalrun_cell_memory", sql.MEMORY_OF_CELLS, named)
-                quarantined = select("evalrun_quarantine", sql.LIVE_QUARANTINES, named)
+                quarantined = select("evalrun_quarantine", _live_quarantines(stale), named)
             return state_snapshot({
                 "evalrun_submissions": map(dict, submissions), "evalrun_tunnel_leases": map(dict, tunnels),
                 "evalrun_cell_owners": map(dict, owners), "evalrun_cell_memory": map(dict, memory),
                 "evalrun_quarantine": map(dict, quarantined), "gpu_history": map(dict, history)})
+        except (sqlite3.Error, ValueError) as error:
+            raise ObservationError(_unavailable(self.path, error)) from error
+
+    def live_quarantines(self) -> tuple[Quarantined, ...]:
+        conn = self._connection()
+        if conn is None or "evalrun_quarantine" not in self._tables(conn):
+            return ()
+        try:
+            stale = _missing_columns(conn) if self.readonly else {}
+            records = self._run(conn, _live_quarantines(stale), {"now": format_timestamp(self._now())}).fetchall()
+            return state_snapshot({"evalrun_quarantine": map(dict, records)}).quarantined
         except (sqlite3.Error, ValueError) as error:
             raise ObservationError(_unavailable(self.path, error)) from error
 
@@ -235,11 +255,20 @@ class SqliteStore:
         with self._write() as conn:
             self._run(conn, sql.PUT_MEMORY, (cell_key, json.dumps(memory.stored()), format_timestamp(self._now())))
 
-    def quarantine(self, kind: QuarantineKind, scope: str, name: str, reason: str, ttl_s: float) -> None:
-        """Upsert: repeating it replaces the reason and ends it ttl_s from now (this host's clock is the DB's)."""
-        until = format_timestamp(self._now() + timedelta(seconds=ttl_s))
+    def quarantine(self, kind: QuarantineKind, scope: str, name: str, reason: str, ttl_s: float,
+                   owner: str = "") -> bool:
+        """One upsert (this host's clock is the DB's)."""
+        now = self._now()
         with self._write() as conn:
-            self._run(conn, sql.PUT_QUARANTINE, (QuarantineKind(kind).value, scope, name, reason, until))
+            return bool(self._run(conn, sql.PUT_QUARANTINE, {
+                "kind": QuarantineKind(kind).value, "scope": scope, "name": name, "reason": reason, "owner": owner,
+                "now": format_timestamp(now), "until": format_timestamp(now + timedelta(seconds=ttl_s))}).rowcount)
+
+    def release_quarantine(self, kind: QuarantineKind, scope: str, name: str) -> bool:
+        with self._write() as conn:
+            return bool(self._run(conn, sql.RELEASE_QUARANTINE, {
+                "kind": QuarantineKind(kind).value, "scope": scope, "name": name,
+                "now": format_timestamp(self._now())}).rowcount)
 
     # ----------------------------------------------------------------------- leases (this host's clock is the DB's)
 
@@ -484,6 +513,11 @@ def _missing_columns(conn: sqlite3.Connection) -> dict[str, dict[str, str]]:
         if lacking := {name: kind for name, kind in columns.items() if name not in present}:
             missing[table] = lacking
     return missing
+
+
+def _live_quarantines(stale: Mapping[str, object]) -> str:
+    """What reads the quarantines in force: without what a file made before since/owner lacks, for a reader of one."""
+    return sql.LEGACY_LIVE_QUARANTINES if "evalrun_quarantine" in stale else sql.LIVE_QUARANTINES
 
 
 def _add_columns(conn: sqlite3.Connection) -> None:

@@ -93,11 +93,14 @@ CREATE TABLE IF NOT EXISTS evalrun_tunnel_leases (
 );
 
 CREATE TABLE IF NOT EXISTS evalrun_quarantine (
-    kind   TEXT NOT NULL,
-    scope  TEXT NOT NULL,
-    name   TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    until  TEXT NOT NULL,
+    kind        TEXT NOT NULL,
+    scope       TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    reason      TEXT NOT NULL,
+    until       TEXT NOT NULL,
+    since       TEXT,
+    owner       TEXT NOT NULL DEFAULT '',
+    released_at TEXT,
     PRIMARY KEY (kind, scope, name)
 );
 
@@ -151,9 +154,11 @@ CREATE TABLE IF NOT EXISTS evalrun_row_audit (
 
 # Columns added after a file may have been made (its CREATE TABLE IF NOT EXISTS leaves an old table as it was):
 # added by ALTER TABLE when a writable store opens a file without them, each once (SQLite has no ADD COLUMN IF
-# NOT EXISTS). 0.4: what GPU-hours are recorded and estimated from (PostgreSQL: migration 0004).
+# NOT EXISTS). 0.4: what GPU-hours are recorded and estimated from (PostgreSQL: migration 0004); then when a
+# quarantine began, whose pass decided it and when a human lifted it (migration 0007).
 ADDED_COLUMNS = {"evalrun_submissions": {"model": "TEXT", "benchmark": "TEXT", "gpu_hours": "REAL",
-                                         "finished_at": "TEXT"}}
+                                         "finished_at": "TEXT"},
+                 "evalrun_quarantine": {"since": "TEXT", "owner": "TEXT NOT NULL DEFAULT ''", "released_at": "TEXT"}}
 TABLE_COLUMNS = "SELECT name FROM pragma_table_info(?)"
 # after the columns exist: an index on a column an old file lacks would fail the whole SCHEMA script
 GPU_HISTORY_INDEX = """
@@ -235,6 +240,11 @@ SELECT cell_key, memory FROM evalrun_cell_memory WHERE cell_key IN (SELECT value
 
 # Every quarantine still in force (the table is small: no filter by EvalRun). Fixed-width UTC text sorts as time.
 LIVE_QUARANTINES = """
+SELECT kind, scope, name, reason, until, since, owner FROM evalrun_quarantine
+ WHERE until > :now AND released_at IS NULL ORDER BY kind, scope, name
+"""
+# a read-only store on a file made before since/owner (never altered by a reader): nothing was released there
+LEGACY_LIVE_QUARANTINES = """
 SELECT kind, scope, name, reason, until FROM evalrun_quarantine WHERE until > :now ORDER BY kind, scope, name
 """
 
@@ -307,10 +317,24 @@ DELETE_LEASE = "DELETE FROM evalrun_leases WHERE name = ? AND holder = ?"
 
 # --------------------------------------------------------------------------- quarantine
 
-# Repeating one replaces its reason and sets its end to the new now + ttl.
+# Repeating one replaces its reason and owner and sets its end to the new now + ttl; one still in force keeps its
+# start. A released one stays released against the same reason until it would have ended (ControllerState.quarantine):
+# then nothing is written (rowcount 0).
 PUT_QUARANTINE = """
-INSERT INTO evalrun_quarantine (kind, scope, name, reason, until) VALUES (?, ?, ?, ?, ?)
-    ON CONFLICT (kind, scope, name) DO UPDATE SET reason = excluded.reason, until = excluded.until
+INSERT INTO evalrun_quarantine (kind, scope, name, reason, until, since, owner)
+VALUES (:kind, :scope, :name, :reason, :until, :now, :owner)
+    ON CONFLICT (kind, scope, name) DO UPDATE
+   SET reason = excluded.reason, until = excluded.until, owner = excluded.owner, released_at = NULL,
+       since = CASE WHEN evalrun_quarantine.until > :now AND evalrun_quarantine.released_at IS NULL
+                    THEN evalrun_quarantine.since ELSE excluded.since END
+ WHERE evalrun_quarantine.released_at IS NULL OR evalrun_quarantine.until <= :now
+    OR evalrun_quarantine.reason <> excluded.reason
+"""
+
+# The record stays (its reason and end): what keeps the same decision from bringing it back.
+RELEASE_QUARANTINE = """
+UPDATE evalrun_quarantine SET released_at = :now
+ WHERE kind = :kind AND scope = :scope AND name = :name AND until > :now AND released_at IS NULL
 """
 
 # --------------------------------------------------------------------------- cell owners

@@ -4,6 +4,7 @@ Expiry is the store's."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta, timezone
 
 from controller.core.ports import ControllerState
@@ -163,3 +164,83 @@ def test_quarantines_of_other_scopes_or_kinds_are_separate_records(state_backend
     assert seen == {(QuarantineKind.NODE, "cluster-a", "node-7"): "ECC errors",
                     (QuarantineKind.NODE, "cluster-b", "node-7"): "disk full",
                     (QuarantineKind.CLUSTER, "cluster-a", "node-7"): "odd name, other kind"}
+
+
+def test_a_quarantine_keeps_when_it_began_and_whose_pass_decided_it(state_backend: ControllerState) -> None:
+    before = datetime.now(UTC)
+    assert state_backend.quarantine(QuarantineKind.NODE, "lab/gpu", "gpu03", "nccl-timeout", HOUR, "team-a/sweep")
+    (first,) = state_backend.live_quarantines()
+    assert state_backend.quarantine(QuarantineKind.NODE, "lab/gpu", "gpu03", "nccl-timeout again", 2 * HOUR, "sweep")
+
+    (again,) = state_backend.read_state(ANY, [], HOUR).quarantined
+
+    assert first.since is not None and before - CLOCK_MARGIN < first.since < datetime.now(UTC) + CLOCK_MARGIN
+    assert (first.owner, first.reason) == ("team-a/sweep", "nccl-timeout")
+    assert (again.since, again.owner, again.reason) == (first.since, "sweep", "nccl-timeout again"), \
+        "extended: it began when it began; the latest decision is whose it is"
+    assert again.until > first.until
+
+
+def test_a_quarantine_recorded_after_one_ended_begins_anew(state_backend: ControllerState) -> None:
+    state_backend.quarantine(QuarantineKind.NODE, "lab/gpu", "gpu03", "nccl-timeout", 0, "sweep")
+    time.sleep(0.01)
+    boundary = datetime.now(UTC)
+    state_backend.quarantine(QuarantineKind.NODE, "lab/gpu", "gpu03", "nccl-timeout", HOUR, "sweep")
+
+    (seen,) = state_backend.live_quarantines()
+
+    assert seen.since is not None and seen.since > boundary - CLOCK_MARGIN
+
+
+def test_every_live_quarantine_is_listed_without_a_spec(state_backend: ControllerState) -> None:
+    state_backend.quarantine(QuarantineKind.NODE, "lab/gpu", "gpu04", "ECC errors", HOUR, "sweep")
+    state_backend.quarantine(QuarantineKind.NODE, "ClusterEvalCluster/shared", "gpu03", "disk full", HOUR)
+    state_backend.quarantine(QuarantineKind.PAIR, "lab/run-a", "pair-3", "token locked", HOUR, "lab/run-a")
+    state_backend.quarantine(QuarantineKind.NODE, "lab/gpu", "gpu09", "over", 0, "sweep")
+
+    listed = [(q.kind, q.scope, q.name, q.owner) for q in state_backend.live_quarantines()]
+
+    assert listed == [(QuarantineKind.NODE, "ClusterEvalCluster/shared", "gpu03", ""),
+                      (QuarantineKind.NODE, "lab/gpu", "gpu04", "sweep"),
+                      (QuarantineKind.PAIR, "lab/run-a", "pair-3", "lab/run-a")]
+
+
+def test_a_released_quarantine_is_gone_and_the_same_decision_does_not_bring_it_back(
+        state_backend: ControllerState) -> None:
+    state_backend.quarantine(QuarantineKind.NODE, "lab/gpu", "gpu03", "nccl-timeout", HOUR, "sweep")
+    state_backend.quarantine(QuarantineKind.NODE, "lab/gpu", "gpu04", "nccl-timeout", HOUR, "sweep")
+
+    assert state_backend.release_quarantine(QuarantineKind.NODE, "lab/gpu", "gpu03")
+    assert not state_backend.release_quarantine(QuarantineKind.NODE, "lab/gpu", "gpu03"), "twice: nothing to lift"
+    assert [q.name for q in state_backend.live_quarantines()] == ["gpu04"]
+    assert [q.name for q in state_backend.read_state(ANY, [], HOUR).quarantined] == ["gpu04"]
+
+    # the next pass decides again from the failure it already saw (any EvalRun's): the release stands
+    assert not state_backend.quarantine(QuarantineKind.NODE, "lab/gpu", "gpu03", "nccl-timeout", HOUR, "sweep")
+    assert not state_backend.quarantine(QuarantineKind.NODE, "lab/gpu", "gpu03", "nccl-timeout", HOUR, "other")
+    assert [q.name for q in state_backend.live_quarantines()] == ["gpu04"]
+
+    # another failure is another decision
+    assert state_backend.quarantine(QuarantineKind.NODE, "lab/gpu", "gpu03", "ECC errors", HOUR, "sweep")
+    (gpu03, _) = state_backend.live_quarantines()
+    assert (gpu03.name, gpu03.reason) == ("gpu03", "ECC errors")
+
+
+def test_a_release_holds_only_until_the_lifted_quarantine_would_have_ended(state_backend: ControllerState) -> None:
+    state_backend.quarantine(QuarantineKind.NODE, "lab/gpu", "gpu03", "nccl-timeout", 0.2, "sweep")
+    assert state_backend.release_quarantine(QuarantineKind.NODE, "lab/gpu", "gpu03")
+    time.sleep(0.3)
+
+    assert state_backend.quarantine(QuarantineKind.NODE, "lab/gpu", "gpu03", "nccl-timeout", HOUR, "sweep")
+    assert [q.name for q in state_backend.live_quarantines()] == ["gpu03"]
+
+
+def test_releasing_an_absent_expired_or_other_quarantine_lifts_nothing(state_backend: ControllerState) -> None:
+    state_backend.quarantine(QuarantineKind.NODE, "lab/gpu", "gpu03", "nccl-timeout", HOUR, "sweep")
+    state_backend.quarantine(QuarantineKind.NODE, "lab/gpu", "gpu05", "over", 0, "sweep")
+
+    assert not state_backend.release_quarantine(QuarantineKind.NODE, "lab/gpu", "gpu99")
+    assert not state_backend.release_quarantine(QuarantineKind.NODE, "lab/gpu", "gpu05"), "expired: nothing to lift"
+    assert not state_backend.release_quarantine(QuarantineKind.NODE, "other/gpu", "gpu03"), "another cluster's node"
+    assert not state_backend.release_quarantine(QuarantineKind.CLUSTER, "lab/gpu", "gpu03"), "another kind"
+    assert [q.name for q in state_backend.live_quarantines()] == ["gpu03"]

@@ -53,7 +53,16 @@ def test_usable_nodes_are_the_partitions_nodes_once_each_in_sinfos_order() -> No
     cluster = Cluster("gpu02\ngpu01\ngpu02\n")
 
     assert scheduler(cluster, partition="h100").usable_nodes() == ("gpu02", "gpu01")
-    assert cluster.calls == [["sinfo", "--noheader", "--Node", "--format=%N", "--partition", "h100"]]
+    assert cluster.calls == [["sinfo", "--noheader", "--Node", "--format=%N %t", "--partition", "h100"]]
+
+
+def test_nodes_that_take_no_job_are_not_usable_but_still_known_to_exclude() -> None:
+    cluster = Cluster("gpu01 idle\ngpu02 down*\ngpu03 drain\ngpu04 mix\ngpu05 drng\n")
+    slurm = scheduler(cluster)
+
+    assert slurm.usable_nodes() == ("gpu01", "gpu04")
+    slurm.submit(REQUEST.model_copy(update={"exclude_nodes": ("gpu02", "gpu09")}))
+    assert "--exclude=gpu02" in cluster.calls[-1], "a down node is still one sbatch knows"
 
 
 def test_no_node_listed_is_cannot_tell_and_a_failed_read_raises() -> None:

@@ -51,6 +51,7 @@ GPU_TRES = re.compile(r"(?:^|,)gres/gpu=(\d+)")
 TYPED_GPU_TRES = re.compile(r"(?:^|,)gres/gpu:[^=,]+=(\d+)")
 ACCOUNTING_WINDOW = "now-14days"
 NODES_FRESH_S = 60.0  # how long one `sinfo` answer serves (a pass, and the submissions it makes)
+UNUSABLE_STATES = ("down", "drain", "drng", "fail", "maint", "inval", "unk", "futr", "plnd", "pow")  # sinfo %t
 NO_NODES = frozenset({"", "None assigned", "(null)", "None"})  # what squeue / sacct print before a job has a node
 
 # Positional arguments: the cap, then (offset, path) pairs. ONE `stat` sizes every file (a missing or non-regular
@@ -146,7 +147,7 @@ class SlurmScheduler:
         self.mask = mask or SecretMask()
         self._user = user
         self._logs_dir_made = False
-        self._nodes: tuple[float, tuple[str, ...]] | None = None  # (when, what) sinfo last listed
+        self._nodes: tuple[float, tuple[str, ...], tuple[str, ...]] | None = None  # (when, all, usable) by sinfo
 
     # ------------------------------------------------------------------ observe
 
@@ -247,15 +248,26 @@ class SlurmScheduler:
         return job_id
 
     def usable_nodes(self) -> tuple[str, ...] | None:
-        """The nodes `sinfo` lists for the cluster's partition (every partition when it names none), in its order;
-        None when it lists none (cannot tell, never "no nodes"). One `sinfo` serves NODES_FRESH_S: the pass's
-        read and its submissions' `--exclude` share it."""
+        """The nodes `sinfo` lists for the cluster's partition (every partition when it names none), in its order,
+        less those down, drained, failed or in maintenance (they take no job: quarantining the last up node would
+        leave every job pending); None when it lists none (cannot tell, never "no nodes")."""
+        return self._sinfo()[1] or None
+
+    def _sinfo(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(every node, the usable ones): one `sinfo` serves NODES_FRESH_S, the pass's read and its submissions'
+        `--exclude` alike."""
         now = time.monotonic()
         if self._nodes is None or now - self._nodes[0] > NODES_FRESH_S:
             partition = ["--partition", self.options.partition] if self.options.partition else []
-            out = self._read(["sinfo", "--noheader", "--Node", "--format=%N", *partition], "sinfo").stdout
-            self._nodes = (now, tuple(dict.fromkeys(out.split())))
-        return self._nodes[1] or None
+            out = self._read(["sinfo", "--noheader", "--Node", "--format=%N %t", *partition], "sinfo").stdout
+            states = {}
+            for line in out.splitlines():
+                name, _, state = line.partition(" ")
+                if name:
+                    states.setdefault(name, state.strip().rstrip("*~#!%$@^-+"))
+            usable = tuple(name for name, state in states.items() if not state.startswith(UNUSABLE_STATES))
+            self._nodes = (now, tuple(states), usable)
+        return self._nodes[1], self._nodes[2]
 
     def _known(self, nodes: Sequence[str]) -> list[str]:
         """The quarantined nodes to exclude, one name each, that the cluster has: sbatch refuses the whole job for
@@ -265,10 +277,10 @@ class SlurmScheduler:
         if not names:
             return []
         try:
-            listed = self.usable_nodes()
+            listed = self._sinfo()[0]
         except ObservationError:
-            listed = None
-        if listed is None:
+            listed = ()
+        if not listed:
             return names  # cannot tell: exclude them all, and let sbatch say if one is unknown
         return [name for name in names if name in listed]
 

@@ -260,7 +260,7 @@ class SlurmScheduler:
         if self._nodes is None or now - self._nodes[0] > NODES_FRESH_S:
             partition = ["--partition", self.options.partition] if self.options.partition else []
             out = self._read(["sinfo", "--noheader", "--Node", "--format=%N %t", *partition], "sinfo").stdout
-            states = {}
+            states: dict[str, str] = {}
             for line in out.splitlines():
                 name, _, state = line.partition(" ")
                 if name:

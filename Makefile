@@ -1,5 +1,5 @@
 # The two commands of the README, and a few helpers. Every target installs what it needs itself.
-.PHONY: demo slurm-demo test bench bench-slurm bench-operator bench-store bench-incremental bench-output bench-foreign bench-fairness bench-remote bench-planner bench-selector crds clean-demo kube-up kube-down
+.PHONY: demo slurm-demo test bench bench-slurm bench-operator bench-store bench-incremental bench-output bench-catalog bench-foreign bench-fairness bench-remote bench-planner bench-selector crds clean-demo kube-up kube-down
 
 # Set up, then converge the local demo (3 models × 2 benchmarks) and print the grid.
 demo:
@@ -56,6 +56,11 @@ bench-planner:
 bench-output:
 	./scripts/bootstrap.sh
 	.venv/bin/python bench/output_reading.py
+
+# Every failure-catalog pattern on adversarial 256 KiB lines: the worst time per pattern, and diagnose per stage.
+bench-catalog:
+	./scripts/bootstrap.sh
+	.venv/bin/python bench/catalog_patterns.py
 
 # Operator figures on the lab API server: apply → first submission, and a 200 EvalRuns × 10 cells fleet.
 bench-operator:

@@ -33,6 +33,9 @@ POLICY = Policy(username=ME, health=HEALTH, cluster="hpc")
 C = cell()
 TAG = C.run_tag(1)
 LITELLM = "litellm.APIConnectionError"
+WATCHDOG = ("[rank1]:[E1021 09:21:44.408271257 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation "
+            "timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, NumelIn=4194304, NumelOut=4194304, Timeout(ms)=600000) "
+            "ran for 600010 milliseconds before timing out.")
 
 
 def instant(n: int, *, seconds: float | None = 0.4, kind: ErrorKind = ErrorKind.INFRA,
@@ -200,15 +203,18 @@ def test_a_refire_decided_twice_counts_once():
 
 @pytest.mark.parametrize(("log", "remedy", "name"), [
     ("RuntimeError: Bytes object is corrupted, checksum does not match", "refire", "torch-compile-cache-corrupt"),
-    ("[rank0]: NCCL watchdog: ALLREDUCE Timeout after 600000 ms", "refire-elsewhere", "nccl-timeout"),
-    ("eval_harbor: vLLM health check timed out after 10 tries", "refire", "vllm-health-check-timeout"),
+    (WATCHDOG, "refire-elsewhere", "nccl-timeout"),
+    ("eval_harbor: vLLM not healthy after 10 checks (EVAL_VLLM_MAX_RETRIES)", "refire", "vllm-health-check-timeout"),
     ("OSError: [Errno 98] Address already in use", "refire", "vllm-dp-port-collision"),
-    ("requests.exceptions.HTTPError: 429 Client Error: Too Many Requests for url", "back-off", "hf-hub-rate-limit"),
-    ("huggingface_hub.errors.RepositoryNotFoundError: 401", "hold", "model-not-on-hub"),
+    ("requests.exceptions.HTTPError: 429 Client Error: Too Many Requests for url: "
+     "https://huggingface.co/api/models/Qwen/Qwen3-8B/revision/main", "back-off", "hf-hub-rate-limit"),
+    ("huggingface_hub.errors.RepositoryNotFoundError: 401 Client Error. (Request ID: Root=1-69aa2f29)", "hold",
+     "model-not-on-hub"),
     ("eval_harbor: harbor config not found: /x/eval/configs//abs/y.yaml", "hold", "harbor-config-not-found"),
     ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate", "hold", "cuda-out-of-memory"),
     ("ModuleNotFoundError: No module named 'vllm'", "hold", "wrong-env"),
-    ("AttributeError: ... extra_special_tokens", "hold", "tokenizer-extra-special-tokens"),
+    ("    self._set_model_specific_special_tokens(special_tokens=self.extra_special_tokens)\n"
+     "AttributeError: 'list' object has no attribute 'keys'", "hold", "tokenizer-extra-special-tokens"),
 ])
 def test_a_catalogued_start_failure_gets_its_remedy_and_its_advice(log: str, remedy: str, name: str):
     failed_early = facts(TAG, total=None, completed=0, has_result=False, trial_dirs=0, finished=False)
@@ -227,14 +233,13 @@ def test_a_torch_compile_refire_clears_the_cache_and_an_nccl_refire_excludes_the
     failed_early = facts(TAG, total=None, completed=0, has_result=False, trial_dirs=0, finished=False)
     torch = plan_cell(C, ended(failed_early, JobState.FAILED, log="Bytes object is corrupted, checksum does not match"),
                       POLICY, NOW)
-    nccl = plan_cell(C, ended(failed_early, JobState.FAILED, log="NCCL ALLREDUCE timed out", nodes="gpu042"),
-                     POLICY, NOW)
+    nccl = plan_cell(C, ended(failed_early, JobState.FAILED, log=WATCHDOG, nodes="gpu042"), POLICY, NOW)
 
     assert torch.actions[-1].job_env == {"EVAL_CLEAR_COMPILE_CACHE": "1"}
     quarantine = nccl.actions[0]
     assert isinstance(quarantine, Quarantine) and quarantine.subject == QuarantineKind.NODE
     assert (quarantine.scope, quarantine.name, quarantine.ttl_s) == ("hpc", "gpu042", 24 * 3600)
-    [same_pass] = plan(RUN, [C], [ended(failed_early, JobState.FAILED, log="NCCL ALLREDUCE timed out", nodes="gpu042")],
+    [same_pass] = plan(RUN, [C], [ended(failed_early, JobState.FAILED, log=WATCHDOG, nodes="gpu042")],
                        POLICY, NOW).cells
     assert same_pass.actions[1].exclude_nodes == ("gpu042",), "the refire of the pass that quarantines the node"
 
@@ -379,7 +384,7 @@ def test_a_healthy_job_says_so_in_its_verdict():
 def test_a_running_nccl_failure_cancels_and_quarantines_the_node():
     live = job(TAG, JobState.RUNNING)
     decided = plan_cell(C, running(live_dir(completed=5), nodes="gpu9", outputs=(
-        JobOutput(job_id=live.job_id, offset=0, end=10, text="[rank1] NCCL watchdog thread: Timeout\n"),)),
+        JobOutput(job_id=live.job_id, offset=0, end=10, text=f"{WATCHDOG}\n"),)),
         POLICY, NOW)
 
     assert decided.rule == Rule.KNOWN_FAILURE and kinds(decided) == ["cancel", "quarantine"]

@@ -104,7 +104,7 @@ def scontrol_job(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
 
 @pytest.mark.parametrize(("name", "line"), [pytest.param(name, line, id=name) for name, line in [
     ("torch-compile-cache-corrupt", "RuntimeError: Bytes object is corrupted, checksum does not match"),
-    ("vllm-health-check-timeout", "eval_harbor: vLLM health check timed out after 20 tries"),
+    ("vllm-health-check-timeout", "eval_harbor: vLLM not healthy after 20 checks (EVAL_VLLM_MAX_RETRIES)"),
     ("vllm-dp-port-collision", "OSError: [Errno 98] Address already in use"),
     ("cuda-out-of-memory", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
     ("model-not-on-hub", "huggingface_hub.errors.RepositoryNotFoundError: 401 Client Error"),

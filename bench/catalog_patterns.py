@@ -1,0 +1,104 @@
+"""Bench: the failure catalog's patterns on adversarial long lines.
+
+Usage: python bench/catalog_patterns.py [--kib 256] [--runs 3] [--old-kib 32]
+A running job's output is read up to 256 KiB per pass (OUTPUT_READ_CAP), and one line may be all of it (a progress
+bar that never prints a newline). Each shipped pattern is timed on lines of that size built to make it work: every
+literal run of every pattern repeated (each repeat a start that fails late), each pattern's runs but its last
+joined and repeated (a near miss through its bounded gaps), 'NCCL ' repeated, and filler. Prints the worst time per
+pattern and the line it took, `diagnose` per stage on its worst line, and for scale the old nccl-timeout pattern
+(`NCCL.*(?i:timeout|timed out)`) on a shorter line, since it is quadratic. Asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from re import _parser as sre
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from controller.core.health import diagnose  # noqa: E402
+from controller.core.ports import OUTPUT_READ_CAP  # noqa: E402
+from controller.core.types import FailureStage  # noqa: E402
+from controller.spec.catalog import load_catalog  # noqa: E402
+
+OLD_NCCL = "NCCL.*(?i:timeout|timed out)"
+
+
+def literal_runs(tree: sre.SubPattern) -> Iterator[str]:
+    """The runs of literal characters in a parsed pattern, groups and alternatives included."""
+    run: list[str] = []
+    for op, arg in tree:
+        if op == sre.LITERAL:
+            run.append(chr(arg))
+            continue
+        if run:
+            yield "".join(run)
+            run = []
+        for child in _subpatterns(arg):
+            yield from literal_runs(child)
+    if run:
+        yield "".join(run)
+
+
+def _subpatterns(arg: object) -> Iterator[sre.SubPattern]:
+    if isinstance(arg, sre.SubPattern):
+        yield arg
+    elif isinstance(arg, tuple | list):
+        for item in arg:
+            yield from _subpatterns(item)
+
+
+def adversarial(patterns: list[str], size: int) -> dict[str, str]:
+    """Lines of `size` characters, no newline, by what they repeat."""
+    pieces = {"'NCCL '": "NCCL ", "'a'": "a", "' '": " "}
+    for pattern in patterns:
+        runs = [r for r in literal_runs(sre.parse(pattern)) if r.strip()]
+        pieces |= {repr(r[:40]): r + " " for r in runs}
+        if len(runs) > 1:
+            pieces[f"near miss of {pattern[:40]!r}"] = " ".join(runs[:-1]) + " "
+    return {what: (piece * (size // len(piece) + 1))[:size] for what, piece in pieces.items()}
+
+
+def timed(call: Callable[[], object], runs: int) -> float:
+    """The best of `runs` calls, in ms."""
+    best = float("inf")
+    for _ in range(runs):
+        started = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - started)
+    return best * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kib", type=int, default=OUTPUT_READ_CAP >> 10, help="the adversarial lines' size")
+    parser.add_argument("--runs", type=int, default=3, help="timings per (pattern, line); the best is kept")
+    parser.add_argument("--old-kib", type=int, default=32, help="the line size for the old nccl-timeout pattern")
+    args = parser.parse_args()
+    modes = load_catalog().failures.modes_for([])
+    patterns = sorted({p for mode in modes for p in mode.patterns})
+    lines = adversarial(patterns, args.kib << 10)
+    print(f"{len(patterns)} shipped patterns × {len(lines)} adversarial lines of {args.kib} KiB, best of {args.runs}")
+    print(f"{'worst ms':>9}  {'entry':<31} {'pattern':<62} worst line")
+    for mode in modes:
+        for pattern in mode.patterns:
+            compiled = re.compile(pattern, re.MULTILINE)
+            worst = max((timed(lambda c=compiled, t=text: c.search(t), args.runs), what) for what, text in lines.items())
+            print(f"{worst[0]:9.2f}  {mode.name + ' (' + mode.when.value + ')':<31} {pattern[:60]:<62} {worst[1]}")
+    for stage in FailureStage:
+        worst = max((timed(lambda t=text, s=stage: diagnose(t, modes, s), args.runs), what)
+                    for what, text in lines.items())
+        print(f"diagnose, every {stage.value} entry: worst {worst[0]:.2f} ms ({worst[1]})")
+    old_line = ("NCCL " * (args.old_kib << 10))[: args.old_kib << 10]
+    old_ms = timed(lambda: re.compile(OLD_NCCL, re.MULTILINE).search(old_line), 1)
+    print(f"for scale, the old {OLD_NCCL!r} on {args.old_kib} KiB of 'NCCL ': {old_ms:.0f} ms (quadratic in the line)")
+
+
+if __name__ == "__main__":
+    main()

@@ -170,12 +170,14 @@ def test_an_nccl_failure_on_the_last_usable_node_refires_without_quarantining_it
     assert scontrol_job(cluster, first["job_id"])["NodeList"] == "vm"
     refire_name = f"{tag_stem(first['run_tag'])}2"
     outputs: list[str] = []
+    [planned] = cluster.plan_cells()
 
     passes_until(cluster, outputs, lambda _: cluster.accounting(refire_name) or cluster.queue(refire_name),
                  f"a SLURM job named {refire_name}")
 
-    text = flat("".join(outputs))
-    assert "quarantined for" not in text and "node vm not quarantined: it is the last usable node" in text, text
+    assert [a["kind"] for a in planned["actions"]] == ["submit"], planned
+    assert "node vm not quarantined: it is the last usable node of slurm-test" in planned["reason"], planned
+    assert "quarantined for" not in flat("".join(outputs)), outputs
     [refire] = cluster.accounting(refire_name) or cluster.queue(refire_name)
     assert scontrol_job(cluster, refire["job_id"]).get("ExcNodeList") in (None, "(null)", ""), "nothing excluded"
     assert cluster.status()["quarantined"] == []
@@ -188,8 +190,8 @@ def test_with_every_usable_node_quarantined_the_cell_is_held_until_a_human_relea
     cluster.write(models=[model], datasets=[dataset], script=cluster.fake_harbor_script())
     store = open_store(cluster.store)
     try:
-        store.quarantine(QuarantineKind.NODE, "slurm-test", "vm", "nccl-timeout: an earlier failure", 3600,
-                         owner="earlier")
+        store.state.quarantine(QuarantineKind.NODE, "slurm-test", "vm", "nccl-timeout: an earlier failure", 3600,
+                               owner="earlier")
     finally:
         store.close()
 
@@ -199,17 +201,17 @@ def test_with_every_usable_node_quarantined_the_cell_is_held_until_a_human_relea
     [hold] = [a for a in cell["actions"] if a["kind"] == "hold"]
     assert "every usable node of slurm-test is quarantined (vm)" in hold["reason"], cell
     assert cluster.submissions() == [] and cluster.our_queued_jobs() == []
-    listed = json.loads(cluster.evalctl("nodes", "list", "-o", "json").stdout)
+    listed = json.loads(cluster.evalctl("nodes", "list", "-o", "json", "--store", cluster.store).stdout)["nodes"]
     assert [(n["cluster"], n["node"], n["owner"]) for n in listed] == [("slurm-test", "vm", "earlier")], listed
 
-    released = cluster.evalctl("nodes", "release", "vm", "--cluster", "slurm-test")
+    released = cluster.evalctl("nodes", "release", "vm", "--cluster", "slurm-test", "--store", cluster.store)
 
     assert "vm" in released.stdout and "nccl-timeout" in released.stdout, released.stdout
     cluster.reconcile()
     [first] = cluster.submissions()
     wait_until(lambda: cluster.job_state(first["job_id"]) not in ("PENDING", ""), "the job to start")
     assert scontrol_job(cluster, first["job_id"])["NodeList"] == "vm"
-    assert json.loads(cluster.evalctl("nodes", "list", "-o", "json").stdout) == []
+    assert json.loads(cluster.evalctl("nodes", "list", "-o", "json", "--store", cluster.store).stdout) == {"nodes": []}
 
 
 # --------------------------------------------------------------------------- 3. stalled launch

@@ -17,12 +17,13 @@ from enum import StrEnum
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, NamedTuple, NoReturn
+from typing import Annotated, NamedTuple, NoReturn, TextIO, cast
 
 import typer
 from rich.console import Console
 
 from controller.adapters.process import identity_is_dead, process_identity
+from controller.adapters.secrets import MaskedStream
 from controller.adapters.store import SUPABASE_SCHEMES, UnsupportedStoreURL, open_store
 from controller.core.db_check import check_results
 from controller.core.reconcile import PassResult, reconcile_pass
@@ -697,6 +698,8 @@ def main() -> None:
     # Everything imported so far lives as long as the process: out of the collector's sight, a pass's full
     # collections no longer walk it again and again (the GC's cost grows with all live objects, not the new ones).
     gc.freeze()
+    # the last line of defence: whatever a command prints or logs, this process's secrets and token shapes masked
+    sys.stdout, sys.stderr = cast(TextIO, MaskedStream(sys.stdout)), cast(TextIO, MaskedStream(sys.stderr))
     app()
 
 

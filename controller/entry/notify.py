@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from controller.adapters.secrets import SecretMask
+from controller.adapters.secrets import SecretMask, mask_text
 from controller.core.actor import kill_point
 from controller.core.notify import DeliveryState, Notification, headline
 from controller.core.store import Store
@@ -92,8 +92,9 @@ def webhooks_of(specs: SpecSet, secrets: SecretSource) -> list[RunWebhooks]:
 
 
 def slack_body(notification: Notification) -> dict[str, Any]:
-    """Slack's incoming-webhook JSON: `text` (also what notifications show) and one mrkdwn section."""
-    text = _escaped(headline(notification))
+    """Slack's incoming-webhook JSON: `text` (also what notifications show) and one mrkdwn section. What leaves for
+    another service is masked once more (this process's secrets, token shapes), whatever its sources did."""
+    text = _escaped(mask_text(headline(notification)))
     return {"text": text, "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]}
 
 

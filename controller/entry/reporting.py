@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 
 from controller.adapters.rundirs.report import step_metrics, step_stats
+from controller.adapters.secrets import mask_text
 from controller.core.match import join_cells
 from controller.core.ports import ObservationError
 from controller.core.reconcile import RunTarget, reconcile_pass
@@ -35,8 +36,9 @@ def build_report(specs: SpecSet, store: Store, catalog: Catalog, now: datetime) 
 
 
 def write_report(report: Report, path: Path) -> None:
-    """Atomically: a half-written report is never left where a browser or a CI artifact picks it up."""
-    html = render_html(report)
+    """Atomically: a half-written report is never left where a browser or a CI artifact picks it up. The page is
+    masked once more (this process's secrets, token shapes): it is shared further than any output."""
+    html = mask_text(render_html(report))
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     with os.fdopen(handle, "w", encoding="utf-8") as out:

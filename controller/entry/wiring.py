@@ -150,10 +150,10 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog, secrets: Secre
         jobs_dir = cluster.path(cspec.jobs_dir)
         logs_dir = cluster.path(cspec.logs_dir)
         own = admin_secrets if cluster.cluster_scoped and admin_secrets is not None else secrets  # the cluster's refs
-        scheduler = scheduler_for(cluster, logs_dir, secret_mask(cluster, specs, own, secrets), own,
-                                  public_errors=public_errors)
+        mask = secret_mask(cluster, specs, own, secrets)  # what its jobs print and write is masked as it is read
+        scheduler = scheduler_for(cluster, logs_dir, mask, own, public_errors=public_errors)
         probe = run_dir_probe(cluster, jobs_dir, own, public_errors=public_errors)
-        run_dirs = HarborRunDirs(jobs_dir, errors, probe=probe,
+        run_dirs = HarborRunDirs(jobs_dir, errors, probe=probe, mask=mask,
                                  fs=None if probe else run_dirs_fs(cluster, jobs_dir, own, public_errors=public_errors))
 
         def actor_for(target: RunTarget, cluster: LoadedCluster = cluster, scheduler: Scheduler = scheduler,
@@ -370,7 +370,8 @@ def secret_value(secrets: SecretSource, ref: SecretRef, what: str) -> str:
 def secret_mask(cluster: LoadedCluster, specs: SpecSet, secrets: SecretSource,
                 run_secrets: SecretSource | None = None) -> SecretMask:
     """Every secret the cluster's jobs can see (its secretEnv from `secrets`, the pinggy tokens of its EvalRuns from
-    `run_secrets`): what a job prints is masked with all of them, or withheld when one is not available here."""
+    `run_secrets`): what a job prints is masked with all of them, or withheld when one is not available here; and,
+    as everywhere, with this process's own secrets and every token shape (adapters/secrets.py)."""
     run_secrets = run_secrets or secrets
     found = [(secrets, item.secret_ref) for item in cluster.cluster.spec.secret_env]
     found += [(run_secrets, pair.secret_ref) for run in specs.evalruns if run.cluster_ref == cluster.ref

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from controller.adapters.scheduler.local import LocalJob, LocalScheduler
+from controller.adapters.secrets import SecretMask
 from controller.core.ports import ObservationError
 from tests.fixtures.threads import in_thread
 
@@ -78,3 +79,15 @@ def test_a_finished_local_job_leaves_no_zombie_under_the_process_that_submitted_
     children = Path(f"/proc/self/task/{os.getpid()}/children").read_text().split()
     zombies = [pid for pid in children if Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")]
     assert zombies == []
+
+
+def test_a_state_file_a_job_wrote_a_token_into_is_unknown_and_its_error_masked(tmp_path: Path) -> None:
+    """The corrupt file's error quotes it (pydantic shows the input), and that becomes the cluster's reason."""
+    token = "ghp_" + "R2d2C3po" * 5
+    job_dir = _job_dir(tmp_path)
+    _job_json(job_dir)
+    (job_dir / "end.json").write_text(f'{{"state": "{token}"}}')
+    with pytest.raises(ObservationError, match=r"end\.json is corrupt") as raised:
+        LocalScheduler(tmp_path, SecretMask()).observe()
+    assert token not in str(raised.value) and "ghp_***" in str(raised.value)
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__

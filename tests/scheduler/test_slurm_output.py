@@ -17,7 +17,7 @@ import pytest
 from controller.adapters.scheduler.commands import CommandFailed, CommandResult, CommandRunner, LocalCommands
 from controller.adapters.scheduler.slurm import READ_MARKER, READ_SCRIPT, SlurmOptions, SlurmScheduler
 from controller.adapters.secrets import SecretMask
-from controller.core.ports import OUTPUT_READ_CAP, ObservationError, OutputCursor
+from controller.core.ports import OUTPUT_READ_CAP, ObservationError, OutputCursor, SubmitRequest
 from controller.core.types import JobOutput
 
 SECRET = "tok-5f0c9e1d2b"
@@ -102,6 +102,38 @@ def test_output_that_is_not_what_the_script_prints_is_unknown_never_a_guess(stdo
 def test_a_failed_or_timed_out_read_is_an_observation_error(answer: CommandResult | Exception) -> None:
     with pytest.raises(ObservationError, match="reading job output"):
         slurm(Scripted(answer)).read_output(cursors("ev_a"))
+
+
+class Accounting(Scripted):
+    """squeue and sacct as SLURM prints them, a reason quoting a secret and a token; `sbatch` refusing with one."""
+
+    TOKEN = "hf_" + "Zq8" * 12
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> CommandResult:
+        self.calls.append(list(argv))
+        lines = {"squeue": f"7|ev_a|PENDING|2026-11-29T14:00:00|N/A|N/A|1:00:00||held: {SECRET} {self.TOKEN}",
+                 "sacct": f"6|ev_b|FAILED|1:0|2026-11-29T13:00:00|2026-11-29T13:00:01|2026-11-29T13:00:02|vm|1||"
+                          f"admin note {self.TOKEN}"}
+        if argv[0] in lines:
+            return CommandResult(returncode=0, stdout=lines[argv[0]] + "\n", stderr="")
+        return CommandResult(returncode=1, stdout="", stderr=f"sbatch: error: bad key {SECRET}\n")
+
+
+def test_scheduler_reasons_and_error_lines_are_masked_as_they_are_read() -> None:
+    """Free text SLURM hands back (an admin's hold reason, a login shell's noise) is masked like a job's tail."""
+    scheduler = slurm(Accounting(CommandResult(returncode=0, stdout="", stderr="")))
+    reasons = {job.name: job.reason for job in scheduler.observe()}
+    assert reasons == {"ev_a": "held: *** hf_***", "ev_b": "admin note hf_***"}
+    scheduler._logs_dir_made = True
+    with pytest.raises(RuntimeError, match=r"bad key \*\*\*$"):
+        scheduler.submit(SubmitRequest(name="ev_x", comment="k", script="/s/job.sh", args=(), env={}, logs_dir="/l",
+                                       time_limit="10"))
+
+
+def test_output_that_breaks_the_frames_is_quoted_masked() -> None:
+    token = "xoxb-" + "4815162342" * 3
+    with pytest.raises(ObservationError, match=r"unexpected text 'session xoxb-\*\*\*'"):
+        slurm(printed(READ_MARKER, f"session {token}")).read_output(cursors("ev_a"))
 
 
 # ---------------------------------------------------------------------- the real script on real files

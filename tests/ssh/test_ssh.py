@@ -16,6 +16,7 @@ import paramiko
 import pytest
 
 from controller.adapters.remote.ssh import (
+    DROP_SECRETS,
     SshCommands,
     parse_host,
     remote_script,
@@ -151,7 +152,7 @@ def test_parse_host() -> None:
     for bad in ("-oProxyCommand=touch /tmp/x", "a b", "", "host:port"):
         with pytest.raises(ValueError):
             parse_host(bad)
-    assert remote_script(["echo", "a b"], {"X": "1 2"}) == "export X='1 2'\nexec echo 'a b'\n"
+    assert remote_script(["echo", "a b"], {"X": "1 2"}) == f"{DROP_SECRETS}export X='1 2'\nexec echo 'a b'\n"
 
 
 # ---------------------------------------------------------------------- sftp

@@ -3,7 +3,9 @@
 Commands go through the system OpenSSH client, so the user's ~/.ssh/config (aliases, ProxyJump, keys, agent)
 applies exactly as on their shell. Host keys are always checked: a login node whose key is unknown or changed
 is refused, never trusted on first use. Environment values may be secrets, so they travel only on the ssh
-channel's stdin, as a script the remote `sh -s` runs; no argv (local or remote) and no file ever holds them.
+channel's stdin, as a script the remote `sh -s` runs; no argv (local or remote) and no file ever holds them. That
+script first unsets the login shell's own secrets (`DROP_SECRETS`): a job submitted there inherits, as one submitted
+here, only the secrets its cluster declares.
 
 A cluster whose key and known_hosts come from Secrets (an `SshIdentity`, see `materialize_identity`) runs with
 that identity ONLY: a config file written here instead of any ssh_config, no agent, no default keys, no other
@@ -52,12 +54,35 @@ def parse_host(text: str) -> tuple[str | None, str, int | None]:
     return match["user"], match["host"].strip("[]"), port
 
 
+# The login shell's own secrets stay out of what its commands pass on (`sbatch --export=ALL`): `looks_secret` in sh,
+# every exported variable named TOKEN, KEY, SECRET or PASSWORD unset unless it holds a blank, a switch, a number or a
+# path that exists there. It runs before the exports: what the cluster declares is set again after it.
+DROP_SECRETS = r"""_evalctl_names=$(env | sed -n 's/^\([A-Za-z_][A-Za-z0-9_]*\)=.*/\1/p' |
+  grep -i -e TOKEN -e KEY -e SECRET -e PASSWORD)
+for _evalctl_name in $_evalctl_names; do
+  eval "_evalctl_value=\${$_evalctl_name-}"
+  case $_evalctl_value in
+    *[![:space:]]*) ;;
+    *) continue ;;
+  esac
+  case $_evalctl_value in
+    [Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee]|[Yy][Ee][Ss]|[Nn][Oo]|[Oo][Nn]|[Oo][Ff][Ff]) continue ;;
+    [Nn][Oo][Nn][Ee]|[Nn][Uu][Ll][Ll]) continue ;;
+    /*) ! [ -e "$_evalctl_value" ] || continue ;;
+    *[!0-9.+-]*) ;;
+    *) continue ;;
+  esac
+  (unset "$_evalctl_name") 2>/dev/null && unset "$_evalctl_name"
+done
+"""
+
+
 def remote_script(argv: Sequence[str], env: Mapping[str, str] | None, stdin: str | None = None) -> str:
-    """The stdin of the remote `sh -s`: exports, then exec argv (so its exit code is the command's), its own input
-    (`stdin`) in a quoted here-document: no expansion, and a terminator it does not contain."""
+    """The stdin of the remote `sh -s`: DROP_SECRETS, exports, then exec argv (so its exit code is the command's),
+    its own input (`stdin`) in a quoted here-document: no expansion, and a terminator it does not contain."""
     if not argv:
         raise ValueError("empty argv")
-    lines = []
+    lines = [DROP_SECRETS.rstrip("\n")]
     for name, value in (env or {}).items():
         if not _ENV_NAME.fullmatch(name):
             raise ValueError(f"invalid environment variable name: {name!r}")

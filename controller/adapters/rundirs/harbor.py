@@ -11,6 +11,9 @@ whole observation an `ObservationError`.
 
 On a local disk a pass costs what is active (`memo`); the first pass reads everything, and when that is many run
 dirs, they are read in worker processes on every core (`parallel`) while this process assembles the facts in order.
+
+A run dir is written by the job: the text it holds (exception class names, task names, the agent's endpoint, why a
+file cannot be read) and the probe's error lines leave `observe` masked with the cluster's secrets (`masked_facts`).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from controller.adapters.rundirs.localfs import (
 from controller.adapters.rundirs.memo import JobsDirMemo, memo_for
 from controller.adapters.rundirs.remote import RunDirProbe
 from controller.adapters.rundirs.tree import JobsTree, LocalTree, RunScan, TrialRead, open_tree
+from controller.adapters.secrets import SecretMask, masking_errors
 from controller.core.ports import JobsDirMissing, ObservationError, RunTagFilter, every_run_tag
 from controller.core.trial_errors import UNGRADED, ErrorClasses, ErrorKind
 from controller.core.types import RUN_TAG_PREFIX, QuietFailure, RunDirFacts
@@ -92,14 +96,17 @@ class HarborRunDirs:
 
     `probe`: `jobs_dir` is a path on that login node, read there by the run-dir probe in a few round trips a
     pass, told what this process (or its cache) already knows.
+
+    `mask`: the cluster's secrets, which the facts' text and the errors' messages are masked with.
     """
 
     def __init__(self, jobs_dir: str, errors: ErrorClasses,
                  fs: AbstractFileSystem | Callable[[], AbstractFileSystem] | None = None,
                  parallel_from: int = PARALLEL_FROM, probe: RunDirProbe | None = None,
-                 workers_from_s: float = WORKERS_WIN_FROM_S) -> None:
+                 workers_from_s: float = WORKERS_WIN_FROM_S, mask: SecretMask | None = None) -> None:
         self.jobs_dir = jobs_dir
         self.errors = errors
+        self.mask = mask or SecretMask()
         self.parallel_from, self.workers_from_s = parallel_from, workers_from_s
         self._fs_factory: Callable[[], AbstractFileSystem] | None = None
         self._tree: JobsTree | None = None
@@ -117,7 +124,13 @@ class HarborRunDirs:
 
     def observe(self, wanted: RunTagFilter = every_run_tag) -> tuple[RunDirFacts, ...]:
         """The facts of the run dirs `wanted` names: a pass reads its own cells' dirs, never a jobs dir's every
-        entry (100,000 foreign `ev_` entries cost gigabytes of memo when they were all read)."""
+        entry (100,000 foreign `ev_` entries cost gigabytes of memo when they were all read). Masked here, after
+        the memo, so a cached fact is masked with the secrets of today."""
+        known = functools.lru_cache(maxsize=4096)(self.mask.known)  # task and class names repeat across dirs
+        with masking_errors(self.mask):  # the probe's error line, a path the job named
+            return tuple(masked_facts(facts, known) for facts in self._observe(wanted))
+
+    def _observe(self, wanted: RunTagFilter) -> tuple[RunDirFacts, ...]:
         if self._probe is not None:
             observed = self._observe_probed(self._probe, wanted)
         else:
@@ -252,6 +265,38 @@ class HarborRunDirs:
         if self._memo is not None:
             self._memo.settle(location, sig, facts)
         return facts
+
+
+TEXT_FACTS = ("model", "dataset", "benchmark_name", "agent", "api_base", "invalid", "fractional", "unreadable")
+
+
+def masked_facts(facts: RunDirFacts, mask: Callable[[str], str]) -> RunDirFacts:
+    """The text a job wrote into its run dir, masked; its numbers, and our own names (run tag, path), as they are.
+
+    Names that mask alike are counted together. Unchanged facts are the same object: a pass masks every dir."""
+    update: dict[str, Any] = {name: masked for name in TEXT_FACTS
+                              if (value := getattr(facts, name)) and (masked := mask(value)) != value}
+    if any(mask(name) != name for name in facts.error_breakdown):
+        errors: Counter[str] = Counter()
+        for name, count in facts.error_breakdown.items():
+            errors[mask(name)] += count
+        update["error_breakdown"] = dict(errors)
+    if any(mask(name) != name for name in facts.tasks):
+        tasks: dict[str, tuple[int, int, float]] = {}
+        for name, (completed, scored, reward) in facts.tasks.items():
+            was = tasks.get(key := mask(name), (0, 0, 0.0))
+            tasks[key] = (was[0] + completed, was[1] + scored, was[2] + reward)
+        update["tasks"] = tasks
+    quiet = tuple(_masked_quiet(q, mask) for q in facts.quiet_failures)
+    if any(new is not old for new, old in zip(quiet, facts.quiet_failures, strict=True)):
+        update["quiet_failures"] = quiet
+    return facts.model_copy(update=update) if update else facts
+
+
+def _masked_quiet(failure: QuietFailure, mask: Callable[[str], str]) -> QuietFailure:
+    task, kind = mask(failure.task), failure.exception_type and mask(failure.exception_type)
+    return failure if (task, kind) == (failure.task, failure.exception_type) else \
+        failure.model_copy(update={"task": task, "exception_type": kind})
 
 
 def read_run(tree: JobsTree, run_tag: str, errors: ErrorClasses,

@@ -3,6 +3,13 @@
 The SLURM backend only builds argv lists; a `CommandRunner` executes them. Environment values
 (secrets among them) are handed over out of band — the process environment here, stdin over ssh —
 so they never appear in any argv, log line or file.
+
+What a job inherits: its submitter's environment (`sbatch --export=ALL`, the local runner) minus every secret
+there — the reconciler's own variables (EVALCTL_*, its MLflow login) and every variable that looks like one (named
+TOKEN, KEY, SECRET or PASSWORD, holding more than a switch, a number or an existing path: `secrets.looks_secret`) —
+plus what the cluster declares (`env`, `secretEnv`, the EVAL_* settings). So a job gets a secret only because its
+cluster says so, while PATH, HOME, module and site settings still pass. Over ssh the login shell's environment is
+filtered by the same rule, there (`remote.ssh.DROP_SECRETS`): the reconciler's own never travels.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from controller.adapters.secrets import looks_secret
 from controller.core.types import Frozen
 
 
@@ -39,13 +47,13 @@ OWN_CREDENTIALS = frozenset({"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWO
 
 
 def inherited_environment() -> dict[str, str]:
-    """This process's environment minus the reconciler's own variables and credentials.
+    """This process's environment minus the reconciler's own variables and credentials and every other secret.
 
-    Jobs inherit what their submitter had (`sbatch --export=ALL`, the local runner): without this, every
-    job would carry every secret the reconciler can read, not just the ones meant for it.
+    Jobs inherit what their submitter had (`sbatch --export=ALL`, the local runner): without this, every job
+    would carry every secret the reconciler can read (an HF_TOKEN in its shell), not just the ones meant for it.
     """
     return {name: value for name, value in os.environ.items()
-            if not name.startswith(OWN_VARIABLES) and name not in OWN_CREDENTIALS}
+            if not name.startswith(OWN_VARIABLES) and name not in OWN_CREDENTIALS and not looks_secret(name, value)}
 
 
 class LocalCommands:

@@ -76,13 +76,15 @@ class LocalScheduler:
     # ------------------------------------------------------------------ observe
 
     def observe(self) -> tuple[ObservedJob, ...]:
-        """Every job of ours, live or ended (queue and accounting are the same files here)."""
+        """Every job of ours, live or ended (queue and accounting are the same files here). A corrupt state file's
+        error quotes it, and the job can write there: masked."""
         try:
             listed = self.jobs_dir.iterdir() if self.jobs_dir.exists() else iter(())
             entries = sorted((p for p in listed if p.name.isdigit()), key=lambda p: int(p.name))  # ours only
             return tuple(job for job in map(self._read, entries) if job is not None)
         except OSError as exc:
-            raise ObservationError(f"local scheduler state {self.jobs_dir} unreadable: {exc}") from exc
+            raise ObservationError(f"local scheduler state {self.jobs_dir} unreadable: {self.mask.known(str(exc))}") \
+                from None
 
     def find(self, name: str) -> ObservedJob | None:
         matches = [job for job in self.observe() if job.name == name]

@@ -6,8 +6,9 @@ user server-side and to our job-name prefix here. A command that fails or times 
 `ObservationError`: the core makes the cluster's cells Unknown, it never reads that as "no jobs".
 
 Times are printed in UTC (`TZ=UTC` in the commands' environment) so a login node in another time
-zone cannot shift submit or start times. Secrets reach `sbatch` in its environment (`--export=ALL`),
-never on the command line.
+zone cannot shift submit or start times. Secrets reach `sbatch` in its environment (`--export=ALL`, the
+submitter's own minus its secrets: see commands.py), never on the command line. Free text read back (a failed job's
+tail, squeue/sacct reasons, error lines) is masked as it is read (adapters/secrets.py).
 
 Running jobs' output is ONE `sh` script per pass over every cursor (`READ_SCRIPT`): for each file a header
 line `#<index> <start>`, then the bytes from `start` base64-encoded. base64 keeps the bytes intact through a
@@ -32,7 +33,7 @@ from controller.adapters.scheduler.commands import (
     CommandRunner,
 )
 from controller.adapters.scheduler.output import TAIL_BYTES, failure_tail, job_output
-from controller.adapters.secrets import SecretMask
+from controller.adapters.secrets import SecretMask, masking_errors
 from controller.core.hostlist import HostlistError, expand
 from controller.core.ports import OUTPUT_READ_CAP, ObservationError, OutputCursor, SubmitRequest
 from controller.core.types import RUN_TAG_PREFIX, Frozen, JobOutput, JobState, ObservedJob
@@ -173,12 +174,16 @@ class SlurmScheduler:
     def _squeue(self, filters: list[str]) -> list[ObservedJob]:
         out = self._read(["squeue", "--noheader", "--array", "--states=all", f"--format={SQUEUE_FORMAT}", *filters],
                          "squeue")
-        return [job for line in out.stdout.splitlines() if (job := parse_squeue_line(line)) is not None]
+        return [self._masked(job) for line in out.stdout.splitlines() if (job := parse_squeue_line(line)) is not None]
 
     def _sacct(self, filters: list[str]) -> list[ObservedJob]:
         out = self._read(["sacct", "--noheader", "--parsable2", "--allocations", f"--format={SACCT_FIELDS}",
                           *filters], "sacct")
-        return [job for line in out.stdout.splitlines() if (job := parse_sacct_line(line)) is not None]
+        return [self._masked(job) for line in out.stdout.splitlines() if (job := parse_sacct_line(line)) is not None]
+
+    def _masked(self, job: ObservedJob) -> ObservedJob:
+        """A reason is free text (an admin's hold message, a requeue's cause): masked as it is read, like a tail."""
+        return job.model_copy(update={"reason": self.mask.known(job.reason)}) if job.reason else job
 
     def _read(self, argv: list[str], what: str) -> CommandResult:
         try:
@@ -186,7 +191,7 @@ class SlurmScheduler:
         except CommandFailed as exc:
             raise ObservationError(f"{what}: {exc}") from exc
         if result.returncode != 0:
-            raise ObservationError(f"{what} exited {result.returncode}: {_error_line(result.stderr)}")
+            raise ObservationError(f"{what} exited {result.returncode}: {self._error_line(result.stderr)}")
         return result
 
     def _with_log_tails(self, jobs: list[ObservedJob]) -> tuple[ObservedJob, ...]:
@@ -216,8 +221,10 @@ class SlurmScheduler:
         for cursor in cursors:
             argv += [str(max(cursor.offset, 0)), self.output_path(cursor.name, cursor.job_id)]
         result = self._read(argv, "reading job output")
+        with masking_errors(self.mask):  # a read that breaks the frames quotes what it found: a job's bytes
+            frames = parse_output_frames(result.stdout, len(cursors))
         outputs = []
-        for index, read in sorted(parse_output_frames(result.stdout, len(cursors)).items()):
+        for index, read in sorted(frames.items()):
             cursor = cursors[index]
             if read is None:
                 raise ObservationError(f"job output {self.output_path(cursor.name, cursor.job_id)} is not readable")
@@ -244,7 +251,7 @@ class SlurmScheduler:
             raise RuntimeError(f"sbatch did not answer ({exc}); the next pass adopts the job if it was queued") from exc
         job_id = _last_line(result.stdout).split(";")[0]  # the last line: a login shell may print a banner first
         if result.returncode != 0 or not job_id.isdigit():
-            raise RuntimeError(f"sbatch failed (exit {result.returncode}): {_error_line(result.stderr)}")
+            raise RuntimeError(f"sbatch failed (exit {result.returncode}): {self._error_line(result.stderr)}")
         return job_id
 
     def usable_nodes(self) -> tuple[str, ...] | None:
@@ -298,8 +305,13 @@ class SlurmScheduler:
         except CommandFailed as exc:
             raise RuntimeError(f"{what}: {exc}") from exc
         if result.returncode != 0 and not (ok is not None and ok.search(result.stderr)):
-            raise RuntimeError(f"{what} failed (exit {result.returncode}): {_error_line(result.stderr)}")
+            raise RuntimeError(f"{what} failed (exit {result.returncode}): {self._error_line(result.stderr)}")
         return result
+
+    def _error_line(self, stderr: str) -> str:
+        """SLURM's message is its last stderr line (e.g. `sbatch: error: Invalid qos specification`), masked: over
+        ssh it may be what the login shell printed."""
+        return self.mask.known(_last_line(stderr)) or "(no message)"
 
     def _placement(self) -> list[str]:
         o = self.options
@@ -482,11 +494,6 @@ def _find_all(text: str, needle: str) -> list[int]:
         found.append(at)
         at = text.find(needle, at + 1)
     return found
-
-
-def _error_line(stderr: str) -> str:
-    """SLURM's message is its last stderr line (e.g. `sbatch: error: Invalid qos specification`)."""
-    return _last_line(stderr) or "(no message)"
 
 
 def _last_line(text: str) -> str:

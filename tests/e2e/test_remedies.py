@@ -107,6 +107,21 @@ def test_a_zombie_is_cancelled_and_uploaded_despite_a_401_line(cluster: Cluster)
     assert [(e["kind"], e["subject"]) for e in run["effects"]] == [("back-off", "local")], run["effects"]
 
 
+def test_a_stalled_launch_is_cancelled_despite_a_401_line(cluster: Cluster) -> None:
+    cluster.write(models=[MODEL], datasets=[DATASET],
+                  env={**FAST, "FAKE_HARBOR_PRINT": UNAUTHORIZED, "FAKE_HARBOR_HANG_AFTER": "0"},
+                  extra_run="  health: {launchGraceMinutes: 0}")
+    once(cluster)
+    a1 = first_submission(cluster)
+    wait_until(lambda: UNAUTHORIZED in job_output(cluster, a1), "the 401 line in the job's output")
+
+    decided = once(cluster)
+
+    assert "stalled launch: no trial started" in decided and "daytona-load-shedding" in decided, decided
+    assert wait_until(lambda: ended(cluster, a1), "the launch to end") == JobState.CANCELLED
+    assert quarantines(cluster) == [("cluster", "local", "e2e")], "the match's back-off started all the same"
+
+
 def test_a_healthy_job_that_mentions_nccl_timeout_runs_on_unquarantined(cluster: Cluster) -> None:
     cluster.write(models=[MODEL], datasets=[DATASET],
                   env={**FAST, "FAKE_HARBOR_PRINT": "export NCCL_TIMEOUT=1800 NCCL_DEBUG=INFO  # watchdog timeout"})

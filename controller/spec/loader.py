@@ -159,7 +159,7 @@ def load_objects(objects: Sequence[Mapping[str, Any]], base_dir: Path, catalog: 
             directory = base_dir / resource.metadata.namespace if resource.metadata.namespace else base_dir
             parsed.append((resource, document, directory / "resource"))
             if policy is not None:
-                refused = (run_refusals(resource) if isinstance(resource, EvalRun)
+                refused = (run_refusals(resource, policy) if isinstance(resource, EvalRun)
                            else cluster_refusals(resource, directory, policy))
                 errors += [document.error(at, why) for at, why in refused]
         ref = _declared_cluster(document)

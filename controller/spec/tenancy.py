@@ -19,13 +19,19 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from controller.spec.capabilities import Check, Loc, checked, values_at
 from controller.spec.models import ClusterEvalCluster, EvalCluster, EvalRun
+from controller.spec.urls import is_url, under_prefix, url_problem
 
-# Names a namespaced object's env/secretEnv may not set: they make a loader, shell or interpreter run other code.
+# Names a namespaced object's env may not set: they make a loader, shell or interpreter run other code.
 HOOK_NAMES = frozenset({"BASH_ENV", "ENV", "PATH", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "IFS",
-                        "CDPATH", "GCONV_PATH", "HOSTALIASES", "LOCALDOMAIN", "RES_OPTIONS", "GLIBC_TUNABLES",
-                        "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "HOME", "ZDOTDIR", "GIT_SSH", "GIT_SSH_COMMAND"})
-HOOK_PREFIXES = ("LD_", "DYLD_", "PYTHON", "PERL5", "PERLLIB", "PERLIO", "RUBY", "NODE_", "MALLOC_", "BASH_FUNC_")
+                        "GLOBIGNORE", "EXECIGNORE", "BASH_XTRACEFD", "BASH_LOADABLES_PATH", "CDPATH", "FPATH",
+                        "GCONV_PATH", "LOCPATH", "NLSPATH", "HOSTALIASES", "LOCALDOMAIN", "RES_OPTIONS",
+                        "GLIBC_TUNABLES", "OPENSSL_CONF", "OPENSSL_ENGINES", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS",
+                        "JDK_JAVA_OPTIONS", "CLASSPATH", "HOME", "ZDOTDIR", "TCLLIBPATH", "PAGER", "EDITOR",
+                        "VISUAL", "BROWSER", "SSH_ASKPASS"})
+HOOK_PREFIXES = ("LD_", "DYLD_", "PYTHON", "PERL5", "PERLLIB", "PERLIO", "RUBY", "NODE_", "MALLOC_", "BASH_FUNC_",
+                 "GIT_", "LUA_", "R_PROFILE")
 TRACKING_SCHEMES = ("http", "https")  # a tracking URI that is a file or database would open it as the operator
 
 
@@ -41,14 +47,17 @@ class OperatorPolicy(BaseModel):
     allowed_path_roots: tuple[str, ...] = Field((), description="where absolute local paths of namespaced "
                                                                 "EvalClusters may point (after realpath)")
     allowed_mlflow_uris: tuple[str, ...] = Field((), description="tracking URIs (prefixes) the operator's own MLflow "
-                                                                 "login may be sent to")
+                                                                 "login may be sent to, and which tenants may "
+                                                                 "name whatever their host")
+    allowed_webhook_urls: tuple[str, ...] = Field((), description="webhook URLs (prefixes) tenants may name whatever "
+                                                                  "their host (an in-cluster relay)")
 
     def ambient_mlflow_login(self, uri: str) -> bool:
         """May the operator's own MLflow credentials go to `uri`?"""
         return any(uri == allowed or uri.startswith(allowed.rstrip("/") + "/") for allowed in self.allowed_mlflow_uris)
 
 
-Refusal = tuple[tuple[str | int, ...], str]  # where in the object, and why
+Refusal = tuple[Loc, str]  # where in the object, and why
 
 
 def cluster_refusals(cluster: EvalCluster | ClusterEvalCluster, directory: Path, policy: OperatorPolicy) -> list[Refusal]:
@@ -65,48 +74,70 @@ def cluster_refusals(cluster: EvalCluster | ClusterEvalCluster, directory: Path,
                       "ClusterEvalCluster of the admin, or start the operator with --allow-local-scheduler"))
     if spec.scheduler.ssh:
         found += _ssh_refusals(cluster, policy)
-    for name in spec.env:
-        if is_hook(name):
-            found.append((("spec", "env", name), f"operator policy: env {name} would run other code in the job's "
-                          "loader or shell; namespaced EvalClusters may not set it"))
-    for index, entry in enumerate(spec.secret_env):
-        if is_hook(entry.name):
-            found.append((("spec", "secretEnv", index, "name"), f"operator policy: secretEnv {entry.name} would run "
-                          "other code in the job's loader or shell; namespaced EvalClusters may not set it"))
-    if on_this_host:
-        for field, alias in (("jobs_dir", "jobsDir"), ("logs_dir", "logsDir"), ("job_script", "jobScript")):
-            problem = path_problem(getattr(spec, field), directory, policy.allowed_path_roots)
-            if problem:
-                found.append((("spec", alias), f"operator policy: {alias} {problem}"))
-    if spec.mlflow_tracking_uri is not None and (why := tracking_problem(spec.mlflow_tracking_uri)):
-        found.append((("spec", "mlflowTrackingUri"), why))
+    data = cluster.model_dump(by_alias=True)
+    for at, value in _values(data, "EvalCluster", "env-name"):
+        for name in value if isinstance(value, Mapping) else [value]:
+            if is_hook(name):
+                field = ".".join(str(part) for part in at[1:] if isinstance(part, str)).removesuffix(".name")
+                found.append(((*at, name) if isinstance(value, Mapping) else at, f"operator policy: {field} {name} "
+                              "would run other code in the job's loader or shell; namespaced EvalClusters may not "
+                              "set it"))
+    for at, value in _values(data, "EvalCluster", "local-path"):
+        if is_url(value):
+            found.append((at, f"operator policy: {at[-1]} {value} is a URL; a namespaced EvalCluster names plain "
+                          "paths (of the login node over scheduler.ssh, else of its namespace's directory); a URL "
+                          "needs the admin's ClusterEvalCluster"))
+        elif on_this_host and (problem := path_problem(value, directory, policy.allowed_path_roots)):
+            found.append((at, f"operator policy: {at[-1]} {problem}"))
+    found += [(at, why) for at, value in _values(data, "EvalCluster", "tracking-uri")
+              if (why := tracking_problem(value, policy))]
     return found
 
 
-def run_refusals(run: EvalRun) -> list[Refusal]:
+def run_refusals(run: EvalRun, policy: OperatorPolicy) -> list[Refusal]:
     """What a (namespaced) EvalRun may not ask, whatever its cluster."""
-    uri = run.spec.upload.mlflow_tracking_uri
-    why = tracking_problem(uri) if uri is not None else ""
-    return [(("spec", "upload", "mlflowTrackingUri"), why)] if why else []
+    return [(at, why) for at, value in _values(run.model_dump(by_alias=True), "EvalRun", "tracking-uri")
+            if (why := tracking_problem(value, policy))]
+
+
+def _values(data: Mapping[str, Any], kind: str, check: Check) -> list[tuple[Loc, Any]]:
+    return [found for path in checked(kind, check) for found in values_at(data, path)]
 
 
 def is_hook(name: str) -> bool:
     return name in HOOK_NAMES or name.startswith(HOOK_PREFIXES)
 
 
-def tracking_problem(uri: str) -> str:
+def tracking_problem(uri: str, policy: OperatorPolicy) -> str:
+    """Why a tenant's tracking URI may not be dialled ("" when it may): read from it comes back in status."""
     scheme = urlsplit(uri).scheme
-    if scheme in TRACKING_SCHEMES:
-        return ""
-    return (f"operator policy: mlflowTrackingUri {scheme}:// would open a file or database as the operator; "
-            "namespaced objects may name only an http(s) tracking server")
+    if scheme not in TRACKING_SCHEMES:
+        return (f"operator policy: mlflowTrackingUri {scheme}:// would open a file or database as the operator; "
+                "namespaced objects may name only an http(s) tracking server")
+    return "" if under_prefix(uri, policy.allowed_mlflow_uris) else _url_policy("mlflowTrackingUri", uri,
+                                                                              "--allowed-mlflow-uri")
+
+
+def webhook_problem(url: str, policy: OperatorPolicy) -> str:
+    """Why a tenant's webhook URL (from its Secret) may not be posted to ("" when it may)."""
+    return "" if under_prefix(url, policy.allowed_webhook_urls) else _url_policy("the webhook URL", url,
+                                                                                "--allowed-webhook-url")
+
+
+def api_server_hosts() -> tuple[str, ...]:
+    """The API server's in-cluster address, which a pod's environment names."""
+    return tuple(filter(None, [os.environ.get("KUBERNETES_SERVICE_HOST")]))
+
+
+def _url_policy(what: str, url: str, flag: str) -> str:
+    problem = url_problem(url, api_server_hosts())
+    return (f"operator policy: {what} {problem}; namespaced objects may name only http(s) servers on public "
+            f"addresses, or under the admin's {flag}") if problem else ""
 
 
 def path_problem(value: str, directory: Path, roots: Sequence[str]) -> str:
     """Why a local path of a namespaced EvalCluster may not be used: outside its namespace's dir (relative) or
     outside every allowed root (absolute), after symlinks are resolved."""
-    if "://" in value:
-        return f"{value} is a URL; namespaced EvalClusters read and write local paths only"
     resolved = Path(os.path.realpath(directory / value))
     allowed = [Path(os.path.realpath(directory))] if not Path(value).is_absolute() else []
     allowed += [Path(os.path.realpath(root)) for root in roots]

@@ -161,3 +161,57 @@ def test_a_namespace_is_served_oldest_evalruns_first_within_its_quota() -> None:
     assert "asks for 120 cells, at most 100" in quota_refusal(heavy, "b", quota)
     assert estimated_cells({"models": ["m1", "m2"], "datasets": ["d"], "presets": ["tb2", "v2"]}) == 6
     assert estimated_cells({"models": ["m1"]}) == 1
+
+
+@pytest.mark.parametrize("url", ["ssh://attacker.example/jobs", "file:///etc", "sftp://10.0.0.5/jobs",
+                                 "http://169.254.169.254/latest", "s3://bucket/jobs"])
+@pytest.mark.parametrize("field", ["jobsDir", "logsDir", "jobScript"])
+def test_a_namespaced_clusters_paths_are_never_urls_even_over_ssh(url: str, field: str):
+    over_ssh = refusals(cluster(**{field: url}), run())
+    on_host = refusals(cluster(scheduler={"type": "local"}, **{"jobsDir": "j", "logsDir": "l", "jobScript": "s",
+                                                               field: url}), run(),
+                       policy=POLICY.model_copy(update={"allow_local_scheduler": True}))
+
+    assert len(on_host) == len(over_ssh) == 1
+    assert all(f"{field} {url} is a URL" in why and "ClusterEvalCluster" in why for why in over_ssh + on_host)
+    assert refusals(cluster("ClusterEvalCluster", **{field: url}), run(cluster=None, clusterRef={
+        "kind": "ClusterEvalCluster", "name": "hpc"})) == [], "the admin's may"
+
+
+@pytest.mark.parametrize("uri", ["http://127.0.0.1:5000", "http://2130706433/", "http://[::ffff:127.0.0.1]/",
+                                 "http://169.254.169.254/", "http://kubernetes.default.svc/", "http://10.0.0.7/",
+                                 "http://LOCALHOST./", "http://mlflow/"])
+def test_tracking_uris_of_tenants_name_public_hosts_only(uri: str):
+    on_run = refusals(cluster(), run(upload={"mlflow": True, "mlflowTrackingUri": uri}))
+    on_cluster = refusals(cluster(mlflowTrackingUri=uri), run())
+    allowed = POLICY.model_copy(update={"allowed_mlflow_uris": (uri,)})
+
+    assert len(on_run) == len(on_cluster) == 1
+    assert all("operator policy: mlflowTrackingUri" in why and "--allowed-mlflow-uri" in why
+               for why in on_run + on_cluster)
+    assert refusals(cluster(mlflowTrackingUri=uri), run(upload={"mlflowTrackingUri": uri}), policy=allowed) == [], \
+        "a URI the admin trusts with the operator's login may be named"
+    assert refusals(cluster(), run(upload={"mlflowTrackingUri": "https://mlflow.example.com/"})) == []
+
+
+def test_the_api_servers_in_cluster_address_is_refused(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "203.0.114.9")
+
+    [why] = refusals(cluster(), run(upload={"mlflowTrackingUri": "https://203.0.114.9:443/"}))
+
+    assert "the Kubernetes API server" in why
+
+
+@pytest.mark.parametrize("name", ["BASH_ENV", "LD_PRELOAD", "PYTHONSTARTUP", "SHELLOPTS", "PS4", "BASHOPTS",
+                                  "GLOBIGNORE", "IFS", "PROMPT_COMMAND", "ENV", "BASH_FUNC_id%%", "PATH"])
+def test_the_refire_env_is_held_to_the_env_policy(name: str):
+    mode = {"name": "oom", "patterns": ["OOM"], "when": "running", "remedy": "refire", "advice": "retry",
+            "jobEnv": {"OK_VAR": "1", name: "/tmp/payload"}}
+    found = refusals(cluster(failureCatalog=[mode]), run())
+    admins = cluster("ClusterEvalCluster", failureCatalog=[mode])
+
+    if name.isidentifier():
+        assert [why for why in found if "failureCatalog.jobEnv" in why and name in why], found
+        assert refusals(admins, run(cluster=None, clusterRef={"kind": "ClusterEvalCluster", "name": "hpc"})) == []
+    else:
+        assert any("a refire may set" in why for why in found), "the loader refuses a name no env can carry"

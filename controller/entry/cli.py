@@ -437,7 +437,10 @@ def operator(
                                     "(repeat).")] = [],  # noqa: B006
     allowed_mlflow_uri: Annotated[list[str], typer.Option(
         "--allowed-mlflow-uri", help="A tracking URI (prefix) the operator's own MLflow login may be sent to "
-                                     "(repeat).")] = [],  # noqa: B006
+                                     "(repeat); tenants may name a URI under it whatever its host.")] = [],  # noqa: B006
+    allowed_webhook_url: Annotated[list[str], typer.Option(
+        "--allowed-webhook-url", help="A webhook URL (prefix) tenants may name whatever its host, e.g. an in-cluster "
+                                      "relay (repeat); others must be http(s) on public addresses.")] = [],  # noqa: B006
     max_evalruns_per_namespace: Annotated[int, typer.Option(
         "--max-evalruns-per-namespace", min=1, help="EvalRuns served per namespace, oldest first; the others are "
                                                     "Stalled (QuotaExceeded).")] = 50,
@@ -467,7 +470,8 @@ def operator(
         _store(StoreURLs(url, state), readonly=False).close()  # a store that cannot be opened stops here, in one line
         policy = OperatorPolicy(allow_local_scheduler=allow_local_scheduler,
                                 allowed_ssh_hosts=tuple(allowed_ssh_host), allowed_path_roots=tuple(allowed_path_root),
-                                allowed_mlflow_uris=tuple(allowed_mlflow_uri))
+                                allowed_mlflow_uris=tuple(allowed_mlflow_uri),
+                                allowed_webhook_urls=tuple(allowed_webhook_url))
         config = OperatorConfig(store_url=url, state_url=state, base_dir=base_dir.resolve(), interval_s=interval,
                                 holder=process_identity(), policy=policy, namespace=operator_namespace,
                                 pass_timeout_s=pass_timeout or max(4 * interval, 60.0),

@@ -25,6 +25,7 @@ from controller.core.status import RunStatus
 from controller.core.store import CELL_OWNER_TTL, Store
 from controller.core.types import ClusterRef, EvalRunRef, Frozen
 from controller.core.vocabulary import Outcome
+from controller.entry.egress import egress_refusals
 from controller.entry.intake import targets_with_selections
 from controller.entry.kube_status import EventNote, aggregate_events, invalid_spec_patch, status_patch
 from controller.entry.notify import Notifier, webhooks_of
@@ -101,8 +102,11 @@ def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body:
     generation = meta.get("generation")
     previous = body.get("status")
     cluster = _cluster(api, body)
+    secrets = KubernetesSecrets(api, meta["namespace"])
     try:
         specs = _specs(config, body, cluster)
+        if refused := egress_refusals(specs, secrets, config.policy):
+            raise SpecErrors(refused)
     except SpecErrors as exc:
         messages = [error.message for error in exc.errors]
         return PassReport(status=invalid_spec_patch(messages, generation, previous, now),
@@ -115,7 +119,7 @@ def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body:
                                   now, act=True, holder=config.holder, holder_is_dead=identity_is_dead)
         publish_nodes(api, store, targets[0].cluster, (cluster or {}).get("status"))
     if notifier is not None:  # the sender's thread delivers what the pass queued; the URLs are the namespace's
-        notifier.offer(webhooks_of(specs, KubernetesSecrets(api, meta["namespace"])))
+        notifier.offer(webhooks_of(specs, secrets))
     requested = (meta.get("annotations") or {}).get(REQUESTED_AT)
     return PassReport(status=status_patch(result.status, previous, now, requested_at=requested, note=result.note),
                       events=tuple(aggregate_events(result.outcomes)), summary=result.status, outcomes=result.outcomes)

@@ -118,9 +118,9 @@ def tracking_problem(uri: str, policy: OperatorPolicy) -> str:
                                                                               "--allowed-mlflow-uri")
 
 
-def webhook_problem(url: str, policy: OperatorPolicy) -> str:
-    """Why a tenant's webhook URL (from its Secret) may not be posted to ("" when it may)."""
-    return "" if under_prefix(url, policy.allowed_webhook_urls) else _url_policy("the webhook URL", url,
+def webhook_problem(name: str, url: str, policy: OperatorPolicy) -> str:
+    """Why a tenant's webhook URL (from its Secret: never quoted) may not be posted to ("" when it may)."""
+    return "" if under_prefix(url, policy.allowed_webhook_urls) else _url_policy(f"webhook {name}", url,
                                                                                 "--allowed-webhook-url")
 
 

@@ -14,6 +14,7 @@ import socket
 import sqlite3
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -225,9 +226,9 @@ def test_a_tenants_attacks_are_refused_and_the_operator_keeps_serving_other_name
         db_why = stalled_message(lab, "db")
         assert "mlflowTrackingUri sqlite://" in db_why and "http(s)" in db_why, db_why
 
-        # the operator's MLflow login goes only where the admin allowed (--allowed-mlflow-uri): not here
-        eventually(lambda: http_listener.seen, "the tenant's tracking server to be called")
-        assert all("authorization" not in request for request in http_listener.seen), http_listener.seen
+        # a tracking server on loopback is an SSRF (issue 27): refused before anything dials it
+        steal_why = stalled_message(lab, "steal")
+        assert "mlflowTrackingUri reaches 127.0.0.1, a loopback address" in steal_why, steal_why
 
         # meanwhile, another namespace's EvalRun on the admin's cluster is served to Ready
         ready = lambda: any(c["type"] == "Ready" and c["status"] == "True" for c in  # noqa: E731
@@ -237,6 +238,7 @@ def test_a_tenants_attacks_are_refused_and_the_operator_keeps_serving_other_name
 
         assert not marker.exists(), "the tenant's code ran as the operator"
         assert tcp_listener.seen == [], "the operator connected to the host the tenant named"
+        assert http_listener.seen == [], "the operator called the tracking server the tenant named"
         assert [j.name for j in LocalScheduler(lab.root / lab.namespace / "logs" / ".local-scheduler").observe()] == []
         shown = [json.dumps(lab.kube.json("get", "evalruns", "-n", lab.namespace)), json.dumps(lab.events()),
                  lab.operator_log()]
@@ -246,10 +248,43 @@ def test_a_tenants_attacks_are_refused_and_the_operator_keeps_serving_other_name
             tables = {name for (name,) in store.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert "experiments" not in tables and "alembic_version" not in tables, sorted(tables)
         # a refused EvalRun never acted: its deletion is not held (it was retried for minutes)
-        lab.kube.kubectl("delete", "evalrun", "exec", "escape", "login", "db", "-n", lab.namespace, "--wait=true",
+        lab.kube.kubectl("delete", "evalrun", "exec", "escape", "login", "db", "steal", "-n", lab.namespace, "--wait=true",
                          "--timeout=60s")
     finally:
         release(lab, lab.namespace, other)
+        shared.delete()
+
+
+def test_a_tenants_webhook_to_loopback_and_file_url_jobs_dir_are_refused_and_nothing_is_dialled(
+        lab: Lab, http_listener: Listener) -> None:
+    """Issue 27: URLs a tenant writes (a webhook's, in its Secret; a jobsDir) are capabilities the policy grants."""
+    shared = SharedCluster(lab)
+    tenant = Tenant(lab)
+    hook = f"http://127.0.0.1:{http_listener.port}/services/T0/B0/hook-token-9c1f"
+    lab.start_operator(trusted_host=False)
+    try:
+        tenant.apply(
+            f"apiVersion: v1\nkind: Secret\nmetadata: {{name: alerts, namespace: {lab.namespace}}}\n"
+            f"stringData: {{url: '{hook}'}}",
+            lab.run_yaml(["org/a-8B"], name="hook", cluster=shared.ref, extra="  notify: {webhooks: [{name: alerts, "
+                         "secretRef: {name: alerts, key: url}, events: [Stalled, Failed, Ready, Completed]}]}"),
+            local_cluster(lab, "files", "  scheduler: {type: slurm, ssh: 'tenant@login.example', sshKeySecretRef: "
+                                        "{name: ssh, key: id}, knownHostsSecretRef: {name: ssh, key: hosts}}\n"
+                                        "  jobsDir: file:///\n  jobScript: /eval.sbatch"),
+            lab.run_yaml(["org/a-8B"], name="files", cluster="cluster: files"),
+        )
+
+        hook_why = stalled_message(lab, "hook")
+        assert "operator policy: webhook alerts reaches 127.0.0.1, a loopback address" in hook_why, hook_why
+        assert "--allowed-webhook-url" in hook_why and "hook-token-9c1f" not in hook_why, hook_why
+        files_why = stalled_message(lab, "files")
+        assert "jobsDir file:/// is a URL" in files_why and "ClusterEvalCluster" in files_why, files_why
+        assert lab.condition("Stalled", "hook")["reason"] == "InvalidSpec"  # type: ignore[index]
+        time.sleep(5)  # two more passes: still nothing dialled
+        assert http_listener.seen == [], "the operator posted to the loopback webhook the tenant named"
+        assert "hook-token-9c1f" not in lab.operator_log() + json.dumps(lab.events())
+    finally:
+        release(lab, lab.namespace)
         shared.delete()
 
 

@@ -54,6 +54,13 @@ class KubeApi:
             found = cast(dict[str, Any], self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural))
         return cast(list[dict[str, Any]], found.get("items", []))
 
+    def namespace_labels(self, name: str) -> dict[str, str] | None:
+        """A Namespace's labels (a ClusterEvalCluster's selector grants by them); None when it does not exist.
+        Listed by name, not got: the ClusterRole's `list namespaces` (kopf's) covers it, no new verb."""
+        found = self.core.list_namespace(field_selector=f"metadata.name={name}").items
+        meta = found[0].metadata if found else None
+        return None if meta is None else dict(meta.labels or {})
+
     def annotate(self, plural: str, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
         """Set annotations of a namespaced object (a merge patch: None removes one)."""
         self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, plural, name,

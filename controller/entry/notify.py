@@ -198,9 +198,11 @@ class Notifier:
         try:
             response = self._client.post(endpoint.url, json=slack_body(message),
                                          headers={ID_HEADER: message.id, "X-EvalRun-Event": message.event.value})
-        except httpx.HTTPError as exc:  # refused, timed out, TLS, …: its text may quote the URL
-            return endpoint.mask()(f"{type(exc).__name__}: {exc}".rstrip(": "))
-        return "" if response.is_success else f"HTTP {response.status_code}"
+        except httpx.HTTPError as exc:  # refused, timed out, TLS, …: its text may quote the URL or what came back
+            log.debug("webhook post failed", extra={"webhook": message.webhook,
+                                                    "error": endpoint.mask()(f"{type(exc).__name__}: {exc}")})
+            return type(exc).__name__
+        return "" if response.is_success else f"HTTP {response.status_code}"  # never its body: the URL is a tenant's
 
     def _record(self, store: Store, order: RunWebhooks, message: Notification, error: str) -> None:
         where = {"evalrun": str(order.evalrun), "webhook": message.webhook, "event": message.event.value,

@@ -32,8 +32,10 @@ from controller.entry.notify import Notifier, webhooks_of
 from controller.entry.operator_nodes import publish_nodes
 from controller.entry.wiring import cluster_ports, targets_for
 from controller.spec.catalog import Catalog, load_catalog
-from controller.spec.errors import SpecErrors
-from controller.spec.loader import SpecSet, load_objects
+from controller.spec.errors import SpecError, SpecErrors
+from controller.spec.grants import grant_refusal
+from controller.spec.loader import SpecSet, load_objects, object_label, parse_resource
+from controller.spec.models import ClusterEvalCluster
 from controller.spec.tenancy import NamespaceQuota, OperatorPolicy
 
 REQUESTED_AT = "evalrun.io/requestedAt"
@@ -104,6 +106,7 @@ def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body:
     cluster = _cluster(api, body)
     secrets = KubernetesSecrets(api, meta["namespace"])
     try:
+        _check_grant(api, body, cluster)
         specs = _specs(config, body, cluster)
         if refused := egress_refusals(specs, secrets, config.policy):
             raise SpecErrors(refused)
@@ -137,17 +140,21 @@ def release_object(api: KubeApi, config: OperatorConfig, stores: Stores, body: M
 
     Raises when the queue cannot be read or a cancel failed, so the finalizer stays and the deletion is retried;
     and for a spec that no longer loads only when its jobs are to be cancelled (which cluster is then unknown):
-    orphaned, its cells are given up at once (a policy refusal or typo never holds a deletion).
+    orphaned, its cells are given up at once (a policy refusal or typo never holds a deletion). On a
+    ClusterEvalCluster that does not grant its namespace nothing is cancelled there: its cells are given up.
     """
+    cluster = _cluster(api, body)
     try:
-        specs = _specs(config, body, _cluster(api, body))
+        _check_grant(api, body, cluster)
+    except SpecErrors as exc:
+        _give_up_cells(stores, body)
+        return [EventNote(type="Warning", reason="NotCancelled", message=exc.errors[0].message[:1000])]
+    try:
+        specs = _specs(config, body, cluster)
     except SpecErrors:
         if (body.get("spec") or {}).get("deletionPolicy") == "Cancel":
             raise
-        meta = body["metadata"]
-        with stores.open() as store:
-            store.state.claim_cells(EvalRunRef(namespace=meta["namespace"], name=meta["name"]), [],
-                                    CELL_OWNER_TTL.total_seconds())
+        _give_up_cells(stores, body)
         return []
     catalog = load_catalog()
     with stores.open() as store:
@@ -157,6 +164,29 @@ def release_object(api: KubeApi, config: OperatorConfig, stores: Stores, body: M
             raise ObservationError(target.unknown)
         ports = _ports(api, config, specs, store, catalog, body["metadata"]["namespace"])
         return aggregate_events(release_pass(target, store, ports[target.cluster]))
+
+
+def _give_up_cells(stores: Stores, body: Mapping[str, Any]) -> None:
+    meta = body["metadata"]
+    with stores.open() as store:
+        store.state.claim_cells(EvalRunRef(namespace=meta["namespace"], name=meta["name"]), [],
+                                CELL_OWNER_TTL.total_seconds())
+
+
+def _check_grant(api: KubeApi, body: Mapping[str, Any], cluster: Mapping[str, Any] | None) -> None:
+    """Raise SpecErrors when the EvalRun names a ClusterEvalCluster that does not grant its namespace: checked
+    before anything of the cluster is used, so none of the admin's Secrets is read for it. A ClusterEvalCluster
+    that does not load is left to the loader to report."""
+    if cluster is None or cluster_of(body)[0] != "clusterevalclusters":
+        return
+    try:
+        parsed = parse_resource(cluster, object_label(cluster))
+    except SpecErrors:
+        return
+    namespace = body["metadata"]["namespace"]
+    if isinstance(parsed, ClusterEvalCluster) and (
+            why := grant_refusal(parsed, namespace, lambda: api.namespace_labels(namespace))):
+        raise SpecErrors([SpecError(object_label(body), 1, 1, why)])
 
 
 def _ports(api: KubeApi, config: OperatorConfig, specs: SpecSet, store: Store, catalog: Catalog,

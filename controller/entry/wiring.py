@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, NoReturn, TypedDict
+from typing import TYPE_CHECKING, Literal, NoReturn, TypedDict
 from urllib.parse import urlsplit
 
 from fsspec import AbstractFileSystem
@@ -190,8 +190,8 @@ def tracker_for(run: LoadedRun, cluster: LoadedCluster | None = None, secrets: S
                 ambient_login: Callable[[str], bool] = lambda _: True) -> tuple[Tracker, str] | None:
     """The EvalRun's MLflow server and experiment when `upload.mlflow` is on (mlflow loads only then).
 
-    Server and credentials: the EvalRun's (its Secret from `secrets`), else its EvalCluster's (from
-    `cluster_secrets`), else this process's environment — only for a URI `ambient_login` allows, else none."""
+    Server: the EvalRun's, else its EvalCluster's, else this process's environment's. Credentials: see
+    `mlflow_login`."""
     upload = run.run.spec.upload
     if not upload.mlflow:
         return None
@@ -202,16 +202,36 @@ def tracker_for(run: LoadedRun, cluster: LoadedCluster | None = None, secrets: S
         return NoTracker("no MLflow tracking URI: set spec.upload.mlflowTrackingUri (EvalRun), "
                          "spec.mlflowTrackingUri (EvalCluster) or $MLFLOW_TRACKING_URI"), experiment
     secrets = secrets or EnvironmentSecrets()
-    secret, source = upload.mlflow_credentials_secret, secrets
-    if not secret and cspec and cspec.mlflow_credentials_secret:
-        secret, source = cspec.mlflow_credentials_secret, cluster_secrets or secrets
-    if not secret:  # the environment's login, or none at all: never a login sent where a tenant said
-        return (_mlflow(uri) if ambient_login(uri) else _mlflow(uri, ())), experiment
+    login = mlflow_login(uri, run, cluster, ambient_login)
+    if login is None:  # never a login sent where a tenant said
+        return _mlflow(uri, ()), experiment
+    secret, whose = login
+    if whose == "ambient":
+        return _mlflow(uri), experiment
+    source = secrets if whose == "run" else cluster_secrets or secrets
     try:
         credentials = mlflow_credentials(secret, source)
     except MissingSecret as exc:
         return NoTracker(str(exc)), experiment
     return _mlflow(uri, tuple(sorted(credentials.items()))), experiment
+
+
+def mlflow_login(uri: str, run: LoadedRun, cluster: LoadedCluster | None,
+                 ambient_login: Callable[[str], bool]) -> tuple[str, Literal["run", "cluster", "ambient"]] | None:
+    """Whose MLflow login goes to `uri`: (Secret name, "run" | "cluster"), ("", "ambient") for this process's
+    own (MLFLOW_TRACKING_*), None for none.
+
+    The EvalRun's own Secret goes wherever it says. The admin's credentials go only where the admin configured:
+    a ClusterEvalCluster's Secret to its own mlflowTrackingUri (an EvalRun that redirects the URI elsewhere does
+    not take it along, issue 27), the process's own login to URIs `ambient_login` allows; either also goes to a
+    URI `ambient_login` allows. A namespaced EvalCluster's Secret is its tenant's, like the EvalRun's."""
+    upload = run.run.spec.upload
+    if upload.mlflow_credentials_secret:
+        return upload.mlflow_credentials_secret, "run"
+    if cluster is not None and (secret := cluster.cluster.spec.mlflow_credentials_secret):
+        redirected = upload.mlflow_tracking_uri not in (None, cluster.cluster.spec.mlflow_tracking_uri)
+        return (secret, "cluster") if not (cluster.cluster_scoped and redirected) or ambient_login(uri) else None
+    return ("", "ambient") if ambient_login(uri) else None
 
 
 def mlflow_credentials(secret: str, secrets: SecretSource) -> dict[str, str]:

@@ -20,6 +20,7 @@ from ruamel.yaml.representer import SafeRepresenter
 from controller.spec.models import (
     API_VERSION,
     ClusterEvalCluster,
+    ClusterEvalClusterSpec,
     EvalCluster,
     EvalClusterSpec,
     EvalRun,
@@ -54,7 +55,7 @@ def render_crds() -> str:
     """The CRDs as one multi-document YAML string."""
     documents = [
         crd(EvalCluster, EvalClusterSpec, plural="evalclusters", short_names=["ec"], columns=EVALCLUSTER_COLUMNS),
-        crd(ClusterEvalCluster, EvalClusterSpec, plural="clusterevalclusters", short_names=["cec"],
+        crd(ClusterEvalCluster, ClusterEvalClusterSpec, plural="clusterevalclusters", short_names=["cec"],
             columns=EVALCLUSTER_COLUMNS, scope="Cluster"),
         crd(EvalRun, EvalRunSpec, plural="evalruns", short_names=["er"], columns=EVALRUN_COLUMNS),
     ]

@@ -34,6 +34,7 @@ __all__ = [
     "format_errors",
     "load_objects",
     "load_specs",
+    "object_label",
     "parse_resource",
 ]
 
@@ -153,7 +154,7 @@ def load_objects(objects: Sequence[Mapping[str, Any]], base_dir: Path, catalog: 
     parsed: list[tuple[Resource, Document, Path]] = []
     declared: set[ClusterRef] = set()
     for data in objects:
-        document = Document(_label(data), data, 1, 1)
+        document = Document(object_label(data), data, 1, 1)
         resource = _parse(document, errors)
         if resource is not None:
             directory = base_dir / resource.metadata.namespace if resource.metadata.namespace else base_dir
@@ -171,7 +172,8 @@ def load_objects(objects: Sequence[Mapping[str, Any]], base_dir: Path, catalog: 
     return _spec_set(parsed)
 
 
-def _label(data: Mapping[str, Any]) -> str:
+def object_label(data: Mapping[str, Any]) -> str:
+    """`<Kind> <namespace>/<name>`: where an API object's errors are said to be (it has no file)."""
     meta = data.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
     return f"{data.get('kind', 'resource')} {meta.get('namespace', '')}/{meta.get('name', '?')}"

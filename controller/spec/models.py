@@ -123,6 +123,7 @@ PositiveInt = Annotated[int, Field(gt=0)]
 Name = Annotated[str, Field(min_length=1, max_length=NAME_MAX), AfterValidator(_visible)]
 Short = Annotated[str, Field(min_length=1, max_length=SHORT_MAX), AfterValidator(_visible)]
 PathText = Annotated[str, Field(min_length=1, max_length=PATH_MAX), AfterValidator(_visible)]
+NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
 EnvName = Annotated[str, Field(min_length=1, max_length=ENV_NAME_MAX), AfterValidator(_env_name)]
 EnvValue = Annotated[str, Field(max_length=ENV_VALUE_MAX), AfterValidator(_env_value)]
 Walltime = Annotated[str, Field(max_length=32), AfterValidator(lambda value: walltime_text(value, "walltime"))]
@@ -408,14 +409,56 @@ class EvalCluster(SpecModel):
     spec: EvalClusterSpec
 
 
+class LabelRequirement(SpecModel):
+    """One `matchExpressions` entry of a Kubernetes label selector."""
+
+    key: Name = Field(description="The label's key.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(description="How the key's value is tested.")
+    values: list[Name] = Field(default_factory=list, max_length=POOL_MAX,
+                               description="In/NotIn: the values (at least one); Exists/DoesNotExist: none.")
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> LabelRequirement:
+        if (self.operator in ("In", "NotIn")) != bool(self.values):
+            raise entry_error(("values",), "selector_values", "{operator} takes {what}",
+                              operator=self.operator,
+                              what="one value or more" if self.operator in ("In", "NotIn") else "no values")
+        return self
+
+
+class LabelSelector(SpecModel):
+    """A Kubernetes label selector: every matchLabels pair and every expression must hold; empty selects all."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict, max_length=ENV_ENTRIES_MAX,
+                                         description="Labels the namespace carries with exactly these values.")
+    match_expressions: list[LabelRequirement] = Field(default_factory=list, max_length=ENV_ENTRIES_MAX,
+                                                      description="Requirements on the namespace's labels.")
+
+
+class NamespaceGrant(SpecModel):
+    """Which namespaces' EvalRuns may use a ClusterEvalCluster: those named, and those the selector matches."""
+
+    names: list[NamespaceName] = Field(default_factory=list, max_length=POOL_MAX,
+                                       description="Namespaces granted by name.")
+    selector: LabelSelector | None = Field(None, description="Namespaces granted by their labels; `{}` selects "
+                                                             "every namespace (the Kubernetes convention).")
+
+
+class ClusterEvalClusterSpec(EvalClusterSpec):
+    """An EvalCluster's spec, plus which namespaces the admin grants it to."""
+
+    allowed_namespaces: NamespaceGrant | None = Field(
+        None, description="Namespaces whose EvalRuns may use this cluster (and its Secrets); unset: none.")
+
+
 class ClusterEvalCluster(SpecModel):
-    """A cluster defined by the operator's admin, for EvalRuns of every namespace (cluster-scoped, like
+    """A cluster defined by the operator's admin, for EvalRuns of the namespaces it grants (cluster-scoped, like
     cert-manager's ClusterIssuer): it may use the operator's own credentials; its Secrets are the operator's."""
 
     api_version: Literal["evalrun.io/v1alpha1"] = Field(description="evalrun.io/v1alpha1")
     kind: Literal["ClusterEvalCluster"] = Field(description="ClusterEvalCluster")
     metadata: ObjectMeta
-    spec: EvalClusterSpec
+    spec: ClusterEvalClusterSpec
 
     @model_validator(mode="after")
     def _cluster_scoped(self) -> ClusterEvalCluster:

@@ -112,7 +112,7 @@ def test_an_endpoint_that_refuses_is_given_up_with_a_warning_and_its_url_is_neve
 
     given_up = undelivered(queued)
     assert [n.attempts for n in given_up] == [3, 3]
-    assert all(n.last_error.startswith("ConnectError") for n in given_up), given_up
+    assert {n.last_error for n in given_up} == {"ConnectError"}, given_up
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "evalctl.notify"]
     assert [r.getMessage() for r in warnings] == ["webhook message given up"] * 2
     logged = "\n".join(f"{r.getMessage()} {vars(r)}" for r in caplog.records)
@@ -156,3 +156,27 @@ def test_a_webhook_whose_url_is_missing_waits_and_says_where_to_set_it(
     assert [n.state for n in undelivered(queued)] == [DeliveryState.PENDING] * 2
     said = [r for r in caplog.records if r.name == "evalctl.notify" and r.levelno == logging.WARNING]
     assert len(said) == 1 and "EVALCTL_SECRET_SLACK_URL" in said[0].missing, "said once, not every pass"
+
+
+BODY = b"ami-id: i-0123 internal-metadata-4f1c"  # what a metadata service or an internal API would answer
+
+
+def test_what_an_endpoint_answers_is_never_stored_only_its_status(queued: Path, hook: Webhook,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A tenant names the URL: echoing an error answer's body into status would let it read any service the
+    operator reaches (issue 27)."""
+    caplog.set_level(logging.DEBUG)
+    hook.statuses.extend([500] * 4)
+    hook.answer = BODY
+    notifier = notifier_on(queued, backoff_s=0.01)
+    try:
+        notifier.offer([RunWebhooks(RUN, {"team": Endpoint(hook.url)}, max_attempts=2)])
+        wait_until(lambda: {n.state for n in undelivered(queued)} == {DeliveryState.GIVEN_UP}, "both given up")
+    finally:
+        notifier.close()
+
+    given_up = undelivered(queued)
+    assert {n.last_error for n in given_up} == {"HTTP 500"}
+    stored = queued.read_bytes() + b"".join(p.read_bytes() for p in queued.parent.glob("store.db-*"))
+    assert b"internal-metadata" not in stored
+    assert all("internal-metadata" not in f"{r.getMessage()} {vars(r)}" for r in caplog.records)

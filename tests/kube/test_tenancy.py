@@ -120,10 +120,13 @@ def tcp_listener() -> Iterator[Listener]:
 
 
 class SharedCluster:
-    """A ClusterEvalCluster of the admin (cluster-scoped: a unique name, deleted afterwards), local jobs."""
+    """A ClusterEvalCluster of the admin (cluster-scoped: a unique name, deleted afterwards), local jobs; granted
+    to the lab's namespace and the other one of other_namespace(), unless `allowed` says otherwise."""
 
-    def __init__(self, lab: Lab, env: dict[str, str] | None = None) -> None:
+    def __init__(self, lab: Lab, env: dict[str, str] | None = None, allowed: str | None = None,
+                 secret_env: str = "") -> None:
         self.lab, self.name = lab, f"shared-{lab.namespace.removeprefix('t-')}"
+        allowed = allowed or f"{{names: [{lab.namespace}, {lab.namespace}-b]}}"
         self.dir = lab.root / "shared"
         self.scheduler = LocalScheduler(self.dir / "logs" / ".local-scheduler")
         env = {"FAKE_HARBOR_TASKS": "4", "FAKE_HARBOR_TRIAL_SECONDS": "0.05", **(env or {})}
@@ -138,7 +141,8 @@ spec:
   jobScript: {FAKE_HARBOR}
   timeLimit: "01:00:00"
   env: {json.dumps(env)}
-""")
+  allowedNamespaces: {allowed}
+{secret_env}""")
 
     @property
     def ref(self) -> str:
@@ -343,6 +347,7 @@ spec:
   jobScript: {FAKE_HARBOR}
   timeLimit: "30"
   env: {{FAKE_HARBOR_TASKS: "2", FAKE_HARBOR_TRIAL_SECONDS: "0.05"}}
+{"" if namespace else f"  allowedNamespaces: {{names: [{lab.namespace}]}}"}
 """
 
 

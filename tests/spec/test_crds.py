@@ -172,3 +172,10 @@ def test_checker_catches_what_it_should() -> None:
         "spec.modelSelector.limit: required",
     ]
     assert walk({"type": "object", "properties": {"x": {"anyOf": []}}}) == ["x: anyOf", "x: type None"]
+
+
+def test_an_unset_grant_selector_has_no_default() -> None:
+    """The API server fills in defaults: a `selector: {}` default would grant every namespace."""
+    grant = schema_of("ClusterEvalCluster")["properties"]["spec"]["properties"]["allowedNamespaces"]
+    assert "default" not in grant and "default" not in grant["properties"]["selector"]
+    assert "allowedNamespaces" not in schema_of("EvalCluster")["properties"]["spec"]["properties"]

@@ -100,3 +100,71 @@ def test_a_missing_or_half_secret_says_where_to_add_it_and_shows_no_value(tmp_pa
     reason = tracker[0].reason
     assert "add key 'password' to Secret 'ml'" in reason and "add key 'token' to Secret 'ml'" in reason
     assert "bob-user-name" not in reason
+
+
+ADMIN_URI, TENANT_URI, ALLOWED_URI = "http://admin-mlflow:5000", "http://tenant.example:5000", "http://shared:5000"
+ADMIN_LOGIN = {"MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": PASSWORD}
+TENANT_LOGIN = {"MLFLOW_TRACKING_TOKEN": "tok-tenant"}
+AMBIENT, NONE = "ambient", {}  # _credentials None: the process's own login; {}: no login at all
+
+
+def shared_cluster(tmp_path: Path, kind: str, cluster_extra: str, upload: str):
+    """An EvalRun on `kind` (ClusterEvalCluster: the admin's; EvalCluster: the tenant's own)."""
+    spec = tmp_path / "spec.yaml"
+    ref = "clusterRef: {kind: ClusterEvalCluster, name: hpc}" if kind == "ClusterEvalCluster" else "cluster: hpc"
+    spec.write_text(f"""
+apiVersion: evalrun.io/v1alpha1
+kind: {kind}
+metadata: {{name: hpc}}
+spec: {{scheduler: {{type: local}}, jobsDir: {tmp_path}/jobs, logsDir: {tmp_path}/logs, jobScript: /bin/true
+        {cluster_extra}}}
+---
+apiVersion: evalrun.io/v1alpha1
+kind: EvalRun
+metadata: {{name: nightly}}
+spec: {{{ref}, models: [org/m1-8B], datasets: [DCAgent/tiny], upload: {{mlflow: true{upload}}}}}
+""")
+    specs = load_specs([spec])
+    return specs.evalruns[0], next(iter(specs.clusters.values()))
+
+
+@pytest.mark.parametrize(("kind", "cluster_extra", "upload", "expected"), [
+    # the admin configured the URI: the admin's Secret goes there
+    ("ClusterEvalCluster", f", mlflowTrackingUri: '{ADMIN_URI}', mlflowCredentialsSecret: admin-ml", "",
+     (ADMIN_URI, ADMIN_LOGIN)),
+    ("ClusterEvalCluster", f", mlflowTrackingUri: '{ADMIN_URI}', mlflowCredentialsSecret: admin-ml",
+     f", mlflowTrackingUri: '{ADMIN_URI}'", (ADMIN_URI, ADMIN_LOGIN)),  # the same URI, written again
+    # a tenant redirects it: not the admin's Secret; its own, or none
+    ("ClusterEvalCluster", f", mlflowTrackingUri: '{ADMIN_URI}', mlflowCredentialsSecret: admin-ml",
+     f", mlflowTrackingUri: '{TENANT_URI}'", (TENANT_URI, NONE)),
+    ("ClusterEvalCluster", ", mlflowCredentialsSecret: admin-ml", f", mlflowTrackingUri: '{TENANT_URI}'",
+     (TENANT_URI, NONE)),
+    ("ClusterEvalCluster", f", mlflowTrackingUri: '{ADMIN_URI}', mlflowCredentialsSecret: admin-ml",
+     f", mlflowTrackingUri: '{TENANT_URI}', mlflowCredentialsSecret: tenant-ml", (TENANT_URI, TENANT_LOGIN)),
+    # ... unless the admin allows that URI (--allowed-mlflow-uri)
+    ("ClusterEvalCluster", f", mlflowTrackingUri: '{ADMIN_URI}', mlflowCredentialsSecret: admin-ml",
+     f", mlflowTrackingUri: '{ALLOWED_URI}'", (ALLOWED_URI, ADMIN_LOGIN)),
+    # no Secret anywhere: the process's own login only where allowed
+    ("ClusterEvalCluster", f", mlflowTrackingUri: '{ADMIN_URI}'", f", mlflowTrackingUri: '{TENANT_URI}'",
+     (TENANT_URI, NONE)),
+    ("ClusterEvalCluster", f", mlflowTrackingUri: '{ADMIN_URI}'", f", mlflowTrackingUri: '{ALLOWED_URI}'",
+     (ALLOWED_URI, AMBIENT)),
+    # a tenant's own EvalCluster: its Secret is the tenant's, and follows the tenant's URI
+    ("EvalCluster", f", mlflowTrackingUri: '{ADMIN_URI}', mlflowCredentialsSecret: admin-ml",
+     f", mlflowTrackingUri: '{TENANT_URI}'", (TENANT_URI, ADMIN_LOGIN)),
+])
+def test_the_admins_credentials_go_only_where_the_admin_configured(
+        tmp_path: Path, kind: str, cluster_extra: str, upload: str, expected: tuple[str, object]) -> None:
+    run, cluster = shared_cluster(tmp_path, kind, cluster_extra, upload)
+    admin = {("admin-ml", "username"): "admin", ("admin-ml", "password"): PASSWORD}
+    tenant = {("tenant-ml", "token"): "tok-tenant"}
+    own = Secrets(admin) if kind == "ClusterEvalCluster" else Secrets({**tenant, **admin})  # a tenant's: its own
+
+    tracker = tracker_for(run, cluster, Secrets(tenant), cluster_secrets=own,
+                          ambient_login=lambda uri: uri.startswith(ALLOWED_URI))
+
+    assert tracker is not None
+    uri, login = expected
+    assert getattr(tracker[0], "_where", None) == uri
+    credentials = getattr(tracker[0], "_credentials", "?")
+    assert credentials == (None if login == AMBIENT else login)

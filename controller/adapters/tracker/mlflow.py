@@ -68,6 +68,7 @@ _ENV_LOCK = threading.Lock()
 _CALL_LOCK = threading.Lock()  # one MLflow call at a time per process: credentials live in the environment
 _USERINFO = re.compile(r"(?<=://)[^/\s]*@")  # up to the LAST @ of the authority: a password may hold one
 _STATUS_RETRIES = re.compile(r"too many (\d{3}) error responses")
+_STATUS_CODE = re.compile(r"error code (\d{3})")  # mlflow's "failed with error code 403 != 200. Response body: …"
 
 
 class _Refused(Exception):
@@ -226,21 +227,30 @@ class MlflowTracker:
 
     def _one_line(self, doing: str, exc: BaseException) -> str:
         """`MLflow at <uri without credentials>: <doing>: <why>; <what to check>`, masked, on one line."""
-        text = f"MLflow at {self._where}: {doing}: {self._reason(exc)}"
+        text = self._masked(f"MLflow at {self._where}: {doing}: {self._reason(exc)}")
+        return text if len(text) <= MESSAGE_MAX else text[: MESSAGE_MAX - 1] + "…"
+
+    def _masked(self, text: str) -> str:
+        """On one line, without userinfo, the tracker's and the environment's secrets masked."""
         text = _USERINFO.sub("", " ".join(text.split()))
         for secret in self._secrets + tuple(os.environ.get(name, "") for name in SECRET_ENV):
             if len(secret) >= 3:
                 text = text.replace(secret, "***")
-        return text if len(text) <= MESSAGE_MAX else text[: MESSAGE_MAX - 1] + "…"
+        return text
 
     def _reason(self, exc: BaseException) -> str:
+        """Why, in words of this adapter: what a server answered (its body) is never quoted, only its status and
+        the exception's class, since the URI may be a tenant's pointing anywhere (issue 27: a read-SSRF into
+        status); the full text goes to the debug log, masked."""
         retries, timeout_s = _setting(RETRIES_ENV, 7), _setting(TIMEOUT_ENV, 120)  # as mlflow read them (defaults)
         attempts = f"{retries + 1} attempt{'s' if retries else ''}"
         message = str(exc)
+        log.debug("MLflow call failed: %s", self._masked(f"{type(exc).__name__}: {message}"))
         if isinstance(exc, RestException):  # the server answered with an error of its own
             denied = exc.error_code in ("UNAUTHENTICATED", "PERMISSION_DENIED")
             hint = "; check the credentials (MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN)" if denied else ""
-            return f"refused: {message.partition(chr(10))[0]}{hint}"  # the message starts with the error code
+            # error_code is one of mlflow's own names (it maps any other to INTERNAL_ERROR), never the server's text
+            return f"answered {exc.error_code} (RestException){hint}"
         if isinstance(exc, _Refused):
             return message
         if status_code := _STATUS_RETRIES.search(message):
@@ -251,7 +261,9 @@ class MlflowTracker:
             return f"no answer within {timeout_s} s ({attempts}); check that the server is up and not overloaded"
         if isinstance(exc, json.JSONDecodeError):
             return "answered with something that is not JSON (a proxy or login page in between?)"
-        return f"{type(exc).__name__}: {message}"
+        if status_code := _STATUS_CODE.search(message):
+            return f"answered {status_code.group(1)} ({type(exc).__name__})"
+        return f"failed ({type(exc).__name__}; the detail is in the debug log)"
 
 
 # ---------------------------------------------------------------------- helpers

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import math
 import re
@@ -23,6 +22,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field
 
+from controller.core import patterns
 from controller.core.hostlist import HostlistError, expand
 from controller.core.trial_errors import INSTANT_FAILURE, NO_MODEL_OUTPUT
 from controller.core.types import (
@@ -121,14 +121,16 @@ class Diagnosis(Frozen):
 
 
 def diagnose(text: str, modes: Sequence[FailureMode], stage: FailureStage) -> Diagnosis | None:
-    """The first catalogued failure of `stage` whose pattern matches a line of `text` (catalog order)."""
+    """The first catalogued failure of `stage` whose pattern matches a line of `text` (catalog order), matched by
+    RE2 (`patterns.py`): linear in the text whatever a cluster's catalog says."""
+    data = text.encode("utf-8", "replace")
     for mode in modes:
         if mode.when != stage:
             continue
         for pattern in mode.patterns:
-            found = _compiled(pattern).search(text)
+            found = patterns.search(pattern, data)
             if found is not None:
-                return Diagnosis(mode=mode, line=_line_of(text, found.start())[:200])
+                return Diagnosis(mode=mode, line=found.line[:200])
     return None
 
 
@@ -215,17 +217,6 @@ def _private(host: str) -> bool:
     except ValueError:
         return host.endswith((".local", ".internal", ".cluster"))
     return address.is_private or address.is_loopback or address.is_link_local
-
-
-@functools.cache
-def _compiled(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern, re.MULTILINE)
-
-
-def _line_of(text: str, index: int) -> str:
-    start = text.rfind("\n", 0, index) + 1
-    end = text.find("\n", index)
-    return text[start : end if end >= 0 else len(text)].strip()
 
 
 def _minutes(delta: timedelta) -> str:

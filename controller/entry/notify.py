@@ -3,8 +3,9 @@
 A pass records transitions and queues their messages in the store (core/reconcile.py); it never waits for an
 endpoint. After each pass the entry layer hands the notifier its EvalRuns' webhooks (URLs read from their
 secretRefs just then) and wakes it. The notifier's thread, on a store of its own, reads each EvalRun's undelivered
-messages, claims one at a time (a compare-and-set in the store: two senders never both hold one), posts it with a
-bounded timeout, and records the outcome: delivered; or failed, due again after a doubling back-off; or given up
+messages, claims one at a time (a compare-and-set in the store: two senders never both hold one), posts it within
+a total deadline in its server's lane (adapters/lanes.py: a server that trickles its answer holds a thread of its
+own, never the sender), and records the outcome: delivered; or failed, due again after a doubling back-off; or given up
 after `maxAttempts`, with a warning and a status note. A store or endpoint that is down costs that thread a round,
 never a pass.
 
@@ -25,6 +26,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from controller.adapters.lanes import DeadlineExceeded, Lanes
 from controller.adapters.secrets import SecretMask, mask_text
 from controller.core.actor import kill_point
 from controller.core.notify import DeliveryState, Notification, headline
@@ -37,7 +39,8 @@ log = logging.getLogger("evalctl.notify")
 for _noisy in ("httpx", "httpcore"):  # they log every request with its URL at INFO/DEBUG
     logging.getLogger(_noisy).setLevel(logging.WARNING)
 
-TIMEOUT_S = 5.0  # one POST, connect included
+TIMEOUT_S = 5.0  # one read of a POST, connect included
+DEADLINE_S = 10.0  # one POST in all: a server trickling its answer is given up on, that round's rest of its run too
 BACKOFF_S = 5.0  # after the first failure; doubling
 BACKOFF_MAX_S = 600.0
 CLAIM_S = 60.0  # far longer than a POST: a claim outlives only a sender that died holding it
@@ -104,10 +107,11 @@ class Notifier:
     def __init__(self, open_store: Callable[[], Store], holder: str, *,
                  holder_is_dead: Callable[[str], bool] = lambda _: False, timeout_s: float = TIMEOUT_S,
                  backoff_s: float = BACKOFF_S, backoff_max_s: float = BACKOFF_MAX_S, poll_s: float = POLL_S,
-                 claim_s: float = CLAIM_S) -> None:
+                 claim_s: float = CLAIM_S, deadline_s: float = DEADLINE_S) -> None:
         self._open_store, self.holder, self._holder_is_dead = open_store, holder, holder_is_dead
         self.backoff_s, self.backoff_max_s, self.poll_s, self.claim_s = backoff_s, backoff_max_s, poll_s, claim_s
         self._client = httpx.Client(timeout=timeout_s, follow_redirects=False)
+        self._lanes = Lanes(deadline_s)
         self._orders: dict[EvalRunRef, RunWebhooks] = {}  # the latest per EvalRun: the queue is bounded by them
         self._said_missing: dict[EvalRunRef, tuple[str, ...]] = {}
         self._changed = threading.Condition()
@@ -151,7 +155,7 @@ class Notifier:
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(TIMEOUT_S + 1)
+            self._thread.join(self._lanes.deadline_s + 1)
         self._client.close()
 
     # ------------------------------------------------------------------ the thread
@@ -192,12 +196,18 @@ class Notifier:
             kill_point("notify-claimed")  # fault injection: claimed, not sent
             error = self._post(endpoint, message)
             self._record(store, order, message, error)
+            if error.startswith(DeadlineExceeded.__name__):
+                return  # its server is slow: the run's other messages wait for the next round, the other runs do not
 
     def _post(self, endpoint: Endpoint, message: Notification) -> str:
         """'' when the webhook took it (2xx), else why not, masked."""
+        server = urlsplit(endpoint.url)
         try:
-            response = self._client.post(endpoint.url, json=slack_body(message),
-                                         headers={ID_HEADER: message.id, "X-EvalRun-Event": message.event.value})
+            response = self._lanes.call(f"{server.hostname}:{server.port}", lambda: self._client.post(
+                endpoint.url, json=slack_body(message),
+                headers={ID_HEADER: message.id, "X-EvalRun-Event": message.event.value}))
+        except DeadlineExceeded as exc:  # our own words: no answer within the deadline
+            return f"{type(exc).__name__}: {exc}"
         except httpx.HTTPError as exc:  # refused, timed out, TLS, …: its text may quote the URL or what came back
             log.debug("webhook post failed", extra={"webhook": message.webhook,
                                                     "error": endpoint.mask()(f"{type(exc).__name__}: {exc}")})

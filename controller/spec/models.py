@@ -23,6 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from controller.core import patterns
 from controller.core.job_env import is_reserved
 from controller.core.types import FailureMode, FailureStage, RemedyKind, walltime_seconds
 
@@ -246,7 +247,8 @@ class FailureModeSpec(SpecModel):
     name: Name = Field(description="Shown in reasons, `explain` and Events, e.g. nccl-timeout.")
     patterns: list[Annotated[str, Field(min_length=1, max_length=PATTERN_MAX)]] = Field(
         min_length=1, max_length=FAILURE_PATTERNS_MAX,
-        description="Python regular expressions; any one matching the log is this failure.")
+        description="Regular expressions in RE2 syntax (Python's, without backreferences or lookaround; matched in "
+                    "time linear in the log); any one matching a line of the log is this failure.")
     when: FailureStage = Field(description="start: the log of a job that FAILED before doing any work; running: "
                                            "what a running job prints.")
     remedy: RemedyKind = Field(description="refire (a new attempt), refire-elsewhere (the same, the node excluded "
@@ -261,10 +263,8 @@ class FailureModeSpec(SpecModel):
     @classmethod
     def _compiles(cls, value: list[str]) -> list[str]:
         for index, pattern in enumerate(value):
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise entry_error((index,), "pattern", "not a regular expression: {error}", error=str(exc)) from None
+            if (why := patterns.refusal(pattern)) is not None:
+                raise entry_error((index,), "pattern", "not a regular expression RE2 accepts: {error}", error=why)
         return value
 
     @field_validator("job_env")

@@ -22,7 +22,7 @@ from controller.adapters.remote.ssh import (
     remote_script,
     sftp_filesystem,
 )
-from controller.adapters.scheduler.commands import CommandFailed
+from controller.adapters.scheduler.commands import AnswerTooLarge, CommandFailed
 from tests.ssh.conftest import SshLab
 
 # some other ed25519 key: the "changed host key" case
@@ -223,3 +223,12 @@ def test_proxy_jump_is_honoured(ssh_lab: SshLab, make_runner: Callable[..., SshC
     with pytest.raises(CommandFailed):
         make_runner("via-dead-jump", config_file=str(config)).run(["true"], timeout=30)
 
+
+
+def test_an_answer_over_the_cap_kills_the_remote_command_and_fails_the_read(
+        make_runner: Callable[..., SshCommands]) -> None:
+    runner = make_runner(max_answer=1 << 20)
+
+    with pytest.raises(AnswerTooLarge, match=r"yes on evalrun-login: answer larger than 1 MiB on stdout"):
+        runner.run(["yes"], timeout=60)  # endless: only the cap ends it before the timeout
+    assert runner.run(["echo", "ok"], timeout=30).stdout == "ok\n"

@@ -33,7 +33,14 @@ from typing import Any, Self
 import paramiko
 from fsspec.implementations.sftp import SFTPFileSystem
 
-from controller.adapters.scheduler.commands import CommandFailed, CommandResult
+from controller.adapters.scheduler.commands import (
+    ANSWER_CAP,
+    ERRORS_CAP,
+    AnswerTooLarge,
+    CommandFailed,
+    CommandResult,
+    capture,
+)
 from controller.adapters.secrets import SecretMask
 from controller.core.ports import ObservationError
 
@@ -223,7 +230,8 @@ class SshCommands:
     def __init__(self, host: str, *, config_file: str | None = None, known_hosts: str | None = None,
                  identity_file: str | None = None, identity: SshIdentity | None = None, public_errors: bool = False,
                  mask: Callable[[str], str] | None = None, options: Sequence[str] = (), connect_timeout: int = 10,
-                 control_persist: int = 300, control_dir: str | None = None):
+                 control_persist: int = 300, control_dir: str | None = None, max_answer: int = ANSWER_CAP,
+                 max_errors: int = ERRORS_CAP):
         """`identity`: ssh runs with it alone (no ssh_config, agent, default key or other known_hosts), so it
         excludes config_file, known_hosts and identity_file. `public_errors`: CommandFailed says only which
         host and what failed; ssh's text is logged, masked with `identity.mask`, then `mask`."""
@@ -235,6 +243,7 @@ class SshCommands:
         self.public_errors = public_errors
         self._mask = _log_mask(identity, mask)
         self.control_persist = control_persist
+        self.caps = (max_answer, max_errors)  # what one command's stdout and stderr may hold (commands.capture)
         # ssh keeps the FIRST value of an option: ours come first, so `options` and ssh_config cannot relax them.
         # ServerAlive*: a master whose network died would otherwise still answer `-O check` and hang every command
         argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
@@ -272,11 +281,10 @@ class SshCommands:
         self._ensure_master(timeout)
         try:
             # ControlMaster=no: a command never becomes the persisting master itself (see _ensure_master)
-            proc = subprocess.run(
-                [*self._ssh, "-o", "ControlMaster=no", "--", self.hostname, "sh -s"], input=script,
-                capture_output=True, text=True, encoding="utf-8", errors="replace",
-                timeout=max(deadline - time.monotonic(), 0.1), check=False,
-            )
+            proc = capture([*self._ssh, "-o", "ControlMaster=no", "--", self.hostname, "sh -s"], stdin=script,
+                           timeout=max(deadline - time.monotonic(), 0.1), caps=self.caps)
+        except AnswerTooLarge as exc:
+            raise AnswerTooLarge(f"{argv[0]} on {self.host}: {exc}") from None
         except subprocess.TimeoutExpired as exc:
             raise CommandFailed(f"{argv[0]} on {self.host} did not answer within {timeout:g} s") from exc
         except OSError as exc:
@@ -284,7 +292,7 @@ class SshCommands:
         # 255 is ssh's own failure (connection, auth, host key); a remote command exiting 255 looks the same
         if proc.returncode == 255:
             raise CommandFailed(self._ssh_error(proc.stderr, f"{argv[0]} on {self.host}", 255))
-        return CommandResult(returncode=proc.returncode, stdout=proc.stdout, stderr=proc.stderr)
+        return proc
 
     def close(self) -> None:
         """End the master connection now rather than after ControlPersist (no-op when there is none)."""

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from controller.adapters.scheduler.commands import (
+    ANSWER_CAP,
     CommandFailed,
     CommandResult,
     CommandRunner,
@@ -61,6 +62,9 @@ NO_NODES = frozenset({"", "None assigned", "(null)", "None"})  # what squeue / s
 # Non-regular files (a FIFO would block a read) are left out like missing ones; an unreadable one is reported
 # (`!<index>`); a file shorter than its offset is read from 0 (rotated or truncated). A missing tool fails the
 # whole read, rather than reading as "no output".
+# cursors per read command: each answers at most OUTPUT_READ_CAP bytes, base64 (4/3) and a header, so one command's
+# answer stays under the runner's cap (commands.ANSWER_CAP) however many jobs run
+OUTPUT_BATCH = ANSWER_CAP // (OUTPUT_READ_CAP * 4 // 3 + (4 << 10))
 READ_MARKER = "@read-output"  # the script's first line: whatever a login shell printed before it is not output
 READ_SCRIPT = r"""
 printf '%s\n' '@read-output'
@@ -215,8 +219,10 @@ class SlurmScheduler:
 
     def read_output(self, cursors: Sequence[OutputCursor]) -> tuple[JobOutput, ...]:
         """Every cursor's output file (`output_path`) read on from its offset: ONE command for all (READ_SCRIPT)."""
-        if not cursors:
-            return ()
+        return tuple(output for start in range(0, len(cursors), OUTPUT_BATCH)
+                     for output in self._read_outputs(cursors[start : start + OUTPUT_BATCH]))
+
+    def _read_outputs(self, cursors: Sequence[OutputCursor]) -> list[JobOutput]:
         argv = ["sh", "-c", READ_SCRIPT, "read-output", str(OUTPUT_READ_CAP)]
         for cursor in cursors:
             argv += [str(max(cursor.offset, 0)), self.output_path(cursor.name, cursor.job_id)]
@@ -229,7 +235,7 @@ class SlurmScheduler:
             if read is None:
                 raise ObservationError(f"job output {self.output_path(cursor.name, cursor.job_id)} is not readable")
             outputs.append(job_output(cursor.job_id, *read, OUTPUT_READ_CAP, self.mask))
-        return tuple(outputs)
+        return outputs
 
     # ------------------------------------------------------------------ mutate
 

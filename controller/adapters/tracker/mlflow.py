@@ -24,8 +24,14 @@ MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT: mlflow otherwise prints each finished ru
 Credentials: the tracker's own (`credentials`, from an EvalRun's or EvalCluster's Secret), else the tracking URI's
 user:password@, else MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN of the environment. mlflow reads the environment
 at every request, tracking and artifact calls alike, and has no per-client setting: so every call of every
-tracker holds one process-wide lock, and a tracker with its own credentials puts them in the environment only
+tracker holds one process-wide lane, and a tracker with its own credentials puts them in the environment only
 for that call (never another server's). They never reach a message: URLs lose their userinfo, values are masked.
+
+Deadline: requests' timeout is per read, so a server that trickles its answer held that lane, and every namespace's
+uploads behind it, for as long as it liked. Each `log` / `read_back` runs in the lane on a worker thread
+(adapters/lanes.py) and its caller gives up after `deadline_s` in all (DEADLINE_S, 60 s: a run's metrics, params and
+report take a few requests of well under a second each). The abandoned call still holds the lane until the server
+lets go; per-server lanes need credentials per client rather than in the environment.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException, RestException
 
+from controller.adapters.lanes import DeadlineExceeded, Lanes
 from controller.core.ports import ObservationError, StoreUnavailable, TrackedRun, TrackerRecord
 
 log = logging.getLogger("evalctl.tracker")
@@ -65,7 +72,9 @@ SEARCH_LIMIT = 100  # runs per run tag; more than one only after a race, so this
 MESSAGE_MAX = 400
 
 _ENV_LOCK = threading.Lock()
-_CALL_LOCK = threading.Lock()  # one MLflow call at a time per process: credentials live in the environment
+DEADLINE_S = 60.0  # one log or read_back in all, waiting for the lane included
+_LANES = Lanes(DEADLINE_S)
+_LANE = "mlflow"  # one for every tracker of the process: credentials live in the environment during a call
 _USERINFO = re.compile(r"(?<=://)[^/\s]*@")  # up to the LAST @ of the authority: a password may hold one
 _STATUS_RETRIES = re.compile(r"too many (\d{3}) error responses")
 _STATUS_CODE = re.compile(r"error code (\d{3})")  # mlflow's "failed with error code 403 != 200. Response body: …"
@@ -75,14 +84,15 @@ class _Refused(Exception):
     """The server answered, but not in a way this adapter can log through (deleted experiment, no run id)."""
 
 
-_FAILURES = (MlflowException, OSError, json.JSONDecodeError, _Refused)  # OSError covers requests' errors
+_FAILURES = (MlflowException, OSError, json.JSONDecodeError, _Refused)  # OSError covers requests' errors (and
+# DeadlineExceeded, a TimeoutError)
 
 
 class MlflowTracker:
     """`Tracker` on an MLflow tracking server, through its REST API (`MlflowClient`, no global mlflow state)."""
 
     def __init__(self, tracking_uri: str, *, timeout_s: float = 30.0, retries: int = 2,
-                 credentials: Mapping[str, str] | None = None) -> None:
+                 credentials: Mapping[str, str] | None = None, deadline_s: float = DEADLINE_S) -> None:
         """`timeout_s` per request and `retries` after the first attempt, unless MLFLOW_HTTP_REQUEST_* are set.
         `credentials`: values for CREDENTIAL_ENV names, replacing all three of the environment's during calls."""
         unknown = set(credentials or {}) - set(CREDENTIAL_ENV)
@@ -90,6 +100,7 @@ class MlflowTracker:
             raise ValueError(f"credentials: unknown names {sorted(unknown)}; expected some of {CREDENTIAL_ENV}")
         self._where = strip_credentials(tracking_uri)
         self._credentials = dict(credentials) if credentials is not None else None
+        self.deadline_s = deadline_s
         self._secrets = _secrets(tracking_uri) + tuple(
             value for name, value in (credentials or {}).items() if name in SECRET_ENV)
         _configure_http(timeout_s, retries)
@@ -108,10 +119,14 @@ class MlflowTracker:
         refuses the write.
         """
         _check_tag_keys(record)
-        try:
+        def log_it() -> Run:
             with self._authenticated():
                 run = self._run_for(self._experiment_for_writing(experiment), record.run_tag)
                 self._log_to(run, record)
+            return run
+
+        try:
+            run = _LANES.call(_LANE, log_it, self.deadline_s)
         except _FAILURES as exc:
             raise StoreUnavailable(
                 self._one_line(f"cannot log run {record.run_tag!r} in experiment {experiment!r}", exc)) from None
@@ -124,7 +139,7 @@ class MlflowTracker:
         the values of the latest analysis, `metrics` the latest value of each, `artifacts` the top-level paths.
         Raises `ObservationError` (one line) when the server cannot be read.
         """
-        try:
+        def read_it() -> TrackedRun | None:
             with self._authenticated():
                 found = self._client.get_experiment_by_name(experiment)
                 if found is None or found.lifecycle_stage == "deleted":
@@ -133,26 +148,28 @@ class MlflowTracker:
                 if not runs:
                     return None
                 artifacts = tuple(sorted(info.path for info in self._client.list_artifacts(runs[0].info.run_id)))
+            return _tracked(runs[0], artifacts)
+
+        try:
+            return _LANES.call(_LANE, read_it, self.deadline_s)
         except _FAILURES as exc:
             raise ObservationError(
                 self._one_line(f"cannot read run {run_tag!r} in experiment {experiment!r}", exc)) from None
-        return _tracked(runs[0], artifacts)
 
     @contextlib.contextmanager
     def _authenticated(self) -> Iterator[None]:
-        """Hold the call lock; with credentials of its own, the environment carries exactly those meanwhile."""
-        with _CALL_LOCK:
-            if self._credentials is None:
-                yield
-                return
-            saved = {name: os.environ.get(name) for name in CREDENTIAL_ENV}
-            try:
-                for name in CREDENTIAL_ENV:
-                    _set_env(name, self._credentials.get(name))
-                yield
-            finally:
-                for name, value in saved.items():
-                    _set_env(name, value)
+        """In the lane: with credentials of its own, the environment carries exactly those meanwhile."""
+        if self._credentials is None:
+            yield
+            return
+        saved = {name: os.environ.get(name) for name in CREDENTIAL_ENV}
+        try:
+            for name in CREDENTIAL_ENV:
+                _set_env(name, self._credentials.get(name))
+            yield
+        finally:
+            for name, value in saved.items():
+                _set_env(name, value)
 
     # ------------------------------------------------------------------ steps
 
@@ -253,6 +270,8 @@ class MlflowTracker:
             return f"answered {exc.error_code} (RestException){hint}"
         if isinstance(exc, _Refused):
             return message
+        if isinstance(exc, DeadlineExceeded):
+            return f"{message} (the deadline of one call); check that the server is up and not overloaded"
         if status_code := _STATUS_RETRIES.search(message):
             return f"answered HTTP {status_code.group(1)} to {attempts}; check the server's log"
         if "connection refused" in message.lower() or "failed to establish" in message.lower():

@@ -74,8 +74,8 @@ CAPABILITIES: dict[str, Capability] = {
     "EvalCluster.spec.mlflowTrackingUri": _TRACKING,
     "EvalCluster.spec.mlflowCredentialsSecret": _SECRET,
     "EvalCluster.spec.failureCatalog[].patterns[]": Capability(
-        kind="regex", check="none", allowed="a Python regular expression of at most 300 characters",
-        refused="one that does not compile (bounded matching: issue 27, item 5)"),
+        kind="regex", check="none", allowed="a regular expression RE2 accepts, of at most 300 characters: matched "
+        "in linear time on the job's output", refused="one RE2 refuses (backreferences, lookaround)"),
     "EvalCluster.spec.failureCatalog[].jobEnv": _ENV.model_copy(update={
         "allowed": "names of the job's own variables, and `EVAL_CLEAR_COMPILE_CACHE` (what a refire gets)"}),
     "EvalRun.spec.cluster": Capability(

@@ -192,13 +192,16 @@ def test_no_token_reaches_any_output_and_jobs_inherit_only_declared_secrets(spec
 
 def patching_script(root: Path, token: str) -> Path:
     """The fake Harbor, printing `token` as it starts and, once it is done, naming it as a trial's exception class
-    (what the post-eval report, the DB row and the MLflow run then count)."""
+    (what the post-eval report, the DB row and the MLflow run then count). It runs in a staging dir the reconciler
+    does not list and moves the patched run dir into place at once, so no pass reads it finished but unpatched."""
     script = root / "patching.sh"
     script.write_text(f"""#!/bin/sh
 echo "pulling weights with {token}"
-"{FAKE_HARBOR}" "$@"
+jobs="$EVAL_JOBS_DIR"
+mkdir -p "$jobs/.staging"
+EVAL_JOBS_DIR="$jobs/.staging" "{FAKE_HARBOR}" "$@"
 status=$?
-"{sys.executable}" - "$EVAL_JOBS_DIR/$4" <<'PY'
+"{sys.executable}" - "$jobs/.staging/$4" <<'PY'
 import json, pathlib, sys
 first = sorted(pathlib.Path(sys.argv[1]).glob("*__*/result.json"))[0]
 doc = json.loads(first.read_text())
@@ -207,6 +210,7 @@ doc["exception_info"] = {{"exception_type": "{token}", "exception_message": "aut
                          "exception_traceback": "{token}", "occurred_at": doc["started_at"]}}
 first.write_text(json.dumps(doc))
 PY
+mv "$jobs/.staging/$4" "$jobs/$4"
 exit $status
 """)
     script.chmod(0o755)

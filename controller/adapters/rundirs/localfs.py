@@ -156,7 +156,7 @@ def read_file(path: str, cap: int, recall: Callable[[StatKey], object] | None = 
     if recall is not None:
         key = stat_key(path)
         if key is not None and (known := recall(key)) is not None:
-            return FileRead(None, key[0] / 1e9, key, known)
+            return FileRead(None, _seconds(key), key, known)
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
@@ -176,7 +176,13 @@ def read_file(path: str, cap: int, recall: Callable[[StatKey], object] | None = 
     finally:
         os.close(fd)
     problem = size_problem(len(data), cap)
-    return FileRead(problem, None, key) if problem else FileRead(data, st.st_mtime, key)
+    return FileRead(problem, None, key) if problem else FileRead(data, _seconds(key), key)
+
+
+def _seconds(key: StatKey) -> float:
+    """The mtime from the nanoseconds, the same float whether the file was read or recalled (`st_mtime` may round
+    differently)."""
+    return key[0] / 1e9
 
 
 def _missing_or_dangling(path: str) -> Unreadable | None:

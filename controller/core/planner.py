@@ -86,6 +86,7 @@ from controller.core.types import (
     Submission,
     TunnelLease,
     run_tag_of,
+    stem_of,
     walltime_seconds,
 )
 from controller.core.vocabulary import (
@@ -492,10 +493,10 @@ class _CellRules:
         assert obs.jobs is not None and obs.run_dirs is not None
         self.cell, self.policy, self.now = cell, policy, now
         self.subs: list[Submission] = sorted(obs.submissions, key=lambda s: (s.attempt, s.fire, s.created_at))
-        own_row_ids = {s.row_id for s in self.subs if s.row_id}
+        self.own_row_ids = {s.row_id for s in self.subs if s.row_id}
         own_tags = {s.run_tag for s in self.subs}
         self.all_rows = obs.rows
-        self.rows = tuple(r for r in obs.rows if r.id in own_row_ids) if policy.force_eval else obs.rows
+        self.rows = tuple(r for r in obs.rows if r.id in self.own_row_ids) if policy.force_eval else obs.rows
         self.dirs: dict[str, RunDirFacts] = {
             d.run_tag: d for d in obs.run_dirs if not policy.force_eval or d.run_tag in own_tags
         }
@@ -792,7 +793,7 @@ class _CellRules:
             return self._result(Phase.PENDING, [self._submit(self._next_attempt(), dedup.reason)], dedup.reason,
                                 dedup.rule)
 
-        if row.username == self.policy.username:
+        if self._ours(row):
             return self._own_row_without_live_job(row)
         # Someone else's Started/Pending row: their job is invisible to us, so the thresholds decide.
         if not dedup.start:
@@ -835,12 +836,12 @@ class _CellRules:
         a Finished row is history (perhaps the old listener's, under our name), not ours to re-upload."""
         if row.is_overlong:
             return "; its row is flagged is_overlong"
-        overlong = self._overlong(facts) if facts is not None and row.username == self.policy.username else None
+        overlong = self._overlong(facts) if facts is not None and self._ours(row) else None
         return "" if overlong is None else f"; {overlong}, but its row is not flagged is_overlong"
 
     def _needs_tracking(self, row: ObservedRow, facts: RunDirFacts | None) -> bool:
         """Our finished run whose MLflow run has not been read back yet. Other users' rows are theirs to log."""
-        return (self.policy.track and row.username == self.policy.username and facts is not None
+        return (self.policy.track and self._ours(row) and facts is not None
                 and not facts.unreadable and self.memory.tracked_run_tag != facts.run_tag)
 
     def _not_verified(self) -> str:
@@ -1079,6 +1080,18 @@ class _CellRules:
         orphans = [d for tag, d in self.dirs.items() if tag not in pointed]
         return max(orphans, key=lambda d: (d.started_at or d.last_progress_at or datetime.min.replace(
             tzinfo=self.now.tzinfo), d.run_tag), default=None)
+
+    def _ours(self, row: ObservedRow) -> bool:
+        """A row this cell may resume, adopt or upload to: of our username AND of this cell (RULES §2) — one of its
+        submissions wrote it, or it names one of its run tags. Every tenant on a ClusterEvalCluster has the same
+        username, and the cell key (so the run tag) carries the namespace: a row of another cell, however alike, is
+        someone else's evidence, never ours to act on. A row under a tag of no EvalRun (the old listener's) is
+        adopted only by an EvalRun outside any namespace: in the operator two tenants could both adopt it."""
+        if row.username != self.policy.username:
+            return False
+        stem = stem_of(row.job_name or "")
+        return (row.id in self.own_row_ids or stem in self.cell.tag_stems
+                or (stem is None and self.cell.evalrun.namespace is None))
 
     def _own_row(self, row_id: str | None) -> ObservedRow | None:
         return next((r for r in self.all_rows if r.id == row_id), None) if row_id else None

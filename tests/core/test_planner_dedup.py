@@ -6,8 +6,9 @@ import pytest
 
 from controller.core.dedup import DEDUP_TABLE
 from controller.core.planner import plan_cell
-from controller.core.vocabulary import Phase
-from tests.core.builders import NOW, POLICY, SCORED, ago, cell, obs, row
+from controller.core.types import EvalRunRef
+from controller.core.vocabulary import Phase, Resume, Submit
+from tests.core.builders import NOW, POLICY, SCORED, ago, cell, facts, obs, row
 
 C = cell()
 BOB = "bob"
@@ -83,3 +84,37 @@ def test_another_users_stale_pending_row_is_not_cancelled_by_us():
     decided = plan_cell(C, obs(rows=(row("Pending", user=BOB, submitted=ago(hours=8), slurm_job_id="77"),)),
                         POLICY, NOW)
     assert [a.kind.value for a in decided.actions] == ["submit"], "their job is not ours to cancel"
+
+
+# Tenants on one ClusterEvalCluster share its username; their cells differ by namespace (so by run tag).
+TENANT_A = cell(evalrun=EvalRunRef(name="demo", namespace="team-a"))
+TENANT_B = cell(evalrun=EvalRunRef(name="demo", namespace="team-b"))
+
+
+@pytest.mark.parametrize("status", ["Started", "Pending"])
+def test_a_row_of_another_tenants_cell_is_their_evidence_never_ours_to_resume(status: str) -> None:
+    theirs = row(status, job_name=TENANT_A.run_tag(1), started=ago(hours=1), submitted=ago(hours=1),
+                 slurm_job_id="41")
+    decided = plan_cell(TENANT_B, obs(rows=(theirs,)), POLICY, NOW)
+    assert [a.kind.value for a in decided.actions] == ["skip"], decided
+    assert decided.phase in (Phase.RUNNING, Phase.SUBMITTED)
+
+    stale = theirs.model_copy(update={"started_at": ago(hours=25), "submitted_at": ago(hours=25)})
+    [submit] = plan_cell(TENANT_B, obs(rows=(stale,)), POLICY, NOW).actions
+    assert isinstance(submit, Submit) and submit.run_tag == TENANT_B.run_tag(1) and submit.row_id is None, \
+        "once stale, a job of its own under its own tag and a row of its own: never theirs"
+
+
+def test_the_tenants_own_row_is_still_resumed() -> None:
+    ours = row("Started", job_name=TENANT_B.run_tag(1), started=ago(hours=1))
+    decided = plan_cell(TENANT_B, obs(rows=(ours,), dirs=(facts(TENANT_B.run_tag(1), completed=4),)), POLICY, NOW)
+    [resume] = decided.actions
+    assert isinstance(resume, Resume) and resume.run_tag == TENANT_B.run_tag(1) and resume.row_id == ours.id
+
+
+def test_a_row_of_the_old_listener_is_adopted_only_outside_a_namespace() -> None:
+    legacy = row("Started", job_name="laion_Qwen3-8B-sft_terminal_bench_2_1712", started=ago(hours=1))
+    assert [a.kind.value for a in plan_cell(TENANT_B, obs(rows=(legacy,)), POLICY, NOW).actions] == ["skip"], \
+        "in the operator, two tenants could both adopt it"
+    alone = plan_cell(C, obs(rows=(legacy,)), POLICY, NOW)
+    assert "our Started row" in alone.reason, alone.reason

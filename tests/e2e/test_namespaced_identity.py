@@ -99,3 +99,49 @@ spec: {{cluster: hpc, models: [{model}], datasets: [DCAgent/demo_tiny_a]}}
     for namespace in ("north", "south"):
         [run_dir] = (cluster.root / namespace / "jobs").iterdir()
         assert run_dir.name.startswith(f"ev_org__{namespace}-8B__"), "each EvalRun ran on its own namespace's cluster"
+
+
+def test_two_tenants_on_one_login_node_and_username_never_act_on_each_others_row(cluster):
+    """Tenants of a shared cluster have one username (RULES §2 "ours"): team-b's cell sees team-a's row of the same
+    model and benchmark as their evidence. It waits on it, then takes its score; it never resumes team-a's run tag
+    with team-a's row id, and never submits a job of its own while team-a's row says one is running."""
+    specs = cluster.root / "specs"
+    specs.mkdir()
+
+    def tenant(namespace: str) -> None:
+        (specs / f"{namespace}.yaml").write_text(f"""
+apiVersion: evalrun.io/v1alpha1
+kind: EvalCluster
+metadata: {{name: shared, namespace: {namespace}}}
+spec:
+  scheduler: {{type: local}}
+  username: evalbot
+  jobsDir: {cluster.root}/jobs
+  logsDir: {cluster.root}/logs
+  jobScript: {FAKE_HARBOR}
+  timeLimit: "01:00:00"
+  env: {{FAKE_HARBOR_TASKS: "4", FAKE_HARBOR_TRIAL_SECONDS: "0.3", FAKE_HARBOR_INFRA_ERRORS: "0"}}
+---
+apiVersion: evalrun.io/v1alpha1
+kind: EvalRun
+metadata: {{name: nightly, namespace: {namespace}}}
+spec: {{cluster: shared, models: [org/shared-8B], datasets: [DCAgent/demo_tiny_a]}}
+""")
+    cluster.spec = specs
+    tenant("team-a")
+    cluster.evalctl("reconcile", "--once")
+    [first] = cluster.scheduler.observe()
+    tenant("team-b")
+
+    second_pass = cluster.evalctl("plan", "-o", "json")
+    converged = cluster.evalctl("reconcile", "--loop", "--interval", "0.3", "--until-done")
+
+    plans = {p["name"]: p for p in json.loads(second_pass.stdout)["evalruns"]}
+    [b_cell] = plans["team-b/nightly"]["cells"]
+    assert [a["kind"] for a in b_cell["actions"]] == ["skip"] and "row of evalbot" in b_cell["reason"], b_cell
+    assert "converged after" in converged.stdout, converged.stdout
+    assert [j.name for j in cluster.scheduler.observe()] == [first.name], "one job in all: team-a's"
+    [status_b] = [s for s in json.loads(cluster.evalctl("status", "-o", "json").stdout)["evalruns"]
+                  if s["name"] == "team-b/nightly"]
+    assert status_b["counts"] == {"Completed": 1}, status_b
+    assert state(cluster, "SELECT DISTINCT evalrun FROM evalrun_submissions") == [("team-a/nightly",)]

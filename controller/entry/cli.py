@@ -441,6 +441,9 @@ def operator(
     allowed_webhook_url: Annotated[list[str], typer.Option(
         "--allowed-webhook-url", help="A webhook URL (prefix) tenants may name whatever its host, e.g. an in-cluster "
                                       "relay (repeat); others must be http(s) on public addresses.")] = [],  # noqa: B006
+    allow_model_selector: Annotated[bool, typer.Option(
+        "--allow-model-selector", help="Let namespaced EvalRuns use modelSelector: it reads the results DB's models "
+                                       "table, with every namespace's model names.")] = False,
     max_evalruns_per_namespace: Annotated[int, typer.Option(
         "--max-evalruns-per-namespace", min=1, help="EvalRuns served per namespace, oldest first; the others are "
                                                     "Stalled (QuotaExceeded).")] = 50,
@@ -471,7 +474,8 @@ def operator(
         policy = OperatorPolicy(allow_local_scheduler=allow_local_scheduler,
                                 allowed_ssh_hosts=tuple(allowed_ssh_host), allowed_path_roots=tuple(allowed_path_root),
                                 allowed_mlflow_uris=tuple(allowed_mlflow_uri),
-                                allowed_webhook_urls=tuple(allowed_webhook_url))
+                                allowed_webhook_urls=tuple(allowed_webhook_url),
+                                allow_model_selector=allow_model_selector)
         config = OperatorConfig(store_url=url, state_url=state, base_dir=base_dir.resolve(), interval_s=interval,
                                 holder=process_identity(), policy=policy, namespace=operator_namespace,
                                 pass_timeout_s=pass_timeout or max(4 * interval, 60.0),

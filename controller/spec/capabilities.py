@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 Kind = Literal["path", "URL", "host", "command", "regex", "env var", "Secret", "object"]
 # What tenancy.py does with a field of this check (none: the schema, the loader or the adapter's own rule).
-Check = Literal["local-path", "env-name", "tracking-uri", "webhook-url", "ssh", "never", "none"]
+Check = Literal["local-path", "env-name", "tracking-uri", "webhook-url", "ssh", "shared-table", "never", "none"]
 
 
 class Capability(BaseModel):
@@ -87,6 +87,10 @@ CAPABILITIES: dict[str, Capability] = {
     "EvalRun.spec.harborConfig": Capability(
         kind="path", check="none", allowed="any: it is read by the job, with the cluster's identity",
         refused="nothing the operator opens"),
+    "EvalRun.spec.modelSelector.namePatterns[]": Capability(
+        kind="object", check="shared-table", allowed="with `--allow-model-selector`: globs over the results DB's "
+        "`models` table, in which every namespace's models are", refused="without it, `modelSelector` at all: it "
+        "would show a tenant the model names of every namespace (in `.status.modelSelector`) and run them"),
     "EvalRun.spec.upload.mlflowTrackingUri": _TRACKING,
     "EvalRun.spec.upload.mlflowCredentialsSecret": _SECRET,
     "EvalRun.spec.pinggy.pairs[].url": Capability(
@@ -104,8 +108,8 @@ PLAIN = frozenset({
     "EvalCluster.spec.username", "EvalCluster.spec.partition", "EvalCluster.spec.account",
     "EvalCluster.spec.reservation", "EvalCluster.spec.qos", "EvalCluster.spec.timeLimit",
     "EvalCluster.spec.maxTimeLimit", "EvalCluster.spec.hardwareProfile", "EvalCluster.spec.failureCatalog[].name",
-    "EvalCluster.spec.failureCatalog[].advice", "EvalRun.spec.models[]", "EvalRun.spec.modelSelector.namePatterns[]",
-    "EvalRun.spec.modelSelector.createdWithin", "EvalRun.spec.modelSelector.exclude[]", "EvalRun.spec.presets[]",
+    "EvalCluster.spec.failureCatalog[].advice", "EvalRun.spec.models[]", "EvalRun.spec.modelSelector.createdWithin",
+    "EvalRun.spec.modelSelector.exclude[]", "EvalRun.spec.presets[]",
     "EvalRun.spec.datasets[]", "EvalRun.spec.agent", "EvalRun.spec.agentKwargs[]",
     "EvalRun.spec.upload.mlflowExperiment", "EvalRun.spec.pinggy.pairs[].name", "EvalRun.spec.notify.webhooks[].name",
 })

@@ -51,6 +51,8 @@ class OperatorPolicy(BaseModel):
                                                                  "name whatever their host")
     allowed_webhook_urls: tuple[str, ...] = Field((), description="webhook URLs (prefixes) tenants may name whatever "
                                                                   "their host (an in-cluster relay)")
+    allow_model_selector: bool = Field(False, description="namespaced EvalRuns may select models from the results "
+                                                          "DB's `models` table, which holds every namespace's")
 
     def ambient_mlflow_login(self, uri: str) -> bool:
         """May the operator's own MLflow credentials go to `uri`?"""
@@ -96,8 +98,13 @@ def cluster_refusals(cluster: EvalCluster | ClusterEvalCluster, directory: Path,
 
 def run_refusals(run: EvalRun, policy: OperatorPolicy) -> list[Refusal]:
     """What a (namespaced) EvalRun may not ask, whatever its cluster."""
-    return [(at, why) for at, value in _values(run.model_dump(by_alias=True), "EvalRun", "tracking-uri")
-            if (why := tracking_problem(value, policy))]
+    found: list[Refusal] = [(at, why) for at, value in _values(run.model_dump(by_alias=True), "EvalRun", "tracking-uri")
+                            if (why := tracking_problem(value, policy))]
+    if run.spec.model_selector is not None and not policy.allow_model_selector:
+        found.append((("spec", "modelSelector"), "operator policy: modelSelector reads the results DB's models "
+                      "table, which holds every namespace's model names (they would show here and be run); list your models in "
+                      "spec.models, or ask the admin to start the operator with --allow-model-selector"))
+    return found
 
 
 def _values(data: Mapping[str, Any], kind: str, check: Check) -> list[tuple[Loc, Any]]:
@@ -207,6 +214,10 @@ def quota_refusal(entries: Sequence[QuotaEntry], uid: str, quota: NamespaceQuota
 
 
 def estimated_cells(spec: Mapping[str, Any]) -> int:
-    """Models × benchmarks, from the object as written (what the index can know before a pass resolves it)."""
+    """Models × benchmarks, from the object as written (what the index can know before a pass resolves it). A
+    `modelSelector` counts as the `limit` models it may select: an EvalRun is within its quota for the most it can
+    grow to, before anything is selected or planned."""
     benchmarks = [*(spec.get("datasets") or ()), *(spec.get("presets") or ())]  # lists: the CRD's schema says
-    return len(spec.get("models") or ()) * max(len(benchmarks), 1)
+    selector = spec.get("modelSelector")
+    selectable = selector.get("limit", 0) if isinstance(selector, Mapping) else 0
+    return (len(spec.get("models") or ()) + (selectable if isinstance(selectable, int) else 0)) * max(len(benchmarks), 1)

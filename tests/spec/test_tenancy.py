@@ -161,6 +161,9 @@ def test_a_namespace_is_served_oldest_evalruns_first_within_its_quota() -> None:
     assert "asks for 120 cells, at most 100" in quota_refusal(heavy, "b", quota)
     assert estimated_cells({"models": ["m1", "m2"], "datasets": ["d"], "presets": ["tb2", "v2"]}) == 6
     assert estimated_cells({"models": ["m1"]}) == 1
+    selector_only = {"modelSelector": {"namePatterns": ["*"], "limit": 500}, "datasets": ["d1", "d2"]}
+    assert estimated_cells(selector_only) == 1000, "a selector counts the most it may select, before any pass"
+    assert "asks for 1000 cells" in quota_refusal([QuotaEntry("t", "s", estimated_cells(selector_only))], "s", quota)
 
 
 @pytest.mark.parametrize("url", ["ssh://attacker.example/jobs", "file:///etc", "sftp://10.0.0.5/jobs",
@@ -215,3 +218,10 @@ def test_the_refire_env_is_held_to_the_env_policy(name: str):
         assert refusals(admins, run(cluster=None, clusterRef={"kind": "ClusterEvalCluster", "name": "hpc"})) == []
     else:
         assert any("a refire may set" in why for why in found), "the loader refuses a name no env can carry"
+
+
+def test_a_model_selector_reads_every_namespaces_models_so_the_admin_grants_it() -> None:
+    selector = {"modelSelector": {"namePatterns": ["*"], "limit": 5}}
+    [why] = refusals(cluster(), run(**selector))
+    assert "modelSelector" in why and "--allow-model-selector" in why, why
+    assert refusals(cluster(), run(**selector), policy=POLICY.model_copy(update={"allow_model_selector": True})) == []

@@ -1,13 +1,13 @@
-"""Sending what passes queued (spec.notify): webhooks with a Slack-compatible body, from a thread of its own.
+"""Sending what passes queued (spec.notify): webhooks with a Slack-compatible body, from threads of their own.
 
 A pass records transitions and queues their messages in the store (core/reconcile.py); it never waits for an
 endpoint. After each pass the entry layer hands the notifier its EvalRuns' webhooks (URLs read from their
-secretRefs just then) and wakes it. The notifier's thread, on a store of its own, reads each EvalRun's undelivered
-messages, claims one at a time (a compare-and-set in the store: two senders never both hold one), posts it within
-a total deadline in its server's lane (adapters/lanes.py: a server that trickles its answer holds a thread of its
-own, never the sender), and records the outcome: delivered; or failed, due again after a doubling back-off; or given up
-after `maxAttempts`, with a warning and a status note. A store or endpoint that is down costs that thread a round,
-never a pass.
+secretRefs just then) and wakes it. A sender thread per namespace, on a store of its own, reads its EvalRuns'
+undelivered messages, claims one at a time (a compare-and-set in the store: two senders never both hold one), posts
+it within a total deadline in a lane of its namespace and server (adapters/lanes.py: a server that trickles its
+answer holds a thread of its own, never the sender), and records the outcome: delivered; or failed, due again after
+a doubling back-off; or given up after `maxAttempts`, with a warning and a status note. A store or endpoint that is
+down costs that thread a round, never a pass; a tenant's slow webhooks cost its own namespace's rounds only.
 
 A webhook URL is a credential (Slack's carries its token in the path): it is held in an `Endpoint` whose repr hides
 it, never logged, stored or put in a message; error texts are masked with it, and httpx's own request logs (which
@@ -101,8 +101,19 @@ def slack_body(notification: Notification) -> dict[str, Any]:
     return {"text": text, "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]}
 
 
+@dataclass
+class _Sender:
+    """One namespace's sender thread and its rounds (guarded by the notifier's condition)."""
+
+    namespace: str
+    wake: threading.Event = field(default_factory=threading.Event)
+    started: int = 0
+    finished: int = 0
+    thread: threading.Thread | None = None
+
+
 class Notifier:
-    """Delivers queued messages on its own thread, started by the first `offer`."""
+    """Delivers queued messages on a thread per namespace, each started by the first `offer` of its namespace."""
 
     def __init__(self, open_store: Callable[[], Store], holder: str, *,
                  holder_is_dead: Callable[[str], bool] = lambda _: False, timeout_s: float = TIMEOUT_S,
@@ -115,13 +126,11 @@ class Notifier:
         self._orders: dict[EvalRunRef, RunWebhooks] = {}  # the latest per EvalRun: the queue is bounded by them
         self._said_missing: dict[EvalRunRef, tuple[str, ...]] = {}
         self._changed = threading.Condition()
-        self._wake = threading.Event()
         self._stop = threading.Event()
-        self._started = self._finished = 0  # rounds
-        self._thread: threading.Thread | None = None
+        self._senders: dict[str, _Sender] = {}
 
     def offer(self, runs: Iterable[RunWebhooks]) -> None:
-        """Hand over the EvalRuns' webhooks and wake the thread; returns at once."""
+        """Hand over the EvalRuns' webhooks and wake the senders; returns at once."""
         with self._changed:
             for run in runs:
                 self._orders[run.evalrun] = run
@@ -129,21 +138,26 @@ class Notifier:
                     log.warning("webhook URL not set; its messages wait", extra={
                         "evalrun": str(run.evalrun), "missing": "; ".join(run.missing)})
                 self._said_missing[run.evalrun] = run.missing
-            if self._thread is None and self._orders:
-                self._thread = threading.Thread(target=self._work, name="evalctl-notify", daemon=True)
-                self._thread.start()
-        self._wake.set()
+            for namespace in sorted({_namespace(evalrun) for evalrun in self._orders} - self._senders.keys()):
+                sender = self._senders[namespace] = _Sender(namespace)
+                sender.thread = threading.Thread(target=self._work, args=(sender,), daemon=True,
+                                                 name=f"evalctl-notify-{namespace[:40]}")
+                sender.thread.start()
+            senders = list(self._senders.values())
+        for sender in senders:
+            sender.wake.set()
 
     def flush(self, timeout_s: float = FLUSH_S) -> bool:
-        """Wait until a round that starts after this call has finished (at most `timeout_s`); False: it had not."""
+        """Wait until every sender has finished a round that starts after this call (at most `timeout_s` in all);
+        False: one had not."""
         with self._changed:
-            if self._thread is None:
-                return True
-            wanted = self._started + 1
-        self._wake.set()
+            wanted = {sender.namespace: sender.started + 1 for sender in self._senders.values()}
+            senders = list(self._senders.values())
+        for sender in senders:
+            sender.wake.set()
         deadline = time.monotonic() + timeout_s
         with self._changed:
-            while self._finished < wanted:
+            while any(self._senders[namespace].finished < round_number for namespace, round_number in wanted.items()):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -151,24 +165,31 @@ class Notifier:
         return True
 
     def close(self) -> None:
-        """Stop the thread after its current message (undelivered ones wait in the store for the next process)."""
+        """Stop the senders after their current message (undelivered ones wait in the store for the next process)."""
         self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(self._lanes.deadline_s + 1)
+        with self._changed:
+            senders = list(self._senders.values())
+        for sender in senders:
+            sender.wake.set()
+        deadline = time.monotonic() + self._lanes.deadline_s + 1
+        for sender in senders:
+            if sender.thread is not None:
+                sender.thread.join(max(deadline - time.monotonic(), 0))
         self._client.close()
 
-    # ------------------------------------------------------------------ the thread
+    # ------------------------------------------------------------------ the threads
 
-    def _work(self) -> None:
+    def _work(self, sender: _Sender) -> None:
         store: Store | None = None
         try:
             while not self._stop.is_set():
-                self._wake.wait(self.poll_s)
-                self._wake.clear()
+                sender.wake.wait(self.poll_s)
+                sender.wake.clear()
                 with self._changed:
-                    self._started += 1
-                    round_number, orders = self._started, list(self._orders.values())
+                    sender.started += 1
+                    round_number = sender.started
+                    orders = [order for evalrun, order in self._orders.items()
+                              if _namespace(evalrun) == sender.namespace]
                 try:
                     store = store or self._open_store()
                     for order in orders:
@@ -179,7 +200,7 @@ class Notifier:
                     store = None
                 finally:
                     with self._changed:
-                        self._finished = round_number
+                        sender.finished = round_number
                         self._changed.notify_all()
         finally:
             _close(store)
@@ -194,16 +215,16 @@ class Notifier:
                                                   take_from=message.claimed_by if dead else None):
                 continue  # not due yet, or another sender has it
             kill_point("notify-claimed")  # fault injection: claimed, not sent
-            error = self._post(endpoint, message)
+            error = self._post(endpoint, message, _namespace(order.evalrun))
             self._record(store, order, message, error)
             if error.startswith(DeadlineExceeded.__name__):
                 return  # its server is slow: the run's other messages wait for the next round, the other runs do not
 
-    def _post(self, endpoint: Endpoint, message: Notification) -> str:
+    def _post(self, endpoint: Endpoint, message: Notification, namespace: str = "") -> str:
         """'' when the webhook took it (2xx), else why not, masked."""
         server = urlsplit(endpoint.url)
         try:
-            response = self._lanes.call(f"{server.hostname}:{server.port}", lambda: self._client.post(
+            response = self._lanes.call(f"{namespace} {server.hostname}:{server.port}", lambda: self._client.post(
                 endpoint.url, json=slack_body(message),
                 headers={ID_HEADER: message.id, "X-EvalRun-Event": message.event.value}))
         except DeadlineExceeded as exc:  # our own words: no answer within the deadline
@@ -230,6 +251,10 @@ class Notifier:
         store.state.finish_notification(message.id, self.holder, delivered=False, error=error, retry_in_s=retry_in)
         log.info("webhook message failed; retried", extra={**where, "attempts": attempts, "error": error,
                                                             "retry_in_s": retry_in})
+
+
+def _namespace(evalrun: EvalRunRef) -> str:
+    return evalrun.namespace or ""
 
 
 def _escaped(text: str) -> str:

@@ -203,17 +203,18 @@ def tracker_for(run: LoadedRun, cluster: LoadedCluster | None = None, secrets: S
                          "spec.mlflowTrackingUri (EvalCluster) or $MLFLOW_TRACKING_URI"), experiment
     secrets = secrets or EnvironmentSecrets()
     login = mlflow_login(uri, run, cluster, ambient_login)
+    lane = run.ref.namespace or ""  # a tenant's slow server delays only its own namespace's uploads
     if login is None:  # never a login sent where a tenant said
-        return _mlflow(uri, ()), experiment
+        return _mlflow(uri, lane, ()), experiment
     secret, whose = login
     if whose == "ambient":
-        return _mlflow(uri), experiment
+        return _mlflow(uri, lane), experiment
     source = secrets if whose == "run" else cluster_secrets or secrets
     try:
         credentials = mlflow_credentials(secret, source)
     except MissingSecret as exc:
         return NoTracker(str(exc)), experiment
-    return _mlflow(uri, tuple(sorted(credentials.items()))), experiment
+    return _mlflow(uri, lane, tuple(sorted(credentials.items()))), experiment
 
 
 def mlflow_login(uri: str, run: LoadedRun, cluster: LoadedCluster | None,
@@ -246,10 +247,11 @@ def mlflow_credentials(secret: str, secrets: SecretSource) -> dict[str, str]:
 
 
 @functools.cache
-def _mlflow(uri: str, credentials: tuple[tuple[str, str], ...] | None = None) -> Tracker:
-    from controller.adapters.tracker.mlflow import MlflowTracker
+def _mlflow(uri: str, namespace: str, credentials: tuple[tuple[str, str], ...] | None = None) -> Tracker:
+    from controller.adapters.tracker.mlflow import MlflowTracker, strip_credentials
 
-    return MlflowTracker(uri, credentials=dict(credentials) if credentials is not None else None)
+    return MlflowTracker(uri, credentials=dict(credentials) if credentials is not None else None,
+                         lane=f"{namespace} {strip_credentials(uri)}")
 
 
 class NoTracker:

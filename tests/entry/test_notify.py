@@ -180,3 +180,27 @@ def test_what_an_endpoint_answers_is_never_stored_only_its_status(queued: Path, 
     stored = queued.read_bytes() + b"".join(p.read_bytes() for p in queued.parent.glob("store.db-*"))
     assert b"internal-metadata" not in stored
     assert all("internal-metadata" not in f"{r.getMessage()} {vars(r)}" for r in caplog.records)
+
+
+def test_a_tenants_trickling_webhook_holds_only_its_own_namespaces_sender(store_path: Path, hook: Webhook) -> None:
+    """The hostile namespace's post is in flight (its server answers a byte a second, the deadline is far off)
+    while the victim namespace's message is delivered: one sender per namespace."""
+    from tests.fixtures.trickle import http_server
+
+    hostile, victim = EvalRunRef(namespace="hostile", name="run"), EvalRunRef(namespace="victim", name="run")
+    store = SqliteStore(store_path)
+    for run in (hostile, victim):
+        store.record_transitions(run, facts(False, False), HOOKS)
+        store.record_transitions(run, facts(True, True), HOOKS)
+    store.close()
+    notifier = notifier_on(store_path, deadline_s=60)
+    with http_server(trickle_every_s=1) as slow:
+        try:
+            notifier.offer([RunWebhooks(hostile, {"team": Endpoint(slow.url + "/hook")}, max_attempts=3)])
+            assert slow.requested.wait(20), "the hostile namespace's post is in flight"
+            notifier.offer([RunWebhooks(victim, {"team": Endpoint(hook.url)}, max_attempts=3)])
+            wait_until(lambda: len(hook.messages()) == 2, "the victim's two messages delivered meanwhile", timeout_s=20)
+            assert not slow.served.is_set()
+        finally:
+            notifier._stop.set()
+    notifier.close()

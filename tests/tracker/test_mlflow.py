@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import threading
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -292,3 +293,39 @@ def test_own_credentials_sign_every_call_and_leave_the_environment_as_it_was(
 def test_credentials_are_only_mlflow_tracking_names() -> None:
     with pytest.raises(ValueError, match="unknown names"):
         MlflowTracker("http://127.0.0.1:9", credentials={"AWS_SECRET_ACCESS_KEY": "x"})
+
+
+def test_two_tenants_trackers_call_at_once_each_with_its_own_login(
+        mlflow_server: MlflowServer, experiment: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lane per server and namespace: tenant A's server holds A's call while tenant B logs in full, and each
+    request carries its own tracker's login (they are read per calling thread, never from a shared environment)."""
+    from tests.fixtures.mlflow_server import MlflowProxy
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "operator")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "operator-password-xyz")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    slow, fast = MlflowProxy(mlflow_server.url), MlflowProxy(mlflow_server.url)
+    slow.require_auth, fast.require_auth = _basic("alice", PASSWORD), _basic("bob", "bob-" + PASSWORD)
+    slow.held = threading.Event()
+    a = MlflowTracker(slow.url, credentials={"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": PASSWORD},
+                      lane=f"team-a {slow.url}", deadline_s=20)
+    b = MlflowTracker(fast.url, credentials={"MLFLOW_TRACKING_USERNAME": "bob",
+                                             "MLFLOW_TRACKING_PASSWORD": "bob-" + PASSWORD},
+                      lane=f"team-b {fast.url}", deadline_s=20)
+    results: list[object] = []
+    try:
+        in_flight = threading.Thread(target=lambda: results.append(a.read_back(experiment, record().run_tag)))
+        in_flight.start()
+        assert slow.arrived.wait(10), "tenant A's call is at its server"
+        b.log(experiment, record())
+        assert b.read_back(experiment, record().run_tag) is not None, "B logged while A's call was held"
+        slow.held.set()
+        in_flight.join(20)
+    finally:
+        slow.held.set()
+        slow.close()
+        fast.close()
+
+    assert len(results) == 1 and results[0] is not None, "A's call, signed with A's login, read the run once released"
+    assert slow.authorized and fast.authorized, "every request passed its own server's login check"
+    assert os.environ["MLFLOW_TRACKING_USERNAME"] == "operator", "the environment is never written"

@@ -22,21 +22,26 @@ every tracker (and any other mlflow use) in it. Messages state the effective val
 MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT: mlflow otherwise prints each finished run's URL, password included.
 
 Credentials: the tracker's own (`credentials`, from an EvalRun's or EvalCluster's Secret), else the tracking URI's
-user:password@, else MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN of the environment. mlflow reads the environment
-at every request, tracking and artifact calls alike, and has no per-client setting: so every call of every
-tracker holds one process-wide lane, and a tracker with its own credentials puts them in the environment only
-for that call (never another server's). They never reach a message: URLs lose their userinfo, values are masked.
+user:password@, else MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN of the environment. mlflow reads those names at every
+request, tracking and artifact calls alike, through its `_EnvironmentVariable` objects (and a username/password
+from ~/.mlflow/credentials), and has no per-client setting. `_install_call_credentials` makes the three objects
+read the calling thread's credentials when the call has its own (and the file none then): each call runs on a
+worker thread of its own, so calls of different trackers run at once and each request carries exactly its
+tracker's login, never another server's, and the environment is never written. mlflow 3.17 makes the tracking and
+artifact requests of one call on the calling thread (a test holds it to that). Credentials never reach a message:
+URLs lose their userinfo, values are masked.
 
-Deadline: requests' timeout is per read, so a server that trickles its answer held that lane, and every namespace's
-uploads behind it, for as long as it liked. Each `log` / `read_back` runs in the lane on a worker thread
-(adapters/lanes.py) and its caller gives up after `deadline_s` in all (DEADLINE_S, 60 s: a run's metrics, params and
-report take a few requests of well under a second each). The abandoned call still holds the lane until the server
-lets go; per-server lanes need credentials per client rather than in the environment.
+Deadline and lanes: requests' timeout is per read, so a server that trickles its answer holds a call for as long
+as it likes. Each `log` / `read_back` runs in a lane on a worker thread (adapters/lanes.py) and its caller gives up
+after `deadline_s` in all (DEADLINE_S, 60 s: a run's metrics, params and report take a few requests of well under a
+second each). A lane is one server for one namespace (`lane`, from the caller; default the server): an abandoned
+call holds only its lane until the server lets go, so a tenant's slow server delays only that tenant's uploads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -44,11 +49,13 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from urllib.parse import unquote, urlsplit
 
+import mlflow.utils.credentials as credentials_module
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, Run, RunTag
+from mlflow.environment_variables import MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN, MLFLOW_TRACKING_USERNAME
 from mlflow.exceptions import MlflowException, RestException
 
 from controller.adapters.lanes import DeadlineExceeded, Lanes
@@ -74,7 +81,7 @@ MESSAGE_MAX = 400
 _ENV_LOCK = threading.Lock()
 DEADLINE_S = 60.0  # one log or read_back in all, waiting for the lane included
 _LANES = Lanes(DEADLINE_S)
-_LANE = "mlflow"  # one for every tracker of the process: credentials live in the environment during a call
+_CALL = threading.local()  # .credentials: the MLFLOW_TRACKING_* of the tracker this thread calls for (None: none)
 _USERINFO = re.compile(r"(?<=://)[^/\s]*@")  # up to the LAST @ of the authority: a password may hold one
 _STATUS_RETRIES = re.compile(r"too many (\d{3}) error responses")
 _STATUS_CODE = re.compile(r"error code (\d{3})")  # mlflow's "failed with error code 403 != 200. Response body: …"
@@ -92,13 +99,16 @@ class MlflowTracker:
     """`Tracker` on an MLflow tracking server, through its REST API (`MlflowClient`, no global mlflow state)."""
 
     def __init__(self, tracking_uri: str, *, timeout_s: float = 30.0, retries: int = 2,
-                 credentials: Mapping[str, str] | None = None, deadline_s: float = DEADLINE_S) -> None:
+                 credentials: Mapping[str, str] | None = None, deadline_s: float = DEADLINE_S,
+                 lane: str | None = None) -> None:
         """`timeout_s` per request and `retries` after the first attempt, unless MLFLOW_HTTP_REQUEST_* are set.
-        `credentials`: values for CREDENTIAL_ENV names, replacing all three of the environment's during calls."""
+        `credentials`: values for CREDENTIAL_ENV names, replacing all three of the environment's in its calls.
+        `lane`: whose calls wait for each other (default: every call to this server)."""
         unknown = set(credentials or {}) - set(CREDENTIAL_ENV)
         if unknown:
             raise ValueError(f"credentials: unknown names {sorted(unknown)}; expected some of {CREDENTIAL_ENV}")
         self._where = strip_credentials(tracking_uri)
+        self._lane = lane or self._where
         self._credentials = dict(credentials) if credentials is not None else None
         self.deadline_s = deadline_s
         self._secrets = _secrets(tracking_uri) + tuple(
@@ -126,7 +136,7 @@ class MlflowTracker:
             return run
 
         try:
-            run = _LANES.call(_LANE, log_it, self.deadline_s)
+            run = _LANES.call(self._lane, log_it, self.deadline_s)
         except _FAILURES as exc:
             raise StoreUnavailable(
                 self._one_line(f"cannot log run {record.run_tag!r} in experiment {experiment!r}", exc)) from None
@@ -151,25 +161,19 @@ class MlflowTracker:
             return _tracked(runs[0], artifacts)
 
         try:
-            return _LANES.call(_LANE, read_it, self.deadline_s)
+            return _LANES.call(self._lane, read_it, self.deadline_s)
         except _FAILURES as exc:
             raise ObservationError(
                 self._one_line(f"cannot read run {run_tag!r} in experiment {experiment!r}", exc)) from None
 
     @contextlib.contextmanager
     def _authenticated(self) -> Iterator[None]:
-        """In the lane: with credentials of its own, the environment carries exactly those meanwhile."""
-        if self._credentials is None:
-            yield
-            return
-        saved = {name: os.environ.get(name) for name in CREDENTIAL_ENV}
+        """On the call's worker thread: mlflow's requests carry this tracker's credentials (or the environment's)."""
+        _CALL.credentials = self._credentials
         try:
-            for name in CREDENTIAL_ENV:
-                _set_env(name, self._credentials.get(name))
             yield
         finally:
-            for name, value in saved.items():
-                _set_env(name, value)
+            _CALL.credentials = None
 
     # ------------------------------------------------------------------ steps
 
@@ -288,11 +292,25 @@ class MlflowTracker:
 # ---------------------------------------------------------------------- helpers
 
 
-def _set_env(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
+def _install_call_credentials() -> None:
+    """mlflow's credential variables read the calling thread's tracker credentials when it has its own (unset
+    names: none, and nothing from ~/.mlflow/credentials), else the environment as before. Once per process."""
+    if getattr(credentials_module, "_evalctl_per_call", False):
+        return
+    for variable in (MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN):
+        variable.get_raw = functools.partial(_call_value, variable.name, variable.get_raw)  # type: ignore[method-assign]
+    from_file = credentials_module._read_mlflow_creds_from_file
+    credentials_module._read_mlflow_creds_from_file = lambda: (
+        (None, None) if getattr(_CALL, "credentials", None) is not None else from_file())
+    credentials_module._evalctl_per_call = True  # type: ignore[attr-defined]
+
+
+def _call_value(name: str, environment: Callable[[], str | None]) -> str | None:
+    own = getattr(_CALL, "credentials", None)
+    return environment() if own is None else own.get(name)
+
+
+_install_call_credentials()
 
 
 def strip_credentials(uri: str) -> str:

@@ -10,16 +10,21 @@ does its worst (`--hostile`):
 - `foreign`: 100,000 foreign `ev_*` entries in the jobs dir of its EvalRun's cluster;
 - `cells`: 40 EvalRuns × 10,000 cells (suspended: their passes observe and plan, as any pass does, but launch
   nothing — 50,000 real jobs would measure this host's two cores, not the operator); the namespace's cell quota
-  serves 5 of them and refuses the rest.
+  serves 5 of them and refuses the rest;
+- `egress` (issue 27): 4 EvalRuns whose jobs print a 20 MB line of `x` under a failure-catalog pattern `(x+x+)+y`,
+  whose tracking server and webhook answer a byte a second (allowed by the admin's --allowed-mlflow-uri /
+  --allowed-webhook-url, as an in-cluster relay would be). The innocent EvalRuns then upload to a real MLflow
+  server and post to a webhook of their own, alone and beside it.
 
 The operator's resident memory is printed at the end.
 
-Usage: python bench/operator_fairness.py [--hostile silent|foreign|cells] [--silent 12] [--rounds 3]
+Usage: python bench/operator_fairness.py [--hostile silent|foreign|cells|egress] [--silent 12] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -33,8 +38,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO))
 
 from operator_passes import FAKE_HARBOR, kube_env, kubectl  # noqa: E402
+
+from tests.fixtures.mlflow_server import MlflowServer  # noqa: E402
+from tests.fixtures.trickle import http_server  # noqa: E402
+from tests.fixtures.webhook import webhook_server  # noqa: E402
 
 
 def silent_host() -> int:
@@ -69,12 +79,35 @@ spec: {{scheduler: {{type: slurm, ssh: "root@127.0.0.1:{port}", sshKeySecretRef:
 """
 
 
-def run(namespace: str, name: str, cluster: str, model: str) -> str:
+def run(namespace: str, name: str, cluster: str, model: str, extra: str = "") -> str:
     return f"""apiVersion: evalrun.io/v1alpha1
 kind: EvalRun
 metadata: {{name: {name}, namespace: {namespace}}}
-spec: {{cluster: {cluster}, models: ["{model}"], datasets: [DCAgent/bench], forceEval: true}}
+spec: {{cluster: {cluster}, models: ["{model}"], datasets: [DCAgent/bench], forceEval: true{extra}}}
 """
+
+
+def webhook_secret(namespace: str, url: str) -> str:
+    return f"apiVersion: v1\nkind: Secret\nmetadata: {{name: alerts, namespace: {namespace}}}\nstringData: {{url: '{url}'}}\n"
+
+
+def egress(tracking: str) -> str:
+    """An EvalRun's upload to `tracking` and its webhook (Secret alerts)."""
+    return (f", upload: {{mlflow: true, mlflowTrackingUri: '{tracking}'}}, notify: {{webhooks: [{{name: alerts, "
+            "secretRef: {name: alerts, key: url}, events: [Stalled, Failed, Ready, Completed]}]}")
+
+
+def egress_documents(root: Path, hostile: str, tracking: str, webhook: str) -> list[str]:
+    script = root / "hostile-job.sh"
+    script.write_text(f"#!/bin/sh\nhead -c 20000000 /dev/zero | tr '\\0' x\necho\nexec {FAKE_HARBOR} \"$@\"\n")
+    script.chmod(0o755)
+    cluster = local_cluster(hostile).replace(str(FAKE_HARBOR), str(script)).replace(
+        'FAKE_HARBOR_TRIAL_SECONDS: "0.05"', 'FAKE_HARBOR_TRIAL_SECONDS: "10"').replace(
+        "}}\n", '}, failureCatalog: [{name: backtrack, patterns: ["(x+x+)+y"], when: running, remedy: hold, '
+                "advice: backtracks}]}\n")
+    return [cluster, webhook_secret(hostile, webhook),
+            *(run(hostile, f"egress-{i}", "local", f"org/egress{i}-8B", egress(tracking)) for i in range(4))]
+
 
 
 def big_run(namespace: str, name: str) -> str:
@@ -117,10 +150,10 @@ def resident_mib(pid: int) -> float:
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
 
 
-def timed_evalrun(env: dict[str, str], namespace: str, name: str, model: str) -> tuple[float, float]:
+def timed_evalrun(env: dict[str, str], namespace: str, name: str, model: str, extra: str = "") -> tuple[float, float]:
     """Seconds from `kubectl apply` to the EvalRun's first status, and to Ready."""
     start = time.monotonic()
-    kubectl(env, "apply", "-f", "-", stdin=run(namespace, name, "local", model))
+    kubectl(env, "apply", "-f", "-", stdin=run(namespace, name, "local", model, extra))
     first = ready = None
     while ready is None:
         status = json.loads(kubectl(env, "get", "evalrun", name, "-n", namespace, "-o", "json")).get("status") or {}
@@ -139,40 +172,69 @@ def timed_evalrun(env: dict[str, str], namespace: str, name: str, model: str) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hostile", choices=("silent", "foreign", "cells"), default="silent")
+    parser.add_argument("--hostile", choices=("silent", "foreign", "cells", "egress"), default="silent")
     parser.add_argument("--silent", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     env = kube_env()
     root = Path(tempfile.mkdtemp(prefix="evalrun-fairness-bench-"))
+    with contextlib.ExitStack() as servers:
+        innocent_extra, allowed = "", []
+        if args.hostile == "egress":
+            tracking = MlflowServer(root / "mlflow")
+            tracking.start()
+            servers.callback(tracking.stop)
+            slow_tracking = servers.enter_context(http_server(trickle_every_s=1))
+            slow_hook = servers.enter_context(http_server(trickle_every_s=1))
+            hook = servers.enter_context(webhook_server())
+            innocent_extra = egress(tracking.url)
+            allowed = ["--allowed-mlflow-uri", tracking.url, "--allowed-mlflow-uri", slow_tracking.url,
+                       "--allowed-webhook-url", slow_hook.url, "--allowed-webhook-url", f"http://127.0.0.1:{hook.port}"]
+        bench(args, env, root, innocent_extra, allowed,
+              (lambda hostile: egress_documents(root, hostile, slow_tracking.url, slow_hook.url + "/hook"),
+               lambda innocent: [webhook_secret(innocent, hook.url)]) if args.hostile == "egress" else None)
+
+
+def bench(args: argparse.Namespace, env: dict[str, str], root: Path, innocent_extra: str, allowed: list[str],
+          egress_setup: tuple | None) -> None:
     stamp = int(time.time())
     innocent, hostile = f"innocent-{stamp}", f"hostile-{stamp}"
     for namespace in (innocent, hostile):
         kubectl(env, "create", "namespace", namespace)
-    kubectl(env, "apply", "-f", "-", stdin=local_cluster(innocent))
+        kubectl(env, "apply", "-n", namespace, "-k", str(REPO / "manifests" / "tenant"))  # Secret reads opt-in
+    kubectl(env, "apply", "-f", "-", stdin="---\n".join(
+        [local_cluster(innocent), *(egress_setup[1](innocent) if egress_setup else [])]))
     operator = subprocess.Popen(
         [sys.executable, "-m", "controller.entry.cli", "operator", "--standalone", "-n", innocent, "-n", hostile,
          "--base-dir", str(root), "--store", f"sqlite:///{root}/store.db", "--interval", "2",
-         "--allow-local-scheduler", "--allowed-path-root", str(REPO), "--allowed-ssh-host", "127.0.0.1"],
+         "--allow-local-scheduler", "--allowed-path-root", str(REPO), "--allowed-path-root", str(root),
+         "--allowed-ssh-host", "127.0.0.1", *allowed],
         env={**env, "PYTHONPATH": str(REPO)}, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        baseline = [timed_evalrun(env, innocent, f"alone-{i}", f"org/alone{i}-8B") for i in range(args.rounds + 1)][1:]
+        baseline = [timed_evalrun(env, innocent, f"alone-{i}", f"org/alone{i}-8B", innocent_extra)
+                    for i in range(args.rounds + 1)][1:]
 
         documents = {"silent": lambda: silent_documents(env, root, hostile, args.silent),
                      "foreign": lambda: foreign_documents(root, hostile),
                      "cells": lambda: [local_cluster(hostile), *(big_run(hostile, f"big-{i}") for i in range(40))],
+                     "egress": lambda: egress_setup[0](hostile) if egress_setup else [],
                      }[args.hostile]()
         kubectl(env, "apply", "-f", "-", stdin="---\n".join(documents))
-        time.sleep(5)  # the hostile passes under way (a bench: the figures below are what is measured)
-        loaded = [timed_evalrun(env, innocent, f"loaded-{i}", f"org/loaded{i}-8B") for i in range(args.rounds)]
+        time.sleep(15)  # the hostile passes under way, its jobs printing (a bench: the figures below are measured)
+        loaded = [timed_evalrun(env, innocent, f"loaded-{i}", f"org/loaded{i}-8B", innocent_extra)
+                  for i in range(args.rounds)]
 
         hostility = {"silent": f"{args.silent} silent-host EvalClusters + a FIFO",
-                     "foreign": "100,000 foreign run-dir entries", "cells": "40 EvalRuns x 10,000 cells"}[args.hostile]
+                     "foreign": "100,000 foreign run-dir entries", "cells": "40 EvalRuns x 10,000 cells",
+                     "egress": "4 EvalRuns: 20 MB lines under (x+x+)+y, a trickling tracking server and webhook",
+                     }[args.hostile]
         for label, figures in (("alone", baseline), (f"beside {hostility}", loaded)):
             print(f"innocent EvalRun {label}: first status median {statistics.median(f for f, _ in figures):.2f} s, "
                   f"Ready median {statistics.median(r for _, r in figures):.2f} s over {len(figures)} EvalRuns")
+        first = statistics.median(f for f, _ in loaded) / statistics.median(f for f, _ in baseline)
         ratio = statistics.median(r for _, r in loaded) / statistics.median(r for _, r in baseline)
-        print(f"Ready, loaded / alone: {ratio:.2f}; operator RSS {resident_mib(operator.pid):.0f} MiB")
+        print(f"first status, loaded / alone: {first:.2f}; Ready, loaded / alone: {ratio:.2f}; "
+              f"operator RSS {resident_mib(operator.pid):.0f} MiB")
     finally:
         for namespace in (innocent, hostile):
             subprocess.run(["kubectl", "delete", "evalruns", "--all", "-n", namespace, "--timeout=120s"], env=env,
@@ -182,7 +244,6 @@ def main() -> None:
             operator.wait(timeout=180)
         except subprocess.TimeoutExpired:
             operator.kill()
-
 
 if __name__ == "__main__":
     main()

@@ -5,7 +5,7 @@ lives in a Secret of the namespace, and the addresses a tenant's host name resol
 Service through the resolver's search list; any name may point at 127.0.0.1). Each is refused as `InvalidSpec`
 naming the policy. Names are resolved as the sender and the tracker will resolve them, with a deadline; one that
 does not resolve is refused too (fail closed, checked again next pass). A name may resolve differently when it
-is dialled (DNS rebinding): see docs/DECISIONS.md.
+is dialled (DNS rebinding): the sender and the tracker check the address again there (adapters/dialing.py).
 """
 
 from __future__ import annotations

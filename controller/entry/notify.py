@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from controller.adapters.dialing import AddressCheck, RefusedAddress, dial_address
 from controller.adapters.lanes import DeadlineExceeded, Lanes
 from controller.adapters.secrets import SecretMask, mask_text
 from controller.core.actor import kill_point
@@ -34,6 +35,8 @@ from controller.core.store import Store
 from controller.core.types import EvalRunRef
 from controller.entry.secrets import SecretSource
 from controller.spec.loader import SpecSet
+from controller.spec.tenancy import OperatorPolicy
+from controller.spec.urls import address_problem, under_prefix
 
 log = logging.getLogger("evalctl.notify")
 for _noisy in ("httpx", "httpcore"):  # they log every request with its URL at INFO/DEBUG
@@ -50,12 +53,14 @@ ID_HEADER = "X-EvalRun-Notification-Id"  # the same for every attempt: a receive
 
 
 class Endpoint:
-    """A webhook's URL, which `repr` never shows."""
+    """A webhook's URL, which `repr` never shows. `public_only`: a tenant's URL, dialled only at an address that
+    passes the operator's policy when it is dialled (adapters/dialing.py)."""
 
-    __slots__ = ("url",)
+    __slots__ = ("public_only", "url")
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, public_only: bool = False) -> None:
         self.url = url
+        self.public_only = public_only
 
     def __repr__(self) -> str:
         return "Endpoint(***)"
@@ -76,8 +81,9 @@ class RunWebhooks:
     missing: tuple[str, ...] = field(default=(), compare=False)  # where to set each missing URL (never a value)
 
 
-def webhooks_of(specs: SpecSet, secrets: SecretSource) -> list[RunWebhooks]:
-    """The webhooks of every EvalRun with any, their URLs read now from `secrets`."""
+def webhooks_of(specs: SpecSet, secrets: SecretSource, policy: OperatorPolicy | None = None) -> list[RunWebhooks]:
+    """The webhooks of every EvalRun with any, their URLs read now from `secrets`. With the operator's `policy`, a
+    namespaced EvalRun's URL not under an `--allowed-webhook-url` is dialled only at a public address."""
     found = []
     for run in specs.evalruns:
         notify = run.run.spec.notify
@@ -87,7 +93,9 @@ def webhooks_of(specs: SpecSet, secrets: SecretSource) -> list[RunWebhooks]:
         for hook in notify.webhooks:
             url = secrets.get(hook.secret_ref)
             if url:
-                endpoints[hook.name] = Endpoint(url)
+                checked = policy is not None and run.ref.namespace is not None and not under_prefix(
+                    url, policy.allowed_webhook_urls)
+                endpoints[hook.name] = Endpoint(url, public_only=checked)
             else:
                 missing.append(f"webhook {hook.name}: {secrets.where(hook.secret_ref)}")
         found.append(RunWebhooks(run.ref, endpoints, notify.max_attempts, tuple(missing)))
@@ -118,8 +126,11 @@ class Notifier:
     def __init__(self, open_store: Callable[[], Store], holder: str, *,
                  holder_is_dead: Callable[[str], bool] = lambda _: False, timeout_s: float = TIMEOUT_S,
                  backoff_s: float = BACKOFF_S, backoff_max_s: float = BACKOFF_MAX_S, poll_s: float = POLL_S,
-                 claim_s: float = CLAIM_S, deadline_s: float = DEADLINE_S) -> None:
+                 claim_s: float = CLAIM_S, deadline_s: float = DEADLINE_S,
+                 address_check: AddressCheck = address_problem) -> None:
+        """`address_check`: where a `public_only` endpoint may be dialled (the operator's URL policy)."""
         self._open_store, self.holder, self._holder_is_dead = open_store, holder, holder_is_dead
+        self._address_check = address_check
         self.backoff_s, self.backoff_max_s, self.poll_s, self.claim_s = backoff_s, backoff_max_s, poll_s, claim_s
         self._client = httpx.Client(timeout=timeout_s, follow_redirects=False)
         self._lanes = Lanes(deadline_s)
@@ -223,12 +234,26 @@ class Notifier:
     def _post(self, endpoint: Endpoint, message: Notification, namespace: str = "") -> str:
         """'' when the webhook took it (2xx), else why not, masked."""
         server = urlsplit(endpoint.url)
+        headers = {ID_HEADER: message.id, "X-EvalRun-Event": message.event.value}
+
+        def post() -> httpx.Response:
+            if not endpoint.public_only:
+                return self._client.post(endpoint.url, json=slack_body(message), headers=headers)
+            host, port = server.hostname or "", server.port or (443 if server.scheme == "https" else 80)
+            address = dial_address(host, port, self._address_check)  # resolved once, here, and checked
+            pinned = server._replace(netloc=f"[{address}]:{port}" if ":" in address else f"{address}:{port}")
+            return self._client.post(pinned.geturl(), json=slack_body(message),
+                                     headers={**headers, "Host": server.netloc.rpartition("@")[2]},
+                                     extensions={"sni_hostname": host})
+
         try:
-            response = self._lanes.call(f"{namespace} {server.hostname}:{server.port}", lambda: self._client.post(
-                endpoint.url, json=slack_body(message),
-                headers={ID_HEADER: message.id, "X-EvalRun-Event": message.event.value}))
+            response = self._lanes.call(f"{namespace} {server.hostname}:{server.port}", post)
         except DeadlineExceeded as exc:  # our own words: no answer within the deadline
             return f"{type(exc).__name__}: {exc}"
+        except RefusedAddress as exc:  # the host's own name and the policy: no part of the URL's path
+            return f"{type(exc).__name__}: {exc}"
+        except OSError as exc:  # the name did not resolve when dialled
+            return type(exc).__name__
         except httpx.HTTPError as exc:  # refused, timed out, TLS, …: its text may quote the URL or what came back
             log.debug("webhook post failed", extra={"webhook": message.webhook,
                                                     "error": endpoint.mask()(f"{type(exc).__name__}: {exc}")})

@@ -122,7 +122,7 @@ def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body:
                                   now, act=True, holder=config.holder, holder_is_dead=identity_is_dead)
         publish_nodes(api, store, targets[0].cluster, (cluster or {}).get("status"))
     if notifier is not None:  # the sender's thread delivers what the pass queued; the URLs are the namespace's
-        notifier.offer(webhooks_of(specs, secrets))
+        notifier.offer(webhooks_of(specs, secrets, config.policy))
     requested = (meta.get("annotations") or {}).get(REQUESTED_AT)
     return PassReport(status=status_patch(result.status, previous, now, requested_at=requested, note=result.note),
                       events=tuple(aggregate_events(result.outcomes)), summary=result.status, outcomes=result.outcomes)
@@ -195,7 +195,7 @@ def _ports(api: KubeApi, config: OperatorConfig, specs: SpecSet, store: Store, c
     operator's), errors of remote hosts without their raw text, the operator's MLflow login only where allowed."""
     return cluster_ports(specs, store, catalog, KubernetesSecrets(api, namespace), public_errors=True,
                          admin_secrets=KubernetesSecrets(api, config.namespace),
-                         ambient_mlflow_login=config.policy.ambient_mlflow_login)
+                         allowed_mlflow_uri=config.policy.ambient_mlflow_login)
 
 
 def _cluster(api: KubeApi, body: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -134,13 +134,14 @@ def notify_routes(run: LoadedRun) -> dict[NotifyEvent, tuple[str, ...]]:
 
 def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog, secrets: SecretSource | None = None, *,
                   public_errors: bool = False, admin_secrets: SecretSource | None = None,
-                  ambient_mlflow_login: Callable[[str], bool] = lambda _: True) -> dict[ClusterRef, ClusterPorts]:
+                  allowed_mlflow_uri: Callable[[str], bool] | None = None) -> dict[ClusterRef, ClusterPorts]:
     """Each cluster's adapters; `secrets` (default: the environment) gives secretRefs their values.
 
     The operator: `public_errors`: ssh/sftp failures say only which host and what failed, the detail is logged;
     `admin_secrets`: where a ClusterEvalCluster's secretRefs are (the operator's namespace; an EvalRun's own refs
-    stay in `secrets`, its namespace); `ambient_mlflow_login`: which tracking URIs may get this process's own
-    MLflow login (MLFLOW_TRACKING_*), when neither the EvalRun nor its cluster names a credentials Secret."""
+    stay in `secrets`, its namespace); `allowed_mlflow_uri`: the tracking URIs that may get this process's own
+    MLflow login (MLFLOW_TRACKING_*, when neither the EvalRun nor its cluster names a credentials Secret) and that
+    a tenant may name whatever their address (others are dialled only at public addresses); None: any (the CLI)."""
     secrets = secrets or EnvironmentSecrets()
     errors = catalog.error_classes
     runs: dict[EvalRunRef, LoadedRun] = {r.ref: r for r in specs.evalruns}
@@ -178,7 +179,8 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog, secrets: Secre
 
             return Actor(store, scheduler, launcher, job_secrets, analyze, errors, utc_now,
                          tracker=tracker_for(run, cluster, secrets, cluster_secrets=own,
-                                             ambient_login=ambient_mlflow_login))
+                                             ambient_login=allowed_mlflow_uri or (lambda _: True),
+                                             admin_allows=allowed_mlflow_uri))
 
         ports[ref] = ClusterPorts(scheduler=scheduler, run_dirs=run_dirs, actor_for=actor_for,
                                    submissions_per_minute=cspec.scheduler.submissions_per_minute)
@@ -186,12 +188,13 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog, secrets: Secre
 
 
 def tracker_for(run: LoadedRun, cluster: LoadedCluster | None = None, secrets: SecretSource | None = None, *,
-                cluster_secrets: SecretSource | None = None,
-                ambient_login: Callable[[str], bool] = lambda _: True) -> tuple[Tracker, str] | None:
+                cluster_secrets: SecretSource | None = None, ambient_login: Callable[[str], bool] = lambda _: True,
+                admin_allows: Callable[[str], bool] | None = None) -> tuple[Tracker, str] | None:
     """The EvalRun's MLflow server and experiment when `upload.mlflow` is on (mlflow loads only then).
 
     Server: the EvalRun's, else its EvalCluster's, else this process's environment's. Credentials: see
-    `mlflow_login`."""
+    `mlflow_login`. `admin_allows` (the operator): a tracking URI a tenant wrote that it does not allow is
+    connected to only at a public address, checked when dialled."""
     upload = run.run.spec.upload
     if not upload.mlflow:
         return None
@@ -204,17 +207,20 @@ def tracker_for(run: LoadedRun, cluster: LoadedCluster | None = None, secrets: S
     secrets = secrets or EnvironmentSecrets()
     login = mlflow_login(uri, run, cluster, ambient_login)
     lane = run.ref.namespace or ""  # a tenant's slow server delays only its own namespace's uploads
+    tenant_wrote = bool(upload.mlflow_tracking_uri) or (cluster is not None and not cluster.cluster_scoped
+                                                        and uri == cluster.cluster.spec.mlflow_tracking_uri)
+    public_only = admin_allows is not None and run.ref.namespace is not None and tenant_wrote and not admin_allows(uri)
     if login is None:  # never a login sent where a tenant said
-        return _mlflow(uri, lane, ()), experiment
+        return _mlflow(uri, lane, public_only, ()), experiment
     secret, whose = login
     if whose == "ambient":
-        return _mlflow(uri, lane), experiment
+        return _mlflow(uri, lane, public_only), experiment
     source = secrets if whose == "run" else cluster_secrets or secrets
     try:
         credentials = mlflow_credentials(secret, source)
     except MissingSecret as exc:
         return NoTracker(str(exc)), experiment
-    return _mlflow(uri, lane, tuple(sorted(credentials.items()))), experiment
+    return _mlflow(uri, lane, public_only, tuple(sorted(credentials.items()))), experiment
 
 
 def mlflow_login(uri: str, run: LoadedRun, cluster: LoadedCluster | None,
@@ -247,11 +253,12 @@ def mlflow_credentials(secret: str, secrets: SecretSource) -> dict[str, str]:
 
 
 @functools.cache
-def _mlflow(uri: str, namespace: str, credentials: tuple[tuple[str, str], ...] | None = None) -> Tracker:
+def _mlflow(uri: str, namespace: str, public_only: bool,
+            credentials: tuple[tuple[str, str], ...] | None = None) -> Tracker:
     from controller.adapters.tracker.mlflow import MlflowTracker, strip_credentials
 
     return MlflowTracker(uri, credentials=dict(credentials) if credentials is not None else None,
-                         lane=f"{namespace} {strip_credentials(uri)}")
+                         lane=f"{namespace} {strip_credentials(uri)}", public_only=public_only)
 
 
 class NoTracker:

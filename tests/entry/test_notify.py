@@ -204,3 +204,23 @@ def test_a_tenants_trickling_webhook_holds_only_its_own_namespaces_sender(store_
         finally:
             notifier._stop.set()
     notifier.close()
+
+
+def test_a_tenants_webhook_is_dialled_only_at_an_address_the_policy_allows_when_dialled(queued: Path,
+                                                                                        hook: Webhook) -> None:
+    """DNS rebinding: the pass's check saw a public address; when dialled, `localhost` is 127.0.0.1. The name is
+    resolved once at the dial, that address checked and connected to, the name kept in Host (and SNI)."""
+    named = hook.url.replace("127.0.0.1", "localhost")
+    guarded = notifier_on(queued)
+    message = undelivered(queued)[0]
+    refused = guarded._post(Endpoint(named, public_only=True), message)
+    guarded.close()
+    assert refused.startswith("RefusedAddress: localhost reaches 127.0.0.1, a loopback address"), refused
+    assert "s3cr3t" not in refused and hook.attempts() == [], "nothing dialled, no part of the URL's path said"
+
+    allowing = notifier_on(queued, address_check=lambda address: "")
+    delivered = allowing._post(Endpoint(named, public_only=True), message)
+    allowing.close()
+    assert delivered == ""
+    [received] = hook.messages()
+    assert received.headers["Host"] == f"localhost:{hook.port}", "the URL's own host, not the pinned address"

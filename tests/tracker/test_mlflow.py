@@ -329,3 +329,21 @@ def test_two_tenants_trackers_call_at_once_each_with_its_own_login(
     assert len(results) == 1 and results[0] is not None, "A's call, signed with A's login, read the run once released"
     assert slow.authorized and fast.authorized, "every request passed its own server's login check"
     assert os.environ["MLFLOW_TRACKING_USERNAME"] == "operator", "the environment is never written"
+
+
+def test_a_tenants_tracking_server_is_connected_to_only_at_an_address_checked_when_dialled(
+        mlflow_server: MlflowServer, mlflow_proxy: MlflowProxy, experiment: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """DNS rebinding: `localhost` passed no check of the pass (it is refused as written, but a public name may
+    resolve to 127.0.0.1 just as well once the pass's check is done); the connection resolves it and refuses."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    named = mlflow_proxy.url.replace("127.0.0.1", "localhost")
+
+    with pytest.raises(StoreUnavailable) as refused:
+        MlflowTracker(named, public_only=True).log(experiment, record())
+    MlflowTracker(named).log(experiment, record())  # the admin's (or the CLI's) server: no check
+
+    assert not mlflow_proxy.authorized and mlflow_proxy.arrived.is_set()
+    assert runs_tagged(mlflow_server.url, experiment, record().run_tag), "the unchecked tracker logged"
+    assert "not dialled: localhost reaches 127.0.0.1, a loopback address when dialled" in str(refused.value), \
+        str(refused.value)

@@ -24,12 +24,16 @@ MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT: mlflow otherwise prints each finished ru
 Credentials: the tracker's own (`credentials`, from an EvalRun's or EvalCluster's Secret), else the tracking URI's
 user:password@, else MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN of the environment. mlflow reads those names at every
 request, tracking and artifact calls alike, through its `_EnvironmentVariable` objects (and a username/password
-from ~/.mlflow/credentials), and has no per-client setting. `_install_call_credentials` makes the three objects
+from ~/.mlflow/credentials), and has no per-client setting. `_install_call_hooks` makes the three objects
 read the calling thread's credentials when the call has its own (and the file none then): each call runs on a
 worker thread of its own, so calls of different trackers run at once and each request carries exactly its
 tracker's login, never another server's, and the environment is never written. mlflow 3.17 makes the tracking and
 artifact requests of one call on the calling thread (a test holds it to that). Credentials never reach a message:
 URLs lose their userinfo, values are masked.
+
+A tenant's server (`public_only`) is connected to only at an address checked when it is dialled, the same hook
+on urllib3's `create_connection`: a name that resolved to a public address at the pass's check and to 127.0.0.1
+now is refused (DNS rebinding).
 
 Deadline and lanes: requests' timeout is per read, so a server that trickles its answer holds a call for as long
 as it likes. Each `log` / `read_back` runs in a lane on a worker thread (adapters/lanes.py) and its caller gives up
@@ -47,17 +51,21 @@ import logging
 import math
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import mlflow.utils.credentials as credentials_module
+import urllib3.util.connection as urllib3_connection
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.environment_variables import MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN, MLFLOW_TRACKING_USERNAME
 from mlflow.exceptions import MlflowException, RestException
 
+from controller.adapters.dialing import dial_address
 from controller.adapters.lanes import DeadlineExceeded, Lanes
 from controller.core.ports import ObservationError, StoreUnavailable, TrackedRun, TrackerRecord
 
@@ -84,6 +92,7 @@ _LANES = Lanes(DEADLINE_S)
 _CALL = threading.local()  # .credentials: the MLFLOW_TRACKING_* of the tracker this thread calls for (None: none)
 _USERINFO = re.compile(r"(?<=://)[^/\s]*@")  # up to the LAST @ of the authority: a password may hold one
 _STATUS_RETRIES = re.compile(r"too many (\d{3}) error responses")
+_REFUSED_ADDRESS = re.compile(r"(\S+ reaches \S+, an? [a-z -]+ address) when dialled")  # dialing.RefusedAddress
 _STATUS_CODE = re.compile(r"error code (\d{3})")  # mlflow's "failed with error code 403 != 200. Response body: …"
 
 
@@ -100,15 +109,17 @@ class MlflowTracker:
 
     def __init__(self, tracking_uri: str, *, timeout_s: float = 30.0, retries: int = 2,
                  credentials: Mapping[str, str] | None = None, deadline_s: float = DEADLINE_S,
-                 lane: str | None = None) -> None:
+                 lane: str | None = None, public_only: bool = False) -> None:
         """`timeout_s` per request and `retries` after the first attempt, unless MLFLOW_HTTP_REQUEST_* are set.
         `credentials`: values for CREDENTIAL_ENV names, replacing all three of the environment's in its calls.
-        `lane`: whose calls wait for each other (default: every call to this server)."""
+        `lane`: whose calls wait for each other (default: every call to this server). `public_only`: a tenant's
+        server, connected to only at an address the operator's policy allows when it is dialled."""
         unknown = set(credentials or {}) - set(CREDENTIAL_ENV)
         if unknown:
             raise ValueError(f"credentials: unknown names {sorted(unknown)}; expected some of {CREDENTIAL_ENV}")
         self._where = strip_credentials(tracking_uri)
         self._lane = lane or self._where
+        self._public_only = public_only
         self._credentials = dict(credentials) if credentials is not None else None
         self.deadline_s = deadline_s
         self._secrets = _secrets(tracking_uri) + tuple(
@@ -168,12 +179,13 @@ class MlflowTracker:
 
     @contextlib.contextmanager
     def _authenticated(self) -> Iterator[None]:
-        """On the call's worker thread: mlflow's requests carry this tracker's credentials (or the environment's)."""
-        _CALL.credentials = self._credentials
+        """On the call's worker thread: mlflow's requests carry this tracker's credentials (or the environment's)
+        and, for a tenant's server, connect only to checked addresses."""
+        _CALL.credentials, _CALL.public_only = self._credentials, self._public_only
         try:
             yield
         finally:
-            _CALL.credentials = None
+            _CALL.credentials, _CALL.public_only = None, False
 
     # ------------------------------------------------------------------ steps
 
@@ -276,6 +288,9 @@ class MlflowTracker:
             return message
         if isinstance(exc, DeadlineExceeded):
             return f"{message} (the deadline of one call); check that the server is up and not overloaded"
+        if refused := _REFUSED_ADDRESS.search(message):
+            return (f"not dialled: {refused.group(1)} when dialled; a tenant's tracking server must be on a public "
+                    "address, or under the admin's --allowed-mlflow-uri")
         if status_code := _STATUS_RETRIES.search(message):
             return f"answered HTTP {status_code.group(1)} to {attempts}; check the server's log"
         if "connection refused" in message.lower() or "failed to establish" in message.lower():
@@ -292,9 +307,10 @@ class MlflowTracker:
 # ---------------------------------------------------------------------- helpers
 
 
-def _install_call_credentials() -> None:
+def _install_call_hooks() -> None:
     """mlflow's credential variables read the calling thread's tracker credentials when it has its own (unset
-    names: none, and nothing from ~/.mlflow/credentials), else the environment as before. Once per process."""
+    names: none, and nothing from ~/.mlflow/credentials), else the environment as before; urllib3's connections
+    of a `public_only` call go to an address checked as it is dialled (adapters/dialing.py). Once per process."""
     if getattr(credentials_module, "_evalctl_per_call", False):
         return
     for variable in (MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN):
@@ -302,6 +318,8 @@ def _install_call_credentials() -> None:
     from_file = credentials_module._read_mlflow_creds_from_file
     credentials_module._read_mlflow_creds_from_file = lambda: (
         (None, None) if getattr(_CALL, "credentials", None) is not None else from_file())
+    connect = urllib3_connection.create_connection
+    urllib3_connection.create_connection = functools.partial(_checked_connection, connect)
     credentials_module._evalctl_per_call = True  # type: ignore[attr-defined]
 
 
@@ -310,7 +328,15 @@ def _call_value(name: str, environment: Callable[[], str | None]) -> str | None:
     return environment() if own is None else own.get(name)
 
 
-_install_call_credentials()
+def _checked_connection(connect: Callable[..., socket.socket], address: tuple[str, int], *args: Any,
+                        **kwargs: Any) -> socket.socket:
+    if not getattr(_CALL, "public_only", False):
+        return connect(address, *args, **kwargs)
+    host, port = address
+    return connect((dial_address(host, port), port), *args, **kwargs)
+
+
+_install_call_hooks()
 
 
 def strip_credentials(uri: str) -> str:

@@ -33,7 +33,7 @@ from controller.entry.operator_nodes import publish_nodes
 from controller.entry.wiring import cluster_ports, targets_for
 from controller.spec.catalog import Catalog, load_catalog
 from controller.spec.errors import SpecError, SpecErrors
-from controller.spec.grants import grant_refusal
+from controller.spec.grants import grant_refusal, unloadable_refusal
 from controller.spec.loader import SpecSet, load_objects, object_label, parse_resource
 from controller.spec.models import ClusterEvalCluster
 from controller.spec.tenancy import NamespaceQuota, OperatorPolicy
@@ -176,14 +176,16 @@ def _give_up_cells(stores: Stores, body: Mapping[str, Any]) -> None:
 def _check_grant(api: KubeApi, body: Mapping[str, Any], cluster: Mapping[str, Any] | None) -> None:
     """Raise SpecErrors when the EvalRun names a ClusterEvalCluster that does not grant its namespace: checked
     before anything of the cluster is used, so none of the admin's Secrets is read for it. A ClusterEvalCluster
-    that does not load is left to the loader to report."""
+    that does not load is left to the loader to report to the namespaces it names, and unusable to the others."""
     if cluster is None or cluster_of(body)[0] != "clusterevalclusters":
         return
+    namespace = body["metadata"]["namespace"]
     try:
         parsed = parse_resource(cluster, object_label(cluster))
     except SpecErrors:
+        if why := unloadable_refusal(cluster, namespace):
+            raise SpecErrors([SpecError(object_label(body), 1, 1, why)]) from None
         return
-    namespace = body["metadata"]["namespace"]
     if isinstance(parsed, ClusterEvalCluster) and (
             why := grant_refusal(parsed, namespace, lambda: api.namespace_labels(namespace))):
         raise SpecErrors([SpecError(object_label(body), 1, 1, why)])

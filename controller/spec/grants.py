@@ -9,6 +9,7 @@ only then (`labels`, None when they cannot be read: refused, never assumed).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from controller.spec.models import ClusterEvalCluster, LabelRequirement, LabelSelector
 
@@ -31,6 +32,20 @@ def grant_refusal(cluster: ClusterEvalCluster, namespace: str,
         return ""
     return (f"ClusterEvalCluster {cluster.metadata.name} is not granted to namespace {namespace} (its labels do not "
             f"match spec.allowedNamespaces.selector): {how}")
+
+
+def unloadable_refusal(raw: Mapping[str, Any], namespace: str) -> str:
+    """Why `namespace` is not told what is wrong with a ClusterEvalCluster that does not load ("" when it may be:
+    its admin granted it by name). Its errors quote the admin's paths, hosts and names; a namespace the admin may
+    not have granted is told only that it is unusable."""
+    spec = raw.get("spec") if isinstance(raw.get("spec"), Mapping) else {}
+    grant = spec.get("allowedNamespaces") if isinstance(spec, Mapping) else None
+    names = grant.get("names") if isinstance(grant, Mapping) else None
+    if isinstance(names, list) and namespace in names:
+        return ""
+    name = (raw.get("metadata") or {}).get("name", "?")
+    return (f"ClusterEvalCluster {name} does not load, and namespace {namespace} is not granted it by name; its "
+            "admin sees why (kubectl describe clusterevalcluster)")
 
 
 def selects(selector: LabelSelector, labels: Mapping[str, str]) -> bool:

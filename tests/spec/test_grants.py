@@ -79,3 +79,13 @@ def test_a_namespaced_evalcluster_has_no_grant() -> None:
                         "metadata": {"name": "hpc", "namespace": "team-a"},
                         "spec": {"scheduler": {"type": "local"}, "jobsDir": "j", "logsDir": "l", "jobScript": "x",
                                  "allowedNamespaces": {"names": ["team-a"]}}})
+
+
+def test_a_cluster_that_does_not_load_tells_why_only_to_namespaces_it_names() -> None:
+    from controller.spec.grants import unloadable_refusal
+
+    broken = {"metadata": {"name": "hpc"}, "spec": {"jobsDir": 7, "allowedNamespaces": {"names": ["team-a"]}}}
+    assert unloadable_refusal(broken, "team-a") == "", "granted by name: the loader's errors are its to see"
+    why = unloadable_refusal(broken, "team-b")
+    assert "does not load" in why and "jobsDir" not in why, why
+    assert unloadable_refusal({"metadata": {"name": "hpc"}, "spec": "garbage"}, "team-a") != ""

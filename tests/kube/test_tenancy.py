@@ -316,6 +316,38 @@ def test_the_same_cells_in_two_namespaces_are_two_tenants_work_and_a_cancel_touc
         shared.delete()
 
 
+def test_tenants_on_one_clusterevalcluster_share_its_username_but_never_each_others_rows(lab: Lab) -> None:
+    """Without forceEval the second tenant's cell sees the first one's row of the same model and benchmark (one
+    username for all) as its evidence: while it says Started, the second waits. When the first tenant deletes its
+    EvalRun (Cancel), its row stays Started with no job: the second never takes it for its own (it would resume the
+    first one's run dir under its run tag and row id) and submits nothing until the row is stale."""
+    other = other_namespace(lab)
+    shared = SharedCluster(lab, {"FAKE_HARBOR_HANG_AFTER": "1"})
+    lab.start_operator("-n", other, trusted_host=False)
+    first = lab.run_yaml(["org/a-8B"], cluster=shared.ref, extra="  deletionPolicy: Cancel")
+    status = lambda: lab.kube.json("get", "evalrun", "demo", "-n", other).get("status") or {}  # noqa: E731
+    try:
+        lab.apply(first)
+        eventually(lambda: [j.state.value for j in shared.scheduler.observe()] == ["Running"], "team a's job runs")
+        [job] = shared.scheduler.observe()
+        lab.apply(first.replace(f"namespace: {lab.namespace}", f"namespace: {other}"))
+        eventually(lambda: (status().get("summary") or {}).get("running") == 1, "team b waits on team a's row")
+        lab.kube.kubectl("delete", "evalrun/demo", "-n", lab.namespace, "--wait=true", "--timeout=120s")
+        assert [j.state.value for j in shared.scheduler.observe()] == ["Cancelled"]
+        deleted = status()["lastPass"]["at"]
+        after = eventually(lambda: (at := status()["lastPass"]["at"]) > deleted and at, "team b's pass after the cancel")
+        eventually(lambda: status()["lastPass"]["at"] > after, "and another")
+
+        assert [j.job_id for j in shared.scheduler.observe()] == [job.job_id], "no job of team b, under any tag"
+        with sqlite3.connect(lab.root / "store.db") as store:
+            submitted = store.execute("SELECT DISTINCT evalrun FROM evalrun_submissions").fetchall()
+        assert submitted == [(f"{lab.namespace}/demo",)], submitted
+        assert status()["summary"]["running"] == 1, "the row is still team a's evidence (fresh Started)"
+    finally:
+        release(lab, lab.namespace, other)
+        shared.delete()
+
+
 def test_an_evalrun_waiting_for_the_admins_cluster_runs_as_soon_as_it_is_made(lab: Lab) -> None:
     """Timers are an hour apart here: only the ClusterEvalCluster's own event can start the pass that submits. The operator
     may only read the admin's objects, so it keeps no kopf state on them (no patch refused in its log)."""

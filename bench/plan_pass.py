@@ -28,12 +28,12 @@ def build(root: Path, models: int, datasets: int, trials: int) -> None:
     from datetime import UTC, datetime
 
     from controller.adapters.store.sqlite import SqliteStore
+    from controller.api.catalog import load_catalog
+    from controller.api.loader import load_specs
     from controller.core.actor import row_config, row_id_for
     from controller.core.ports import NewRow, ResultUpload
     from controller.core.types import Metric, RowStatus, Submission
     from controller.entry.wiring import targets_for
-    from controller.spec.catalog import load_catalog
-    from controller.spec.loader import load_specs
     from tests.fixtures.harbor_dirs import write_synthetic_run_dir
 
     stamp = root / "fleet.json"
@@ -71,11 +71,11 @@ def build(root: Path, models: int, datasets: int, trials: int) -> None:
 def measure(root: Path) -> dict:
     """One plan pass in this process: observe every source once, plan every cell."""
     from controller.adapters.store.sqlite import SqliteStore
+    from controller.api.catalog import load_catalog
+    from controller.api.loader import load_specs
     from controller.core.reconcile import reconcile_pass
     from controller.core.store import Store
     from controller.entry.wiring import cluster_ports, targets_for, utc_now
-    from controller.spec.catalog import load_catalog
-    from controller.spec.loader import load_specs
 
     catalog = load_catalog()
     specs = load_specs([root / "fleet.yaml"], catalog)

@@ -29,10 +29,10 @@ sys.path.insert(0, str(REPO))
 
 from controller.adapters.store import open_store  # noqa: E402
 from controller.adapters.store.postgres import PostgresStore  # noqa: E402
+from controller.api.catalog import load_catalog  # noqa: E402
+from controller.api.loader import load_specs  # noqa: E402
 from controller.entry.intake import targets_with_selections  # noqa: E402
 from controller.entry.wiring import targets_for  # noqa: E402
-from controller.spec.catalog import load_catalog  # noqa: E402
-from controller.spec.loader import load_specs  # noqa: E402
 
 SIZES = (0.5, 1.5, 7, 8, 8, 14, 32, 70)
 RULES = {

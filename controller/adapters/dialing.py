@@ -13,7 +13,7 @@ import ipaddress
 import socket
 from collections.abc import Callable
 
-from controller.spec.urls import IP, address_problem, ip_of
+from controller.api.urls import IP, address_problem, ip_of
 
 AddressCheck = Callable[[IP], str]  # why the address may not be dialled ("" when it may)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime
 
+from controller.api.catalog import Catalog
+from controller.api.loader import SpecSet
 from controller.core.audit import AuditReport, audit_cells, merge
 from controller.core.ports import ObservationError
 from controller.core.reconcile import ClusterView, observe
@@ -13,8 +15,6 @@ from controller.core.store import Store
 from controller.core.types import ClusterRef
 from controller.entry.intake import targets_with_selections
 from controller.entry.wiring import cluster_ports, targets_for
-from controller.spec.catalog import Catalog
-from controller.spec.loader import SpecSet
 
 
 def audit_results(specs: SpecSet, store: Store, catalog: Catalog, now: datetime) -> AuditReport:

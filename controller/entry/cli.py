@@ -25,6 +25,9 @@ from rich.console import Console
 from controller.adapters.process import identity_is_dead, process_identity
 from controller.adapters.secrets import MaskedStream
 from controller.adapters.store import SUPABASE_SCHEMES, UnsupportedStoreURL, open_store
+from controller.api.catalog import load_catalog
+from controller.api.errors import SpecErrors
+from controller.api.loader import SpecSet, load_specs
 from controller.core.db_check import check_results
 from controller.core.reconcile import PassResult, reconcile_pass
 from controller.core.store import Store
@@ -38,9 +41,6 @@ from controller.entry.reporting import build_report, write_report
 from controller.entry.secrets import EnvironmentSecrets
 from controller.entry.watch import Watch
 from controller.entry.wiring import cluster_ports, targets_for, utc_now
-from controller.spec.catalog import load_catalog
-from controller.spec.errors import SpecErrors
-from controller.spec.loader import SpecSet, load_specs
 
 DEFAULT_STORE = "sqlite:///.evalctl/store.db"
 BUSY_TIMEOUT_ENV = "EVALCTL_STORE_BUSY_TIMEOUT_S"  # how long a store write waits for another process's lock
@@ -464,9 +464,9 @@ def operator(
     clusters"); the --allow* flags open what the admin decides."""
     configure_logging(verbose, json_lines=True)  # beside kopf's JSON lines
     with _exits():
+        from controller.api.tenancy import NamespaceQuota, OperatorPolicy
         from controller.entry import operator as kube_operator  # kopf and the client load only for this command
         from controller.entry.operator_pass import OperatorConfig
-        from controller.spec.tenancy import NamespaceQuota, OperatorPolicy
 
         url = store or os.environ.get("EVALCTL_STORE") or DEFAULT_STORE
         state = state or os.environ.get("EVALCTL_STATE") or None
@@ -692,7 +692,7 @@ def nodes_release(
 @app.command()
 def crds() -> None:
     """Print the CustomResourceDefinitions generated from the spec models."""
-    from controller.spec.crds import render_crds
+    from controller.api.crds import render_crds
 
     print(render_crds(), end="")
 

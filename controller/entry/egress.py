@@ -16,11 +16,11 @@ import threading
 from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit
 
+from controller.api.errors import SpecError
+from controller.api.loader import LoadedRun, SpecSet
+from controller.api.tenancy import OperatorPolicy, webhook_problem
+from controller.api.urls import address_problem, host_of, ip_of, under_prefix
 from controller.entry.secrets import SecretSource
-from controller.spec.errors import SpecError
-from controller.spec.loader import LoadedRun, SpecSet
-from controller.spec.tenancy import OperatorPolicy, webhook_problem
-from controller.spec.urls import address_problem, host_of, ip_of, under_prefix
 
 RESOLVE_TIMEOUT_S = 2.0  # getaddrinfo has no timeout of its own
 Resolver = Callable[[str], list[str]]  # a host's addresses; raises OSError when it has none

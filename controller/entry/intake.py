@@ -15,14 +15,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from controller.core.intake import Candidate, Selection, SelectorRule, admitted, selections, unevaluated_models
-from controller.core.match import join_cells
-from controller.core.ports import ObservationError, StoreSnapshot, StoreUnavailable
-from controller.core.reconcile import RunTarget
-from controller.core.store import Store
-from controller.spec.catalog import Catalog
-from controller.spec.loader import LoadedCluster, LoadedRun, SpecSet
-from controller.spec.models import (
+from controller.api.catalog import Catalog
+from controller.api.loader import LoadedCluster, LoadedRun, SpecSet
+from controller.api.models import (
     API_VERSION,
     SELECTOR_LIMIT_MAX,
     EvalCluster,
@@ -30,7 +25,12 @@ from controller.spec.models import (
     ModelSelector,
     duration_hours,
 )
-from controller.spec.resolve import resolve
+from controller.api.resolve import resolve
+from controller.core.intake import Candidate, Selection, SelectorRule, admitted, selections, unevaluated_models
+from controller.core.match import join_cells
+from controller.core.ports import ObservationError, StoreSnapshot, StoreUnavailable
+from controller.core.reconcile import RunTarget
+from controller.core.store import Store
 
 log = logging.getLogger("evalctl.intake")
 BATCH_MIN = 50  # admitted models whose rows one read checks: ~limit × 4, at least this many

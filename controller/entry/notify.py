@@ -29,14 +29,14 @@ import httpx
 from controller.adapters.dialing import AddressCheck, RefusedAddress, dial_address
 from controller.adapters.lanes import DeadlineExceeded, Lanes
 from controller.adapters.secrets import SecretMask, mask_text
+from controller.api.loader import SpecSet
+from controller.api.tenancy import OperatorPolicy
+from controller.api.urls import address_problem, under_prefix
 from controller.core.actor import kill_point
 from controller.core.notify import DeliveryState, Notification, headline
 from controller.core.store import Store
 from controller.core.types import EvalRunRef
 from controller.entry.secrets import SecretSource
-from controller.spec.loader import SpecSet
-from controller.spec.tenancy import OperatorPolicy
-from controller.spec.urls import address_problem, under_prefix
 
 log = logging.getLogger("evalctl.notify")
 for _noisy in ("httpx", "httpcore"):  # they log every request with its URL at INFO/DEBUG

@@ -22,6 +22,7 @@ import kopf
 
 from controller.adapters.kube import GROUP, VERSION, KubeApi, load_client_config
 from controller.adapters.remote.ssh import parse_host
+from controller.api.tenancy import QuotaEntry, estimated_cells, quota_refusal
 from controller.core.types import ClusterRef
 from controller.entry import prometheus
 from controller.entry.kube_status import EventNote, invalid_spec_patch, not_run_patch
@@ -37,7 +38,6 @@ from controller.entry.operator_pass import (
     release_object,
 )
 from controller.entry.pass_queue import PassNotRun, PassQueue
-from controller.spec.tenancy import QuotaEntry, estimated_cells, quota_refusal
 
 EVALRUNS = (GROUP, VERSION, "evalruns")
 EVALCLUSTERS = (GROUP, VERSION, "evalclusters")

@@ -19,6 +19,12 @@ from pydantic import Field
 from controller.adapters.kube import KubeApi, KubernetesSecrets
 from controller.adapters.process import identity_is_dead
 from controller.adapters.store import open_store, shareable_across_threads
+from controller.api.catalog import Catalog, load_catalog
+from controller.api.errors import SpecError, SpecErrors
+from controller.api.grants import grant_refusal, unloadable_refusal
+from controller.api.loader import SpecSet, load_objects, object_label, parse_resource
+from controller.api.models import ClusterEvalCluster
+from controller.api.tenancy import NamespaceQuota, OperatorPolicy
 from controller.core.ports import ObservationError
 from controller.core.reconcile import ClusterPorts, reconcile_pass, release_pass
 from controller.core.status import RunStatus
@@ -31,12 +37,6 @@ from controller.entry.kube_status import EventNote, aggregate_events, invalid_sp
 from controller.entry.notify import Notifier, webhooks_of
 from controller.entry.operator_nodes import publish_nodes
 from controller.entry.wiring import cluster_ports, targets_for
-from controller.spec.catalog import Catalog, load_catalog
-from controller.spec.errors import SpecError, SpecErrors
-from controller.spec.grants import grant_refusal, unloadable_refusal
-from controller.spec.loader import SpecSet, load_objects, object_label, parse_resource
-from controller.spec.models import ClusterEvalCluster
-from controller.spec.tenancy import NamespaceQuota, OperatorPolicy
 
 REQUESTED_AT = "evalrun.io/requestedAt"
 

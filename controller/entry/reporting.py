@@ -10,6 +10,8 @@ from pathlib import Path
 
 from controller.adapters.rundirs.report import step_metrics, step_stats
 from controller.adapters.secrets import mask_text
+from controller.api.catalog import Catalog
+from controller.api.loader import LoadedRun, SpecSet
 from controller.core.match import join_cells
 from controller.core.ports import ObservationError
 from controller.core.reconcile import RunTarget, reconcile_pass
@@ -19,8 +21,6 @@ from controller.entry.intake import targets_with_selections
 from controller.entry.wiring import cluster_ports, targets_for
 from controller.report.html import render_html
 from controller.report.model import Report, as_of, run_report
-from controller.spec.catalog import Catalog
-from controller.spec.loader import LoadedRun, SpecSet
 
 
 def build_report(specs: SpecSet, store: Store, catalog: Catalog, now: datetime) -> Report:

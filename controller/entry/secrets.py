@@ -10,7 +10,7 @@ import os
 import re
 from typing import Protocol
 
-from controller.spec.models import SecretRef
+from controller.api.models import SecretRef
 
 
 class SecretSource(Protocol):

@@ -23,6 +23,10 @@ from controller.adapters.scheduler.commands import CommandFailed, CommandResult,
 from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
 from controller.adapters.secrets import SecretMask
+from controller.api.catalog import Catalog
+from controller.api.loader import LoadedCluster, LoadedRun, SpecSet
+from controller.api.models import SecretRef
+from controller.api.resolve import resolution_notes, resolve, walltime_warnings
 from controller.core.actor import Actor, JobLauncher
 from controller.core.admission import GatePolicy
 from controller.core.health import HealthLimits
@@ -37,10 +41,6 @@ from controller.core.tracking import Analysis
 from controller.core.types import ClusterRef, EvalRunRef, RunDirFacts, walltime_seconds
 from controller.core.vocabulary import Launch
 from controller.entry.secrets import EnvironmentSecrets, SecretSource
-from controller.spec.catalog import Catalog
-from controller.spec.loader import LoadedCluster, LoadedRun, SpecSet
-from controller.spec.models import SecretRef
-from controller.spec.resolve import resolution_notes, resolve, walltime_warnings
 
 if TYPE_CHECKING:
     from controller.adapters.remote.ssh import SshIdentity

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 
+from controller.api.catalog import load_catalog
 from controller.core.health import HealthLimits, count_instant_failures
 from controller.core.planner import Policy, plan, plan_cell
 from controller.core.types import (
@@ -24,7 +25,6 @@ from controller.core.types import (
     TunnelLease,
 )
 from controller.core.vocabulary import Cancel, HealthState, Hold, Phase, Quarantine, Rule, Submit, Upload, Wait
-from controller.spec.catalog import load_catalog
 from tests.core.builders import ME, NOW, RUN, ago, cell, facts, job, obs, row, sub
 
 CATALOG = load_catalog()

@@ -12,10 +12,10 @@ import textwrap
 
 import pytest
 
+from controller.api.catalog import load_catalog
 from controller.core.health import diagnose
 from controller.core.patterns import refusal, search
 from controller.core.types import FailureMode, FailureStage, RemedyKind
-from controller.spec.catalog import load_catalog
 
 DEADLINE_S = 20  # generous: RE2 takes milliseconds; Python's re would take hours
 
@@ -48,7 +48,7 @@ def test_every_shipped_pattern_returns_on_megabyte_lines():
     said = finishes("""
         from controller.core.health import diagnose
         from controller.core.types import FailureStage
-        from controller.spec.catalog import load_catalog
+        from controller.api.catalog import load_catalog
         modes = load_catalog().failures.modes_for([])
         size = 4 << 20
         for piece in ("NCCL ", "x", "Timeout at NCCL work: ", "429 ", "[Errno 98] ", "Daytona"):

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 
+from controller.api.catalog import load_catalog
 from controller.core.health import HealthLimits, blamed_node
 from controller.core.hostlist import HostlistError, expand
 from controller.core.planner import Policy, plan, plan_cell
@@ -25,7 +26,6 @@ from controller.core.types import (
     StallReading,
 )
 from controller.core.vocabulary import Cancel, CellPlan, Hold, Quarantine, Rule, Submit, Wait
-from controller.spec.catalog import load_catalog
 from tests.core.builders import ME, NOW, RUN, ago, cell, facts, job, obs, row, sub
 
 MODES = load_catalog().failures.modes_for([])

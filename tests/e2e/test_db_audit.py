@@ -18,9 +18,9 @@ import psycopg
 import pytest
 
 from controller.adapters.store import open_store
+from controller.api.catalog import load_catalog
+from controller.api.loader import load_specs
 from controller.entry.wiring import targets_for
-from controller.spec.catalog import load_catalog
-from controller.spec.loader import load_specs
 from tests.e2e.conftest import Cluster
 from tests.fixtures.evalctl import run_evalctl
 from tests.fixtures.harbor_dirs import write_config, write_job_result, write_meta_env, write_trial

@@ -8,11 +8,11 @@ import json
 
 from controller.adapters.process import process_identity
 from controller.adapters.store.sqlite import SqliteStore
+from controller.api.catalog import load_catalog
+from controller.api.loader import load_specs
 from controller.core.reconcile import reconcile_pass
 from controller.core.store import Store
 from controller.entry.wiring import cluster_ports, targets_for, utc_now
-from controller.spec.catalog import load_catalog
-from controller.spec.loader import load_specs
 
 HANGING = {"FAKE_HARBOR_HANG_AFTER": "1", "FAKE_HARBOR_TASKS": "4"}
 

@@ -14,12 +14,12 @@ import pytest
 
 from controller.adapters.store import open_store
 from controller.adapters.store.sqlite import SqliteStore
+from controller.api.catalog import load_catalog
+from controller.api.loader import load_specs
 from controller.core.ports import ResultsSnapshot
 from controller.core.store import Store
 from controller.entry.intake import targets_with_selections
 from controller.entry.wiring import targets_for, utc_now
-from controller.spec.catalog import load_catalog
-from controller.spec.loader import load_specs
 from tests.e2e.conftest import Cluster
 from tests.fixtures.legacy_db import LegacyDB, LegacyTables, terminus_config
 from tests.fixtures.postgres import pg_start, pg_stop

@@ -14,12 +14,12 @@ import psycopg
 import pytest
 
 from controller.adapters.store import open_store
+from controller.api.catalog import load_catalog
+from controller.api.loader import load_specs
 from controller.core.reconcile import reconcile_pass
 from controller.core.store import Store
 from controller.core.vocabulary import Phase
 from controller.entry.wiring import cluster_ports, targets_for, utc_now
-from controller.spec.catalog import load_catalog
-from controller.spec.loader import load_specs
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_converge import assert_admitted_with_evidence
 from tests.fixtures.evalctl import wait_until

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from controller.api.loader import load_objects
+from controller.api.models import SecretRef
+from controller.api.tenancy import OperatorPolicy
 from controller.entry.egress import egress_refusals, resolve_host
-from controller.spec.loader import load_objects
-from controller.spec.models import SecretRef
-from controller.spec.tenancy import OperatorPolicy
 
 TOKEN_PATH = "/services/T000/B000/s3cr3t-path-token"
 DNS = {"hooks.slack.com": ["3.3.3.3"], "rebind.example": ["93.184.216.35", "127.0.0.1"],

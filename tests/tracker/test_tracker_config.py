@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from controller.api.loader import load_specs
+from controller.api.models import SecretRef
 from controller.core.types import ClusterRef
 from controller.entry.wiring import NoTracker, mlflow_credentials, tracker_for
-from controller.spec.loader import load_specs
-from controller.spec.models import SecretRef
 
 PASSWORD = "pw-not-for-messages"
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.store.sqlite import SqliteStore
+from controller.api.catalog import load_catalog
+from controller.api.loader import load_specs
 from controller.core.reconcile import reconcile_pass
 from controller.core.store import Store
 from controller.entry.wiring import cluster_ports, targets_for
-from controller.spec.catalog import load_catalog
-from controller.spec.loader import load_specs
 from tests.fixtures.evalctl import cancel_live_jobs
 from tests.fixtures.legacy_db import terminus_config
 from tests.store.contract.conftest import Backend

@@ -17,9 +17,9 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
-from controller.spec.errors import SpecError, clip
-from controller.spec.models import SECRET_LOOKING_ENV
-from controller.spec.yamldoc import KEY, Document, Loc
+from controller.api.errors import SpecError, clip
+from controller.api.models import SECRET_LOOKING_ENV
+from controller.api.yamldoc import KEY, Document, Loc
 
 M = TypeVar("M", bound=BaseModel)
 PYTHON_TYPE = re.compile(r"a valid dictionary or instance of \w+")  # users write YAML, not Python classes

@@ -3,7 +3,7 @@
 Kubernetes wants a *structural* OpenAPI v3 schema: every node typed, no `$ref`, no `anyOf` for
 nullability, no `const`, boolean `exclusiveMinimum`. `structural()` rewrites pydantic's JSON
 Schema into that dialect; the committed `crds/evalrun.io_crds.yaml` is its output
-(regenerate: `python -m controller.spec.crds > crds/evalrun.io_crds.yaml`).
+(regenerate: `python -m controller.api.crds > crds/evalrun.io_crds.yaml`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.nodes import ScalarNode
 from ruamel.yaml.representer import SafeRepresenter
 
-from controller.spec.models import (
+from controller.api.models import (
     API_VERSION,
     ClusterEvalCluster,
     ClusterEvalClusterSpec,
@@ -66,7 +66,7 @@ def render_crds() -> str:
     yaml.width = 120
     yaml.representer.add_representer(str, _represent_str)
     out = io.StringIO()
-    out.write("# Generated from controller/spec/models.py by controller/spec/crds.py; do not edit.\n")
+    out.write("# Generated from controller/api/models.py by controller/api/crds.py; do not edit.\n")
     yaml.dump_all(documents, out)
     return out.getvalue()
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from controller.spec.catalog import Catalog
-from controller.spec.errors import SpecError
-from controller.spec.models import EvalRun
-from controller.spec.resolve import benchmark_name
-from controller.spec.yamldoc import Document
+from controller.api.catalog import Catalog
+from controller.api.errors import SpecError
+from controller.api.models import EvalRun
+from controller.api.resolve import benchmark_name
+from controller.api.yamldoc import Document
 
 
 def identity_collisions(runs: Sequence[tuple[EvalRun, Document]], catalog: Catalog) -> list[SpecError]:

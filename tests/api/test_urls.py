@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from controller.spec.urls import address_problem, ip_of, under_prefix, url_problem
+from controller.api.urls import address_problem, ip_of, under_prefix, url_problem
 
 HOSTILE = {
     "http://127.0.0.1:5000/": "loopback",

@@ -15,15 +15,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from controller.api.catalog import Catalog, load_catalog
+from controller.api.diagnose import validate
+from controller.api.errors import SpecError, SpecErrors, clip, format_errors
+from controller.api.identity import identity_collisions
+from controller.api.models import AnyCluster, ClusterEvalCluster, EvalCluster, EvalRun
+from controller.api.resolve import benchmarks
+from controller.api.tenancy import OperatorPolicy, cluster_refusals, run_refusals
+from controller.api.yamldoc import Document, iter_files, read_documents
 from controller.core.types import ClusterRef, EvalRunRef, walltime_seconds
-from controller.spec.catalog import Catalog, load_catalog
-from controller.spec.diagnose import validate
-from controller.spec.errors import SpecError, SpecErrors, clip, format_errors
-from controller.spec.identity import identity_collisions
-from controller.spec.models import AnyCluster, ClusterEvalCluster, EvalCluster, EvalRun
-from controller.spec.resolve import benchmarks
-from controller.spec.tenancy import OperatorPolicy, cluster_refusals, run_refusals
-from controller.spec.yamldoc import Document, iter_files, read_documents
 
 __all__ = [
     "LoadedCluster",

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.spec.catalog import CATALOG_DIR_ENV, SHIPPED_DIR, ModelServing, load_catalog
-from controller.spec.errors import SpecErrors
+from controller.api.catalog import CATALOG_DIR_ENV, SHIPPED_DIR, ModelServing, load_catalog
+from controller.api.errors import SpecErrors
 
 
 def test_error_classes_are_data() -> None:

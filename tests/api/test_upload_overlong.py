@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from controller.api.catalog import load_catalog
+from controller.api.loader import load_specs
 from controller.core.types import ClusterRef
 from controller.entry.wiring import policy_for
-from controller.spec.catalog import load_catalog
-from controller.spec.loader import load_specs
 
 
 @pytest.mark.parametrize(("upload", "overlong", "hold"), [

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from controller.spec.errors import SpecErrors
-from controller.spec.grants import grant_refusal
-from controller.spec.loader import parse_resource
-from controller.spec.models import ClusterEvalCluster
+from controller.api.errors import SpecErrors
+from controller.api.grants import grant_refusal
+from controller.api.loader import parse_resource
+from controller.api.models import ClusterEvalCluster
 
 
 def cluster(allowed: dict[str, Any] | None = None) -> ClusterEvalCluster:
@@ -82,7 +82,7 @@ def test_a_namespaced_evalcluster_has_no_grant() -> None:
 
 
 def test_a_cluster_that_does_not_load_tells_why_only_to_namespaces_it_names() -> None:
-    from controller.spec.grants import unloadable_refusal
+    from controller.api.grants import unloadable_refusal
 
     broken = {"metadata": {"name": "hpc"}, "spec": {"jobsDir": 7, "allowedNamespaces": {"names": ["team-a"]}}}
     assert unloadable_refusal(broken, "team-a") == "", "granted by name: the loader's errors are its to see"

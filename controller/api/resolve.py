@@ -20,9 +20,9 @@ from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from controller.api.catalog import Catalog, ServeSettings
+from controller.api.models import AnyCluster, EvalRun
 from controller.core.types import Cell, EnvironmentOverrides, EvalRunRef, Serving, walltime_seconds
-from controller.spec.catalog import Catalog, ServeSettings
-from controller.spec.models import AnyCluster, EvalRun
 
 
 class Benchmark(BaseModel):

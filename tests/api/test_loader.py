@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
+from controller.api.loader import SpecError, SpecErrors, format_errors, load_specs, parse_resource
+from controller.api.models import EvalRunSpec
 from controller.core.types import ClusterRef
-from controller.spec.loader import SpecError, SpecErrors, format_errors, load_specs, parse_resource
-from controller.spec.models import EvalRunSpec
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "specs" / "examples" / "leonardo.yaml"

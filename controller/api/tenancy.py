@@ -19,9 +19,9 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from controller.spec.capabilities import Check, Loc, checked, values_at
-from controller.spec.models import ClusterEvalCluster, EvalCluster, EvalRun
-from controller.spec.urls import is_url, under_prefix, url_problem
+from controller.api.capabilities import Check, Loc, checked, values_at
+from controller.api.models import ClusterEvalCluster, EvalCluster, EvalRun
+from controller.api.urls import is_url, under_prefix, url_problem
 
 # Names a namespaced object's env may not set: they make a loader, shell or interpreter run other code.
 HOOK_NAMES = frozenset({"BASH_ENV", "ENV", "PATH", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "IFS",

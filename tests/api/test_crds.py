@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from controller.spec.crds import render_crds
+from controller.api.crds import render_crds
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "crds" / "evalrun.io_crds.yaml"
@@ -28,7 +28,7 @@ def schema_of(kind: str) -> dict[str, Any]:
 
 def test_committed_file_matches_the_models() -> None:
     assert COMMITTED.read_text() == render_crds(), (
-        "crds/ drifted from controller/spec/models.py: python -m controller.spec.crds > crds/evalrun.io_crds.yaml"
+        "crds/ drifted from controller/api/models.py: python -m controller.api.crds > crds/evalrun.io_crds.yaml"
     )
 
 

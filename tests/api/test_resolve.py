@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from controller.api.catalog import Catalog, ModelEntry, ModelRegistry, load_catalog
+from controller.api.models import EvalCluster, EvalRun
+from controller.api.resolve import benchmark_name, fingerprint, resolution_notes, resolve, walltime_warnings
 from controller.core.types import EnvironmentOverrides
-from controller.spec.catalog import Catalog, ModelEntry, ModelRegistry, load_catalog
-from controller.spec.models import EvalCluster, EvalRun
-from controller.spec.resolve import benchmark_name, fingerprint, resolution_notes, resolve, walltime_warnings
 
 CATALOG = load_catalog()
 SMALL = "laion/Qwen3-8B-sft-v3"  # not in the registry: the size rule decides

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from controller.api.errors import SpecErrors
+from controller.api.loader import load_objects
+from controller.api.tenancy import OperatorPolicy
 from controller.core.types import EvalRunRef
-from controller.spec.errors import SpecErrors
-from controller.spec.loader import load_objects
-from controller.spec.tenancy import OperatorPolicy
 from tests.core.builders import cell
 
 NS = "team-a"
@@ -149,7 +149,7 @@ def test_the_cli_has_no_policy(tmp_path: Path):
 
 
 def test_a_namespace_is_served_oldest_evalruns_first_within_its_quota() -> None:
-    from controller.spec.tenancy import NamespaceQuota, QuotaEntry, estimated_cells, quota_refusal
+    from controller.api.tenancy import NamespaceQuota, QuotaEntry, estimated_cells, quota_refusal
 
     quota = NamespaceQuota(max_evalruns=2, max_cells=100)
     entries = [QuotaEntry("2026-12-01T10:00:02Z", "c", 10), QuotaEntry("2026-12-01T10:00:00Z", "a", 10),

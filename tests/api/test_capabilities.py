@@ -1,5 +1,5 @@
 """Every string field a tenant writes is classified (issue 27): a new field of an EvalCluster or EvalRun fails
-here until controller/spec/capabilities.py says what it names and what the operator policy grants, and the
+here until controller/api/capabilities.py says what it names and what the operator policy grants, and the
 table in docs/MULTI_TENANT.md is that module's."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from controller.spec.capabilities import CAPABILITIES, PLAIN, render_table
-from controller.spec.crds import render_crds
+from controller.api.capabilities import CAPABILITIES, PLAIN, render_table
+from controller.api.crds import render_crds
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,11 +42,11 @@ def schema_fields() -> set[str]:
 def test_every_string_field_of_a_tenants_objects_is_classified():
     fields = schema_fields()
 
-    assert fields - set(CAPABILITIES) - PLAIN == set(), "classify it in controller/spec/capabilities.py"
+    assert fields - set(CAPABILITIES) - PLAIN == set(), "classify it in controller/api/capabilities.py"
     assert set(CAPABILITIES) | PLAIN <= fields, "a classified field the schema no longer has"
     assert not set(CAPABILITIES) & PLAIN
 
 
 def test_the_docs_table_is_the_modules():
     assert render_table() in (ROOT / "docs" / "MULTI_TENANT.md").read_text(), \
-        "regenerate: python -m controller.spec.capabilities"
+        "regenerate: python -m controller.api.capabilities"

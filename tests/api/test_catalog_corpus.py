@@ -18,9 +18,9 @@ from re import _parser as sre  # the parse tree of a pattern: what the static ch
 
 import pytest
 
+from controller.api.catalog import load_catalog
 from controller.core.health import diagnose
 from controller.core.types import FailureMode, FailureStage
-from controller.spec.catalog import load_catalog
 
 REPO = Path(__file__).resolve().parents[2]
 BENIGN = sorted((REPO / "tests" / "fixtures" / "benign_logs").glob("*.txt"))

@@ -16,12 +16,9 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from controller.core.gpu_hours import SizeBands, size_in_billions
-from controller.core.trial_errors import ErrorClasses
-from controller.core.types import FailureMode, Serving
-from controller.spec.diagnose import validate
-from controller.spec.errors import SpecError, SpecErrors
-from controller.spec.models import (
+from controller.api.diagnose import validate
+from controller.api.errors import SpecError, SpecErrors
+from controller.api.models import (
     FAILURE_MODES_MAX,
     FailureModeSpec,
     PathText,
@@ -30,7 +27,10 @@ from controller.spec.models import (
     Walltime,
     entry_error,
 )
-from controller.spec.yamldoc import Document, Loc, read_documents
+from controller.api.yamldoc import Document, Loc, read_documents
+from controller.core.gpu_hours import SizeBands, size_in_billions
+from controller.core.trial_errors import ErrorClasses
+from controller.core.types import FailureMode, Serving
 
 SHIPPED_DIR = Path(__file__).parent / "catalog"
 CATALOG_DIR_ENV = "EVALCTL_CATALOG_DIR"

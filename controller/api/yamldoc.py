@@ -25,7 +25,7 @@ from ruamel.yaml.events import AliasEvent
 from ruamel.yaml.nodes import CollectionNode, MappingNode, Node
 from ruamel.yaml.reader import ReaderError
 
-from controller.spec.errors import SpecError
+from controller.api.errors import SpecError
 
 Loc = tuple[str | int, ...]
 KEY = "[key]"  # a location part meaning "the key just before, not its value" (pydantic's spelling)

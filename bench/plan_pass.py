@@ -73,17 +73,16 @@ def measure(root: Path) -> dict:
     from controller.adapters.store.sqlite import SqliteStore
     from controller.api.catalog import load_catalog
     from controller.api.loader import load_specs
-    from controller.core.reconcile import reconcile_pass
     from controller.core.store import Store
-    from controller.entry.wiring import cluster_ports, targets_for, utc_now
+    from controller.entry.passes import run_pass
+    from controller.entry.wiring import utc_now
 
     catalog = load_catalog()
     specs = load_specs([root / "fleet.yaml"], catalog)
     sqlite = SqliteStore(root / "store.db", readonly=True)
     store = Store(sqlite, sqlite)
     started = time.perf_counter()
-    [result] = reconcile_pass(targets_for(specs, catalog), store, cluster_ports(specs, store, catalog), utc_now(),
-                              act=False)
+    [result] = run_pass(specs, store, utc_now(), act=False, catalog=catalog)
     elapsed = time.perf_counter() - started
     phases: dict[str, int] = {}
     for cell in result.plan.cells:

@@ -31,8 +31,7 @@ from controller.adapters.store import open_store  # noqa: E402
 from controller.adapters.store.postgres import PostgresStore  # noqa: E402
 from controller.api.catalog import load_catalog  # noqa: E402
 from controller.api.loader import load_specs  # noqa: E402
-from controller.entry.intake import targets_with_selections  # noqa: E402
-from controller.entry.wiring import targets_for  # noqa: E402
+from controller.entry.passes import pass_targets  # noqa: E402
 
 SIZES = (0.5, 1.5, 7, 8, 8, 14, 32, 70)
 RULES = {
@@ -114,12 +113,11 @@ def main() -> None:
         assert isinstance(backend, PostgresStore)
         for label, rule in RULES.items():
             specs = load_specs([spec(root, rule)], catalog)
-            targets = targets_for(specs, catalog)
             times, counts = [], (0, 0)
             for _ in range(args.repeat + 1):  # the first warms the connection and the server's cache
                 before = (backend.queries, backend.round_trips)
                 began = time.perf_counter()
-                [target] = targets_with_selections(specs, targets, catalog, store, datetime.now(UTC), act=False)
+                [target] = pass_targets(specs, catalog, store, datetime.now(UTC), act=False)
                 times.append(time.perf_counter() - began)
                 counts = (backend.queries - before[0], backend.round_trips - before[1])
             print(f"{label}: {len(target.selections)} selected, {len(target.cells)} cells; median "
@@ -127,7 +125,7 @@ def main() -> None:
                   f"{max(times[1:]) * 1e3:.0f}); {counts[0]} statements in {counts[1]} round trips")
         if args.profile:
             import cProfile
-            cProfile.runctx("targets_with_selections(specs, targets, catalog, store, datetime.now(UTC), act=False)",
+            cProfile.runctx("pass_targets(specs, catalog, store, datetime.now(UTC), act=False)",
                             globals(), locals(), sort="cumtime")
         store.close()
     finally:

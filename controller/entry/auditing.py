@@ -13,16 +13,15 @@ from controller.core.ports import ObservationError
 from controller.core.reconcile import ClusterView, observe
 from controller.core.store import Store
 from controller.core.types import ClusterRef
-from controller.entry.intake import targets_with_selections
-from controller.entry.wiring import cluster_ports, targets_for
+from controller.entry.passes import pass_targets
+from controller.entry.wiring import cluster_ports
 
 
 def audit_results(specs: SpecSet, store: Store, catalog: Catalog, now: datetime) -> AuditReport:
     """Every EvalRun's Finished rows judged by their run dirs, with the marks recorded for the findings.
 
     Raises ObservationError when an EvalRun's rows cannot be read: an audit that skipped them would say "clean"."""
-    targets = targets_with_selections(specs, targets_for(specs, catalog), catalog, store, now, act=False,
-                                      select_new=False)  # the models a selector took: new picks have no rows
+    targets = pass_targets(specs, catalog, store, now, act=False, select_new=False)  # new picks have no rows yet
     clusters = cluster_ports(specs, store, catalog)
     stems: dict[ClusterRef, set[str]] = defaultdict(set)  # the run dirs a cluster's EvalRuns can own (as a pass)
     for target in targets:

@@ -29,18 +29,19 @@ from controller.api.catalog import load_catalog
 from controller.api.errors import SpecErrors
 from controller.api.loader import SpecSet, load_specs
 from controller.core.db_check import check_results
-from controller.core.reconcile import PassResult, reconcile_pass
+from controller.core.reconcile import PassResult
 from controller.core.store import Store
 from controller.core.vocabulary import Plan
 from controller.entry import nodes, render
 from controller.entry.auditing import audit_results
-from controller.entry.intake import flag_query, selector_rule, targets_with_selections, unevaluated_candidates
+from controller.entry.intake import flag_query, selector_rule, unevaluated_candidates
 from controller.entry.logs import configure_logging
 from controller.entry.notify import FLUSH_S, Notifier, webhooks_of
+from controller.entry.passes import run_pass
 from controller.entry.reporting import build_report, write_report
 from controller.entry.secrets import EnvironmentSecrets
 from controller.entry.watch import Watch
-from controller.entry.wiring import cluster_ports, targets_for, utc_now
+from controller.entry.wiring import targets_for, utc_now
 
 DEFAULT_STORE = "sqlite:///.evalctl/store.db"
 BUSY_TIMEOUT_ENV = "EVALCTL_STORE_BUSY_TIMEOUT_S"  # how long a store write waits for another process's lock
@@ -184,11 +185,7 @@ def _seconds(text: str) -> float:
 
 
 def _pass(specs: SpecSet, store: Store, *, act: bool) -> list[PassResult]:
-    catalog = load_catalog()
-    now = utc_now()
-    targets = targets_with_selections(specs, targets_for(specs, catalog), catalog, store, now, act=act)
-    return reconcile_pass(targets, store, cluster_ports(specs, store, catalog), now,
-                          act=act, holder=process_identity(), holder_is_dead=identity_is_dead)
+    return run_pass(specs, store, utc_now(), act=act, holder=process_identity(), holder_is_dead=identity_is_dead)
 
 
 def _plans(specs: SpecSet, urls: StoreURLs) -> list[Plan]:

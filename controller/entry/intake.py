@@ -9,9 +9,9 @@ exist, so a crash between the two never loses a selection; `plan` shows them as 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 from pydantic import ValidationError
 
@@ -29,20 +29,29 @@ from controller.api.resolve import resolve
 from controller.core.intake import Candidate, Selection, SelectorRule, admitted, selections, unevaluated_models
 from controller.core.match import join_cells
 from controller.core.ports import ObservationError, StoreSnapshot, StoreUnavailable
-from controller.core.reconcile import RunTarget
 from controller.core.store import Store
+from controller.core.types import EvalRunRef
 
 log = logging.getLogger("evalctl.intake")
 BATCH_MIN = 50  # admitted models whose rows one read checks: ~limit × 4, at least this many
 
 
-def targets_with_selections(specs: SpecSet, targets: Sequence[RunTarget], catalog: Catalog, store: Store,
-                            now: datetime, *, act: bool, select_new: bool = True) -> list[RunTarget]:
-    """`targets` (of `specs.evalruns`, in order) with their selected models' cells. `act`: record new picks;
-    `select_new`: False only reads what was taken before (a deletion cancels those cells' jobs, picks nothing)."""
-    return [_with_selections(target, run, specs.cluster_of(run), catalog, store, now, act=act, select_new=select_new)
-            if run.run.spec.model_selector is not None else target
-            for target, run in zip(targets, specs.evalruns, strict=True)]
+class Intake(NamedTuple):
+    """What an EvalRun's modelSelector gives this pass: its cells' models (listed, then taken), the selections,
+    what it did in words, and why its cells cannot be known ("" when they can)."""
+
+    models: tuple[str, ...] | None
+    selections: tuple[Selection, ...] = ()
+    note: str = ""
+    unknown: str = ""
+
+
+def intakes(specs: SpecSet, catalog: Catalog, store: Store, now: datetime, *, act: bool,
+            select_new: bool = True) -> dict[EvalRunRef, Intake]:
+    """The intake of each EvalRun with a modelSelector. `act`: record new picks; `select_new`: False only reads
+    what was taken before (a deletion cancels those cells' jobs, picks nothing)."""
+    return {run.ref: _intake(run, specs.cluster_of(run), catalog, store, now, act=act, select_new=select_new)
+            for run in specs.evalruns if run.run.spec.model_selector is not None}
 
 
 def selector_rule(selector: ModelSelector) -> SelectorRule:
@@ -77,14 +86,14 @@ def unevaluated_candidates(rule: SelectorRule, run: LoadedRun, cluster: LoadedCl
     return found[:wanted]
 
 
-def _with_selections(target: RunTarget, run: LoadedRun, cluster: LoadedCluster, catalog: Catalog, store: Store,
-                     now: datetime, *, act: bool, select_new: bool) -> RunTarget:
+def _intake(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog, store: Store, now: datetime, *, act: bool,
+            select_new: bool) -> Intake:
     selector = run.run.spec.model_selector
     assert selector is not None
     try:
-        before = store.state.read_selections(target.evalrun)
+        before = store.state.read_selections(run.ref)
     except ObservationError as error:
-        return target.model_copy(update={"unknown": f"the models its modelSelector took cannot be read: {error}"})
+        return Intake(models=None, unknown=f"the models its modelSelector took cannot be read: {error}")
     listed = set(run.run.spec.models)
     rule = selector_rule(selector)
     new: list[Selection] = []
@@ -99,20 +108,19 @@ def _with_selections(target: RunTarget, run: LoadedRun, cluster: LoadedCluster, 
             note = f"nothing new selected: the results DB cannot be read ({error})"
     if new and act:
         try:
-            store.state.record_selections(target.evalrun, new)
+            store.state.record_selections(run.ref, new)
         except StoreUnavailable as error:
             note, new = f"nothing new selected: the selection could not be recorded ({error})", []
     if new:
         verb = "selected" if act else "would select"
         note = f"{verb} {len(new)} new model(s): {', '.join(s.model for s in new)}"
-        log.info(verb, extra={"evalrun": str(target.evalrun), "models": [s.model for s in new]})
+        log.info(verb, extra={"evalrun": str(run.ref), "models": [s.model for s in new]})
     elif not note:
         note = (f"{len(before)} of limit {rule.limit} selected" if room <= 0 or not select_new
                 else f"no new model matches ({rule.describe()})")
     taken = (*before, *new)
-    models = [*run.run.spec.models, *(s.model for s in taken if s.model not in listed)]
-    return target.model_copy(update={"cells": resolve(run.run, cluster.cluster, catalog, models),
-                                     "selections": taken, "intake": note})
+    models = (*run.run.spec.models, *(s.model for s in taken if s.model not in listed))
+    return Intake(models=models, selections=taken, note=note)
 
 
 def _unevaluated(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog, store: Store,

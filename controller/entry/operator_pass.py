@@ -26,17 +26,17 @@ from controller.api.loader import SpecSet, load_objects, object_label, parse_res
 from controller.api.models import ClusterEvalCluster
 from controller.api.tenancy import NamespaceQuota, OperatorPolicy
 from controller.core.ports import ObservationError
-from controller.core.reconcile import ClusterPorts, reconcile_pass, release_pass
+from controller.core.reconcile import ClusterPorts, release_pass
 from controller.core.status import RunStatus
 from controller.core.store import CELL_OWNER_TTL, Store
 from controller.core.types import ClusterRef, EvalRunRef, Frozen
 from controller.core.vocabulary import Outcome
 from controller.entry.egress import egress_refusals
-from controller.entry.intake import targets_with_selections
 from controller.entry.kube_status import EventNote, aggregate_events, invalid_spec_patch, status_patch
 from controller.entry.notify import Notifier, webhooks_of
 from controller.entry.operator_nodes import publish_nodes
-from controller.entry.wiring import cluster_ports, targets_for
+from controller.entry.passes import pass_targets, run_pass
+from controller.entry.wiring import cluster_ports
 
 REQUESTED_AT = "evalrun.io/requestedAt"
 
@@ -116,11 +116,10 @@ def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body:
                           events=(EventNote(type="Warning", reason="InvalidSpec", message="; ".join(messages)[:1000]),))
     catalog = load_catalog()
     with stores.open() as store:
-        targets = targets_with_selections(specs, targets_for(specs, catalog), catalog, store, now, act=True)
-        [result] = reconcile_pass(targets, store,
-                                  _ports(api, config, specs, store, catalog, meta["namespace"]),
-                                  now, act=True, holder=config.holder, holder_is_dead=identity_is_dead)
-        publish_nodes(api, store, targets[0].cluster, (cluster or {}).get("status"))
+        [result] = run_pass(specs, store, now, act=True, catalog=catalog,
+                            ports=_ports(api, config, specs, store, catalog, meta["namespace"]),
+                            holder=config.holder, holder_is_dead=identity_is_dead)
+        publish_nodes(api, store, specs.cluster_of(specs.evalruns[0]).ref, (cluster or {}).get("status"))
     if notifier is not None:  # the sender's thread delivers what the pass queued; the URLs are the namespace's
         notifier.offer(webhooks_of(specs, secrets, config.policy))
     requested = (meta.get("annotations") or {}).get(REQUESTED_AT)
@@ -158,8 +157,7 @@ def release_object(api: KubeApi, config: OperatorConfig, stores: Stores, body: M
         return []
     catalog = load_catalog()
     with stores.open() as store:
-        [target] = targets_with_selections(specs, targets_for(specs, catalog), catalog, store, datetime.now(UTC),
-                                           act=False, select_new=False)
+        [target] = pass_targets(specs, catalog, store, datetime.now(UTC), act=False, select_new=False)
         if target.unknown:  # which jobs are its own is not known: retry rather than cancel too few
             raise ObservationError(target.unknown)
         ports = _ports(api, config, specs, store, catalog, body["metadata"]["namespace"])

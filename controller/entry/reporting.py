@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -14,23 +15,21 @@ from controller.api.catalog import Catalog
 from controller.api.loader import LoadedRun, SpecSet
 from controller.core.match import join_cells
 from controller.core.ports import ObservationError
-from controller.core.reconcile import RunTarget, reconcile_pass
 from controller.core.store import Store
-from controller.core.types import Observation
-from controller.entry.intake import targets_with_selections
-from controller.entry.wiring import cluster_ports, targets_for
+from controller.core.types import Cell, EvalRunRef, Observation
+from controller.entry.passes import run_pass
 from controller.report.html import render_html
 from controller.report.model import Report, as_of, run_report
 
 
 def build_report(specs: SpecSet, store: Store, catalog: Catalog, now: datetime) -> Report:
-    targets = targets_with_selections(specs, targets_for(specs, catalog), catalog, store, now, act=False)
-    results = reconcile_pass(targets, store, cluster_ports(specs, store, catalog), now, act=False)
+    results = run_pass(specs, store, now, act=False, catalog=catalog)
     runs = []
-    for run, target, result in zip(specs.evalruns, targets, results, strict=True):
+    for run, result in zip(specs.evalruns, results, strict=True):
         steps = {c.run_dir.run_tag: metrics for c in result.plan.cells if c.run_dir is not None
                  and (metrics := _local_steps(c.run_dir.path))}
-        runs.append(run_report(result.plan, _rows_and_attempts(target, store), catalog.error_classes,
+        cells = [c.cell for c in result.plan.cells]
+        runs.append(run_report(result.plan, _rows_and_attempts(result.evalrun, cells, store), catalog.error_classes,
                                run.run.spec.report.trust_threshold, steps, _mlflow(run)))
     return Report(runs=tuple(runs), as_of=as_of(runs))
 
@@ -49,14 +48,14 @@ def write_report(report: Report, path: Path) -> None:
     os.replace(temporary, path)
 
 
-def _rows_and_attempts(target: RunTarget, store: Store) -> list[Observation]:
+def _rows_and_attempts(evalrun: EvalRunRef, cells: Sequence[Cell], store: Store) -> list[Observation]:
     """Each cell's rows (its history, whoever wrote them) and its submissions; Unknown cells have none."""
     try:
-        snapshot = store.observe(target.evalrun, sorted({c.model for c in target.cells}),
-                                 sorted({c.benchmark_name for c in target.cells}), [c.key for c in target.cells])
+        snapshot = store.observe(evalrun, sorted({c.model for c in cells}), sorted({c.benchmark_name for c in cells}),
+                                 [c.key for c in cells])
     except ObservationError:
         snapshot = None
-    return join_cells(target.cells, snapshot, None, None)
+    return join_cells(cells, snapshot, None, None)
 
 
 def _local_steps(path: str) -> dict[str, float]:

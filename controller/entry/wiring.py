@@ -40,6 +40,7 @@ from controller.core.store import Store
 from controller.core.tracking import Analysis
 from controller.core.types import ClusterRef, EvalRunRef, RunDirFacts, walltime_seconds
 from controller.core.vocabulary import Launch
+from controller.entry.intake import Intake
 from controller.entry.secrets import EnvironmentSecrets, SecretSource
 
 if TYPE_CHECKING:
@@ -110,18 +111,22 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog) -> Poli
     )
 
 
-def targets_for(specs: SpecSet, catalog: Catalog) -> list[RunTarget]:
+def targets_for(specs: SpecSet, catalog: Catalog, intakes: Mapping[EvalRunRef, Intake] | None = None) -> list[RunTarget]:
+    """Each EvalRun's target, its cells resolved once: the listed models, and those its modelSelector's `intakes`
+    took (entry/passes.py reads them first)."""
     targets = []
     for run in specs.evalruns:
         cluster = specs.cluster_of(run)
-        cells = resolve(run.run, cluster.cluster, catalog)
+        intake = (intakes or {}).get(run.ref) or Intake(models=None)
+        cells = resolve(run.run, cluster.cluster, catalog, intake.models)
         for note in resolution_notes(run.run, cluster.cluster, catalog):  # RULES §6: a size-rule fallback is said
             log.info("resolved with a fallback", extra={"evalrun": str(run.ref), "note": note})
         for warning in walltime_warnings(run.run, cluster.cluster, catalog):
             log.warning("walltime clamped", extra={"evalrun": str(run.ref), "note": warning})
         targets.append(RunTarget(evalrun=run.ref, cluster=cluster.ref, cells=tuple(cells),
                                  policy=policy_for(run, cluster, catalog), generation=run.run.metadata.generation,
-                                 notify=notify_routes(run)))
+                                 notify=notify_routes(run), selections=intake.selections, intake=intake.note,
+                                 unknown=intake.unknown))
     return targets
 
 

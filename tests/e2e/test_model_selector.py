@@ -18,8 +18,8 @@ from controller.api.catalog import load_catalog
 from controller.api.loader import load_specs
 from controller.core.ports import ResultsSnapshot
 from controller.core.store import Store
-from controller.entry.intake import targets_with_selections
-from controller.entry.wiring import targets_for, utc_now
+from controller.entry.passes import pass_targets
+from controller.entry.wiring import utc_now
 from tests.e2e.conftest import Cluster
 from tests.fixtures.legacy_db import LegacyDB, LegacyTables, terminus_config
 from tests.fixtures.postgres import pg_start, pg_stop
@@ -131,8 +131,7 @@ def test_a_selector_on_a_legacy_postgres_db(pg_lab: tuple[Cluster, Lab, Postgres
     specs = load_specs([cluster.spec], catalog)
     store = open_store(cluster.store)
     try:
-        [target] = targets_with_selections(specs, targets_for(specs, catalog), catalog, StopsMidSelection(store),
-                                           utc_now(), act=True)
+        [target] = pass_targets(specs, catalog, StopsMidSelection(store), utc_now(), act=True)
     finally:
         pg_start()
         store.close()

@@ -28,7 +28,7 @@ from tests.slurm.conftest import REPO, SlurmCluster, slurm, wait_until
 
 pytestmark = pytest.mark.slurm
 
-CATALOG = yaml.safe_load((REPO / "controller" / "spec" / "catalog" / "failures.yaml").read_text())["modes"]
+CATALOG = yaml.safe_load((REPO / "controller" / "api" / "catalog" / "failures.yaml").read_text())["modes"]
 FAST_REFIRES = "  health: {maxRefires: 2, refireBackoffMinutes: 0}"
 
 

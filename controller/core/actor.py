@@ -128,7 +128,7 @@ class Actor:
         return outcomes
 
     def _act_cell(self, cell_plan: CellPlan) -> list[Outcome]:
-        label = cell_plan.cell.label
+        label, key = cell_plan.cell.label, cell_plan.cell.key
         outcomes = []
         try:
             self._bookkeeping(cell_plan)
@@ -136,7 +136,7 @@ class Actor:
                 self.state.remember(cell_plan.cell.key, cell_plan.remember)
         except Exception as exc:  # the store failed: this cell does nothing more this pass
             log.warning("bookkeeping failed", extra={"cell": label, "error": str(exc)})
-            return [Outcome(cell=label, action=Step.BOOKKEEPING, ok=False, message=str(exc))]
+            return [Outcome(cell=label, key=key, action=Step.BOOKKEEPING, ok=False, message=str(exc))]
         work = _CellWork(cell_plan, self.errors)
         for action in cell_plan.actions:
             if not isinstance(action, Mutation):  # wait, skip, hold: nothing to do
@@ -145,10 +145,10 @@ class Actor:
                 message = self._do_remembering(action, work)
             except Exception as exc:  # one cell's failure must not stop the others
                 log.warning("action failed", extra={"cell": label, "action": action.step.value, "error": str(exc)})
-                outcomes.append(Outcome(cell=label, action=action.step, ok=False, message=str(exc)))
+                outcomes.append(Outcome(cell=label, key=key, action=action.step, ok=False, message=str(exc)))
                 break  # never submit after a cancel that did not happen
             log.info("action done", extra={"cell": label, "action": action.step.value, "detail": message})
-            outcomes.append(Outcome(cell=label, action=action.step, ok=True, message=message))
+            outcomes.append(Outcome(cell=label, key=key, action=action.step, ok=True, message=message))
         return outcomes
 
     def _do_remembering(self, action: Mutation, work: _CellWork) -> str:

@@ -48,7 +48,7 @@ from controller.core.types import (
     ObservedJob,
     stem_of,
 )
-from controller.core.vocabulary import Outcome, Plan
+from controller.core.vocabulary import Outcome, PassNotes, Plan
 
 log = logging.getLogger("evalctl.reconcile")
 T = TypeVar("T")
@@ -73,7 +73,9 @@ class RunTarget(Frozen):
 
 class PassResult(Frozen):
     evalrun: EvalRunRef
-    plan: Plan
+    plan: Plan = Field(description="the planner's output, as it planned it")
+    notes: PassNotes = Field(PassNotes(), description="what the pass adds beside it: the selector's intake and the "
+                                                      "notifications still undelivered")
     status: RunStatus
     outcomes: tuple[Outcome, ...] = ()
     acted: bool = False
@@ -226,26 +228,25 @@ def _target_pass(target: RunTarget, store: Store, ports: ClusterPorts, view: Clu
                         live_job_names=view.live_job_names, owners=acting.owners,
                         quarantined=snapshot.quarantined if snapshot else (), estimates=estimated,
                         usable_nodes=view.usable_nodes)
-        the_plan = the_plan.model_copy(update={"selections": target.selections, "intake": target.intake})
         view.spend(the_plan)
         outcomes = tuple(ports.actor_for(target).act(the_plan)) if acting.granted else ()
-        the_plan = _with_notifications(target, store, the_plan, outcomes, acting.granted)
+        notes = PassNotes(selections=target.selections, intake=target.intake,
+                          notifications=_notifications(target, store, the_plan, outcomes, acting.granted))
     finally:
         if acting.granted:
             _release(store, lease, holder)
-    return PassResult(evalrun=target.evalrun, plan=the_plan, outcomes=outcomes, acted=acting.granted,
-                      status=summarize(the_plan, outcomes, target.generation), note=acting.note,
+    return PassResult(evalrun=target.evalrun, plan=the_plan, notes=notes, outcomes=outcomes, acted=acting.granted,
+                      status=summarize(the_plan, outcomes, target.generation, notes), note=acting.note,
                       blocked=acting.blocked)
 
 
-def _with_notifications(target: RunTarget, store: Store, the_plan: Plan, outcomes: Sequence[Outcome],
-                        acting: bool) -> Plan:
+def _notifications(target: RunTarget, store: Store, the_plan: Plan, outcomes: Sequence[Outcome], acting: bool) -> str:
     """An acting pass records its transitions and queues their messages while it holds the EvalRun's lease, so
-    passes record in the order they observed; every pass reads what is still undelivered, for status. Sending is
-    not the pass's: the entry layer's notifier does it. A store that refuses costs this pass's note, never the pass:
-    a transition that still holds is recorded by the next one."""
+    passes record in the order they observed; every pass reads what is still undelivered, for status (in words).
+    Sending is not the pass's: the entry layer's notifier does it. A store that refuses costs this pass's note,
+    never the pass: a transition that still holds is recorded by the next one."""
     if not target.notify:
-        return the_plan
+        return ""
     try:
         if acting:
             found = facts(the_plan, summarize(the_plan, outcomes, target.generation))
@@ -256,8 +257,8 @@ def _with_notifications(target: RunTarget, store: Store, the_plan: Plan, outcome
             undelivered = store.state.read_notifications(target.evalrun)
     except (StoreUnavailable, ObservationError, WriteRefused) as exc:
         log.warning("notifications not recorded", extra={"evalrun": str(target.evalrun), "error": str(exc)})
-        return the_plan.model_copy(update={"notifications": f"notifications not recorded this pass: {exc}"})
-    return the_plan.model_copy(update={"notifications": undelivered_note(undelivered)})
+        return f"notifications not recorded this pass: {exc}"
+    return undelivered_note(undelivered)
 
 
 def own_run_dir(stems: frozenset[str], run_tag: str) -> bool:

@@ -14,8 +14,9 @@ from typing import Literal
 from pydantic import Field
 
 from controller.core.types import EvalRunRef, Frozen
-from controller.core.vocabulary import CellPlan, Effect, Outcome, Phase, Plan, Rule
+from controller.core.vocabulary import CellPlan, Effect, Outcome, PassNotes, Phase, Plan, Rule
 
+NO_NOTES = PassNotes()
 ATTENTION_LIMIT = 20  # a status is read by people and stored in etcd: the full table lives in `evalctl status`
 IN_FLIGHT = frozenset({Phase.PENDING, Phase.SUBMITTED, Phase.RUNNING, Phase.SETTLING, Phase.EVALUATED})
 NEEDS_A_HUMAN = frozenset({Phase.FAILED, Phase.STALLED})
@@ -96,13 +97,14 @@ class RunStatus(Frozen):
         return next((c for c in self.conditions if c.type == kind), None)
 
 
-def summarize(plan: Plan, outcomes: Sequence[Outcome] = (), generation: int | None = None) -> RunStatus:
+def summarize(plan: Plan, outcomes: Sequence[Outcome] = (), generation: int | None = None,
+              notes: PassNotes = NO_NOTES) -> RunStatus:
     counts = Counter(c.phase for c in plan.cells)
     all_counts = {phase: counts.get(phase, 0) for phase in Phase}
     failed_actions = [o for o in outcomes if not o.ok]
-    failures = {o.cell: f"{o.action} failed: {o.message}" for o in failed_actions}
-    attention = [_attention(c, failures.get(c.cell.label)) for c in plan.cells
-                 if c.phase in NEEDS_A_HUMAN | {Phase.UNKNOWN} or c.cell.label in failures
+    failures = {o.key: f"{o.action} failed: {o.message}" for o in failed_actions if o.key}
+    attention = [_attention(c, failures.get(c.cell.key)) for c in plan.cells
+                 if c.phase in NEEDS_A_HUMAN | {Phase.UNKNOWN} or c.cell.key in failures
                  or c.rule == Rule.OWNED_ELSEWHERE]  # another EvalRun acts for it: this one will not, a human asks why
     return RunStatus(
         evalrun=plan.evalrun,
@@ -114,10 +116,10 @@ def summarize(plan: Plan, outcomes: Sequence[Outcome] = (), generation: int | No
         attention_omitted=max(len(attention) - ATTENTION_LIMIT, 0),
         failed_actions=len(failed_actions),
         suspended=plan.suspended,
-        selected=len(plan.selections),
-        selection=plan.intake,
+        selected=len(notes.selections),
+        selection=notes.intake,
         gpu_hours=gpu_summary(plan),
-        notifications=plan.notifications,
+        notifications=notes.notifications,
         effects=plan.effects,
     )
 

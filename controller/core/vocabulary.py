@@ -385,14 +385,11 @@ class Plan(Frozen):
     tunnel_releases: tuple[TunnelLease, ...] = Field((), description="pinggy leases whose job is over")
     quarantined: tuple[Quarantined, ...] = Field((), description="its cluster's bad nodes and back-off, its locked "
                                                                  "pairs: what status lists")
-    selections: tuple[Selection, ...] = Field((), description="the models its modelSelector took (or would take)")
-    intake: str = Field("", description="what its modelSelector did this pass, in words")
     estimates: dict[str, GpuEstimate] = Field(default_factory=dict, description="cell key → estimated GPU-hours "
                                                                                  "of one attempt")
     gpu_budget: GpuBudget = Field(GpuBudget(), description="GPU-hours spent and committed, against maxGpuHours")
     effects: tuple[Effect, ...] = Field((), description="every remedy in force that touches it: back-offs, "
                                                         "quarantines, locked pairs, refires waiting")
-    notifications: str = Field("", description="its webhook messages not delivered (yet), in words")
 
     def estimate(self, cell: CellPlan) -> GpuEstimate | None:
         """A cell's estimate when it has not run yet (no GPU-hours of its own, not done): what `plan` shows."""
@@ -401,13 +398,23 @@ class Plan(Frozen):
         return self.estimates.get(cell.cell.key)
 
 
+class PassNotes(Frozen):
+    """What a pass adds beside the planner's `Plan` (which stays the planner's pure output): the modelSelector's
+    intake, read before planning, and the webhook messages still undelivered, read after acting."""
+
+    selections: tuple[Selection, ...] = Field((), description="the models its modelSelector took (or would take)")
+    intake: str = Field("", description="what its modelSelector did this pass, in words")
+    notifications: str = Field("", description="its webhook messages not delivered (yet), in words")
+
+
 # --------------------------------------------------------------------------- what acting said
 
 
 class Outcome(Frozen):
     """One executed step, for events and the pass summary."""
 
-    cell: str = Field(description="the cell's label (the EvalRun, for a step of the whole EvalRun)")
+    cell: str = Field(description="the cell's label (the EvalRun, for a step of the whole EvalRun): what people read")
+    key: str = Field("", description="the cell's key ('' for a step of the whole EvalRun): what joins it to its cell")
     action: Step
     ok: bool
     message: str

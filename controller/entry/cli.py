@@ -31,7 +31,6 @@ from controller.api.loader import SpecSet, load_specs
 from controller.core.db_check import check_results
 from controller.core.reconcile import PassResult
 from controller.core.store import Store
-from controller.core.vocabulary import Plan
 from controller.entry import nodes, render
 from controller.entry.auditing import audit_results
 from controller.entry.intake import flag_query, selector_rule, unevaluated_candidates
@@ -188,10 +187,11 @@ def _pass(specs: SpecSet, store: Store, *, act: bool) -> list[PassResult]:
     return run_pass(specs, store, utc_now(), act=act, holder=process_identity(), holder_is_dead=identity_is_dead)
 
 
-def _plans(specs: SpecSet, urls: StoreURLs) -> list[Plan]:
+def _dry_pass(specs: SpecSet, urls: StoreURLs) -> list[PassResult]:
+    """A pass that plans and acts on nothing (plan, status, explain, --dry-run)."""
     store = _store(urls, readonly=True)
     try:
-        return [r.plan for r in _pass(specs, store, act=False)]
+        return _pass(specs, store, act=False)
     finally:
         store.close()
 
@@ -229,12 +229,12 @@ def plan(files: Files = [], store: StoreURL = None, state: StateURL = None,  # n
     """Show what one pass would do. No side effects."""
     configure_logging(verbose)
     with _exits():
-        plans = _plans(_load(files), StoreURLs(store, state))
+        results = _dry_pass(_load(files), StoreURLs(store, state))
         if output == Output.json:
-            print(render.plan_json(plans))
+            print(render.plan_json(results))
         else:
-            for p in plans:
-                render.plan_table(p, out)
+            for result in results:
+                render.plan_table(result, out)
 
 
 @app.command()
@@ -262,8 +262,8 @@ def reconcile(
         specs = _load(files)
         urls = StoreURLs(store, state)
         if dry_run:
-            for p in _plans(specs, urls):
-                render.plan_table(p, out)
+            for result in _dry_pass(specs, urls):
+                render.plan_table(result, out)
         elif loop:
             _loop(specs, urls, interval or RECONCILE_INTERVAL_S, until_done=until_done)
         else:
@@ -315,7 +315,7 @@ def _loop(specs: SpecSet, urls: StoreURLs, interval: float, *, until_done: bool)
             if until_done and _settled(results):
                 out.print(f"converged after {passes} pass(es)")
                 for result in results:
-                    render.status_grid(result.plan, out)
+                    render.status_grid(result, out)
                 return
             time.sleep(interval)
     finally:
@@ -359,18 +359,18 @@ def status(
         _refuse((interval is not None and not watch, "--interval needs --watch"))
         urls = StoreURLs(store, state)
 
-        def read() -> list[Plan]:
-            return _plans(_load(files), urls)
+        def read() -> list[PassResult]:
+            return _dry_pass(_load(files), urls)
 
         every = interval or WATCH_INTERVAL_S
         if output == Output.json:
             _repeat(lambda: print(render.status_json(read()), flush=True), every if watch else None)
         elif not watch:
-            for p in read():
-                render.status_grid(p, out)
+            for result in read():
+                render.status_grid(result, out)
         else:
             with Watch(out) as live:
-                _repeat(lambda: live.show(read(), utc_now()), every)
+                _repeat(lambda: live.show([result.plan for result in read()], utc_now()), every)
 
 
 def _repeat(show: Callable[[], None], interval: float | None) -> None:
@@ -394,7 +394,7 @@ def explain(
     """Why the planner decides what it does for one cell."""
     configure_logging(verbose)
     with _exits():
-        matches = [(c, p) for p in _plans(_load(files), StoreURLs(store, state)) for c in p.cells
+        matches = [(c, r.plan) for r in _dry_pass(_load(files), StoreURLs(store, state)) for c in r.plan.cells
                    if c.cell.model == model and benchmark in (c.cell.benchmark, c.cell.dataset, c.cell.benchmark_name)]
         if not matches:
             raise UsageError(f"no cell {model} × {benchmark} in these specs")

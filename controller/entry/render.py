@@ -18,7 +18,7 @@ from controller.core.intake import Candidate
 from controller.core.progress import Progress
 from controller.core.reconcile import PassResult
 from controller.core.status import GpuSummary, RunStatus, gpu_summary, summarize
-from controller.core.vocabulary import CellPlan, Effect, Phase, Plan
+from controller.core.vocabulary import CellPlan, Effect, PassNotes, Phase, Plan
 from controller.entry.humanize import value_text
 
 TABLE_CELLS_MAX = 200  # past this many cells, `plan` shows a row per decision rather than per cell
@@ -29,18 +29,19 @@ PHASE_STYLE = {
 }
 
 
-def plan_json(plans: Sequence[Plan]) -> str:
+def plan_json(results: Sequence[PassResult]) -> str:
     return json.dumps({"evalruns": [
         {"name": str(p.evalrun), "suspended": p.suspended, "cells": [_cell_json(c, p) for c in p.cells],
-         "gpu_hours": gpu_summary(p).model_dump(mode="json"), **_selector_json(p)} for p in plans
+         "gpu_hours": gpu_summary(p).model_dump(mode="json"), **_selector_json(r.notes)}
+        for r in results for p in (r.plan,)
     ]}, indent=2)
 
 
-def _selector_json(plan: Plan) -> dict[str, Any]:
-    if not plan.intake:
+def _selector_json(notes: PassNotes) -> dict[str, Any]:
+    if not notes.intake:
         return {}
-    return {"modelSelector": {"note": plan.intake,
-                              "selected": [s.model_dump(mode="json") for s in plan.selections]}}
+    return {"modelSelector": {"note": notes.intake,
+                              "selected": [s.model_dump(mode="json") for s in notes.selections]}}
 
 
 def _cell_json(cell: CellPlan, plan: Plan) -> dict[str, Any]:
@@ -65,14 +66,15 @@ def _cell_json(cell: CellPlan, plan: Plan) -> dict[str, Any]:
     }
 
 
-def plan_table(plan: Plan, console: Console) -> None:
+def plan_table(result: PassResult, console: Console) -> None:
     """A row per cell; past TABLE_CELLS_MAX cells, a row per decision (phase, rule, action kinds), counted, with
     its first cell and reason: rich measures every cell of every row (~0.8 s per 1,000 rows here), and nobody
     reads 5,000 rows. `-o json` has every cell."""
+    plan = result.plan
     title = f"EvalRun {plan.evalrun}" + (" (suspended)" if plan.suspended else "")
     if len(plan.cells) > TABLE_CELLS_MAX:
         _decisions_table(plan, title, console)
-        selections(plan, console)
+        selections(result.notes, console)
         return
     table = Table(title=title, expand=False)
     for column in ("model", "benchmark", "phase", "est. GPU-h", "actions", "reason"):
@@ -83,7 +85,7 @@ def plan_table(plan: Plan, console: Console) -> None:
     console.print(table)
     console.print(gpu_line(gpu_summary(plan)), highlight=False)
     effects(plan, console)
-    selections(plan, console)
+    selections(result.notes, console)
 
 
 def effects(plan: Plan, console: Console) -> None:
@@ -114,16 +116,16 @@ def gpu_line(gpu: GpuSummary) -> str:
     return line
 
 
-def selections(plan: Plan, console: Console) -> None:
+def selections(notes: PassNotes, console: Console) -> None:
     """What the modelSelector did, and which models it took: when, and by which rule."""
-    if not plan.intake:
+    if not notes.intake:
         return
-    console.print(f"modelSelector: {plan.intake}", markup=False)
-    for selection in plan.selections[:TABLE_CELLS_MAX]:
+    console.print(f"modelSelector: {notes.intake}", markup=False)
+    for selection in notes.selections[:TABLE_CELLS_MAX]:
         console.print(f"  {selection.model}: selected {selection.selected_at:%Y-%m-%d %H:%M} UTC by "
                       f"{selection.rule}", markup=False)
-    if len(plan.selections) > TABLE_CELLS_MAX:
-        console.print(f"  … and {len(plan.selections) - TABLE_CELLS_MAX} more (-o json lists them)", markup=False)
+    if len(notes.selections) > TABLE_CELLS_MAX:
+        console.print(f"  … and {len(notes.selections) - TABLE_CELLS_MAX} more (-o json lists them)", markup=False)
 
 
 def _decisions_table(plan: Plan, title: str, console: Console) -> None:
@@ -146,9 +148,10 @@ def _actions(cell: CellPlan) -> str:
     return "\n".join(a.render() for a in cell.actions) or "—"
 
 
-def status_grid(plan: Plan, console: Console) -> None:
+def status_grid(result: PassResult, console: Console) -> None:
     """Models × benchmarks, each cell its phase and its uploaded score, or its progress (`Running 5/18 · ETA 14
     min`) until one is uploaded."""
+    plan = result.plan
     benchmarks = list(dict.fromkeys(c.cell.benchmark for c in plan.cells))
     models = list(dict.fromkeys(c.cell.model for c in plan.cells))
     by_key = {(c.cell.model, c.cell.benchmark): c for c in plan.cells}
@@ -164,17 +167,17 @@ def status_grid(plan: Plan, console: Console) -> None:
     console.print(table)
     console.print(gpu_line(gpu_summary(plan)), highlight=False)
     effects(plan, console)
-    if plan.notifications:
-        console.print(f"  notifications: {plan.notifications}", markup=False, highlight=False)
-    selections(plan, console)
+    if result.notes.notifications:
+        console.print(f"  notifications: {result.notes.notifications}", markup=False, highlight=False)
+    selections(result.notes, console)
 
 
-def status_json(plans: Sequence[Plan]) -> str:
+def status_json(results: Sequence[PassResult]) -> str:
     """The same summary the operator writes to `.status` (conditions, attention), plus every cell."""
-    return json.dumps({"evalruns": [_status_json(p, summarize(p)) for p in plans]}, indent=2)
+    return json.dumps({"evalruns": [_status_json(r.plan, r.status, r.notes) for r in results]}, indent=2)
 
 
-def _status_json(plan: Plan, summary: RunStatus) -> dict[str, Any]:
+def _status_json(plan: Plan, summary: RunStatus, notes: PassNotes) -> dict[str, Any]:
     return {
         "name": str(plan.evalrun),
         "counts": {phase.value: n for phase, n in summary.counts.items() if n},
@@ -184,8 +187,8 @@ def _status_json(plan: Plan, summary: RunStatus) -> dict[str, Any]:
         "gpu_hours": summary.gpu_hours.model_dump(mode="json"),
         "quarantined": [q.model_dump(mode="json") for q in plan.quarantined],
         "effects": [e.model_dump(mode="json") for e in plan.effects],
-        "notifications": plan.notifications,
-        **_selector_json(plan),
+        "notifications": notes.notifications,
+        **_selector_json(notes),
     }
 
 

@@ -30,7 +30,7 @@ def build_report(specs: SpecSet, store: Store, catalog: Catalog, now: datetime) 
                  and (metrics := _local_steps(c.run_dir.path))}
         cells = [c.cell for c in result.plan.cells]
         runs.append(run_report(result.plan, _rows_and_attempts(result.evalrun, cells, store), catalog.error_classes,
-                               run.run.spec.report.trust_threshold, steps, _mlflow(run)))
+                               run.run.spec.report.trust_threshold, steps, _mlflow(run), result.notes.intake))
     return Report(runs=tuple(runs), as_of=as_of(runs))
 
 

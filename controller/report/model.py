@@ -92,14 +92,15 @@ class Report(Frozen):
 
 
 def run_report(plan: Plan, observations: Sequence[Observation], errors: ErrorClasses, trust_threshold: int,
-               steps: dict[str, dict[str, float]], mlflow: str | None) -> RunReport:
-    """`steps`: run tag → the step stats of its run dir, where they could be read."""
+               steps: dict[str, dict[str, float]], mlflow: str | None, intake: str = "") -> RunReport:
+    """`steps`: run tag → the step stats of its run dir, where they could be read; `intake`: what the
+    modelSelector did."""
     cells = tuple(_cell(c, obs, errors, trust_threshold, steps, mlflow)
                   for c, obs in zip(plan.cells, observations, strict=True))
     models = tuple(dict.fromkeys(c.model for c in cells))
     return RunReport(name=str(plan.evalrun), trust_threshold=trust_threshold, models=models,
                      benchmarks=tuple(dict.fromkeys(c.benchmark for c in cells)), cells=cells,
-                     families=families(models, cells), intake=plan.intake)
+                     families=families(models, cells), intake=intake)
 
 
 def families(models: Sequence[str], cells: Sequence[CellReport]) -> tuple[Family, ...]:

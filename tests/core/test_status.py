@@ -49,7 +49,8 @@ def test_counts_include_every_phase_and_the_columns_add_up():
 
 def test_a_failed_action_stalls_and_puts_its_cell_on_the_attention_list():
     the_plan = plan_of(R, R)
-    outcome = Outcome(cell=the_plan.cells[1].cell.label, action=Step.SUBMIT, ok=False, message="sbatch: error")
+    outcome = Outcome(cell=the_plan.cells[1].cell.label, key=the_plan.cells[1].cell.key, action=Step.SUBMIT, ok=False,
+                      message="sbatch: error")
     status = summarize(the_plan, [outcome])
     stalled = status.condition("Stalled")
     assert stalled is not None and stalled.reason == "ActionsFailed" and status.failed_actions == 1

@@ -11,6 +11,7 @@ from controller.core.intake import Selection
 from controller.core.planner import plan
 from controller.core.status import Condition, summarize
 from controller.core.types import Quarantined, QuarantineKind
+from controller.core.vocabulary import PassNotes
 from controller.entry.kube_status import conditions_patch, status_patch
 from tests.core.builders import POLICY, RUN, cell, obs
 
@@ -42,11 +43,11 @@ def test_a_changed_condition_moves_its_transition_time() -> None:
 def test_the_status_counts_what_a_model_selector_took() -> None:
     taken = tuple(Selection(model=f"org/m{i}-8B", rule="newest names org/*", selected_at=NOW) for i in range(2))
     cells = [cell(model=s.model) for s in taken]
-    the_plan = plan(RUN, cells, [obs() for _ in cells], POLICY, NOW).model_copy(
-        update={"selections": taken, "intake": "selected 2 new model(s): org/m0-8B, org/m1-8B"})
-    patch = status_patch(summarize(the_plan), None, NOW)
+    the_plan = plan(RUN, cells, [obs() for _ in cells], POLICY, NOW)
+    notes = PassNotes(selections=taken, intake="selected 2 new model(s): org/m0-8B, org/m1-8B")
+    patch = status_patch(summarize(the_plan, notes=notes), None, NOW)
     assert patch["modelSelector"] == {"selected": 2, "note": "selected 2 new model(s): org/m0-8B, org/m1-8B"}
-    plain = status_patch(summarize(the_plan.model_copy(update={"selections": (), "intake": ""})), None, NOW)
+    plain = status_patch(summarize(the_plan), None, NOW)
     assert plain["modelSelector"] is None, "a merge patch's null: no selector, no key"
 
 

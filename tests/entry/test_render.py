@@ -13,6 +13,8 @@ import pytest
 from rich.console import Console
 
 from controller.core.planner import plan
+from controller.core.reconcile import PassResult
+from controller.core.status import summarize
 from controller.core.types import CellMemory, JobState, RowStatus, StallReading
 from controller.core.vocabulary import Plan
 from controller.entry.humanize import value_text
@@ -21,10 +23,15 @@ from controller.entry.watch import Watch
 from tests.core.builders import NOW, POLICY, ago, cell, facts, job, obs, row, sub
 
 
+def passed(the_plan: Plan) -> PassResult:
+    """A dry pass's result around a plan: nothing acted, nothing beside it."""
+    return PassResult(evalrun=the_plan.evalrun, plan=the_plan, status=summarize(the_plan))
+
+
 def _table(models: int) -> str:
     cells = [cell(model=f"org/m{index}-8B") for index in range(models)]
     console = Console(record=True, width=200)
-    plan_table(plan(cells[0].evalrun, cells, [obs() for _ in cells], POLICY, NOW), console)
+    plan_table(passed(plan(cells[0].evalrun, cells, [obs() for _ in cells], POLICY, NOW)), console)
     return console.export_text()
 
 
@@ -69,14 +76,14 @@ def _text(draw: Callable[[Console], None]) -> str:
 
 
 def test_status_shows_a_running_cell_as_scored_of_total_with_an_eta_and_no_score() -> None:
-    text = _text(lambda console: status_grid(_running_plan(), console))
+    text = _text(lambda console: status_grid(passed(_running_plan()), console))
 
     assert "Running 5/18 · ETA 24 min" in text, text
     assert "0.000" not in text, "no score before one is uploaded"
 
 
 def test_status_json_carries_the_progress_and_a_null_score() -> None:
-    [run] = json.loads(status_json([_running_plan()]))["evalruns"]
+    [run] = json.loads(status_json([passed(_running_plan())]))["evalruns"]
     [the_cell] = run["cells"]
 
     assert the_cell["phase"] == "Running" and the_cell["score"] is None

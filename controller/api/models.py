@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -720,6 +721,17 @@ class ReportSpec(SpecModel):
                                                                          "as provisional (RULES §11: n ≥ 150).")
 
 
+DeletionPolicy = Literal["Orphan", "Cancel"]
+CANCEL_ON_DELETE: DeletionPolicy = "Cancel"
+
+
+def asks_to_cancel(raw: Mapping[str, Any]) -> bool:
+    """Whether an EvalRun object as the API holds it (perhaps one that does not load) says deletionPolicy Cancel."""
+    spec = raw.get("spec")
+    return isinstance(spec, Mapping) and spec.get(EvalRunSpec.model_fields["deletion_policy"].alias
+                                                   or "deletion_policy") == CANCEL_ON_DELETE
+
+
 class EvalRunSpec(SpecModel):
     """What must be evaluated: models × benchmarks on one cluster, and how the reconciler treats the jobs."""
 
@@ -749,7 +761,7 @@ class EvalRunSpec(SpecModel):
                                     description="Extra --agent-kwarg values (override registry).")
     force_eval: bool = Field(False, description="Ignore rows this EvalRun did not create; adds new rows.")
     suspend: bool = Field(False, description="Plan but do not act.")
-    deletion_policy: Literal["Orphan", "Cancel"] = Field(
+    deletion_policy: DeletionPolicy = Field(
         "Orphan", description="When the EvalRun is deleted (operator): Orphan leaves its queued and running jobs "
                               "alone; Cancel cancels them before the object goes.")
     stale_started_hours: Hours = Field(24, description="Started rows older than this are stale.")

@@ -71,6 +71,16 @@ class RunTarget(Frozen):
                                                                                          "of it (spec.notify)")
 
 
+def evalrun_lease_name(evalrun: EvalRunRef) -> str:
+    """The lease one acting pass of an EvalRun holds: two processes never act on it at once."""
+    return f"evalrun/{evalrun}"
+
+
+def launch_lease_name(cluster: ClusterRef) -> str:
+    """The lease a launching pass holds on its cluster, taken before the queue is read (maxLiveJobs)."""
+    return f"launch/{cluster}"
+
+
 class PassResult(Frozen):
     evalrun: EvalRunRef
     plan: Plan = Field(description="the planner's output, as it planned it")
@@ -195,7 +205,7 @@ def reconcile_pass(
             if target.cluster not in views:  # the caps are cluster fields: the same for every run on it
                 not_launching = None
                 if act and not target.policy.suspend:
-                    launch_lease = f"launch/{target.cluster}"
+                    launch_lease = launch_lease_name(target.cluster)
                     not_launching = _launch_lease(store, launch_lease, launcher, holder_is_dead, lease_ttl)
                     if not_launching is None:
                         launch_leases.append(launch_lease)
@@ -216,7 +226,7 @@ def _target_pass(target: RunTarget, store: Store, ports: ClusterPorts, view: Clu
     """One EvalRun's share of the pass: observe, take its lease, plan within the cluster's budget, act."""
     observed = observe(target, store, view, ports.scheduler)
     acting = _acting(target, store, observed, act, holder, holder_is_dead, lease_ttl)
-    lease = f"evalrun/{target.evalrun}"
+    lease = evalrun_lease_name(target.evalrun)
     try:
         snapshot = observed.snapshot
         policy = target.policy
@@ -348,7 +358,7 @@ def _acting(target: RunTarget, store: Store, observed: Observed, act: bool, hold
         return Acting(granted=False, owners=watching, note="suspended")
     if target.unknown:  # its cells are not all known: claiming the ones it knows would give up the others
         return Acting(granted=False, owners=watching, note=f"planned only: {target.unknown}", blocked=True)
-    lease = f"evalrun/{target.evalrun}"
+    lease = evalrun_lease_name(target.evalrun)
     try:
         if not _take_lease(store, lease, holder, holder_is_dead, lease_ttl.total_seconds()):
             return Acting(granted=False, owners=watching, note="another reconciler holds the lease; planned only")

@@ -23,7 +23,7 @@ from controller.api.catalog import Catalog, load_catalog
 from controller.api.errors import SpecError, SpecErrors
 from controller.api.grants import grant_refusal, unloadable_refusal
 from controller.api.loader import SpecSet, load_objects, object_label, parse_resource
-from controller.api.models import ClusterEvalCluster
+from controller.api.models import ClusterEvalCluster, asks_to_cancel
 from controller.api.tenancy import NamespaceQuota, OperatorPolicy
 from controller.core.ports import ObservationError
 from controller.core.reconcile import ClusterPorts, release_pass
@@ -151,7 +151,7 @@ def release_object(api: KubeApi, config: OperatorConfig, stores: Stores, body: M
     try:
         specs = _specs(config, body, cluster)
     except SpecErrors:
-        if (body.get("spec") or {}).get("deletionPolicy") == "Cancel":
+        if asks_to_cancel(body):
             raise
         _give_up_cells(stores, body)
         return []

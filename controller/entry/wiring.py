@@ -25,7 +25,7 @@ from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
 from controller.adapters.secrets import SecretMask
 from controller.api.catalog import Catalog
 from controller.api.loader import LoadedCluster, LoadedRun, SpecSet
-from controller.api.models import SecretRef
+from controller.api.models import CANCEL_ON_DELETE, SecretRef
 from controller.api.resolve import resolution_notes, resolve, walltime_warnings
 from controller.core.actor import Actor, JobLauncher
 from controller.core.admission import GatePolicy
@@ -91,7 +91,7 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog) -> Poli
         max_live_jobs=cspec.max_live_jobs,
         tunnel_pairs=tuple(pair.name for pair in spec.pinggy.pairs),
         tunnel_urls={pair.name: pair.url for pair in spec.pinggy.pairs if pair.url},
-        cancel_on_delete=spec.deletion_policy == "Cancel",
+        cancel_on_delete=spec.deletion_policy == CANCEL_ON_DELETE,
         health=HealthLimits(
             instant_fail=timedelta(seconds=health.instant_fail_seconds),
             dead_launch_trials=health.dead_launch_trials,

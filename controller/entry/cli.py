@@ -33,13 +33,13 @@ from controller.core.reconcile import PassResult
 from controller.core.store import Store
 from controller.entry import nodes, render
 from controller.entry.auditing import audit_results
-from controller.entry.intake import flag_query, selector_rule, unevaluated_candidates
 from controller.entry.logs import configure_logging
-from controller.entry.notify import FLUSH_S, Notifier, webhooks_of
 from controller.entry.passes import run_pass
 from controller.entry.reporting import build_report, write_report
 from controller.entry.secrets import EnvironmentSecrets
+from controller.entry.selection import flag_query, selector_rule, unevaluated_candidates
 from controller.entry.watch import Watch
+from controller.entry.webhooks import FLUSH_S, Notifier, webhooks_of
 from controller.entry.wiring import targets_for, utc_now
 
 DEFAULT_STORE = "sqlite:///.evalctl/store.db"

@@ -26,7 +26,6 @@ from controller.api.tenancy import QuotaEntry, estimated_cells, quota_refusal
 from controller.core.types import ClusterRef
 from controller.entry import prometheus
 from controller.entry.kube_status import EventNote, invalid_spec_patch, not_run_patch
-from controller.entry.notify import Notifier
 from controller.entry.operator_nodes import publish_nodes, release_annotated
 from controller.entry.operator_pass import (
     OperatorConfig,
@@ -38,6 +37,7 @@ from controller.entry.operator_pass import (
     release_object,
 )
 from controller.entry.pass_queue import PassNotRun, PassQueue
+from controller.entry.webhooks import Notifier
 
 EVALRUNS = (GROUP, VERSION, "evalruns")
 EVALCLUSTERS = (GROUP, VERSION, "evalclusters")

@@ -33,9 +33,9 @@ from controller.core.types import ClusterRef, EvalRunRef, Frozen
 from controller.core.vocabulary import Outcome
 from controller.entry.egress import egress_refusals
 from controller.entry.kube_status import EventNote, aggregate_events, invalid_spec_patch, status_patch
-from controller.entry.notify import Notifier, webhooks_of
 from controller.entry.operator_nodes import publish_nodes
 from controller.entry.passes import pass_targets, run_pass
+from controller.entry.webhooks import Notifier, webhooks_of
 from controller.entry.wiring import cluster_ports
 
 REQUESTED_AT = "evalrun.io/requestedAt"

@@ -12,7 +12,7 @@ from controller.api.loader import SpecSet
 from controller.core.reconcile import ClusterPorts, PassResult, RunTarget, reconcile_pass
 from controller.core.store import Store
 from controller.core.types import ClusterRef
-from controller.entry.intake import intakes
+from controller.entry.selection import intakes
 from controller.entry.wiring import cluster_ports, targets_for
 
 

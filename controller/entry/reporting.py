@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from controller.adapters.rundirs.report import step_metrics, step_stats
+from controller.adapters.rundirs.post_eval import step_metrics, step_stats
 from controller.adapters.secrets import mask_text
 from controller.api.catalog import Catalog
 from controller.api.loader import LoadedRun, SpecSet

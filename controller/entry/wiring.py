@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 from fsspec import AbstractFileSystem
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
+from controller.adapters.rundirs.post_eval import post_eval_analysis, write_post_eval_report
 from controller.adapters.rundirs.remote import RunDirProbe
-from controller.adapters.rundirs.report import post_eval_analysis, write_post_eval_report
 from controller.adapters.scheduler.commands import CommandFailed, CommandResult, CommandRunner, LocalCommands
 from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
@@ -40,8 +40,8 @@ from controller.core.store import Store
 from controller.core.tracking import Analysis
 from controller.core.types import ClusterRef, EvalRunRef, RunDirFacts, walltime_seconds
 from controller.core.vocabulary import Launch
-from controller.entry.intake import Intake
 from controller.entry.secrets import EnvironmentSecrets, SecretSource
+from controller.entry.selection import Intake
 
 if TYPE_CHECKING:
     from controller.adapters.remote.ssh import SshIdentity

@@ -27,7 +27,7 @@ import pytest
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.localfs import TOP_FILE_CAP, TRIAL_RESULT_CAP
-from controller.adapters.rundirs.report import REPORT_NAME, StepStats, step_stats, write_post_eval_report
+from controller.adapters.rundirs.post_eval import REPORT_NAME, StepStats, step_stats, write_post_eval_report
 from controller.core.match import join_cells, run_dir_matches
 from controller.core.planner import plan
 from controller.core.ports import (
@@ -574,7 +574,7 @@ def test_a_symlink_planted_in_the_run_dir_is_never_written_through(reporting: Re
 def test_a_guessed_temp_name_is_refused_not_followed(reporting: Reporting, monkeypatch: pytest.MonkeyPatch) -> None:
     """Even a symlink planted at the very name the temp file gets (the random part guessed) is not followed:
     O_EXCL|O_NOFOLLOW refuses it, and the caller's action fails with the reason."""
-    monkeypatch.setattr("controller.adapters.rundirs.report.secrets.token_hex", lambda n: "guessed")
+    monkeypatch.setattr("controller.adapters.rundirs.post_eval.secrets.token_hex", lambda n: "guessed")
     guessed = reporting.run / f".{REPORT_NAME}.guessed.tmp"
     guessed.symlink_to(reporting.operator / "precious.txt")
     before = _operator_state(reporting.operator)

@@ -18,7 +18,7 @@ import pytest
 from controller.adapters.secrets import MaskedStream, SecretMask, ambient_secrets, looks_secret, mask_text
 from controller.core.notify import DeliveryState, Notification, NotifyEvent
 from controller.core.types import EvalRunRef
-from controller.entry.notify import slack_body
+from controller.entry.webhooks import slack_body
 
 ALNUM = string.ascii_letters + string.digits
 

@@ -17,7 +17,7 @@ from controller.adapters.tracker.mlflow import MlflowTracker
 from controller.core.notify import DeliveryState, Notification, NotifyEvent
 from controller.core.ports import ObservationError
 from controller.core.types import EvalRunRef
-from controller.entry.notify import Endpoint, Notifier
+from controller.entry.webhooks import Endpoint, Notifier
 from tests.fixtures.trickle import http_server
 
 TRICKLE_S = 0.5

@@ -13,7 +13,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.localfs import TOP_FILE_CAP, TRIAL_RESULT_CAP
-from controller.adapters.rundirs.report import REPORT_NAME, write_post_eval_report
+from controller.adapters.rundirs.post_eval import REPORT_NAME, write_post_eval_report
 from controller.adapters.rundirs.tree import FsspecTree, LocalTree, open_tree
 from controller.core.ports import JobsDirMissing, ObservationError
 from tests.core.builders import metrics_of

@@ -19,7 +19,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.harbor_format import trial_outcome
-from controller.adapters.rundirs.report import REPORT_NAME, TokenStats, step_stats, write_post_eval_report
+from controller.adapters.rundirs.post_eval import REPORT_NAME, TokenStats, step_stats, write_post_eval_report
 from tests.core.builders import metrics_of
 from tests.fixtures.harbor_agent import MODEL, AgentRun, fake_llm, run_terminus2
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS

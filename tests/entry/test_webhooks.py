@@ -14,7 +14,7 @@ from controller.adapters.store.sqlite import SqliteStore
 from controller.core.notify import EVALRUN_SUBJECT, DeliveryState, Fact, NotifyEvent
 from controller.core.store import Store
 from controller.core.types import EvalRunRef
-from controller.entry.notify import Endpoint, Notifier, RunWebhooks
+from controller.entry.webhooks import Endpoint, Notifier, RunWebhooks
 from tests.fixtures.evalctl import wait_until
 from tests.fixtures.webhook import SECRET_PATH, Webhook, refusing_url, webhook_server
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
-from controller.adapters.rundirs.report import REPORT_NAME, post_eval_analysis, write_post_eval_report
+from controller.adapters.rundirs.post_eval import REPORT_NAME, post_eval_analysis, write_post_eval_report
 from controller.core.admission import Refusal, Refused
 from tests.core.builders import gate, metrics_of
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_job_result, write_meta_env, write_trial
@@ -137,7 +137,7 @@ def test_a_failed_rename_leaves_the_old_report_and_no_temp_file(tmp_path: Path, 
     def no_rename(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("controller.adapters.rundirs.report.os.rename", no_rename)
+    monkeypatch.setattr("controller.adapters.rundirs.post_eval.os.rename", no_rename)
     with pytest.raises(OSError, match="post-eval report not written: No space left on device") as failed:
         write_post_eval_report(tmp_path / "r", facts, REFERENCE_ERRORS, metrics_of(facts, REFERENCE_ERRORS))
     assert failed.value.filename == str(path)

@@ -230,8 +230,8 @@ class ResultsDB(Protocol):
     def close(self) -> None: ...
 
 
-class ControllerState(Protocol):
-    """The reconciler's own bookkeeping. Expiry is decided by the database's clock, never a client's."""
+class SubmissionLedger(Protocol):
+    """Submissions and claims: the exactly-once submission protocol, who owns a cell, what its rules remember."""
 
     def read_state(self, evalrun: EvalRunRef, cell_keys: list[str], owner_ttl_s: float,
                    benchmarks: Sequence[str] = ()) -> StateSnapshot:
@@ -264,6 +264,14 @@ class ControllerState(Protocol):
         reconcilers never both own a cell. Returns the owner of every named cell afterwards."""
         ...
 
+    def remember(self, cell_key: str, memory: CellMemory) -> None:
+        """Replace what the rules remember about a cell (readings across passes). Idempotent."""
+        ...
+
+
+class SelectionLedger(Protocol):
+    """What each EvalRun's modelSelector took."""
+
     def read_selections(self, evalrun: EvalRunRef) -> tuple[Selection, ...]:
         """The models `evalrun`'s modelSelector took, oldest first. One statement."""
         ...
@@ -273,9 +281,9 @@ class ControllerState(Protocol):
         keeps its first record."""
         ...
 
-    def remember(self, cell_key: str, memory: CellMemory) -> None:
-        """Replace what the rules remember about a cell (readings across passes). Idempotent."""
-        ...
+
+class EffectLedger(Protocol):
+    """Remedies in force: quarantined nodes, locked pinggy pairs, a cluster's back-off."""
 
     def quarantine(self, kind: QuarantineKind, scope: str, name: str, reason: str, ttl_s: float,
                    owner: str = "") -> bool:
@@ -298,6 +306,10 @@ class ControllerState(Protocol):
         a human looks at. One statement; a store made before quarantines has none."""
         ...
 
+
+class Leases(Protocol):
+    """Who may act: an EvalRun's and a cluster's act-leases, and the pinggy pairs leased to jobs."""
+
     def try_lease(self, name: str, holder: str, ttl_s: float) -> bool:
         """Take or renew the act-lease `name` for `holder`; False when someone else holds it unexpired."""
         ...
@@ -316,8 +328,9 @@ class ControllerState(Protocol):
         """Give a pair back; only the holder's lease is dropped, twice is a no-op."""
         ...
 
-    # Notifications: an outbox. A pass records its transitions and their messages in one transaction; a sender
-    # claims one message at a time (compare-and-set), delivers it, and marks it. Nothing here talks HTTP.
+class Outbox(Protocol):
+    """Notifications: a pass records its transitions and their messages in one transaction; a sender claims one
+    message at a time (compare-and-set), delivers it, and marks it. Nothing here talks HTTP."""
 
     def record_transitions(self, evalrun: EvalRunRef, facts: Sequence[Fact],
                            webhooks: Mapping[NotifyEvent, Sequence[str]]) -> tuple[Notification, ...]:
@@ -344,6 +357,11 @@ class ControllerState(Protocol):
         """Record the attempt `holder` made (only while it holds the claim) and drop the claim: delivered; or failed
         with `error`, due again `retry_in_s` seconds from now, or given up when that is None."""
         ...
+
+
+class ControllerState(SubmissionLedger, SelectionLedger, EffectLedger, Leases, Outbox, Protocol):
+    """The reconciler's own bookkeeping, one store holding every ledger. Expiry is decided by the database's
+    clock, never a client's."""
 
     def close(self) -> None: ...
 

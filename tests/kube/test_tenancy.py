@@ -14,7 +14,6 @@ import socket
 import sqlite3
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -284,7 +283,9 @@ def test_a_tenants_webhook_to_loopback_and_file_url_jobs_dir_are_refused_and_not
         files_why = stalled_message(lab, "files")
         assert "jobsDir file:/// is a URL" in files_why and "ClusterEvalCluster" in files_why, files_why
         assert lab.condition("Stalled", "hook")["reason"] == "InvalidSpec"  # type: ignore[index]
-        time.sleep(5)  # two more passes: still nothing dialled
+        seen = lab.evalrun("hook")["status"]["lastPass"]["at"]
+        after = eventually(lambda: (at := lab.evalrun("hook")["status"]["lastPass"]["at"]) > seen and at, "a pass")
+        eventually(lambda: lab.evalrun("hook")["status"]["lastPass"]["at"] > after, "another: still nothing dialled")
         assert http_listener.seen == [], "the operator posted to the loopback webhook the tenant named"
         assert "hook-token-9c1f" not in lab.operator_log() + json.dumps(lab.events())
     finally:

@@ -65,10 +65,6 @@ def _version(value: bool) -> None:
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
-app.command()(operator)
-app.add_typer(db_app, name="db")
-app.add_typer(models_app, name="models")
-app.add_typer(nodes_app, name="nodes")
 
 
 @app.callback()
@@ -297,6 +293,12 @@ def crds() -> None:
     from controller.api.crds import render_crds
 
     print(render_crds(), end="")
+
+
+app.command()(operator)  # after the pass commands: `evalctl --help` lists them in the order a user needs them
+app.add_typer(db_app, name="db")
+app.add_typer(models_app, name="models")
+app.add_typer(nodes_app, name="nodes")
 
 
 def _settled(results: list[PassResult]) -> bool:

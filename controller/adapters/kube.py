@@ -15,7 +15,7 @@ from typing import Any, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from controller.api.models import API_VERSION, SecretRef
+from controller.api.fields import API_VERSION, SecretRef
 
 GROUP, VERSION = API_VERSION.split("/")
 

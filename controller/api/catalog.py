@@ -18,15 +18,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 
 from controller.api.diagnose import validate
 from controller.api.errors import SpecError, SpecErrors
-from controller.api.models import (
-    FAILURE_MODES_MAX,
-    FailureModeSpec,
-    PathText,
-    PositiveInt,
-    Short,
-    Walltime,
-    entry_error,
-)
+from controller.api.evalcluster import FAILURE_MODES_MAX, FailureModeSpec
+from controller.api.fields import PathText, PositiveInt, Short, Walltime, entry_error
 from controller.api.yamldoc import Document, Loc, read_documents
 from controller.core.gpu_hours import SizeBands, size_in_billions
 from controller.core.trial_errors import ErrorClasses

@@ -17,15 +17,9 @@ from ruamel.yaml import YAML
 from ruamel.yaml.nodes import ScalarNode
 from ruamel.yaml.representer import SafeRepresenter
 
-from controller.api.models import (
-    API_VERSION,
-    ClusterEvalCluster,
-    ClusterEvalClusterSpec,
-    EvalCluster,
-    EvalClusterSpec,
-    EvalRun,
-    EvalRunSpec,
-)
+from controller.api.evalcluster import ClusterEvalCluster, ClusterEvalClusterSpec, EvalCluster, EvalClusterSpec
+from controller.api.evalrun import EvalRun, EvalRunSpec
+from controller.api.fields import API_VERSION
 
 GROUP, VERSION = API_VERSION.split("/")
 Schema = dict[str, Any]
@@ -66,7 +60,7 @@ def render_crds() -> str:
     yaml.width = 120
     yaml.representer.add_representer(str, _represent_str)
     out = io.StringIO()
-    out.write("# Generated from controller/api/models.py by controller/api/crds.py; do not edit.\n")
+    out.write("# Generated from controller/api/evalcluster.py and evalrun.py by controller/api/crds.py; do not edit.\n")
     yaml.dump_all(documents, out)
     return out.getvalue()
 

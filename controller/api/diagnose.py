@@ -18,7 +18,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
 from controller.api.errors import SpecError, clip
-from controller.api.models import SECRET_LOOKING_ENV
+from controller.api.fields import SECRET_LOOKING_ENV
 from controller.api.yamldoc import KEY, Document, Loc
 
 M = TypeVar("M", bound=BaseModel)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from controller.api.models import ClusterEvalCluster, LabelRequirement, LabelSelector
+from controller.api.evalcluster import ClusterEvalCluster, LabelRequirement, LabelSelector
 
 
 def grant_refusal(cluster: ClusterEvalCluster, namespace: str,

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 
 from controller.api.catalog import Catalog
 from controller.api.errors import SpecError
-from controller.api.models import EvalRun
+from controller.api.evalrun import EvalRun
 from controller.api.resolve import benchmark_name
 from controller.api.yamldoc import Document
 

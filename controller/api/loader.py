@@ -18,8 +18,9 @@ from pydantic import BaseModel, ConfigDict
 from controller.api.catalog import Catalog, load_catalog
 from controller.api.diagnose import validate
 from controller.api.errors import SpecError, SpecErrors, clip, format_errors
+from controller.api.evalcluster import AnyCluster, ClusterEvalCluster, EvalCluster
+from controller.api.evalrun import EvalRun
 from controller.api.identity import identity_collisions
-from controller.api.models import AnyCluster, ClusterEvalCluster, EvalCluster, EvalRun
 from controller.api.resolve import benchmarks
 from controller.api.tenancy import OperatorPolicy, cluster_refusals, run_refusals
 from controller.api.yamldoc import Document, iter_files, read_documents

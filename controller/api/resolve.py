@@ -21,7 +21,8 @@ from pathlib import PurePosixPath
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.api.catalog import Catalog, ServeSettings
-from controller.api.models import AnyCluster, EvalRun
+from controller.api.evalcluster import AnyCluster
+from controller.api.evalrun import EvalRun
 from controller.core.types import Cell, EnvironmentOverrides, EvalRunRef, Serving, walltime_seconds
 
 

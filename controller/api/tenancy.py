@@ -20,7 +20,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from controller.api.capabilities import Check, Loc, checked, values_at
-from controller.api.models import ClusterEvalCluster, EvalCluster, EvalRun
+from controller.api.evalcluster import ClusterEvalCluster, EvalCluster
+from controller.api.evalrun import EvalRun
 from controller.api.urls import is_url, under_prefix, url_problem
 
 # Names a namespaced object's env may not set: they make a loader, shell or interpreter run other code.

@@ -21,9 +21,10 @@ from controller.adapters.process import identity_is_dead
 from controller.adapters.store import open_store, shareable_across_threads
 from controller.api.catalog import Catalog, load_catalog
 from controller.api.errors import SpecError, SpecErrors
+from controller.api.evalcluster import ClusterEvalCluster
+from controller.api.evalrun import asks_to_cancel
 from controller.api.grants import grant_refusal, unloadable_refusal
 from controller.api.loader import SpecSet, load_objects, object_label, parse_resource
-from controller.api.models import ClusterEvalCluster, asks_to_cancel
 from controller.api.tenancy import NamespaceQuota, OperatorPolicy
 from controller.core.ports import ObservationError
 from controller.core.reconcile import ClusterPorts, release_pass

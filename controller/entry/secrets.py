@@ -10,7 +10,7 @@ import os
 import re
 from typing import Protocol
 
-from controller.api.models import SecretRef
+from controller.api.fields import SecretRef
 
 
 class SecretSource(Protocol):

@@ -16,15 +16,10 @@ from typing import NamedTuple
 from pydantic import ValidationError
 
 from controller.api.catalog import Catalog
+from controller.api.evalcluster import EvalCluster
+from controller.api.evalrun import SELECTOR_LIMIT_MAX, EvalRun, ModelSelector, duration_hours
+from controller.api.fields import API_VERSION
 from controller.api.loader import LoadedCluster, LoadedRun, SpecSet
-from controller.api.models import (
-    API_VERSION,
-    SELECTOR_LIMIT_MAX,
-    EvalCluster,
-    EvalRun,
-    ModelSelector,
-    duration_hours,
-)
 from controller.api.resolve import resolve
 from controller.core.intake import Candidate, Selection, SelectorRule, admitted, selections, unevaluated_models
 from controller.core.match import join_cells

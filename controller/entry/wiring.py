@@ -24,8 +24,9 @@ from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
 from controller.adapters.secrets import SecretMask
 from controller.api.catalog import Catalog
+from controller.api.evalrun import CANCEL_ON_DELETE
+from controller.api.fields import SecretRef
 from controller.api.loader import LoadedCluster, LoadedRun, SpecSet
-from controller.api.models import CANCEL_ON_DELETE, SecretRef
 from controller.api.resolve import resolution_notes, resolve, walltime_warnings
 from controller.core.actor import Actor, JobLauncher
 from controller.core.admission import GatePolicy

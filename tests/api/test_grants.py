@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from controller.api.errors import SpecErrors
+from controller.api.evalcluster import ClusterEvalCluster
 from controller.api.grants import grant_refusal
 from controller.api.loader import parse_resource
-from controller.api.models import ClusterEvalCluster
 
 
 def cluster(allowed: dict[str, Any] | None = None) -> ClusterEvalCluster:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
+from controller.api.evalrun import EvalRunSpec
 from controller.api.loader import SpecError, SpecErrors, format_errors, load_specs, parse_resource
-from controller.api.models import EvalRunSpec
 from controller.core.types import ClusterRef
 
 REPO = Path(__file__).resolve().parents[2]

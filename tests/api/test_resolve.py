@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from controller.api.catalog import Catalog, ModelEntry, ModelRegistry, load_catalog
-from controller.api.models import EvalCluster, EvalRun
+from controller.api.evalcluster import EvalCluster
+from controller.api.evalrun import EvalRun
 from controller.api.resolve import benchmark_name, fingerprint, resolution_notes, resolve, walltime_warnings
 from controller.core.types import EnvironmentOverrides
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from controller.api.fields import SecretRef
 from controller.api.loader import load_objects
-from controller.api.models import SecretRef
 from controller.api.tenancy import OperatorPolicy
 from controller.entry.egress import egress_refusals, resolve_host
 

@@ -34,8 +34,8 @@ from controller.adapters.remote.ssh import (
 )
 from controller.adapters.scheduler.commands import CommandFailed
 from controller.adapters.secrets import SecretMask
+from controller.api.fields import SecretRef
 from controller.api.loader import LoadedCluster, load_specs
-from controller.api.models import SecretRef
 from controller.core.ports import ObservationError
 from controller.core.types import ClusterRef
 from controller.entry.wiring import run_dirs_fs, scheduler_for

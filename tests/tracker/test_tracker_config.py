@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from controller.api.fields import SecretRef
 from controller.api.loader import load_specs
-from controller.api.models import SecretRef
 from controller.core.types import ClusterRef
 from controller.entry.wiring import NoTracker, mlflow_credentials, tracker_for
 

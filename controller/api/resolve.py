@@ -194,7 +194,7 @@ def _cells(run: EvalRun, cluster: AnyCluster, catalog: Catalog, model: str,
             max_output_tokens=settings.max_output_tokens,
             serving=serving,
             config_yaml=harness.config_yaml or benchmark.config_yaml,
-            time_limit=benchmark.time_limit,
+            time_limit=benchmark.time_limit or cluster.spec.time_limit,  # the one place a walltime is decided
             needs_pinggy=needs_pinggy,
             calls_model=spec.agent not in catalog.harnesses.model_free_agents,
             reports_tokens=harness.reports_tokens,

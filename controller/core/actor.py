@@ -19,8 +19,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, assert_never
 
-from pydantic import Field
-
 from controller.core.admission import Admitted, admission_record
 from controller.core.job_env import JobSecrets, JobSettings, job_environment
 from controller.core.metrics import RunMetrics, run_metrics, same_metrics
@@ -54,7 +52,6 @@ class JobLauncher(Frozen):
 
     script: str
     logs_dir: str
-    time_limit: str = Field(description="the cluster's timeLimit, for cells whose preset asks for no walltime")
     settings: JobSettings
 
     @property
@@ -228,7 +225,7 @@ class Actor:
             name=name, comment=cell.key, script=self.launcher.script,
             args=(cell.model, cell.dataset, cell.benchmark_name, launch.run_tag),
             env=job_environment(cell, launch, row_id, self.launcher.settings, self.job_secrets(launch)),
-            logs_dir=self.launcher.logs_dir, time_limit=cell.time_limit or self.launcher.time_limit,
+            logs_dir=self.launcher.logs_dir, time_limit=cell.time_limit,
             exclude_nodes=launch.exclude_nodes,
         )
         job_id = self.scheduler.submit(request)

@@ -130,7 +130,8 @@ class Cell(Frozen):
     serving: Serving = Serving()
     config_yaml: str | None = Field(None, description="EVAL_CONFIG_YAML: the harness's scaffold config, else the "
                                                       "preset's (a bare file name the job script looks up)")
-    time_limit: str | None = Field(None, description="walltime of its jobs; None: the cluster's timeLimit")
+    time_limit: str = Field(description="walltime of its jobs, decided once by resolve: the preset's (at most the "
+                                        "cluster's maxTimeLimit), else the cluster's timeLimit")
     needs_pinggy: bool = False
     calls_model: bool = Field(True, description="its agent calls a model (not Harbor's oracle or nop): a trial that "
                                                 "raised without a token may be an instant failure")

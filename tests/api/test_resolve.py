@@ -318,7 +318,7 @@ def test_id_presets_pin_no_config_yaml() -> None:
 def test_a_preset_walltime_within_the_cluster_maximum_is_the_cells() -> None:
     roomy = cluster(timeLimit="24:00:00", maxTimeLimit="72:00:00")
     cells = resolve(run(presets=["swebench_full", "tb2"]), roomy, CATALOG)
-    assert [c.time_limit for c in cells] == ["48:00:00", None], "tb2 keeps the cluster's timeLimit"
+    assert [c.time_limit for c in cells] == ["48:00:00", "24:00:00"], "tb2 has the cluster's timeLimit, on the cell"
     assert walltime_warnings(run(presets=["swebench_full"]), roomy, CATALOG) == ()
 
 

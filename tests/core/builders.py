@@ -34,7 +34,7 @@ def cell(model: str = "laion/Qwen3-8B-sft", benchmark_name: str = "terminal_benc
     values = dict(evalrun=RUN, cluster="c1", model=model, benchmark="tb2",
                   dataset=f"DCAgent2/{benchmark_name}", benchmark_name=benchmark_name, agent="terminus-2",
                   n_concurrent=8, harbor_config="dcagent_eval_defaults.yaml", timeout_multiplier=2.0,
-                  fingerprint="0123456789abcdef")
+                  fingerprint="0123456789abcdef", time_limit="24:00:00")
     values.update(changes)
     return Cell(**values)  # type: ignore[arg-type]
 

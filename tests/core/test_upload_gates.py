@@ -97,15 +97,15 @@ def test_a_run_within_overlong_hours_is_uploaded_unflagged(policy: Policy, start
 
 
 def test_by_default_a_run_is_overlong_when_it_outlasted_one_job_of_its_cell() -> None:
-    """The cluster's timeLimit, or the cell's own (a preset's walltime): a run the wall cut short, as the lab's
-    `upload_overlong_jobs.py` flagged the runs its 24 h wall had killed."""
+    """The cell's walltime (the cluster's timeLimit, or a preset's, as resolve decided it): a run the wall cut
+    short, as the lab's `upload_overlong_jobs.py` flagged the runs its 24 h wall had killed."""
     assert Policy(username="bob").overlong == "walltime" and not Policy(username="bob").hold_overlong
-    default = POLICY.model_copy(update={"walltime": timedelta(hours=10)})
+    ten_hours = C.model_copy(update={"time_limit": "10:00:00"})
     run = finished_run(started_at=ago(hours=13))  # ran 11 h
-    assert _uploads(plan_cell(C, run, default, NOW)) == [True]
-    assert "longer than one job's walltime 10" in plan_cell(C, run, default, NOW).reason
+    assert _uploads(plan_cell(ten_hours, run, POLICY, NOW)) == [True]
+    assert "longer than one job's walltime 10" in plan_cell(ten_hours, run, POLICY, NOW).reason
     long_preset = C.model_copy(update={"time_limit": "2-00:00:00"})
-    assert _uploads(plan_cell(long_preset, run, default, NOW)) == [False], "its jobs may run 48 h"
+    assert _uploads(plan_cell(long_preset, run, POLICY, NOW)) == [False], "its jobs may run 48 h"
 
 
 def test_an_unfinished_run_is_measured_to_its_last_progress() -> None:

@@ -36,6 +36,7 @@ from controller.core.planner.fleet import (
     plan_deletion,
     untouched,
 )
+from controller.core.planner.gc_pause import cyclic_gc_paused
 from controller.core.planner.policy import OVER_BUDGET, PAIR_LOCK, UPLOAD_NOT_VERIFIED, Policy
 from controller.core.planner.rules_running import RUNNING_RULES
 from controller.core.planner.words import ADMISSION_RULES, DIAGNOSED_BY
@@ -65,7 +66,15 @@ def plan(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Obse
     `estimates`: cell key → the estimated GPU-hours of one attempt (unknown where missing), for the budget.
     `usable_nodes`: the nodes the cluster's jobs may run on (None: not known), so quarantines never take them all.
     """
-    owners, estimates = owners or {}, estimates or {}
+    with cyclic_gc_paused():  # nothing of a plan is cyclic garbage: see gc_pause
+        return _plan(evalrun, cells, observations, policy, now, budget, budget_note, tunnel_leases, live_job_names,
+                     owners or {}, quarantined, estimates or {}, usable_nodes)
+
+
+def _plan(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Observation], policy: Policy,
+          now: datetime, budget: int | None, budget_note: str, tunnel_leases: Sequence[TunnelLease],
+          live_job_names: frozenset[str] | None, owners: Mapping[str, EvalRunRef], quarantined: Sequence[Quarantined],
+          estimates: Mapping[str, GpuEstimate], usable_nodes: frozenset[str] | None) -> Plan:
     leased = {lease.holder: lease.pair for lease in tunnel_leases}
     decided: list[CellPlan | Cell] = [  # a Cell: nothing observed, decided with the budget (`allocate`)
         cell if untouched(cell, obs) and cell.key not in owners

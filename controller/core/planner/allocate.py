@@ -78,7 +78,7 @@ class Pool:
                    remaining=policy.max_submissions_per_pass if budget is None else budget, gpu=gpu, probing=probing)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ticket:
     """One launch asking for its slots."""
 

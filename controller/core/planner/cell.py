@@ -18,7 +18,7 @@ from controller.core.types import Cell, Observation, Quarantined
 from controller.core.vocabulary import CellPlan, Hold, Phase, Rule
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Seen:
     cell: Cell
     obs: Observation

@@ -29,7 +29,7 @@ from controller.core.types import (
 from controller.core.vocabulary import Action, Cancel, CellPlan, Phase, RowUpdate, Rule, Wait
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class InFlight:
     """The live job the rules watch, the cancels of its duplicates, our row's move to Started, its run dir."""
 

@@ -17,7 +17,7 @@ from controller.core.types import JobState, ObservedJob, ObservedRow, Remedy, Ru
 from controller.core.vocabulary import CellPlan, Hold, Launch, Phase, Resume, Rule, Submit, Wait
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DirCase:
     """A run dir as the §4 rules read it: its last job, its class and that class's verdict, a remedy if any."""
 

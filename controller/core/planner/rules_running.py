@@ -32,7 +32,7 @@ from controller.core.types import (
 from controller.core.vocabulary import Action, Cancel, CellPlan, HealthState, Phase, Quarantine, RowUpdate, Rule, Wait
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Running:
     """What the rules of a running job read: its run dir, its output so far, how long since its last score."""
 

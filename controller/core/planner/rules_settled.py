@@ -16,7 +16,7 @@ from controller.core.types import ObservedRow
 from controller.core.vocabulary import CellPlan, Hold, Phase, Skip
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Settled:
     """The row that decides (None: no row), its line of the §2 table, and that line."""
 

@@ -20,7 +20,7 @@ from controller.core.types import ObservedRow, Remedy, RemedyCause, RemedyKind, 
 from controller.core.vocabulary import Analyze, CellPlan, Hold, Phase, Resume, Rule, Skip, Track, Upload
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UploadCase:
     """A run dir that is done, as the gates read it: its class (RULES §4), the rule that sent it here, the row to
     write, and what the admission gate said."""

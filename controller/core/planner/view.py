@@ -31,10 +31,13 @@ from controller.core.vocabulary import Action, CellPlan, HealthState, Phase, Row
 _NO_OUTPUTS: Mapping[str, JobOutput] = {}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CellView:
     """One cell's observation as the rules read it: its submissions in order, the rows it may act on, its run dirs
-    by tag, its jobs, its memory; and the bookkeeping every plan of it carries (adoptions, GPU-hours)."""
+    by tag, its jobs, its memory; and the bookkeeping every plan of it carries (adoptions, GPU-hours).
+
+    Read-only by convention, as are the other views of the rules (`Settled`, `DirCase`, `InFlight`, `Running`,
+    `UploadCase`): a frozen dataclass would cost 3 µs more per cell, a third of the cheapest cell's plan."""
 
     cell: Cell
     policy: Policy

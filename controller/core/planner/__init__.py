@@ -12,7 +12,7 @@ Per cell (`cell.plan_cell`), the first rule that applies decides (each names its
      interrupted submission is finished first, then the cell's run dir is classified (`rules_resume`, §4): a dir
      on disk is worth more than a fresh start; a remedy (`rules_remedy`, §9) or the admission gate
      (`rules_upload`, §14, §5) decides what a finished run dir becomes.
-Every cell reads one `view.CellView`, built once. Then, for the whole EvalRun (`allocate`, in this order):
+Every cell reads one `view.CellView`, built once. Then, for the whole EvalRun (`allocation`, in this order):
 cells another EvalRun owns only watch; pinggy leases whose job is over are released; node quarantines are capped;
 launches share the free pinggy pairs, the usable nodes, the back-off, the GPU-hour budget
 (`spec.budget.maxGpuHours`: a launch that would take spent + estimated hours past it is held, with the numbers)
@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from controller.core.gpu_hours import GpuEstimate
-from controller.core.planner.allocate import EFFECT_KINDS, Pool, allocate, deciding, effects, within_node_cap
+from controller.core.planner.allocation import EFFECT_KINDS, Pool, allocate, deciding, effects, within_node_cap
 from controller.core.planner.cell import plan_cell
 from controller.core.planner.fleet import (
     UNTOUCHED,
@@ -58,7 +58,7 @@ def plan(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Obse
     """Decide every cell (pending), count what is scarce before any launch (slots), then share it out among the
     launches in cell order (queued): `budget` launches (default the policy's per-pass cap; `budget_note`: why the
     cells past it wait), pinggy pairs (`policy.tunnel_pairs` minus those leased to live jobs or locked), the GPU-hour
-    budget; see `allocate`.
+    budget; see `allocation`.
 
     `live_job_names`: every queued or running job on the cluster (None: the queue was not read).
     `owners`: cell key → the OTHER EvalRun that acts for it; such a cell is shown, never acted on.
@@ -76,7 +76,7 @@ def _plan(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Obs
           live_job_names: frozenset[str] | None, owners: Mapping[str, EvalRunRef], quarantined: Sequence[Quarantined],
           estimates: Mapping[str, GpuEstimate], usable_nodes: frozenset[str] | None) -> Plan:
     leased = {lease.holder: lease.pair for lease in tunnel_leases}
-    decided: list[CellPlan | Cell] = [  # a Cell: nothing observed, decided with the budget (`allocate`)
+    decided: list[CellPlan | Cell] = [  # a Cell: nothing observed, decided with the budget (`allocation`)
         cell if untouched(cell, obs) and cell.key not in owners
         else plan_cell(cell, obs, policy, now, leased=leased, quarantined=quarantined)
         for cell, obs in zip(cells, observations, strict=True)]

@@ -30,6 +30,8 @@ def with_remedy(learnt: CellMemory, remedy: Remedy) -> CellMemory:
 def quarantines(view: CellView, remedy: Remedy, since: datetime) -> list[Action]:
     """What a remedy takes out of use, from `since` (the failure it answers), unless already: the one node a
     refire-elsewhere failure points at, or the cluster's new launches for a back-off's minutes."""
+    if remedy.kind not in (RemedyKind.REFIRE_ELSEWHERE, RemedyKind.BACK_OFF):
+        return []  # a refire or a hold takes nothing out of use
     health, cluster, owner = view.policy.health, view.policy.cluster, str(view.cell.evalrun)
     active = {(q.kind, q.scope, q.name) for q in view.quarantined}
     if remedy.kind == RemedyKind.REFIRE_ELSEWHERE and remedy.node:

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from controller.entry.cli import app
 
-CORPUS = sorted((Path(__file__).resolve().parents[1] / "spec" / "broken").glob("*.yaml"))
+CORPUS = sorted((Path(__file__).resolve().parents[1] / "api" / "broken").glob("*.yaml"))
 
 
 def test_corpus_is_big_enough():

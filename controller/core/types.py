@@ -238,10 +238,12 @@ def stem_of(run_tag: str) -> str | None:
     return f"{stem}{mark}" if run_tag.startswith(RUN_TAG_PREFIX) and mark and attempt.isdigit() else None
 
 
+_RESUBMISSION = re.compile(r"-r\d+$")
+
+
 def run_tag_of(job_name: str) -> str:
     """Inverse of `submission_name` up to the legacy prefix: the run tag a job works on."""
-    base = re.sub(r"-r\d+$", "", job_name)
-    return base
+    return _RESUBMISSION.sub("", job_name)
 
 
 _SLUG_MAX = 64  # per part: the digest carries identity, the slugs only help humans; the tag stays a file name

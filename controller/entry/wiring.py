@@ -39,7 +39,7 @@ from controller.core.ports import ObservationError, Scheduler, StoreUnavailable,
 from controller.core.reconcile import ClusterPorts, RunTarget
 from controller.core.store import Store
 from controller.core.tracking import Analysis
-from controller.core.types import ClusterRef, EvalRunRef, RunDirFacts, walltime_seconds
+from controller.core.types import ClusterRef, EvalRunRef, RunDirFacts
 from controller.core.vocabulary import Launch
 from controller.entry.secrets import EnvironmentSecrets, SecretSource
 from controller.entry.selection import Intake
@@ -85,7 +85,6 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog) -> Poli
                              min_completed_fraction=spec.upload.min_completed_fraction,
                              trust_threshold=spec.report.trust_threshold),
         overlong="walltime" if spec.upload.overlong_hours is None else timedelta(hours=spec.upload.overlong_hours),
-        walltime=timedelta(seconds=walltime_seconds(cspec.time_limit)),
         hold_overlong=spec.upload.overlong == "hold",
         force_upload=spec.upload.force_upload,
         max_submissions_per_pass=cspec.max_submissions_per_pass,

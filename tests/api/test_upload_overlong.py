@@ -11,7 +11,7 @@ import pytest
 from controller.api.catalog import load_catalog
 from controller.api.loader import load_specs
 from controller.core.types import ClusterRef
-from controller.entry.wiring import policy_for
+from controller.entry.wiring import policy_for, targets_for
 
 
 @pytest.mark.parametrize(("upload", "overlong", "hold"), [
@@ -38,4 +38,5 @@ spec: {{cluster: local, models: [org/m1-8B], datasets: [DCAgent/tiny], upload: {
     policy = policy_for(specs.evalruns[0], specs.clusters[ClusterRef(name="local")], load_catalog())
 
     assert (policy.overlong, policy.hold_overlong) == (overlong, hold)
-    assert policy.walltime == timedelta(hours=24), "the cluster's timeLimit, default 24:00:00"
+    [target] = targets_for(specs, load_catalog())
+    assert [c.time_limit for c in target.cells] == ["24:00:00"], "the cluster's timeLimit, default 24:00:00, on the cell"

@@ -243,7 +243,7 @@ def test_overlong_without_started_at_is_decided_by_the_jobs_accounting():
     run = facts(TAG, total=10, completed=10).model_copy(update={"started_at": None, "finished_at": None,
                                                                 "last_progress_at": None})
     over = job(TAG, JobState.COMPLETED, started=ago(hours=30), ended=ago(hours=2))
-    policy = POLICY.model_copy(update={"walltime": timedelta(hours=24)})
+    policy = POLICY  # the cell's walltime, 24 h (tests/core/builders.cell), is the default overlong limit
 
     decided = plan_cell(C, obs(subs=(sub(C),), rows=(row("Started", job_name=TAG),), jobs=(over,), dirs=(run,)),
                         policy, NOW)

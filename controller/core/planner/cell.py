@@ -1,0 +1,92 @@
+"""plan_cell(): one cell's decision. `OBSERVATION_RULES` first (what was not seen decides nothing), then its view is
+built once and either the in-flight rules (a job is queued or running) or the settled rules decide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from controller.core.health import count_instant_failures
+from controller.core.planner.policy import Policy
+from controller.core.planner.rules_in_flight import in_flight
+from controller.core.planner.rules_settled import settled
+from controller.core.planner.view import adoptions, cell_view, in_order, spent
+from controller.core.planner.words import failed_job, failure, last_job_note
+from controller.core.types import Cell, Observation, Quarantined
+from controller.core.vocabulary import CellPlan, Hold, Phase, Rule
+
+
+@dataclass(slots=True)
+class Seen:
+    cell: Cell
+    obs: Observation
+    policy: Policy
+
+
+def job_failed_dir_unseen(s: Seen) -> CellPlan | None:
+    """RULES §13: its newest job FAILED / ran out of memory and the run dir cannot be seen → hold for a human.
+    A hold changes nothing: a job that failed needs a human whether or not its run dir can be seen."""
+    obs = s.obs
+    failed = failed_job(obs.jobs) if obs.run_dirs is None else None
+    if failed is None or obs.rows is None or obs.submissions is None:
+        return None
+    reason = f"job {failed.job_id} {failure(failed, s.policy)} (run dir not observed: {obs.unknown_reason})"
+    return CellPlan(cell=s.cell, phase=Phase.FAILED, actions=(Hold(reason=reason),), reason=reason,
+                    rule=Rule.JOB_FAILED_DIR_UNSEEN, memory=obs.memory, gpu_hours=spent(s.cell, obs))
+
+
+def not_observed(s: Seen) -> CellPlan | None:
+    """RULES §12: a source could not be read → Unknown, no action. Only the run dirs unseen: a job found by its name
+    is still recorded (bookkeeping of what was read)."""
+    obs = s.obs
+    if obs.rows is not None and obs.submissions is not None and obs.jobs is not None and obs.run_dirs is not None:
+        return None
+    found = () if obs.rows is None or obs.submissions is None or obs.jobs is None else adoptions(
+        in_order(obs.submissions), obs.jobs)
+    return CellPlan(
+        cell=s.cell, phase=Phase.UNKNOWN, actions=(),
+        reason=f"not observed: {obs.unknown_reason or 'a source could not be read'}{last_job_note(obs.jobs)}",
+        rule=Rule.OBSERVATION_FAILED, row_updates=found, memory=obs.memory,
+        gpu_hours=spent(s.cell, obs))  # the budget still counts what its jobs spent
+
+
+def dir_unreadable(s: Seen) -> CellPlan | None:
+    """A run dir of the cell cannot be read and no job of it is live → Unknown, no action (with a live job, the
+    walltime and queue rules need no trial data)."""
+    obs = s.obs
+    assert obs.jobs is not None and obs.run_dirs is not None
+    dirs = obs.run_dirs
+    if s.policy.force_eval:  # only the dirs of its own submissions are the cell's
+        own_tags = {sub.run_tag for sub in obs.submissions or ()}
+        dirs = tuple(d for d in dirs if d.run_tag in own_tags)
+    broken = next((d for d in {d.run_tag: d for d in dirs}.values() if d.unreadable), None) if dirs else None
+    if broken is None or any(job.state.active for job in obs.jobs):
+        return None
+    return CellPlan(cell=s.cell, phase=Phase.UNKNOWN, actions=(),
+                    reason=f"not observed: run dir {broken.run_tag} cannot be read: {broken.unreadable}",
+                    rule=Rule.RUN_DIR_UNREADABLE, run_dir=broken, memory=obs.memory, gpu_hours=spent(s.cell, obs))
+
+
+OBSERVATION_RULES: tuple[Callable[[Seen], CellPlan | None], ...] = (
+    job_failed_dir_unseen,  # a failed job, its run dir unseen   → hold for a human
+    not_observed,           # a source could not be read         → Unknown
+    dir_unreadable,         # a run dir unreadable, no live job  → Unknown
+)
+
+
+def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime, *,
+              leased: Mapping[str, str] | None = None, quarantined: Sequence[Quarantined] = ()) -> CellPlan:
+    """`leased`: submission name → the pinggy pair leased to its job."""
+    if obs.run_dirs and cell.calls_model:  # instant failures are infra whatever Harbor called them
+        obs = obs.model_copy(update={"run_dirs": tuple(count_instant_failures(d, policy.health.instant_fail)
+                                                         for d in obs.run_dirs)})
+    seen = Seen(cell=cell, obs=obs, policy=policy)
+    for rule in OBSERVATION_RULES:
+        decided = rule(seen)
+        if decided is not None:
+            return decided
+    view = cell_view(cell, obs, policy, now, leased, quarantined)
+    live = [job for job in view.jobs if job.state.active]
+    return in_flight(view, live) if live else settled(view)

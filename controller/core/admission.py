@@ -50,14 +50,13 @@ Remedy = Literal["resume", "refire", "hold"]
 
 
 class GatePolicy(Frozen):
-    """The EvalRun's upload and report settings the gate reads."""
+    """The EvalRun's upload and report settings the gate reads (the spec's defaults are the only ones)."""
 
-    max_infra_fraction: float = Field(0.1, description="upload.maxInfraErrorFraction")
-    partial_upload: bool = Field(False, description="upload.partial upload: what resumes cannot complete is uploaded "
-                                                    "with partial true instead of held")
-    min_completed_fraction: float = Field(0.5, description="upload.minCompletedFraction: the least a partial upload "
-                                                           "covers")
-    trust_threshold: int = Field(150, description="report.trustThreshold: fewer scored trials → provisional")
+    max_infra_fraction: float = Field(description="upload.maxInfraErrorFraction")
+    partial_upload: bool = Field(description="upload.partial upload: what resumes cannot complete is uploaded with "
+                                             "partial true instead of held")
+    min_completed_fraction: float = Field(description="upload.minCompletedFraction: the least a partial upload covers")
+    trust_threshold: int = Field(description="report.trustThreshold: fewer scored trials → provisional")
 
 
 class Evidence(Frozen):

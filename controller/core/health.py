@@ -45,18 +45,19 @@ MIN_REQUESTS_FOR_SHARE = 50  # fewer requests than this say nothing about their 
 
 
 class HealthLimits(Frozen):
-    """The EvalRun's `spec.health`, in the units the rules use, and the failure catalog of its cluster."""
+    """The EvalRun's `spec.health`, in the units the rules use, and the failure catalog of its cluster (no
+    defaults here: the spec's are the only ones)."""
 
-    instant_fail: timedelta = timedelta(seconds=10)
-    dead_launch_trials: int = 10
-    launch_grace: timedelta = timedelta(minutes=30)
-    no_traffic: timedelta = timedelta(minutes=15)
-    bad_request_fraction: float = 0.15
-    max_refires: int = 2
-    refire_backoff: timedelta = timedelta(minutes=5)
-    bad_node: timedelta = timedelta(hours=24)
-    max_quarantined_nodes: int = 8
-    failure_modes: tuple[FailureMode, ...] = Field((), description="the catalog, then the cluster's own entries")
+    instant_fail: timedelta
+    dead_launch_trials: int
+    launch_grace: timedelta
+    no_traffic: timedelta
+    bad_request_fraction: float
+    max_refires: int
+    refire_backoff: timedelta
+    bad_node: timedelta
+    max_quarantined_nodes: int
+    failure_modes: tuple[FailureMode, ...] = Field(description="the catalog, then the cluster's own entries")
 
 
 def count_instant_failures(facts: RunDirFacts, instant_fail: timedelta) -> RunDirFacts:

@@ -204,7 +204,7 @@ def reconcile_pass(
             ports = clusters[target.cluster]
             if target.cluster not in views:  # the caps are cluster fields: the same for every run on it
                 not_launching = None
-                if act and not target.policy.suspend:
+                if act and target.policy.may_launch:
                     launch_lease = launch_lease_name(target.cluster)
                     not_launching = _launch_lease(store, launch_lease, launcher, holder_is_dead, lease_ttl)
                     if not_launching is None:
@@ -354,7 +354,7 @@ def _acting(target: RunTarget, store: Store, observed: Observed, act: bool, hold
     watching = observed.other_owners(target.evalrun)
     if not act:
         return Acting(granted=False, owners=watching, note="plan")
-    if target.policy.suspend:
+    if not target.policy.may_launch:
         return Acting(granted=False, owners=watching, note="suspended")
     if target.unknown:  # its cells are not all known: claiming the ones it knows would give up the others
         return Acting(granted=False, owners=watching, note=f"planned only: {target.unknown}", blocked=True)

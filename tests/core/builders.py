@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from controller.core.admission import Admission, Admitted, GatePolicy, admit
+from controller.core.admission import Admission, Admitted, admit
 from controller.core.metrics import RunMetrics, run_metrics
 from controller.core.planner import Policy
 from controller.core.trial_errors import ErrorClasses
@@ -23,7 +23,30 @@ from controller.core.types import (
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 RUN = EvalRunRef(name="run1")
 ME = "alice"
-POLICY = Policy(username=ME)
+
+
+def spec_policy(**changes: object) -> Policy:
+    """The Policy of an EvalRun and an EvalCluster that set nothing — the spec's defaults, the only ones there are —
+    as `ME`, with no failure catalog (the tests that need one add it) and `changes` on top."""
+    from pathlib import Path
+
+    from controller.api.catalog import load_catalog
+    from controller.api.loader import load_objects
+    from controller.entry.wiring import policy_for
+
+    meta = {"apiVersion": "evalrun.io/v1alpha1", "metadata": {"name": "c1"}}
+    cluster = {**meta, "kind": "EvalCluster", "spec": {"scheduler": {"type": "local"}, "username": ME,
+                                                       "jobsDir": "/jobs", "logsDir": "/logs", "jobScript": "/run"}}
+    run = {**meta, "kind": "EvalRun", "metadata": {"name": RUN.name},
+           "spec": {"cluster": "c1", "models": ["org/m-8B"], "datasets": ["Org/d"]}}
+    specs = load_objects([cluster, run], Path("/"))
+    [loaded] = specs.evalruns
+    policy = policy_for(loaded, specs.cluster_of(loaded), load_catalog())
+    plain = {"cluster": "", "health": policy.health.model_copy(update={"failure_modes": ()})}
+    return policy.model_copy(update={**plain, **changes})
+
+
+POLICY = spec_policy()
 
 
 def ago(**delta: float) -> datetime:
@@ -98,7 +121,7 @@ def cell_of(run: RunDirFacts, **changes: object) -> Cell:
 
 def gate(run: RunDirFacts, c: Cell | None = None, *, requests: int | None = 1, **policy: object) -> Admission:
     """The admission gate's verdict on a run dir read whole (no fires left to resume it)."""
-    return admit(c or cell_of(run), run, GatePolicy(**policy), requests=requests)  # type: ignore[arg-type]
+    return admit(c or cell_of(run), run, POLICY.admission.model_copy(update=policy), requests=requests)
 
 
 def admitted(run: RunDirFacts, c: Cell | None = None, **policy: object) -> Admitted:

@@ -8,10 +8,10 @@ from controller.core.admission import GATE_VERSION, GatePolicy, Refusal
 from controller.core.audit import AuditReport, audit_cells, merge
 from controller.core.ports import AuditVerdict, RowAuditMark
 from controller.core.types import ErrorKind, Metric, QuietFailure
-from tests.core.builders import SCORED, cell, facts, obs, row
+from tests.core.builders import POLICY, SCORED, cell, facts, obs, row
 
 C = cell(tasks=None)
-GATE = GatePolicy(trust_threshold=10)
+GATE = POLICY.admission.model_copy(update={"trust_threshold": 10})
 INSTANT = timedelta(seconds=10)
 METRICS = (Metric(name="accuracy", value=0.7),)
 

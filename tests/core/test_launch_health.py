@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 
 from controller.api.catalog import load_catalog
-from controller.core.health import HealthLimits, count_instant_failures
-from controller.core.planner import Policy, plan, plan_cell
+from controller.core.health import count_instant_failures
+from controller.core.planner import plan, plan_cell
 from controller.core.types import (
     CellMemory,
     ErrorKind,
@@ -25,11 +25,11 @@ from controller.core.types import (
     TunnelLease,
 )
 from controller.core.vocabulary import Cancel, HealthState, Hold, Phase, Quarantine, Rule, Submit, Upload, Wait
-from tests.core.builders import ME, NOW, RUN, ago, cell, facts, job, obs, row, sub
+from tests.core.builders import NOW, RUN, ago, cell, facts, job, obs, row, spec_policy, sub
 
 CATALOG = load_catalog()
-HEALTH = HealthLimits(failure_modes=CATALOG.failures.modes_for([]))
-POLICY = Policy(username=ME, health=HEALTH, cluster="hpc")
+HEALTH = spec_policy().health.model_copy(update={"failure_modes": CATALOG.failures.modes_for([])})
+POLICY = spec_policy(health=HEALTH, cluster="hpc")
 C = cell()
 TAG = C.run_tag(1)
 LITELLM = "litellm.APIConnectionError"

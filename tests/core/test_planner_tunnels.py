@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from controller.core.planner import Policy, plan
+from controller.core.planner import plan
 from controller.core.types import JobState, TunnelLease, submission_name
 from controller.core.vocabulary import Action, ActionKind, CellPlan
-from tests.core.builders import ME, NOW, RUN, SCORED, ago, cell, job, obs, row, sub
+from tests.core.builders import NOW, RUN, SCORED, ago, cell, job, obs, row, spec_policy, sub
 
-POOL = Policy(username=ME, tunnel_pairs=("pair-a", "pair-b"))
+POOL = spec_policy(tunnel_pairs=("pair-a", "pair-b"))
 AGENTS = [cell(model=f"org/m{i}", agent="openhands", needs_pinggy=True) for i in range(3)]
 
 
@@ -97,7 +97,7 @@ def test_cells_without_an_installed_agent_never_take_a_pair():
 
 
 def test_an_installed_agent_cell_with_an_empty_pool_is_held_with_the_fix():
-    [decided] = plan(RUN, AGENTS[:1], [obs()], Policy(username=ME), NOW).cells
+    [decided] = plan(RUN, AGENTS[:1], [obs()], spec_policy(), NOW).cells
     assert [a.kind for a in decided.actions] == [ActionKind.HOLD]
     assert "spec.pinggy.pairs" in decided.actions[0].reason
 

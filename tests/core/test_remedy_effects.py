@@ -9,9 +9,9 @@ from datetime import timedelta
 import pytest
 
 from controller.api.catalog import load_catalog
-from controller.core.health import HealthLimits, blamed_node
+from controller.core.health import blamed_node
 from controller.core.hostlist import HostlistError, expand
-from controller.core.planner import Policy, plan, plan_cell
+from controller.core.planner import plan, plan_cell
 from controller.core.types import (
     CellMemory,
     EvalRunRef,
@@ -26,10 +26,10 @@ from controller.core.types import (
     StallReading,
 )
 from controller.core.vocabulary import Cancel, CellPlan, Hold, Quarantine, Rule, Submit, Wait
-from tests.core.builders import ME, NOW, RUN, ago, cell, facts, job, obs, row, sub
+from tests.core.builders import NOW, RUN, ago, cell, facts, job, obs, row, spec_policy, sub
 
 MODES = load_catalog().failures.modes_for([])
-POLICY = Policy(username=ME, health=HealthLimits(failure_modes=MODES), cluster="hpc")
+POLICY = spec_policy(health=spec_policy().health.model_copy(update={"failure_modes": MODES}), cluster="hpc")
 C = cell()
 TAG = C.run_tag(1)
 RATE_LIMITED = "huggingface_hub.errors.HfHubHTTPError: 429 Client Error: Too Many Requests for url: https://huggingface.co/api/models/x"

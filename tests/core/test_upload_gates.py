@@ -8,7 +8,6 @@ from datetime import timedelta
 
 import pytest
 
-from controller.core.admission import GatePolicy
 from controller.core.planner import Policy, plan_cell
 from controller.core.types import CellMemory, JobState
 from controller.core.vocabulary import CellPlan, Phase, Upload
@@ -24,8 +23,9 @@ def finished_run(**changes: object):
                jobs=(job(TAG, JobState.COMPLETED, started=ago(hours=5), ended=ago(hours=2)),), dirs=(dir_,))
 
 
-GATES = POLICY.model_copy(update={"admission": GatePolicy(max_infra_fraction=0.2), "overlong": timedelta(hours=24),
-                                  "hold_overlong": True, "infra_error_threshold": 50, "max_total_fires": 1})
+GATES = POLICY.model_copy(update={"admission": POLICY.admission.model_copy(update={"max_infra_fraction": 0.2}),
+                                  "overlong": timedelta(hours=24), "hold_overlong": True, "infra_error_threshold": 50,
+                                  "max_total_fires": 1})
 INFRA_30 = {"n_infra_errors": 30, "n_scored": 70, "n_graded": 70, "reward_sum": 35.0,
             "tasks": {f"t{i}": (1, 0, 0.0) if i < 30 else (1, 1, 0.5) for i in range(100)}}
 
@@ -50,8 +50,8 @@ def test_a_run_over_the_infra_share_is_resumed_then_held_with_its_numbers() -> N
 
 def test_force_upload_releases_a_held_run_flagged_partial() -> None:
     """`upload.forceUpload` (like `upload.partial: upload`) lets the gate publish it, flagged partial."""
-    forced = GATES.model_copy(update={"force_upload": True, "admission": GatePolicy(max_infra_fraction=0.2,
-                                                                                     partial_upload=True)})
+    gate = POLICY.admission.model_copy(update={"max_infra_fraction": 0.2, "partial_upload": True})
+    forced = GATES.model_copy(update={"force_upload": True, "admission": gate})
 
     decided = plan_cell(C, finished_run(**INFRA_30), forced, NOW)
 
@@ -99,7 +99,7 @@ def test_a_run_within_overlong_hours_is_uploaded_unflagged(policy: Policy, start
 def test_by_default_a_run_is_overlong_when_it_outlasted_one_job_of_its_cell() -> None:
     """The cell's walltime (the cluster's timeLimit, or a preset's, as resolve decided it): a run the wall cut
     short, as the lab's `upload_overlong_jobs.py` flagged the runs its 24 h wall had killed."""
-    assert Policy(username="bob").overlong == "walltime" and not Policy(username="bob").hold_overlong
+    assert POLICY.overlong == "walltime" and not POLICY.hold_overlong
     ten_hours = C.model_copy(update={"time_limit": "10:00:00"})
     run = finished_run(started_at=ago(hours=13))  # ran 11 h
     assert _uploads(plan_cell(ten_hours, run, POLICY, NOW)) == [True]

@@ -83,7 +83,7 @@ def _plan(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Obs
     if owners:
         decided = [owned_elsewhere(c, owners[c.cell.key]) if isinstance(c, CellPlan) and c.cell.key in owners
                    else c for c in decided]
-    released = () if policy.suspend else ended_leases(evalrun, tunnel_leases, observations, live_job_names)
+    released = ended_leases(evalrun, tunnel_leases, observations, live_job_names) if policy.may_launch else ()
     ours = tuple(q for q in quarantined if q.scope in (str(evalrun), policy.cluster))
     decided = within_node_cap(decided, ours, policy, usable_nodes)
     starting = deciding(evalrun, decided, policy, now)

@@ -129,7 +129,7 @@ def allocate(pool: Pool, decision: CellPlan | Cell) -> CellPlan:
     launch = launch_of(cell_plan)
     if launch is not None:
         cell_plan = admit_launch(pool, cell_plan, launch)
-    return suspended(cell_plan) if pool.policy.suspend else cell_plan
+    return cell_plan if pool.policy.may_launch else suspended(cell_plan)
 
 
 def untouched_plan(pool: Pool, cell: Cell) -> CellPlan:

@@ -28,7 +28,7 @@ from controller.api.catalog import load_catalog  # noqa: E402
 from controller.core.health import diagnose  # noqa: E402
 from controller.core.patterns import search as re2_search  # noqa: E402
 from controller.core.ports import OUTPUT_READ_CAP  # noqa: E402
-from controller.core.types import FailureStage  # noqa: E402
+from controller.core.remedies import FailureStage  # noqa: E402
 
 OLD_NCCL = "NCCL.*(?i:timeout|timed out)"
 CATASTROPHIC = "(x+x+)+y"  # a tenant's: exponential in the run of x for a backtracking engine

@@ -28,8 +28,8 @@ from controller.adapters.scheduler.commands import LocalCommands  # noqa: E402
 from controller.adapters.scheduler.local import LocalJob, LocalScheduler  # noqa: E402
 from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler  # noqa: E402
 from controller.adapters.secrets import SecretMask  # noqa: E402
+from controller.core.observed import JobOutput  # noqa: E402
 from controller.core.ports import OUTPUT_READ_CAP, OutputCursor  # noqa: E402
-from controller.core.types import JobOutput  # noqa: E402
 
 SECRETS = ["tok-bench-0a1b2c3d4e", "hf_benchbenchbench0123", "sk-bench-9f8e7d6c"]
 LINE = b'INFO:     127.0.0.1:53312 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n'

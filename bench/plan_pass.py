@@ -31,8 +31,8 @@ def build(root: Path, models: int, datasets: int, trials: int) -> None:
     from controller.api.catalog import load_catalog
     from controller.api.loader import load_specs
     from controller.core.actor import row_config, row_id_for
+    from controller.core.observed import Metric, RowStatus, Submission
     from controller.core.ports import NewRow, ResultUpload
-    from controller.core.types import Metric, RowStatus, Submission
     from controller.entry.wiring import targets_for
     from tests.fixtures.harbor_dirs import write_synthetic_run_dir
 

@@ -16,8 +16,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from controller.core.observed import JobState, Observation  # noqa: E402
 from controller.core.planner import plan  # noqa: E402
-from controller.core.types import JobState, Observation  # noqa: E402
 from tests.core.builders import NOW, POLICY, RUN, SCORED, ago, cell, job, obs, row, sub  # noqa: E402
 
 

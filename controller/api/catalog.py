@@ -22,8 +22,9 @@ from controller.api.evalcluster import FAILURE_MODES_MAX, FailureModeSpec
 from controller.api.fields import PathText, PositiveInt, Short, Walltime, entry_error
 from controller.api.yamldoc import Document, Loc, read_documents
 from controller.core.gpu_hours import SizeBands, size_in_billions
+from controller.core.remedies import FailureMode
 from controller.core.trial_errors import ErrorClasses
-from controller.core.types import FailureMode, Serving
+from controller.core.types import Serving
 
 SHIPPED_DIR = Path(__file__).parent / "catalog"
 CATALOG_DIR_ENV = "EVALCTL_CATALOG_DIR"

@@ -34,7 +34,8 @@ from controller.api.fields import (
 )
 from controller.core import patterns
 from controller.core.job_env import is_reserved
-from controller.core.types import FailureMode, FailureStage, RemedyKind, walltime_seconds
+from controller.core.remedies import FailureMode, FailureStage, RemedyKind
+from controller.core.types import walltime_seconds
 
 
 class SchedulerSpec(SpecModel):

@@ -30,7 +30,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from controller.core.types import AdmissionRecord, Cell, Frozen, RunDirFacts
+from controller.core.observed import RunDirFacts
+from controller.core.remedies import AdmissionRecord
+from controller.core.types import Cell, Frozen
 
 GATE_VERSION = 1  # bump when a rule changes what is admitted: a row's evidence says which gate passed it
 HARBOR_PROVIDERS = ("hosted_vllm/", "openai/", "vllm/")

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import NamedTuple
 
-from controller.core.types import ObservedRow, RowStatus
+from controller.core.observed import ObservedRow, RowStatus
 from controller.core.vocabulary import Rule
 
 

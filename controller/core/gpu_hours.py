@@ -18,7 +18,8 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from controller.core.types import Cell, Frozen, ObservedJob, RunDirFacts, Submission
+from controller.core.observed import ObservedJob, RunDirFacts, Submission
+from controller.core.types import Cell, Frozen
 
 SECONDS_PER_HOUR = 3600.0
 

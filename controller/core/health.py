@@ -24,16 +24,10 @@ from pydantic import Field
 
 from controller.core import patterns
 from controller.core.hostlist import HostlistError, expand
+from controller.core.observed import ErrorKind, JobOutput, RunDirFacts
+from controller.core.remedies import FailureMode, FailureStage, OutputReading
 from controller.core.trial_errors import INSTANT_FAILURE, NO_MODEL_OUTPUT
-from controller.core.types import (
-    ErrorKind,
-    FailureMode,
-    FailureStage,
-    Frozen,
-    JobOutput,
-    OutputReading,
-    RunDirFacts,
-)
+from controller.core.types import Frozen
 from controller.core.vocabulary import HealthState
 
 # vLLM's uvicorn access lines: `INFO:     127.0.0.1:53312 - "POST /v1/chat/completions HTTP/1.1" 200 OK`

@@ -17,7 +17,8 @@ from functools import cached_property
 
 from pydantic import Field
 
-from controller.core.types import Frozen, Observation
+from controller.core.observed import Observation
+from controller.core.types import Frozen
 
 
 class RegisteredModel(Frozen):

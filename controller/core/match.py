@@ -14,18 +14,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from controller.core.observed import JobState, Observation, ObservedJob, RunDirFacts, Submission
 from controller.core.ports import NamedRow, SandboxJobRow, StoreSnapshot
-from controller.core.types import (
-    RUN_TAG_PREFIX,
-    Cell,
-    CellMemory,
-    JobState,
-    Observation,
-    ObservedJob,
-    RunDirFacts,
-    Submission,
-    run_tag_of,
-)
+from controller.core.remedies import CellMemory
+from controller.core.types import RUN_TAG_PREFIX, Cell, run_tag_of
 
 OVERRIDE_KEYS = ("override_cpus", "override_memory_mb", "override_storage_mb")
 

@@ -12,9 +12,10 @@ from datetime import datetime
 from typing import Any
 
 from controller.core.admission import Admitted
+from controller.core.observed import Metric, RunDirFacts
 from controller.core.ports import ResultUpload
 from controller.core.trial_errors import ErrorClasses
-from controller.core.types import Frozen, Metric, RunDirFacts
+from controller.core.types import Frozen
 
 
 class UploadStats(Frozen):

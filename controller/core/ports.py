@@ -18,22 +18,19 @@ from pydantic import Field
 from controller.core.gpu_hours import AttemptCost
 from controller.core.intake import RegisteredModel, Selection
 from controller.core.notify import Fact, Notification, NotifyEvent
-from controller.core.types import (
-    CellMemory,
+from controller.core.observed import (
     CellOwner,
-    EvalRunRef,
-    Frozen,
     JobOutput,
     Metric,
     ObservedJob,
     ObservedRow,
-    Quarantined,
-    QuarantineKind,
     RowStatus,
     RunDirFacts,
     Submission,
     TunnelLease,
 )
+from controller.core.remedies import CellMemory, Quarantined, QuarantineKind
+from controller.core.types import EvalRunRef, Frozen
 
 
 class ObservationError(RuntimeError):

@@ -15,7 +15,8 @@ from datetime import datetime
 
 from pydantic import Field
 
-from controller.core.types import Frozen, RunDirFacts
+from controller.core.observed import RunDirFacts
+from controller.core.types import Frozen
 
 
 class Progress(Frozen):

@@ -24,6 +24,7 @@ from controller.core.gpu_hours import estimates
 from controller.core.intake import Selection
 from controller.core.match import join_cells
 from controller.core.notify import DeliveryState, NotifyEvent, facts, undelivered_note
+from controller.core.observed import JobState, Observation, ObservedJob
 from controller.core.planner import OVER_BUDGET, Policy, launch_of, plan, plan_deletion
 from controller.core.ports import (
     JobsDirMissing,
@@ -37,17 +38,7 @@ from controller.core.ports import (
 )
 from controller.core.status import RunStatus, summarize
 from controller.core.store import CELL_OWNER_TTL, Store
-from controller.core.types import (
-    RUN_TAG_PREFIX,
-    Cell,
-    ClusterRef,
-    EvalRunRef,
-    Frozen,
-    JobState,
-    Observation,
-    ObservedJob,
-    stem_of,
-)
+from controller.core.types import RUN_TAG_PREFIX, Cell, ClusterRef, EvalRunRef, Frozen, stem_of
 from controller.core.vocabulary import Outcome, PassNotes, Plan
 
 log = logging.getLogger("evalctl.reconcile")

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import NamedTuple
 
-from controller.core.types import RunDirFacts
+from controller.core.observed import RunDirFacts
 from controller.core.vocabulary import Rule
 
 

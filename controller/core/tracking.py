@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 
 from controller.core.metrics import RunMetrics
+from controller.core.observed import RunDirFacts
 from controller.core.ports import TrackedRun, TrackerRecord
 from controller.core.trial_errors import ErrorClasses
-from controller.core.types import Cell, Frozen, RunDirFacts
+from controller.core.types import Cell, Frozen
 
 REPORT_ARTIFACT = "post_eval_report.txt"
 

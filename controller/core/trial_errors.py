@@ -16,7 +16,8 @@ from collections.abc import Mapping
 
 from pydantic import Field, field_validator
 
-from controller.core.types import ErrorKind, Frozen
+from controller.core.observed import ErrorKind
+from controller.core.types import Frozen
 
 __all__ = ["INSTANT_FAILURE", "NO_MODEL_OUTPUT", "UNGRADED", "ErrorClasses", "ErrorKind"]
 

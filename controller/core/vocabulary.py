@@ -17,19 +17,10 @@ from pydantic import Field
 from controller.core.admission import Admitted, Refused
 from controller.core.gpu_hours import GpuBudget, GpuEstimate
 from controller.core.intake import Selection
+from controller.core.observed import RowStatus, RunDirFacts, TunnelLease
 from controller.core.progress import Progress
-from controller.core.types import (
-    Cell,
-    CellMemory,
-    EvalRunRef,
-    Frozen,
-    Quarantined,
-    QuarantineKind,
-    RowStatus,
-    RunDirFacts,
-    TunnelLease,
-    submission_name,
-)
+from controller.core.remedies import CellMemory, Quarantined, QuarantineKind
+from controller.core.types import Cell, EvalRunRef, Frozen, submission_name
 
 
 class Phase(StrEnum):

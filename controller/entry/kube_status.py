@@ -12,8 +12,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
+from controller.core.remedies import Quarantined
 from controller.core.status import ATTENTION_LIMIT, Condition, RunStatus
-from controller.core.types import Frozen, Quarantined
+from controller.core.types import Frozen
 from controller.core.vocabulary import Outcome, Step
 
 EVENT_SAMPLES = 5  # cells named in one aggregated Event; the rest are counted

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.core.ports import ControllerState
-from controller.core.types import Quarantined, QuarantineKind
+from controller.core.remedies import Quarantined, QuarantineKind
 from controller.entry.humanize import NOTHING, moment
 
 NAMED_IN_ERRORS = 10  # quarantined nodes an error names; the rest are counted

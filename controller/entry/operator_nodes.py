@@ -18,8 +18,9 @@ from kubernetes.client.exceptions import ApiException
 from controller.adapters.kube import KubeApi
 from controller.core.hostlist import HostlistError, expand
 from controller.core.ports import ObservationError
+from controller.core.remedies import Quarantined
 from controller.core.store import Store
-from controller.core.types import ClusterRef, Quarantined
+from controller.core.types import ClusterRef
 from controller.entry.kube_status import EventNote, clip, quarantined_nodes_patch
 from controller.entry.nodes import node_quarantines
 

@@ -14,9 +14,10 @@ from controller.adapters.secrets import mask_text
 from controller.api.catalog import Catalog
 from controller.api.loader import LoadedRun, SpecSet
 from controller.core.match import join_cells
+from controller.core.observed import Observation
 from controller.core.ports import ObservationError
 from controller.core.store import Store
-from controller.core.types import Cell, EvalRunRef, Observation
+from controller.core.types import Cell, EvalRunRef
 from controller.entry.passes import run_pass
 from controller.report.html import render_html
 from controller.report.model import Report, as_of, run_report

@@ -34,12 +34,13 @@ from controller.core.health import HealthLimits
 from controller.core.job_env import JobSecrets, JobSettings
 from controller.core.metrics import RunMetrics
 from controller.core.notify import NotifyEvent
+from controller.core.observed import RunDirFacts
 from controller.core.planner import Policy
 from controller.core.ports import ObservationError, Scheduler, StoreUnavailable, TrackedRun, Tracker, TrackerRecord
 from controller.core.reconcile import ClusterPorts, RunTarget
 from controller.core.store import Store
 from controller.core.tracking import Analysis
-from controller.core.types import ClusterRef, EvalRunRef, RunDirFacts
+from controller.core.types import ClusterRef, EvalRunRef
 from controller.core.vocabulary import Launch
 from controller.entry.secrets import EnvironmentSecrets, SecretSource
 from controller.entry.selection import Intake

@@ -15,8 +15,10 @@ from datetime import datetime
 
 from pydantic import Field
 
+from controller.core.observed import Observation, ObservedRow, RunDirFacts
+from controller.core.remedies import Remedy
 from controller.core.trial_errors import ErrorClasses
-from controller.core.types import Frozen, Observation, ObservedRow, Remedy, RunDirFacts
+from controller.core.types import Frozen
 from controller.core.vocabulary import CellPlan, Phase, Plan
 
 CHECKPOINT = re.compile(r"[-_.](?:step|ckpt|checkpoint|epoch|iter|global[-_]?step)[-_]?\d+$", re.IGNORECASE)

@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controller.core.match import join_cells
+from controller.core.observed import JobState
 from controller.core.planner import plan
 from controller.core.ports import StoreSnapshot
-from controller.core.types import JobState
 from controller.core.vocabulary import ActionKind, Phase
 from tests.core.builders import NOW, POLICY, RUN, cell, job, obs
 

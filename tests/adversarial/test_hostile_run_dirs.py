@@ -29,6 +29,7 @@ from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.localfs import TOP_FILE_CAP, TRIAL_RESULT_CAP
 from controller.adapters.rundirs.post_eval import REPORT_NAME, StepStats, step_stats, write_post_eval_report
 from controller.core.match import join_cells, run_dir_matches
+from controller.core.observed import JobState, RunDirFacts
 from controller.core.planner import plan
 from controller.core.ports import (
     JobsDirMissing,
@@ -37,7 +38,6 @@ from controller.core.ports import (
     SandboxJobRow,
     StoreSnapshot,
 )
-from controller.core.types import JobState, RunDirFacts
 from controller.core.vocabulary import CellPlan, Phase
 from tests.core.builders import ME, NOW, POLICY, ago, cell, job, metrics_of, obs, row, sub
 from tests.e2e.conftest import Cluster

@@ -20,7 +20,7 @@ import pytest
 
 from controller.api.catalog import load_catalog
 from controller.core.health import diagnose
-from controller.core.types import FailureMode, FailureStage
+from controller.core.remedies import FailureMode, FailureStage
 
 REPO = Path(__file__).resolve().parents[2]
 BENIGN = sorted((REPO / "tests" / "fixtures" / "benign_logs").glob("*.txt"))

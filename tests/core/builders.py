@@ -6,19 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 from controller.core.admission import Admission, Admitted, admit
 from controller.core.metrics import RunMetrics, run_metrics
+from controller.core.observed import JobState, Metric, Observation, ObservedJob, ObservedRow, RunDirFacts, Submission
 from controller.core.planner import Policy
 from controller.core.trial_errors import ErrorClasses
-from controller.core.types import (
-    Cell,
-    EvalRunRef,
-    JobState,
-    Metric,
-    Observation,
-    ObservedJob,
-    ObservedRow,
-    RunDirFacts,
-    Submission,
-)
+from controller.core.types import Cell, EvalRunRef
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 RUN = EvalRunRef(name="run1")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from controller.core.observed import JobState
 from controller.core.planner import plan_deletion
-from controller.core.types import EvalRunRef, JobState
+from controller.core.types import EvalRunRef
 from controller.core.vocabulary import Cancel, Phase, Rule
 from tests.core.builders import RUN, ago, cell, job, obs, sub
 

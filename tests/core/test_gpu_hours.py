@@ -9,8 +9,8 @@ from controller.core.gpu_hours import (
     SizeBands,
     estimates,
 )
+from controller.core.observed import JobState
 from controller.core.planner import plan
-from controller.core.types import JobState
 from controller.core.vocabulary import Hold, Submit, Upload
 from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, job, obs, sub
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from controller.core.intake import Candidate, SelectorRule, admitted, selections, unevaluated_models
-from controller.core.types import Observation
+from controller.core.observed import Observation
 from tests.core.builders import NOW, SCORED, ago, row
 
 

@@ -9,21 +9,9 @@ import pytest
 
 from controller.api.catalog import load_catalog
 from controller.core.health import count_instant_failures
+from controller.core.observed import ErrorKind, JobOutput, JobState, QuietFailure, RunDirFacts, TunnelLease
 from controller.core.planner import plan, plan_cell
-from controller.core.types import (
-    CellMemory,
-    ErrorKind,
-    JobOutput,
-    JobState,
-    Quarantined,
-    QuarantineKind,
-    QuietFailure,
-    Remedy,
-    RemedyCause,
-    RemedyKind,
-    RunDirFacts,
-    TunnelLease,
-)
+from controller.core.remedies import CellMemory, Quarantined, QuarantineKind, Remedy, RemedyCause, RemedyKind
 from controller.core.vocabulary import Cancel, HealthState, Hold, Phase, Quarantine, Rule, Submit, Upload, Wait
 from tests.core.builders import NOW, RUN, ago, cell, facts, job, obs, row, spec_policy, sub
 

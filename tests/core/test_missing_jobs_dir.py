@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from controller.core.match import join_cells
+from controller.core.observed import JobState, Metric
 from controller.core.planner import plan_cell
 from controller.core.ports import NamedRow, SandboxJobRow, StoreSnapshot
-from controller.core.types import JobState, Metric
 from controller.core.vocabulary import ActionKind, Phase
 from tests.core.builders import NOW, POLICY, ago, cell, job, sub
 

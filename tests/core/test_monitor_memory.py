@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from controller.core.observed import JobState
 from controller.core.planner import plan_cell
-from controller.core.types import CellMemory, JobState, StallReading
+from controller.core.remedies import CellMemory, StallReading
 from controller.core.vocabulary import Phase, Rule
 from tests.core.builders import NOW, POLICY, ago, cell, facts, job, obs, row, sub
 

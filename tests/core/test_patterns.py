@@ -15,7 +15,7 @@ import pytest
 from controller.api.catalog import load_catalog
 from controller.core.health import diagnose
 from controller.core.patterns import refusal, search
-from controller.core.types import FailureMode, FailureStage, RemedyKind
+from controller.core.remedies import FailureMode, FailureStage, RemedyKind
 
 DEADLINE_S = 20  # generous: RE2 takes milliseconds; Python's re would take hours
 
@@ -34,7 +34,7 @@ def finishes(code: str) -> str:
 def test_a_catastrophic_tenant_pattern_returns_on_a_64_kib_line(pattern: str):
     said = finishes(f"""
         from controller.core.health import diagnose
-        from controller.core.types import FailureMode, FailureStage, RemedyKind
+        from controller.core.remedies import FailureMode, FailureStage, RemedyKind
         mode = FailureMode(name="hostile", patterns=({pattern!r},), when=FailureStage.RUNNING,
                            remedy=RemedyKind.HOLD, advice="-")
         for line in ("x" * (64 << 10) + "!", "a" * (64 << 10) + "!", "NCCL " * (16 << 10)):
@@ -47,7 +47,7 @@ def test_a_catastrophic_tenant_pattern_returns_on_a_64_kib_line(pattern: str):
 def test_every_shipped_pattern_returns_on_megabyte_lines():
     said = finishes("""
         from controller.core.health import diagnose
-        from controller.core.types import FailureStage
+        from controller.core.remedies import FailureStage
         from controller.api.catalog import load_catalog
         modes = load_catalog().failures.modes_for([])
         size = 4 << 20

@@ -6,8 +6,9 @@ from datetime import timedelta
 
 import pytest
 
+from controller.core.observed import JobState
 from controller.core.planner import plan_cell
-from controller.core.types import JobState, submission_name
+from controller.core.types import submission_name
 from controller.core.vocabulary import Phase
 from tests.core.builders import NOW, POLICY, ago, cell, facts, job, obs, row, sub
 

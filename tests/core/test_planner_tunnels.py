@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from controller.core.observed import JobState, TunnelLease
 from controller.core.planner import plan
-from controller.core.types import JobState, TunnelLease, submission_name
+from controller.core.types import submission_name
 from controller.core.vocabulary import Action, ActionKind, CellPlan
 from tests.core.builders import NOW, RUN, SCORED, ago, cell, job, obs, row, spec_policy, sub
 

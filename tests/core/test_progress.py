@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from controller.core.observed import JobState, RunDirFacts
 from controller.core.planner import plan_cell
 from controller.core.progress import Progress, eta_minutes, progress_of
-from controller.core.types import JobState, RunDirFacts
 from controller.core.vocabulary import Phase
 from tests.core.builders import NOW, POLICY, SCORED, ago, cell, facts, job, obs, row, sub
 

@@ -9,8 +9,8 @@ from controller.adapters.store.sqlite import SqliteStore
 from controller.api.catalog import load_catalog
 from controller.core.actor import Actor, JobLauncher
 from controller.core.job_env import JobSettings
+from controller.core.remedies import QuarantineKind
 from controller.core.store import Store
-from controller.core.types import QuarantineKind
 from controller.core.vocabulary import CellPlan, Phase, Plan, Quarantine, Rule, Wait
 from tests.core.builders import NOW, RUN, cell
 

@@ -11,20 +11,10 @@ import pytest
 from controller.api.catalog import load_catalog
 from controller.core.health import blamed_node
 from controller.core.hostlist import HostlistError, expand
+from controller.core.observed import JobOutput, JobState, RunDirFacts
 from controller.core.planner import plan, plan_cell
-from controller.core.types import (
-    CellMemory,
-    EvalRunRef,
-    FailureMode,
-    FailureStage,
-    JobOutput,
-    JobState,
-    Quarantined,
-    QuarantineKind,
-    RemedyKind,
-    RunDirFacts,
-    StallReading,
-)
+from controller.core.remedies import CellMemory, FailureMode, FailureStage, Quarantined, QuarantineKind, RemedyKind, StallReading
+from controller.core.types import EvalRunRef
 from controller.core.vocabulary import Cancel, CellPlan, Hold, Quarantine, Rule, Submit, Wait
 from tests.core.builders import NOW, RUN, ago, cell, facts, job, obs, row, spec_policy, sub
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from controller.core.planner import plan_cell
 from controller.core.ports import TrackedRun
+from controller.core.remedies import CellMemory
 from controller.core.tracking import Analysis, differences, tracker_record
 from controller.core.trial_errors import ErrorClasses
-from controller.core.types import CellMemory
 from controller.core.vocabulary import ActionKind, Phase
 from tests.core.builders import NOW, POLICY, SCORED, cell, facts, metrics_of, obs, row, sub
 

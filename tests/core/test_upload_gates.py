@@ -8,8 +8,9 @@ from datetime import timedelta
 
 import pytest
 
+from controller.core.observed import JobState
 from controller.core.planner import Policy, plan_cell
-from controller.core.types import CellMemory, JobState
+from controller.core.remedies import CellMemory
 from controller.core.vocabulary import CellPlan, Phase, Upload
 from tests.core.builders import ME, NOW, POLICY, SCORED, ago, cell, facts, job, obs, row, sub
 

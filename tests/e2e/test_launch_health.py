@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.core.types import JobState, ObservedJob
+from controller.core.observed import JobState, ObservedJob
 from tests.e2e.conftest import Cluster
 from tests.fixtures.evalctl import wait_until
 

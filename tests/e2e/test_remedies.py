@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from controller.core.types import JobState
+from controller.core.observed import JobState
 from tests.e2e.conftest import FAKE_HARBOR, Cluster
 from tests.e2e.test_launch_health import (
     DATASET,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.core.types import JobState
+from controller.core.observed import JobState
 from tests.e2e.conftest import REPO, Cluster
 from tests.fixtures.evalctl import run_evalctl, wait_until
 

@@ -9,8 +9,8 @@ import pytest
 
 from controller.core.intake import Selection
 from controller.core.planner import plan
+from controller.core.remedies import Quarantined, QuarantineKind
 from controller.core.status import Condition, summarize
-from controller.core.types import Quarantined, QuarantineKind
 from controller.core.vocabulary import PassNotes
 from controller.entry.kube_status import conditions_patch, status_patch
 from tests.core.builders import POLICY, RUN, cell, obs

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from controller.adapters.store.sqlite import SqliteStore
-from controller.core.types import QuarantineKind
+from controller.core.remedies import QuarantineKind
 
 HOUR = 3600.0
 

@@ -11,8 +11,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from controller.adapters.store.sqlite import SqliteStore
+from controller.core.remedies import QuarantineKind
 from controller.core.store import Store
-from controller.core.types import ClusterRef, QuarantineKind
+from controller.core.types import ClusterRef
 from controller.entry.operator_nodes import RELEASE_NODES, publish_nodes, release_annotated
 
 HOUR = 3600.0

@@ -12,10 +12,11 @@ from datetime import datetime, timedelta
 import pytest
 from rich.console import Console
 
+from controller.core.observed import JobState, RowStatus
 from controller.core.planner import plan
 from controller.core.reconcile import PassResult
+from controller.core.remedies import CellMemory, StallReading
 from controller.core.status import summarize
-from controller.core.types import CellMemory, JobState, RowStatus, StallReading
 from controller.core.vocabulary import Plan
 from controller.entry.humanize import value_text
 from controller.entry.render import TABLE_CELLS_MAX, explain, plan_table, status_grid, status_json

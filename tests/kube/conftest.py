@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from controller.adapters.scheduler.local import LocalScheduler
-from controller.core.types import ObservedJob
+from controller.core.observed import ObservedJob
 from tests.fixtures.evalctl import cancel_live_jobs, wait_until
 
 REPO = Path(__file__).resolve().parents[2]

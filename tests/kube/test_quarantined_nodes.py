@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from controller.adapters.store.sqlite import SqliteStore
-from controller.core.types import QuarantineKind
+from controller.core.remedies import QuarantineKind
 from tests.kube.conftest import Lab, eventually
 
 pytestmark = pytest.mark.kube

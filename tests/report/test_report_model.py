@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from controller.api.catalog import load_catalog
+from controller.core.observed import Metric
 from controller.core.planner import plan
-from controller.core.types import Metric
 from controller.report.html import render_html
 from controller.report.model import Report, families, run_report
 from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, obs, row, sub

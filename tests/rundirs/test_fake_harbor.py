@@ -13,8 +13,8 @@ from pathlib import Path
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.core.health import count_instant_failures, is_dead_launch
+from controller.core.observed import RunDirFacts
 from controller.core.trial_errors import INSTANT_FAILURE
-from controller.core.types import RunDirFacts
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS
 
 FAKE = Path(__file__).resolve().parents[2] / "specs" / "demo" / "fake_harbor.py"

@@ -14,8 +14,8 @@ import pytest
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.harbor_format import model_from_harbor, parse_meta_env, parse_time
 from controller.adapters.rundirs.tree import LocalTree
+from controller.core.observed import RunDirFacts
 from controller.core.ports import JobsDirMissing, ObservationError
-from controller.core.types import RunDirFacts
 from tests.fixtures.harbor_dirs import (
     REFERENCE_ERRORS,
     write_config,

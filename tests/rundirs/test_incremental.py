@@ -10,7 +10,7 @@ import pytest
 
 from controller.adapters.rundirs import localfs
 from controller.adapters.rundirs.harbor import HarborRunDirs
-from controller.core.types import ErrorKind, QuietFailure, RunDirFacts
+from controller.core.observed import ErrorKind, QuietFailure, RunDirFacts
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_job_result, write_synthetic_run_dir, write_trial
 
 

@@ -23,8 +23,8 @@ from controller.adapters.rundirs import tree
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.harbor_format import FormatError, trial_outcome
 from controller.core.health import count_instant_failures
+from controller.core.observed import ErrorKind, QuietFailure, RunDirFacts
 from controller.core.ports import ObservationError
-from controller.core.types import ErrorKind, QuietFailure, RunDirFacts
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, T0, write_job_result, write_meta_env, write_trial
 
 PINGGY = "https://abc-1-2-3-4.a.pinggy.link/v1"

@@ -12,7 +12,7 @@ import pytest
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.core.admission import Refusal, Refused, clustered_stderr
-from controller.core.types import RunDirFacts
+from controller.core.observed import RunDirFacts
 from tests.core.builders import gate, metrics_of
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_trial
 

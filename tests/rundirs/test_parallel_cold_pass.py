@@ -20,9 +20,9 @@ import pytest
 
 from controller.adapters.rundirs import harbor, memo, parallel
 from controller.adapters.rundirs.harbor import HarborRunDirs
+from controller.core.observed import ErrorKind, QuietFailure, RunDirFacts
 from controller.core.ports import ObservationError
 from controller.core.trial_errors import ErrorClasses
-from controller.core.types import ErrorKind, QuietFailure, RunDirFacts
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_synthetic_run_dir, write_trial
 
 SERIAL = 10**9  # more never-read run dirs than any test has: read here

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from controller.adapters.scheduler import local_runner
 from controller.adapters.scheduler.local import JobEnd, LocalJob
-from controller.core.types import JobState
+from controller.core.observed import JobState
 
 
 def test_a_cancel_marker_written_before_the_runner_starts_ends_the_job_without_running_it(tmp_path: Path) -> None:

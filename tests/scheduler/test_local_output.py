@@ -17,8 +17,8 @@ import pytest
 
 from controller.adapters.scheduler.local import LocalJob, LocalScheduler
 from controller.adapters.secrets import SecretMask
+from controller.core.observed import JobOutput, JobState
 from controller.core.ports import OUTPUT_READ_CAP, OutputCursor, SubmitRequest
-from controller.core.types import JobOutput, JobState
 from tests.fixtures.evalctl import cancel_live_jobs, wait_until
 
 SECRET = "tok-9c1f00d2e7"

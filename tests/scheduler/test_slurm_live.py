@@ -13,8 +13,8 @@ import pytest
 from controller.adapters.scheduler.commands import LocalCommands
 from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
 from controller.adapters.secrets import SecretMask
+from controller.core.observed import JobOutput, JobState
 from controller.core.ports import OutputCursor, SubmitRequest
-from controller.core.types import JobOutput, JobState
 from tests.fixtures.evalctl import wait_until
 
 pytestmark = pytest.mark.slurm

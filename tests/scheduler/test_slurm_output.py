@@ -17,8 +17,8 @@ import pytest
 from controller.adapters.scheduler.commands import CommandFailed, CommandResult, CommandRunner, LocalCommands
 from controller.adapters.scheduler.slurm import READ_MARKER, READ_SCRIPT, SlurmOptions, SlurmScheduler
 from controller.adapters.secrets import SecretMask
+from controller.core.observed import JobOutput
 from controller.core.ports import OUTPUT_READ_CAP, ObservationError, OutputCursor, SubmitRequest
-from controller.core.types import JobOutput
 
 SECRET = "tok-5f0c9e1d2b"
 

@@ -20,8 +20,8 @@ from controller.adapters.scheduler.slurm import (
     slurm_state,
     split_tail_output,
 )
+from controller.core.observed import JobState
 from controller.core.ports import ObservationError, SubmitRequest
-from controller.core.types import JobState
 
 
 class Scripted:

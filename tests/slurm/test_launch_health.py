@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from controller.adapters.store import open_store
-from controller.core.types import QuarantineKind
+from controller.core.remedies import QuarantineKind
 from tests.slurm.conftest import REPO, SlurmCluster, slurm, wait_until
 
 pytestmark = pytest.mark.slurm

@@ -22,8 +22,8 @@ from controller.adapters.rundirs import memo
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.remote import RunDirProbe
 from controller.adapters.scheduler.commands import CommandResult
+from controller.core.observed import RunDirFacts
 from controller.core.ports import JobsDirMissing, ObservationError
-from controller.core.types import RunDirFacts
 from tests.adversarial.test_hostile_run_dirs import CASES, TAG, finished_run
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_synthetic_run_dir, write_trial
 from tests.ssh.conftest import SshLab

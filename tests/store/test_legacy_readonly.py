@@ -11,7 +11,7 @@ import pytest
 from controller.adapters.store import open_store
 from controller.adapters.store.errors import WriteRefused
 from controller.adapters.store.sqlite import SqliteStore
-from controller.core.types import Metric, RowStatus
+from controller.core.observed import Metric, RowStatus
 from tests.fixtures.legacy_db import Families, LegacyDB, terminus_config
 from tests.store.builders import new_row, submission
 

@@ -22,8 +22,10 @@ import pytest
 
 from controller.adapters.store import postgres
 from controller.adapters.store.postgres import PostgresStore, describe
+from controller.core.observed import Metric, RowStatus, Submission, TunnelLease
 from controller.core.ports import NewRow, ObservationError, ResultUpload, StoreUnavailable, WriteRefused
-from controller.core.types import CellMemory, EvalRunRef, Metric, QuarantineKind, RowStatus, Submission, TunnelLease
+from controller.core.remedies import CellMemory, QuarantineKind
+from controller.core.types import EvalRunRef
 from tests.fixtures.evalctl import wait_until
 from tests.fixtures.postgres import PgServer, pg_start, pg_stop, throwaway_database
 

@@ -9,7 +9,8 @@ import pytest
 
 from controller.adapters.store.sqlite import SqliteStore
 from controller.core.ports import ObservationError
-from controller.core.types import EvalRunRef, QuarantineKind
+from controller.core.remedies import QuarantineKind
+from controller.core.types import EvalRunRef
 from tests.fixtures.legacy_db import Families, LegacyDB
 
 ALL_TABLES = {"models", "benchmarks", "sandbox_jobs", "evalrun_submissions", "evalrun_leases",

@@ -58,9 +58,10 @@ from controller.adapters.rundirs.memo import JobsDirMemo, memo_for
 from controller.adapters.rundirs.remote import RunDirProbe
 from controller.adapters.rundirs.tree import JobsTree, LocalTree, RunScan, TrialRead, open_tree
 from controller.adapters.secrets import SecretMask, masking_errors
+from controller.core.observed import QuietFailure, RunDirFacts
 from controller.core.ports import JobsDirMissing, ObservationError, RunTagFilter, every_run_tag
 from controller.core.trial_errors import UNGRADED, ErrorClasses, ErrorKind
-from controller.core.types import RUN_TAG_PREFIX, QuietFailure, RunDirFacts
+from controller.core.types import RUN_TAG_PREFIX
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

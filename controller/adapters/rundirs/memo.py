@@ -36,8 +36,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from controller.adapters.rundirs.localfs import Signature, StatKey, read_local, signature
+from controller.core.observed import RunDirFacts
 from controller.core.trial_errors import ErrorClasses
-from controller.core.types import RunDirFacts
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,10 @@ from fsspec.implementations.local import LocalFileSystem
 
 from controller.adapters.rundirs.localfs import describe, is_trial_dir_name, read_local
 from controller.core.metrics import RunMetrics
+from controller.core.observed import RunDirFacts
 from controller.core.tracking import Analysis
 from controller.core.trial_errors import ErrorClasses, ErrorKind
-from controller.core.types import Frozen, RunDirFacts
+from controller.core.types import Frozen
 
 REPORT_NAME = "post_eval_report.txt"
 TRAJECTORY = os.path.join("agent", "trajectory.json")

@@ -31,15 +31,9 @@ from controller.adapters.scheduler.commands import inherited_environment
 from controller.adapters.scheduler.output import failure_tail, job_output, read_from, read_tail
 from controller.adapters.secrets import SecretMask
 from controller.core.gpu_hours import job_gpu_hours
+from controller.core.observed import JobOutput, JobState, ObservedJob
 from controller.core.ports import OUTPUT_READ_CAP, ObservationError, OutputCursor, SubmitRequest
-from controller.core.types import (
-    RUN_TAG_PREFIX,
-    Frozen,
-    JobOutput,
-    JobState,
-    ObservedJob,
-    walltime_seconds,
-)
+from controller.core.types import RUN_TAG_PREFIX, Frozen, walltime_seconds
 
 
 class LocalJob(Frozen):

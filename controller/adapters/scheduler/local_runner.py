@@ -15,7 +15,7 @@ from pathlib import Path
 
 from controller.adapters.process import proc_start_ticks
 from controller.adapters.scheduler.local import JobEnd, LocalJob, _write_atomic
-from controller.core.types import JobState
+from controller.core.observed import JobState
 
 KILL_WAIT_S = 5  # like SLURM's KillWait: SIGTERM, then SIGKILL after this long
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from controller.adapters.secrets import SecretMask
-from controller.core.types import JobOutput
+from controller.core.observed import JobOutput
 
 TAIL_LINES = 64  # a failed job's log tail: what its traceback or the node's complaint usually fits in
 TAIL_BYTES = 16 << 10  # ...read as the file's last bytes: a progress bar's endless line cannot make it large

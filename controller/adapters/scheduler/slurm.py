@@ -36,8 +36,9 @@ from controller.adapters.scheduler.commands import (
 from controller.adapters.scheduler.output import TAIL_BYTES, failure_tail, job_output
 from controller.adapters.secrets import SecretMask, masking_errors
 from controller.core.hostlist import HostlistError, expand
+from controller.core.observed import JobOutput, JobState, ObservedJob
 from controller.core.ports import OUTPUT_READ_CAP, ObservationError, OutputCursor, SubmitRequest
-from controller.core.types import RUN_TAG_PREFIX, Frozen, JobOutput, JobState, ObservedJob
+from controller.core.types import RUN_TAG_PREFIX, Frozen
 
 log = logging.getLogger("evalctl.slurm")
 

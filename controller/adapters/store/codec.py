@@ -19,17 +19,10 @@ from controller.core.gpu_hours import AttemptCost
 from controller.core.intake import RegisteredModel, Selection
 from controller.core.metrics import same_metrics
 from controller.core.notify import Episode, Notification, NotifyEvent
+from controller.core.observed import CellOwner, Metric, RowStatus, Submission, TunnelLease
 from controller.core.ports import NamedRow, ResultUpload, RowAuditMark, SandboxJobRow, StateSnapshot, WriteRefused
-from controller.core.types import (
-    CellMemory,
-    CellOwner,
-    EvalRunRef,
-    Metric,
-    Quarantined,
-    RowStatus,
-    Submission,
-    TunnelLease,
-)
+from controller.core.remedies import CellMemory, Quarantined
+from controller.core.types import EvalRunRef
 
 # How the backends spell a boolean: Postgres and PostgREST a bool, SQLite 0/1, hand-written text either.
 _FLAGS = {"true": True, "t": True, "1": True, "false": False, "f": False, "0": False}

@@ -38,6 +38,7 @@ from controller.adapters.store.codec import (
 from controller.adapters.store.errors import StoreUnavailable, WriteRefused
 from controller.core.intake import RegisteredModel, Selection
 from controller.core.notify import Fact, Notification, NotifyEvent, transitions
+from controller.core.observed import RowStatus, Submission, TunnelLease
 from controller.core.ports import (
     GPU_HISTORY_MAX,
     NamedRow,
@@ -49,15 +50,8 @@ from controller.core.ports import (
     SandboxJobRow,
     StateSnapshot,
 )
-from controller.core.types import (
-    CellMemory,
-    EvalRunRef,
-    Quarantined,
-    QuarantineKind,
-    RowStatus,
-    Submission,
-    TunnelLease,
-)
+from controller.core.remedies import CellMemory, Quarantined, QuarantineKind
+from controller.core.types import EvalRunRef
 
 MEMORY = ":memory:"
 BUSY_TIMEOUT_S = 30.0

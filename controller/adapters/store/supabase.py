@@ -34,6 +34,7 @@ from controller.adapters.store.codec import (
     sandbox_job_row,
 )
 from controller.core.intake import RegisteredModel
+from controller.core.observed import RowStatus
 from controller.core.ports import (
     NamedRow,
     NewRow,
@@ -45,7 +46,6 @@ from controller.core.ports import (
     StoreUnavailable,
     WriteRefused,
 )
-from controller.core.types import RowStatus
 
 KEY_VARIABLES = ("SUPABASE_SERVICE_KEY", "SUPABASE_KEY")
 SCHEMES = {"supabase": "https", "supabase+http": "http"}

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from controller.core.gpu_hours import GpuEstimate
+from controller.core.observed import Observation, TunnelLease
 from controller.core.planner.allocation import EFFECT_KINDS, Pool, allocate, deciding, effects, within_node_cap
 from controller.core.planner.cell import plan_cell
 from controller.core.planner.fleet import (
@@ -40,7 +41,8 @@ from controller.core.planner.gc_pause import cyclic_gc_paused
 from controller.core.planner.policy import OVER_BUDGET, PAIR_LOCK, UPLOAD_NOT_VERIFIED, Policy
 from controller.core.planner.rules_running import RUNNING_RULES
 from controller.core.planner.words import ADMISSION_RULES, DIAGNOSED_BY
-from controller.core.types import Cell, EvalRunRef, Observation, Quarantined, TunnelLease
+from controller.core.remedies import Quarantined
+from controller.core.types import Cell, EvalRunRef
 from controller.core.vocabulary import CellPlan, Plan
 
 __all__ = [

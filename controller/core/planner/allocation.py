@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from controller.core.gpu_hours import UNKNOWN, GpuBudget, GpuEstimate, launch_cost
+from controller.core.observed import Observation, TunnelLease
 from controller.core.planner.budget import gpu_budget, gpu_hold, prior_hours
 from controller.core.planner.cell import plan_cell
 from controller.core.planner.fleet import UNTOUCHED, launch_of
 from controller.core.planner.policy import Policy
-from controller.core.types import Cell, EvalRunRef, Observation, Quarantined, QuarantineKind, RemedyKind, TunnelLease
+from controller.core.remedies import Quarantined, QuarantineKind, RemedyKind
+from controller.core.types import Cell, EvalRunRef
 from controller.core.vocabulary import (
     Action,
     Cancel,

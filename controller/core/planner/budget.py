@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from controller.core.gpu_hours import UNKNOWN, GpuBudget, GpuEstimate, budget_reason, cell_hours, past_gpu_budget
+from controller.core.observed import Observation
 from controller.core.planner.policy import Policy
-from controller.core.types import Cell, EvalRunRef, Observation, run_tag_of, walltime_seconds
+from controller.core.types import Cell, EvalRunRef, run_tag_of, walltime_seconds
 from controller.core.vocabulary import CellPlan
 
 

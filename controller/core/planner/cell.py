@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from controller.core.health import count_instant_failures
+from controller.core.observed import Observation
 from controller.core.planner.policy import Policy
 from controller.core.planner.rules_in_flight import in_flight
 from controller.core.planner.rules_settled import settled
 from controller.core.planner.view import adoptions, cell_view, in_order, spent
 from controller.core.planner.words import failed_job, failure, last_job_note
-from controller.core.types import Cell, Observation, Quarantined
+from controller.core.remedies import Quarantined
+from controller.core.types import Cell
 from controller.core.vocabulary import CellPlan, Hold, Phase, Rule
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from controller.core.types import Cell, EvalRunRef, JobState, Observation, TunnelLease
+from controller.core.observed import JobState, Observation, TunnelLease
+from controller.core.types import Cell, EvalRunRef
 from controller.core.vocabulary import Cancel, CellPlan, Launch, Phase, Plan, Resume, Rule, Skip, Submit
 
 UNTOUCHED = Observation(rows=(), submissions=(), jobs=(), run_dirs=())

@@ -11,21 +11,12 @@ from datetime import timedelta
 
 from controller.core.admission import expected_trials
 from controller.core.health import read_output, verdict
+from controller.core.observed import JobState, ObservedJob, RowStatus, RunDirFacts
 from controller.core.planner.rules_remedy import quarantines
 from controller.core.planner.rules_running import RUNNING_RULES, Running, with_advice
 from controller.core.planner.view import CellView
 from controller.core.planner.words import job_order, progress
-from controller.core.types import (
-    CellMemory,
-    FailureStage,
-    JobState,
-    ObservedJob,
-    Remedy,
-    RemedyCause,
-    RemedyKind,
-    RowStatus,
-    RunDirFacts,
-)
+from controller.core.remedies import CellMemory, FailureStage, Remedy, RemedyCause, RemedyKind
 from controller.core.vocabulary import Action, Cancel, CellPlan, Phase, RowUpdate, Rule, Wait
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from controller.core.observed import JobState, ObservedJob, ObservedRow, RunDirFacts, Submission
 from controller.core.planner.rules_remedy import remediate, remedy_for
 from controller.core.planner.rules_upload import upload
 from controller.core.planner.view import CellView
 from controller.core.planner.words import progress
+from controller.core.remedies import Remedy
 from controller.core.resume import RESUME_TABLE, DirClass, Next, Verdict
-from controller.core.types import JobState, ObservedJob, ObservedRow, Remedy, RunDirFacts, Submission
 from controller.core.vocabulary import CellPlan, Hold, Launch, Phase, Resume, Rule, Submit, Wait
 
 

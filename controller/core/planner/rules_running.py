@@ -13,20 +13,19 @@ from datetime import timedelta
 
 from controller.core.admission import distinct_trials
 from controller.core.health import bad_request_share, blamed_node, is_dead_launch, unwired_api_base
+from controller.core.observed import ObservedJob, RunDirFacts
 from controller.core.planner.policy import PAIR_LOCK
 from controller.core.planner.rules_remedy import quarantines, with_remedy
 from controller.core.planner.view import CellView
 from controller.core.planner.words import DIAGNOSED_BY, dead_launch, minutes, progress
-from controller.core.types import (
+from controller.core.remedies import (
     CellMemory,
     FailureMode,
-    ObservedJob,
     OutputReading,
     QuarantineKind,
     Remedy,
     RemedyCause,
     RemedyKind,
-    RunDirFacts,
     StallReading,
 )
 from controller.core.vocabulary import Action, Cancel, CellPlan, HealthState, Phase, Quarantine, RowUpdate, Rule, Wait

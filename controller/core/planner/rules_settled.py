@@ -8,11 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from controller.core.dedup import DEDUP_TABLE, Dedup, RowCase, newest, row_case
+from controller.core.observed import ObservedRow
 from controller.core.planner.rules_resume import finish_interrupted, from_dir, own_row_without_live_job
 from controller.core.planner.rules_upload import finished
 from controller.core.planner.view import CellView
 from controller.core.planner.words import when
-from controller.core.types import ObservedRow
 from controller.core.vocabulary import CellPlan, Hold, Phase, Skip
 
 

@@ -11,12 +11,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from controller.core.admission import Admission, Admitted, Refused, admit, distinct_trials, expected_trials
+from controller.core.observed import ObservedRow, RunDirFacts
 from controller.core.planner.policy import UPLOAD_NOT_VERIFIED
 from controller.core.planner.rules_remedy import remediate
 from controller.core.planner.view import CellView
 from controller.core.planner.words import ADMISSION_RULES, flagged, metric, progress
+from controller.core.remedies import Remedy, RemedyCause, RemedyKind
 from controller.core.resume import RESUME_TABLE, DirClass
-from controller.core.types import ObservedRow, Remedy, RemedyCause, RemedyKind, RunDirFacts, walltime_seconds
+from controller.core.types import walltime_seconds
 from controller.core.vocabulary import Analyze, CellPlan, Hold, Phase, Resume, Rule, Skip, Track, Upload
 
 

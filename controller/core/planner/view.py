@@ -9,23 +9,13 @@ from typing import Any
 
 from controller.core.admission import Admission, Admitted, Refused, distinct_trials, expected_trials
 from controller.core.gpu_hours import cell_hours, job_of
+from controller.core.observed import JobOutput, Observation, ObservedJob, ObservedRow, RunDirFacts, Submission
 from controller.core.planner.policy import Policy
 from controller.core.planner.words import newest_job
 from controller.core.progress import progress_of
+from controller.core.remedies import CellMemory, Quarantined
 from controller.core.resume import DirClass, classify
-from controller.core.types import (
-    Cell,
-    CellMemory,
-    JobOutput,
-    Observation,
-    ObservedJob,
-    ObservedRow,
-    Quarantined,
-    RunDirFacts,
-    Submission,
-    run_tag_of,
-    stem_of,
-)
+from controller.core.types import Cell, run_tag_of, stem_of
 from controller.core.vocabulary import Action, CellPlan, HealthState, Phase, RowUpdate, Rule, Submit
 
 _NO_OUTPUTS: Mapping[str, JobOutput] = {}

@@ -7,8 +7,9 @@ from datetime import datetime, timedelta
 
 from controller.core.admission import Refusal
 from controller.core.health import diagnose, no_output_summary
+from controller.core.observed import JobState, ObservedJob, ObservedRow, RunDirFacts
 from controller.core.planner.policy import Policy
-from controller.core.types import FailureStage, JobState, ObservedJob, ObservedRow, RemedyCause, RunDirFacts
+from controller.core.remedies import FailureStage, RemedyCause
 from controller.core.vocabulary import Rule
 
 ADMISSION_RULES: dict[Refusal, Rule] = {

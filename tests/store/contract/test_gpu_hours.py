@@ -6,8 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from controller.core.gpu_hours import AttemptCost
+from controller.core.observed import Submission
 from controller.core.ports import ControllerState
-from controller.core.types import EvalRunRef, Submission
+from controller.core.types import EvalRunRef
 
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 HOUR = 3600.0

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from controller.core.observed import Metric
 from controller.core.ports import ObservationError
 from controller.core.store import Store
-from controller.core.types import Metric
 from tests.store.contract.conftest import Backend
 
 MODEL = "laion/Qwen3-8B-sft-v3"

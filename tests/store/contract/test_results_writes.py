@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from controller.core.observed import Metric, RowStatus
 from controller.core.ports import NewRow, ResultUpload, WriteRefused
-from controller.core.types import Metric, RowStatus
 from tests.store.contract.conftest import Backend
 
 MODEL = "laion/Qwen3-8B-sft-v3"

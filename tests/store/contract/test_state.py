@@ -7,8 +7,10 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta, timezone
 
+from controller.core.observed import Submission, TunnelLease
 from controller.core.ports import ControllerState
-from controller.core.types import CellMemory, EvalRunRef, QuarantineKind, StallReading, Submission, TunnelLease
+from controller.core.remedies import CellMemory, QuarantineKind, StallReading
+from controller.core.types import EvalRunRef
 
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 HOUR = 3600.0

@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
@@ -461,17 +462,9 @@ def _tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: _Reader,
     calls a model, moves those that are no measurement to infra.
     Stops at the first trial result `reader` cannot read: the counts are then not data anyway.
     """
-    n_dirs = n_completed = n_scored = n_started = n_graded = n_answered = n_reported = 0
-    invalid: list[str] = []
-    fractional: list[str] = []
-    quiet: list[QuietFailure] = []
-    reward_sum = 0.0
-    newest: float | None = None
-    kinds: Counter[ErrorKind] = Counter()
-    classes: Counter[str] = Counter()
-    tasks: dict[str, tuple[int, int, float]] = {}
+    tally = _Tally(errors)
     for trial in trials:
-        n_dirs += 1
+        tally.n_dirs += 1
         if trial.known is not None:
             outcome: TrialOutcome | None = cast(TrialOutcome, trial.known)
         else:
@@ -481,69 +474,103 @@ def _tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: _Reader,
             if outcome is not None and remember is not None and trial.key is not None:
                 remember(trial.name, trial.key, outcome)
         if outcome is None:
-            n_started += int(trial.agent_active)  # no result yet: its agent is working, or it is only created
+            tally.n_started += int(trial.agent_active)  # no result yet: its agent is working, or it is only created
             continue
-        n_started += 1
-        if trial.mtime is not None and (newest is None or trial.mtime > newest):
-            newest = trial.mtime
+        tally.add(trial, outcome)
+    return tally.fields()
+
+
+@dataclass
+class _Tally:
+    """The counts `_tally` builds, one trial result at a time."""
+
+    errors: ErrorClasses
+    n_dirs: int = 0
+    n_started: int = 0
+    n_completed: int = 0
+    n_scored: int = 0
+    n_graded: int = 0
+    n_answered: int = 0
+    n_reported: int = 0
+    reward_sum: float = 0.0
+    newest: float | None = None
+    invalid: list[str] = field(default_factory=list)
+    fractional: list[str] = field(default_factory=list)
+    quiet: list[QuietFailure] = field(default_factory=list)
+    kinds: Counter[ErrorKind] = field(default_factory=Counter)
+    classes: Counter[str] = field(default_factory=Counter)
+    tasks: dict[str, tuple[int, int, float]] = field(default_factory=dict)
+
+    def add(self, trial: TrialRead, outcome: TrialOutcome) -> None:
+        self.n_started += 1
+        if trial.mtime is not None and (self.newest is None or trial.mtime > self.newest):
+            self.newest = trial.mtime
         reward, exception_type = outcome.reward, outcome.exception_type
-        if exception_type in errors.interrupted:
-            continue  # not completed: a resume runs it again
-        n_completed += 1
+        if exception_type in self.errors.interrupted:
+            return  # not completed: a resume runs it again
+        self.n_completed += 1
         task = outcome.task or trial.name.split("__", 1)[0]
-        seen, scored, task_sum = tasks.get(task, (0, 0, 0.0))
+        seen, scored, task_sum = self.tasks.get(task, (0, 0, 0.0))
         seen += 1
-        n_reported += outcome.n_output_tokens is not None
-        n_answered += bool(outcome.n_output_tokens)
+        self.n_reported += outcome.n_output_tokens is not None
+        self.n_answered += bool(outcome.n_output_tokens)
         problem = outcome.reward_problem or (
             f"reward {reward:g} is outside [0, 1]" if reward is not None and not 0.0 <= reward <= 1.0 else None)
         if reward is not None:
-            n_scored += 1
+            self.n_scored += 1
         if problem is not None:
-            invalid.append(f"{trial.name}/{TRIAL_RESULT}: {problem}")
-            tasks[task] = (seen, scored, task_sum)
-            continue
+            self.invalid.append(f"{trial.name}/{TRIAL_RESULT}: {problem}")
+            self.tasks[task] = (seen, scored, task_sum)
+            return
         if reward is not None and 0.0 < reward < 1.0:
-            fractional.append(f"{trial.name}/{TRIAL_RESULT}: reward {reward:g}")
-        if exception_type is not None:
-            kind = errors.classify(exception_type, reward is not None, outcome.exception_qualified)
-            classes[exception_type] += 1
-        elif reward is None:
-            kind = ErrorKind.INFRA
-            classes[UNGRADED] += 1
-        else:
-            kind = None
-            n_graded += 1
-        if kind is not None:
-            kinds[kind] += 1
+            self.fractional.append(f"{trial.name}/{TRIAL_RESULT}: reward {reward:g}")
+        kind = self._kind(outcome)
         if (exception_type is not None and not outcome.n_output_tokens) or (
                 kind is None and outcome.n_output_tokens == 0):
-            quiet.append(QuietFailure(exception_type=exception_type, kind=kind,
-                                      agent_seconds=outcome.agent_seconds, reward=reward,
-                                      answered=bool(outcome.n_input_tokens), task=task))
+            self.quiet.append(QuietFailure(exception_type=exception_type, kind=kind,
+                                           agent_seconds=outcome.agent_seconds, reward=reward,
+                                           answered=bool(outcome.n_input_tokens), task=task))
         if kind is not ErrorKind.INFRA:
             value = reward or 0.0
             scored += 1
             task_sum += value
-            reward_sum += value
-        tasks[task] = (seen, scored, task_sum)
-    return {
-        "n_trial_dirs": n_dirs,
-        "n_completed": n_completed,
-        "n_scored": n_scored,
-        "n_graded": n_graded,
-        "n_infra_errors": kinds[ErrorKind.INFRA],
-        "n_benign_errors": kinds[ErrorKind.BENIGN],
-        "n_invalid": len(invalid),
-        "invalid": invalid[0] if invalid else "",
-        "n_fractional": len(fractional),
-        "fractional": fractional[0] if fractional else "",
-        "n_answered": n_answered,
-        "n_usage_reported": n_reported,
-        "error_breakdown": errors.breakdown(classes),
-        "reward_sum": reward_sum,
-        "tasks": tasks,
-        "last_progress_at": datetime.fromtimestamp(newest, UTC) if newest is not None else None,
-        "quiet_failures": tuple(quiet),
-        "n_started_trials": n_started,
-    }
+            self.reward_sum += value
+        self.tasks[task] = (seen, scored, task_sum)
+
+    def _kind(self, outcome: TrialOutcome) -> ErrorKind | None:
+        """The class of a completed trial with a valid reward or none: None when graded."""
+        if outcome.exception_type is not None:
+            self.classes[outcome.exception_type] += 1
+            kind: ErrorKind | None = self.errors.classify(outcome.exception_type, outcome.reward is not None,
+                                                          outcome.exception_qualified)
+        elif outcome.reward is None:
+            self.classes[UNGRADED] += 1
+            kind = ErrorKind.INFRA
+        else:
+            self.n_graded += 1
+            kind = None
+        if kind is not None:
+            self.kinds[kind] += 1
+        return kind
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "n_trial_dirs": self.n_dirs,
+            "n_completed": self.n_completed,
+            "n_scored": self.n_scored,
+            "n_graded": self.n_graded,
+            "n_infra_errors": self.kinds[ErrorKind.INFRA],
+            "n_benign_errors": self.kinds[ErrorKind.BENIGN],
+            "n_invalid": len(self.invalid),
+            "invalid": self.invalid[0] if self.invalid else "",
+            "n_fractional": len(self.fractional),
+            "fractional": self.fractional[0] if self.fractional else "",
+            "n_answered": self.n_answered,
+            "n_usage_reported": self.n_reported,
+            "error_breakdown": self.errors.breakdown(self.classes),
+            "reward_sum": self.reward_sum,
+            "tasks": self.tasks,
+            "last_progress_at": datetime.fromtimestamp(self.newest, UTC) if self.newest is not None else None,
+            "quiet_failures": tuple(self.quiet),
+            "n_started_trials": self.n_started,
+        }

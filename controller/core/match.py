@@ -114,12 +114,7 @@ def join_cells(
         if run_dirs is not None:
             own_dirs = [dirs_by_tag[t] for t in tags_by_stem.get(cell.tag_stem, ()) if t in dirs_by_tag]
             cell_dirs = _cell_dirs(cell, own_dirs, subs or (), dirs_by_tag, legacy_dirs, model_families, bench_families)
-        cell_jobs = None
-        if jobs is not None:
-            tags = {s.run_tag for s in subs or ()} | {d.run_tag for d in cell_dirs or ()}
-            tags |= tags_by_stem.get(cell.tag_stem, set())
-            tags |= {RUN_TAG_PREFIX + t for t in tags if not t.startswith(RUN_TAG_PREFIX)}
-            cell_jobs = tuple(job for tag in sorted(tags) for job in jobs_by_tag.get(tag, ()))
+        cell_jobs = None if jobs is None else _cell_jobs(cell, subs or (), cell_dirs or (), tags_by_stem, jobs_by_tag)
         reason = unknown_reason
         if jobs_dir_missing and _expects_run_dirs(rows, subs, cell_jobs):
             cell_dirs = None
@@ -132,6 +127,15 @@ def join_cells(
             model_names=model_families.names(cell.model) if model_families else frozenset(),
             benchmark_names=bench_families.names(cell.benchmark_name) if bench_families else frozenset()))
     return observations
+
+
+def _cell_jobs(cell: Cell, subs: Sequence[Submission], dirs: Sequence[RunDirFacts], tags_by_stem: dict[str, set[str]],
+               jobs_by_tag: dict[str, list[ObservedJob]]) -> tuple[ObservedJob, ...]:
+    """The jobs of the cell's run tags: its submissions', its run dirs' and its stem's (the old listener's tags
+    with our prefix too, as resumes of its run dirs are named)."""
+    tags = {s.run_tag for s in subs} | {d.run_tag for d in dirs} | tags_by_stem.get(cell.tag_stem, set())
+    tags |= {RUN_TAG_PREFIX + t for t in tags if not t.startswith(RUN_TAG_PREFIX)}
+    return tuple(job for tag in sorted(tags) for job in jobs_by_tag.get(tag, ()))
 
 
 def _cell_subs(cell: Cell, subs_by_cell: dict[str, list[Submission]]) -> tuple[Submission, ...]:

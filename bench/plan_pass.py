@@ -32,7 +32,7 @@ def build(root: Path, models: int, datasets: int, trials: int) -> None:
     from controller.api.loader import load_specs
     from controller.core.actor import row_config, row_id_for
     from controller.core.observed import Metric, RowStatus, Submission
-    from controller.core.ports import NewRow, ResultUpload
+    from controller.core.records import NewRow, ResultUpload
     from controller.entry.wiring import targets_for
     from tests.fixtures.harbor_dirs import write_synthetic_run_dir
 

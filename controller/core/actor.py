@@ -23,7 +23,8 @@ from controller.core.admission import Admitted, admission_record
 from controller.core.job_env import JobSecrets, JobSettings, job_environment
 from controller.core.metrics import RunMetrics, run_metrics, same_metrics
 from controller.core.observed import RowStatus, RunDirFacts, Submission, TunnelLease
-from controller.core.ports import NewRow, ObservationError, Scheduler, StoreUnavailable, SubmitRequest, Tracker
+from controller.core.ports import ObservationError, Scheduler, StoreUnavailable, SubmitRequest, Tracker
+from controller.core.records import NewRow
 from controller.core.store import Store
 from controller.core.tracking import Analysis, differences, tracker_record
 from controller.core.trial_errors import ErrorClasses

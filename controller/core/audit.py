@@ -18,7 +18,7 @@ from pydantic import Field
 from controller.core.admission import GATE_VERSION, Admitted, GatePolicy, Refused, admit
 from controller.core.health import count_instant_failures
 from controller.core.observed import Observation, ObservedRow, RowStatus
-from controller.core.ports import AuditVerdict, RowAuditMark
+from controller.core.records import AuditVerdict, RowAuditMark
 from controller.core.types import Cell, Frozen
 
 

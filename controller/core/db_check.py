@@ -12,7 +12,7 @@ from enum import StrEnum
 
 from controller.core.match import OVERRIDE_KEYS
 from controller.core.observed import RowStatus
-from controller.core.ports import NamedRow, ResultsSnapshot, SandboxJobRow
+from controller.core.records import NamedRow, ResultsSnapshot, SandboxJobRow
 from controller.core.types import Frozen
 
 STATUSES = {status.value for status in RowStatus}

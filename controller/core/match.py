@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from controller.core.observed import JobState, Observation, ObservedJob, RunDirFacts, Submission
-from controller.core.ports import NamedRow, SandboxJobRow, StoreSnapshot
+from controller.core.records import NamedRow, SandboxJobRow, StoreSnapshot
 from controller.core.remedies import CellMemory
 from controller.core.types import RUN_TAG_PREFIX, Cell, run_tag_of
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from controller.core.admission import Admitted
 from controller.core.observed import Metric, RunDirFacts
-from controller.core.ports import ResultUpload
+from controller.core.records import ResultUpload
 from controller.core.trial_errors import ErrorClasses
 from controller.core.types import Frozen
 

@@ -10,24 +10,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from enum import StrEnum
-from typing import Any, Protocol
+from typing import Protocol
 
 from pydantic import Field
 
-from controller.core.gpu_hours import AttemptCost
 from controller.core.intake import RegisteredModel, Selection
 from controller.core.notify import Fact, Notification, NotifyEvent
 from controller.core.observed import (
-    CellOwner,
     JobOutput,
-    Metric,
     ObservedJob,
-    ObservedRow,
     RowStatus,
     RunDirFacts,
     Submission,
     TunnelLease,
+)
+from controller.core.records import (
+    NewRow,
+    ResultsSnapshot,
+    ResultUpload,
+    RowAuditMark,
+    SandboxJobRow,
+    StateSnapshot,
 )
 from controller.core.remedies import CellMemory, Quarantined, QuarantineKind
 from controller.core.types import EvalRunRef, Frozen
@@ -62,107 +65,6 @@ class JobsDirMissing(ObservationError):
 # Supabase) and the controller's own state (submissions, leases, cell owners, cell memory; Postgres or
 # SQLite). The rules every backend keeps are stated here and proven by one contract suite
 # (tests/store/contract) run against each backend.
-
-
-class NamedRow(Frozen):
-    """A `models` or `benchmarks` row: enough to build families."""
-
-    id: str
-    name: str
-    duplicate_of: str | None = None
-
-
-class SandboxJobRow(ObservedRow):
-    """A `sandbox_jobs` row as stored (OT-Agent schema): what a cell sees, plus what matching needs."""
-
-    model_id: str | None = None
-    benchmark_id: str | None = None
-    config: dict[str, Any] | None = None
-
-
-class ResultsSnapshot(Frozen):
-    """One read of the results DB, narrowed to the families of the named models and benchmarks."""
-
-    models: tuple[NamedRow, ...]
-    benchmarks: tuple[NamedRow, ...]
-    rows: tuple[SandboxJobRow, ...]
-    undecodable: tuple[str, ...] = Field((), description="'row <id>: why' for rows that could not be read")
-
-
-class StateSnapshot(Frozen):
-    """One read of the controller's own state for an EvalRun and its cells."""
-
-    submissions: tuple[Submission, ...] = ()
-    tunnel_leases: tuple[TunnelLease, ...] = Field((), description="every pinggy lease, of every EvalRun")
-    cell_owners: tuple[CellOwner, ...] = Field((), description="live claims on the named cells, whoever holds them")
-    cell_memory: dict[str, CellMemory] = Field(default_factory=dict, description="what rules remembered per cell")
-    quarantined: tuple[Quarantined, ...] = Field((), description="every unexpired quarantine (nodes, pairs, clusters)")
-    gpu_history: tuple[AttemptCost, ...] = Field((), description="finished attempts of the named benchmarks, newest "
-                                                                 "first: what GPU-hours are estimated from")
-
-
-class StoreSnapshot(Frozen):
-    """Both halves as one pass sees them."""
-
-    models: tuple[NamedRow, ...]
-    benchmarks: tuple[NamedRow, ...]
-    rows: tuple[SandboxJobRow, ...]
-    submissions: tuple[Submission, ...]
-    tunnel_leases: tuple[TunnelLease, ...] = ()
-    cell_owners: tuple[CellOwner, ...] = ()
-    cell_memory: dict[str, CellMemory] = Field(default_factory=dict)
-    quarantined: tuple[Quarantined, ...] = ()
-    gpu_history: tuple[AttemptCost, ...] = ()
-
-
-class NewRow(Frozen):
-    """What the actor writes when it records an intent (a Pending row) or an orphan's result."""
-
-    id: str
-    job_name: str
-    username: str
-    model_name: str
-    benchmark_name: str
-    job_status: RowStatus
-    submitted_at: datetime | None = None
-    started_at: datetime | None = None
-    n_trials: int | None = None
-    n_rep_eval: int = 1
-    config: dict[str, Any] = Field(default_factory=dict)
-    slurm_job_id: str = "pending"
-
-
-class ResultUpload(Frozen):
-    metrics: tuple[Metric, ...]
-    stats: dict[str, Any]
-    n_trials: int
-    ended_at: datetime
-    is_overlong: bool = Field(False, description="the run took longer than upload.overlongHours")
-
-
-class AuditVerdict(StrEnum):
-    """What the admission gate says today of a row already in the results DB (`evalctl db audit`)."""
-
-    OK = "ok"
-    PROVISIONAL = "provisional"  # admitted, but on fewer scored trials than report.trustThreshold
-    REFUSED = "refused"  # the gate would not publish this number
-
-
-class RowAuditMark(Frozen):
-    """The gate's verdict on one `sandbox_jobs` row, kept beside the lab's tables (never in them): what a
-    leaderboard filters by. `audited_at` is the store's clock at the first write of this verdict."""
-
-    row_id: str
-    gate: int = Field(description="GATE_VERSION of the gate that judged it")
-    verdict: AuditVerdict
-    refusal: str | None = Field(None, description="the Refusal, when refused")
-    reason: str = ""
-    audited_at: datetime | None = None
-
-    def same_verdict(self, other: RowAuditMark) -> bool:
-        """One gate's same judgement of the row (the time it was recorded aside)."""
-        return (self.row_id, self.gate, self.verdict, self.refusal, self.reason) == \
-            (other.row_id, other.gate, other.verdict, other.refusal, other.reason)
 
 
 class ResultsDB(Protocol):

@@ -32,10 +32,10 @@ from controller.core.ports import (
     OutputCursor,
     RunDirs,
     Scheduler,
-    StoreSnapshot,
     StoreUnavailable,
     WriteRefused,
 )
+from controller.core.records import StoreSnapshot
 from controller.core.status import RunStatus, summarize
 from controller.core.store import CELL_OWNER_TTL, Store
 from controller.core.types import RUN_TAG_PREFIX, Cell, ClusterRef, EvalRunRef, Frozen, stem_of

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from controller.core.ports import ControllerState, ObservationError, ResultsDB, StoreSnapshot
+from controller.core.ports import ControllerState, ObservationError, ResultsDB
+from controller.core.records import StoreSnapshot
 from controller.core.types import EvalRunRef
 
 # An EvalRun keeps the cells it claimed while it renews them (every acting pass); one that stopped naming a

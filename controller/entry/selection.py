@@ -23,7 +23,8 @@ from controller.api.loader import LoadedCluster, LoadedRun, SpecSet
 from controller.api.resolve import resolve
 from controller.core.intake import Candidate, Selection, SelectorRule, admitted, selections, unevaluated_models
 from controller.core.match import join_cells
-from controller.core.ports import ObservationError, StoreSnapshot, StoreUnavailable
+from controller.core.ports import ObservationError, StoreUnavailable
+from controller.core.records import StoreSnapshot
 from controller.core.store import Store
 from controller.core.types import EvalRunRef
 

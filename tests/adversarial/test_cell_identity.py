@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from controller.core.match import join_cells
 from controller.core.observed import JobState
 from controller.core.planner import plan
-from controller.core.ports import StoreSnapshot
+from controller.core.records import StoreSnapshot
 from controller.core.vocabulary import ActionKind, Phase
 from tests.core.builders import NOW, POLICY, RUN, cell, job, obs
 

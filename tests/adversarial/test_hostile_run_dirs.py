@@ -31,13 +31,8 @@ from controller.adapters.rundirs.post_eval import REPORT_NAME, StepStats, step_s
 from controller.core.match import join_cells, run_dir_matches
 from controller.core.observed import JobState, RunDirFacts
 from controller.core.planner import plan
-from controller.core.ports import (
-    JobsDirMissing,
-    NamedRow,
-    ObservationError,
-    SandboxJobRow,
-    StoreSnapshot,
-)
+from controller.core.ports import JobsDirMissing, ObservationError
+from controller.core.records import NamedRow, SandboxJobRow, StoreSnapshot
 from controller.core.vocabulary import CellPlan, Phase
 from tests.core.builders import ME, NOW, POLICY, ago, cell, job, metrics_of, obs, row, sub
 from tests.e2e.conftest import Cluster

@@ -7,7 +7,7 @@ from datetime import timedelta
 from controller.core.admission import GATE_VERSION, GatePolicy, Refusal
 from controller.core.audit import AuditReport, audit_cells, merge
 from controller.core.observed import ErrorKind, Metric, QuietFailure
-from controller.core.ports import AuditVerdict, RowAuditMark
+from controller.core.records import AuditVerdict, RowAuditMark
 from tests.core.builders import POLICY, SCORED, cell, facts, obs, row
 
 C = cell(tasks=None)

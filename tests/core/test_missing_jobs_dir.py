@@ -7,7 +7,7 @@ import pytest
 from controller.core.match import join_cells
 from controller.core.observed import JobState, Metric
 from controller.core.planner import plan_cell
-from controller.core.ports import NamedRow, SandboxJobRow, StoreSnapshot
+from controller.core.records import NamedRow, SandboxJobRow, StoreSnapshot
 from controller.core.vocabulary import ActionKind, Phase
 from tests.core.builders import NOW, POLICY, ago, cell, job, sub
 

@@ -16,7 +16,7 @@ from controller.adapters.store import open_store
 from controller.adapters.store.sqlite import SqliteStore
 from controller.api.catalog import load_catalog
 from controller.api.loader import load_specs
-from controller.core.ports import ResultsSnapshot
+from controller.core.records import ResultsSnapshot
 from controller.core.store import Store
 from controller.entry.passes import pass_targets
 from controller.entry.wiring import utc_now

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from controller.core.observed import RowStatus, Submission
-from controller.core.ports import NewRow
+from controller.core.records import NewRow
 
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 RUN_TAG = "ev_laion__Qwen3-8B-sft-v3__dev_set_v2__abcd1234__a1"

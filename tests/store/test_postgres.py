@@ -23,7 +23,8 @@ import pytest
 from controller.adapters.store import postgres
 from controller.adapters.store.postgres import PostgresStore, describe
 from controller.core.observed import Metric, RowStatus, Submission, TunnelLease
-from controller.core.ports import NewRow, ObservationError, ResultUpload, StoreUnavailable, WriteRefused
+from controller.core.ports import ObservationError, StoreUnavailable, WriteRefused
+from controller.core.records import NewRow, ResultUpload
 from controller.core.remedies import CellMemory, QuarantineKind
 from controller.core.types import EvalRunRef
 from tests.fixtures.evalctl import wait_until

@@ -17,7 +17,8 @@ import pytest
 
 from controller.adapters.store.supabase import ROW_COLUMNS, SupabaseResults, supabase_from_url
 from controller.core.observed import Metric, RowStatus
-from controller.core.ports import NewRow, ObservationError, ResultUpload, StoreUnavailable, WriteRefused
+from controller.core.ports import ObservationError, StoreUnavailable, WriteRefused
+from controller.core.records import NewRow, ResultUpload
 from tests.fixtures.legacy_db import Families, LegacyTables
 
 if TYPE_CHECKING:  # the root conftest loads it as a plugin (so pytest rewrites its asserts)

@@ -20,7 +20,8 @@ from controller.core.intake import RegisteredModel, Selection
 from controller.core.metrics import same_metrics
 from controller.core.notify import Episode, Notification, NotifyEvent
 from controller.core.observed import CellOwner, Metric, RowStatus, Submission, TunnelLease
-from controller.core.ports import NamedRow, ResultUpload, RowAuditMark, SandboxJobRow, StateSnapshot, WriteRefused
+from controller.core.ports import WriteRefused
+from controller.core.records import NamedRow, ResultUpload, RowAuditMark, SandboxJobRow, StateSnapshot
 from controller.core.remedies import CellMemory, Quarantined
 from controller.core.types import EvalRunRef
 

@@ -47,16 +47,8 @@ from controller.adapters.store.errors import StoreUnavailable, WriteRefused
 from controller.core.intake import RegisteredModel, Selection
 from controller.core.notify import Fact, Notification, NotifyEvent, transitions
 from controller.core.observed import RowStatus, Submission, TunnelLease
-from controller.core.ports import (
-    GPU_HISTORY_MAX,
-    NewRow,
-    ObservationError,
-    ResultsSnapshot,
-    ResultUpload,
-    RowAuditMark,
-    SandboxJobRow,
-    StateSnapshot,
-)
+from controller.core.ports import GPU_HISTORY_MAX, ObservationError
+from controller.core.records import NewRow, ResultsSnapshot, ResultUpload, RowAuditMark, SandboxJobRow, StateSnapshot
 from controller.core.remedies import CellMemory, Quarantined, QuarantineKind
 from controller.core.types import EvalRunRef
 

@@ -35,17 +35,8 @@ from controller.adapters.store.codec import (
 )
 from controller.core.intake import RegisteredModel
 from controller.core.observed import RowStatus
-from controller.core.ports import (
-    NamedRow,
-    NewRow,
-    ObservationError,
-    ResultsSnapshot,
-    ResultUpload,
-    RowAuditMark,
-    SandboxJobRow,
-    StoreUnavailable,
-    WriteRefused,
-)
+from controller.core.ports import ObservationError, StoreUnavailable, WriteRefused
+from controller.core.records import NamedRow, NewRow, ResultsSnapshot, ResultUpload, RowAuditMark, SandboxJobRow
 
 KEY_VARIABLES = ("SUPABASE_SERVICE_KEY", "SUPABASE_KEY")
 SCHEMES = {"supabase": "https", "supabase+http": "http"}

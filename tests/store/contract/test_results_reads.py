@@ -126,7 +126,7 @@ class _NoState:
     """Only the results half is under test here."""
 
     def read_state(self, *_: object) -> object:
-        from controller.core.ports import StateSnapshot
+        from controller.core.records import StateSnapshot
 
         return StateSnapshot()
 

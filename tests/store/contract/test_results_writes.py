@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from controller.core.observed import Metric, RowStatus
-from controller.core.ports import NewRow, ResultUpload, WriteRefused
+from controller.core.ports import WriteRefused
+from controller.core.records import NewRow, ResultUpload
 from tests.store.contract.conftest import Backend
 
 MODEL = "laion/Qwen3-8B-sft-v3"

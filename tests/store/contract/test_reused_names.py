@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from controller.core.observed import RowStatus
-from controller.core.ports import NewRow
+from controller.core.records import NewRow
 from tests.store.contract.conftest import Backend
 
 MODEL = "org/Shared-7B"

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from controller.core.ports import AuditVerdict, RowAuditMark, WriteRefused
+from controller.core.ports import WriteRefused
+from controller.core.records import AuditVerdict, RowAuditMark
 from tests.store.contract.conftest import Backend
 
 SCORE = [{"name": "accuracy", "value": 0.9}]

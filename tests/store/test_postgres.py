@@ -20,8 +20,9 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 
-from controller.adapters.store import postgres
-from controller.adapters.store.postgres import PostgresStore, describe
+from controller.adapters.store import postgres_session
+from controller.adapters.store.postgres import PostgresStore
+from controller.adapters.store.postgres_session import describe
 from controller.core.observed import Metric, RowStatus, Submission, TunnelLease
 from controller.core.ports import ObservationError, StoreUnavailable, WriteRefused
 from controller.core.records import NewRow, ResultUpload
@@ -135,9 +136,9 @@ def test_a_fresh_database_gets_supabase_types_and_each_migration_once(pg_url: st
 def test_new_migrations_are_applied_once_each_in_version_order(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with opened(pg_url):
         pass
-    shipped = postgres.migrations()
+    shipped = postgres_session.migrations()
     second, third = shipped[-1][0] + 1, shipped[-1][0] + 2
-    monkeypatch.setattr(postgres, "migrations", lambda: [
+    monkeypatch.setattr(postgres_session, "migrations", lambda: [
         *shipped,
         (second, "second", "CREATE TABLE evalrun_test_second (x integer)"),
         (third, "third", "INSERT INTO evalrun_test_second VALUES (3)"),  # fails unless `second` ran first

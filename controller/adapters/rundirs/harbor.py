@@ -23,12 +23,10 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from fsspec import AbstractFileSystem
 
@@ -43,10 +41,8 @@ from controller.adapters.rundirs.harbor_format import (
     job_result_facts,
     meta_env_facts,
     trial_api_base,
-    trial_outcome,
 )
 from controller.adapters.rundirs.localfs import (
-    TRIAL_RESULT,
     Content,
     Signature,
     StatKey,
@@ -57,11 +53,12 @@ from controller.adapters.rundirs.localfs import (
 )
 from controller.adapters.rundirs.memo import JobsDirMemo, memo_for
 from controller.adapters.rundirs.remote import RunDirProbe
+from controller.adapters.rundirs.tally import Reader, tally
 from controller.adapters.rundirs.tree import JobsTree, LocalTree, RunScan, TrialRead, open_tree
 from controller.adapters.secrets import SecretMask, masking_errors
 from controller.core.observed import QuietFailure, RunDirFacts
 from controller.core.ports import JobsDirMissing, ObservationError, RunTagFilter, every_run_tag
-from controller.core.trial_errors import UNGRADED, ErrorClasses, ErrorKind
+from controller.core.trial_errors import ErrorClasses
 from controller.core.types import RUN_TAG_PREFIX
 
 log = logging.getLogger(__name__)
@@ -366,28 +363,6 @@ def _collect(into: list[tuple[str, StatKey, TrialOutcome]], name: str, key: Stat
     into.append((name, key, outcome))
 
 
-class _Reader:
-    """Parses the files of one run dir, keeping the first that could not be read as '<path>: <why>'."""
-
-    def __init__(self, run_path: str) -> None:
-        self.run_path = run_path
-        self.problem = ""
-
-    def parse(self, name: str, content: Content | None, parse: Callable[[bytes], T]) -> T | None:
-        """`parse(content)`; None when the file is absent, or cannot be read (then noted)."""
-        if content is None:
-            return None
-        if isinstance(content, Unreadable):
-            reason = content.reason
-        else:
-            try:
-                return parse(content)
-            except FormatError as exc:
-                reason = str(exc)
-        self.problem = self.problem or f"{self.run_path}/{name}: {reason}"
-        return None
-
-
 def run_dir_facts(run_tag: str, path: str, scan: RunScan, errors: ErrorClasses,
                   remember: Callable[[str, StatKey, TrialOutcome], None] | None = None) -> RunDirFacts:
     """Reduce one run dir's files to facts (pure over its inputs; `remember` is told each trial it parsed).
@@ -395,14 +370,14 @@ def run_dir_facts(run_tag: str, path: str, scan: RunScan, errors: ErrorClasses,
     A dir with a file that cannot be read keeps only what matching needs (which model and benchmark it is)
     and `unreadable`: its other numbers are not data. Trials are read no further than the first bad one.
     """
-    reader = _Reader(path)
+    reader = Reader(path)
     meta = reader.parse("meta.env", scan.files.get("meta.env"), meta_env_facts) or MetaFacts()
     config = reader.parse("config.json", scan.files.get("config.json"), job_config_facts)
     result = reader.parse("result.json", scan.files.get("result.json"), job_result_facts)
     identity = _identity(meta, config or JobConfigFacts())
     if reader.problem:
         return RunDirFacts(run_tag=run_tag, path=path, unreadable=reader.problem, **identity)
-    tally = _tally(scan.trials, errors, reader, remember)
+    counts = tally(scan.trials, errors, reader, remember)
     if reader.problem:
         return RunDirFacts(run_tag=run_tag, path=path, unreadable=reader.problem, **identity)
     return RunDirFacts(
@@ -417,7 +392,7 @@ def run_dir_facts(run_tag: str, path: str, scan: RunScan, errors: ErrorClasses,
         fires=meta.resume_count + 1 if meta.resume_count is not None else int(config is not None),
         no_resume=scan.no_resume,
         api_base=_api_base(scan.trial_config),
-        **tally,
+        **counts,
     )
 
 
@@ -447,130 +422,3 @@ def _identity(meta: MetaFacts, config: JobConfigFacts) -> dict[str, Any]:
         "timeout_multiplier": config.timeout_multiplier if config.timeout_multiplier is not None
         else meta.timeout_multiplier,
     }
-
-
-def _tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: _Reader,
-           remember: Callable[[str, StatKey, TrialOutcome], None] | None = None) -> dict[str, Any]:
-    """Per-trial counts, each completed trial in exactly one class (RULES §14): graded (no exception, a usable
-    reward), the model's failure (an exception the catalog lists as the model's), invalid (a reward that is no
-    number in [0, 1], or under another key), or infra (every other exception, and a trial nobody graded). Reward
-    sums cover the scored trials (graded and the model's failures), per task as well, so the core can drop what it
-    files as infra later and cluster the standard error by task.
-
-    Each completed trial that raised without an output token, and each graded one whose agent reported 0 of them,
-    is also listed as a `QuietFailure`: the core, which knows the EvalRun's `instant_fail` and whether the agent
-    calls a model, moves those that are no measurement to infra.
-    Stops at the first trial result `reader` cannot read: the counts are then not data anyway.
-    """
-    tally = _Tally(errors)
-    for trial in trials:
-        tally.n_dirs += 1
-        if trial.known is not None:
-            outcome: TrialOutcome | None = cast(TrialOutcome, trial.known)
-        else:
-            outcome = reader.parse(f"{trial.name}/{TRIAL_RESULT}", trial.result, trial_outcome)
-            if reader.problem:
-                break
-            if outcome is not None and remember is not None and trial.key is not None:
-                remember(trial.name, trial.key, outcome)
-        if outcome is None:
-            tally.n_started += int(trial.agent_active)  # no result yet: its agent is working, or it is only created
-            continue
-        tally.add(trial, outcome)
-    return tally.fields()
-
-
-@dataclass
-class _Tally:
-    """The counts `_tally` builds, one trial result at a time."""
-
-    errors: ErrorClasses
-    n_dirs: int = 0
-    n_started: int = 0
-    n_completed: int = 0
-    n_scored: int = 0
-    n_graded: int = 0
-    n_answered: int = 0
-    n_reported: int = 0
-    reward_sum: float = 0.0
-    newest: float | None = None
-    invalid: list[str] = field(default_factory=list)
-    fractional: list[str] = field(default_factory=list)
-    quiet: list[QuietFailure] = field(default_factory=list)
-    kinds: Counter[ErrorKind] = field(default_factory=Counter)
-    classes: Counter[str] = field(default_factory=Counter)
-    tasks: dict[str, tuple[int, int, float]] = field(default_factory=dict)
-
-    def add(self, trial: TrialRead, outcome: TrialOutcome) -> None:
-        self.n_started += 1
-        if trial.mtime is not None and (self.newest is None or trial.mtime > self.newest):
-            self.newest = trial.mtime
-        reward, exception_type = outcome.reward, outcome.exception_type
-        if exception_type in self.errors.interrupted:
-            return  # not completed: a resume runs it again
-        self.n_completed += 1
-        task = outcome.task or trial.name.split("__", 1)[0]
-        seen, scored, task_sum = self.tasks.get(task, (0, 0, 0.0))
-        seen += 1
-        self.n_reported += outcome.n_output_tokens is not None
-        self.n_answered += bool(outcome.n_output_tokens)
-        problem = outcome.reward_problem or (
-            f"reward {reward:g} is outside [0, 1]" if reward is not None and not 0.0 <= reward <= 1.0 else None)
-        if reward is not None:
-            self.n_scored += 1
-        if problem is not None:
-            self.invalid.append(f"{trial.name}/{TRIAL_RESULT}: {problem}")
-            self.tasks[task] = (seen, scored, task_sum)
-            return
-        if reward is not None and 0.0 < reward < 1.0:
-            self.fractional.append(f"{trial.name}/{TRIAL_RESULT}: reward {reward:g}")
-        kind = self._kind(outcome)
-        if (exception_type is not None and not outcome.n_output_tokens) or (
-                kind is None and outcome.n_output_tokens == 0):
-            self.quiet.append(QuietFailure(exception_type=exception_type, kind=kind,
-                                           agent_seconds=outcome.agent_seconds, reward=reward,
-                                           answered=bool(outcome.n_input_tokens), task=task))
-        if kind is not ErrorKind.INFRA:
-            value = reward or 0.0
-            scored += 1
-            task_sum += value
-            self.reward_sum += value
-        self.tasks[task] = (seen, scored, task_sum)
-
-    def _kind(self, outcome: TrialOutcome) -> ErrorKind | None:
-        """The class of a completed trial with a valid reward or none: None when graded."""
-        if outcome.exception_type is not None:
-            self.classes[outcome.exception_type] += 1
-            kind: ErrorKind | None = self.errors.classify(outcome.exception_type, outcome.reward is not None,
-                                                          outcome.exception_qualified)
-        elif outcome.reward is None:
-            self.classes[UNGRADED] += 1
-            kind = ErrorKind.INFRA
-        else:
-            self.n_graded += 1
-            kind = None
-        if kind is not None:
-            self.kinds[kind] += 1
-        return kind
-
-    def fields(self) -> dict[str, Any]:
-        return {
-            "n_trial_dirs": self.n_dirs,
-            "n_completed": self.n_completed,
-            "n_scored": self.n_scored,
-            "n_graded": self.n_graded,
-            "n_infra_errors": self.kinds[ErrorKind.INFRA],
-            "n_benign_errors": self.kinds[ErrorKind.BENIGN],
-            "n_invalid": len(self.invalid),
-            "invalid": self.invalid[0] if self.invalid else "",
-            "n_fractional": len(self.fractional),
-            "fractional": self.fractional[0] if self.fractional else "",
-            "n_answered": self.n_answered,
-            "n_usage_reported": self.n_reported,
-            "error_breakdown": self.errors.breakdown(self.classes),
-            "reward_sum": self.reward_sum,
-            "tasks": self.tasks,
-            "last_progress_at": datetime.fromtimestamp(self.newest, UTC) if self.newest is not None else None,
-            "quiet_failures": tuple(self.quiet),
-            "n_started_trials": self.n_started,
-        }

@@ -74,10 +74,14 @@ def test_one_message_per_transition_across_kill_9_and_restarts(cluster: Cluster,
     assert "converged after" in done.stdout
     outputs.append(done)
 
-    sent = Counter((m.event, _subject(m.body["text"])) for m in hook.messages())
-    assert sent == Counter({("Completed", "org/a-8B × DCAgent/tiny_a"): 1, ("Completed", "org/b-8B × DCAgent/tiny_a"): 1,
-                            ("Ready", "EvalRun e2e"): 1}), [m.body["text"] for m in hook.messages()]
-    assert len({m.id for m in hook.attempts()}) == len(hook.attempts()) == 3, "no message posted twice"
+    # one message per transition, by its id: the outside kill -9 may land between the endpoint taking a POST and
+    # the commit that records it, and that one message is posted again with the same id (docs/DECISIONS.md,
+    # "Exactly once, and the remaining window"), which a receiver drops
+    by_id = {m.id: (m.event, _subject(m.body["text"])) for m in hook.messages()}
+    assert Counter(by_id.values()) == Counter({("Completed", "org/a-8B × DCAgent/tiny_a"): 1,
+                                               ("Completed", "org/b-8B × DCAgent/tiny_a"): 1,
+                                               ("Ready", "EvalRun e2e"): 1}), [m.body["text"] for m in hook.messages()]
+    assert len(hook.attempts()) - len(by_id) <= 1, "at most the one message in flight at the kill is posted again"
     assert {state for _, state, _ in outbox(cluster)} == {"delivered"}
 
     status = cluster.evalctl("status", "-o", "json")

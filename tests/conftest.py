@@ -11,6 +11,8 @@ Every session also checks that no local-scheduler job outlives it (`no_job_left_
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -34,6 +36,20 @@ os.environ.setdefault("EVALCTL_CACHE_DIR", tempfile.mkdtemp(prefix="evalrun-test
 SESSION_MARKER = "EVALRUN_TEST_SESSION"
 JOB_MARKER = b"EVAL_JOB_ID="  # set by the local scheduler only, for its runner and all the job starts
 KILL_WAIT_S = 15.0  # a job cancelled by a test's teardown gets SIGTERM, then SIGKILL after 5 s
+
+
+# Tests that share a lab whose state one of them may take down run on one xdist worker, one after another:
+# the Kubernetes lab (a peered operator sees every namespace) and the SLURM lab (its 2 CPUs; tests that stop
+# slurmctld also lock it, `slurm_lab_alone`, against the Kubernetes tests that use SLURM).
+LAB_GROUPS = (("kube", ("kube",)), ("slurm", ("slurm_env",)))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        group = next((name for name, needs in LAB_GROUPS if fixtures.intersection(needs)), None)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -98,14 +114,42 @@ def _run_script(script: str, timeout: float, env: dict[str, str] | None = None) 
     return proc.stdout
 
 
+SLURM_LAB = os.environ.get("SLURM_LAB", "/tmp/evalrun-slurm")
+
+
+@contextlib.contextmanager
+def _slurm_lab(exclusive: bool) -> Iterator[None]:
+    """A reader-writer lock on the SLURM lab across xdist workers: tests share it, one that stops slurmctld
+    (or a worker starting the lab, which would start a stopped slurmctld) waits until it has it alone."""
+    with open(f"{SLURM_LAB}.tests.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+
+
 @pytest.fixture(scope="session")
 def slurm_env() -> dict[str, str]:
     """Environment (os.environ + SLURM_CONF) for talking to the cluster; starts it if needed."""
     if os.geteuid() != 0:
         pytest.skip("the SLURM test cluster needs root")
-    _run_script("slurm-up.sh", timeout=600)
-    lab = os.environ.get("SLURM_LAB", "/tmp/evalrun-slurm")
-    return {**os.environ, "SLURM_CONF": f"{lab}/etc/slurm.conf"}
+    with _slurm_lab(exclusive=False):
+        _run_script("slurm-up.sh", timeout=600)
+    return {**os.environ, "SLURM_CONF": f"{SLURM_LAB}/etc/slurm.conf"}
+
+
+@pytest.fixture(autouse=True)
+def _slurm_lab_shared(request: pytest.FixtureRequest) -> Iterator[None]:
+    if "slurm_env" in request.fixturenames and "slurm_lab_alone" not in request.fixturenames:
+        with _slurm_lab(exclusive=False):
+            yield
+    else:
+        yield
+
+
+@pytest.fixture
+def slurm_lab_alone(slurm_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """`slurm_env` for a test that stops slurmctld: no other test uses the lab meanwhile."""
+    with _slurm_lab(exclusive=True):
+        yield slurm_env
 
 
 @pytest.fixture(scope="session")

@@ -119,7 +119,8 @@ def test_eval_harbor_resume_after_scancel(slurm_env: dict[str, str], eval_env: P
     assert f"SLURM_JOB_ID={job2}\n" in meta and "RESUME_COUNT=1\n" in meta
 
 
-def test_slurmctld_stop_start(slurm_env: dict[str, str]) -> None:
+def test_slurmctld_stop_start(slurm_lab_alone: dict[str, str]) -> None:
+    slurm_env = slurm_lab_alone
     ctl = ["bash", str(REPO / "scripts" / "slurmctld.sh")]
     try:
         run([*ctl, "stop"], slurm_env)

@@ -72,7 +72,7 @@ def test_killed_right_after_sbatch_the_next_pass_adopts_the_job(cluster):
     assert [j["job_id"] for j in cluster.our_queued_jobs()] == [job["job_id"]]
 
 
-def test_unreachable_slurmctld_makes_every_cell_unknown_and_nothing_is_submitted_or_cancelled(cluster):
+def test_unreachable_slurmctld_makes_every_cell_unknown_and_nothing_is_submitted_or_cancelled(cluster, slurm_lab_alone):
     m1, m2, dataset = cluster.model(1), cluster.model(2), "DCAgent/ctldbench"
     held = cluster.held_script()
     cluster.write(models=[m1], datasets=[dataset], script=held)

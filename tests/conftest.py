@@ -33,6 +33,9 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
 # the run-dir cache of fresh processes (docs/DECISIONS.md) goes to a dir of this session's, not the user's ~/.cache
 os.environ.setdefault("EVALCTL_CACHE_DIR", tempfile.mkdtemp(prefix="evalrun-test-cache-"))
+if os.environ.get("PYTEST_XDIST_WORKER"):  # xdist gives workers an 80×24 terminal; children see none, as without it
+    for size in ("COLUMNS", "LINES"):
+        os.environ.pop(size, None)
 SESSION_MARKER = "EVALRUN_TEST_SESSION"
 JOB_MARKER = b"EVAL_JOB_ID="  # set by the local scheduler only, for its runner and all the job starts
 KILL_WAIT_S = 15.0  # a job cancelled by a test's teardown gets SIGTERM, then SIGKILL after 5 s

@@ -22,7 +22,7 @@ from controller.entry.passes import pass_targets
 from controller.entry.wiring import utc_now
 from tests.e2e.conftest import Cluster
 from tests.fixtures.legacy_db import LegacyDB, LegacyTables, terminus_config
-from tests.fixtures.postgres import pg_start, pg_stop
+from tests.fixtures.postgres import PgServer, pg_start, pg_stop, throwaway_database
 from tests.store.contract.postgres_backend import PostgresTables
 
 NOW = datetime.now(UTC)
@@ -83,28 +83,31 @@ def unevaluated(cluster: Cluster) -> list[str]:
 class StopsMidSelection(Store):
     """The real store; the database is stopped after the selector read the models and before it reads their rows."""
 
-    def __init__(self, inner: Store) -> None:
+    def __init__(self, inner: Store, server: PgServer) -> None:
         super().__init__(inner.results, inner.state)
         real_read = inner.results.read_results
 
         def stop_then_read(models: list[str] | None, benchmarks: list[str] | None) -> ResultsSnapshot:
-            pg_stop()
+            pg_stop(server=server)
             return real_read(models, benchmarks)
 
         self.results.read_results = stop_then_read  # type: ignore[method-assign]
 
 
 @pytest.fixture
-def pg_lab(cluster: Cluster, pg_url: str) -> Iterator[tuple[Cluster, Lab, PostgresTables]]:
-    open_store(pg_url).close()  # the lab's tables (uuid, jsonb, timestamptz) and ours
-    tables = PostgresTables(pg_url)
-    cluster.store = pg_url
-    yield cluster, Lab(tables), tables
-    tables.close()
+def pg_lab(cluster: Cluster, pg_private_server: PgServer) -> Iterator[tuple[Cluster, Lab, PostgresTables]]:
+    """On this session's own server: the test stops it, and the shared one serves the tests running beside it."""
+    with throwaway_database(pg_private_server) as url:
+        open_store(url).close()  # the lab's tables (uuid, jsonb, timestamptz) and ours
+        tables = PostgresTables(url)
+        cluster.store = url
+        yield cluster, Lab(tables), tables
+        tables.close()
 
 
 @pytest.mark.postgres
-def test_a_selector_on_a_legacy_postgres_db(pg_lab: tuple[Cluster, Lab, PostgresTables]) -> None:
+def test_a_selector_on_a_legacy_postgres_db(pg_lab: tuple[Cluster, Lab, PostgresTables],
+                                            pg_private_server: PgServer) -> None:
     cluster, lab, tables = pg_lab
     write(cluster)
 
@@ -131,9 +134,9 @@ def test_a_selector_on_a_legacy_postgres_db(pg_lab: tuple[Cluster, Lab, Postgres
     specs = load_specs([cluster.spec], catalog)
     store = open_store(cluster.store)
     try:
-        [target] = pass_targets(specs, catalog, StopsMidSelection(store), utc_now(), act=True)
+        [target] = pass_targets(specs, catalog, StopsMidSelection(store, pg_private_server), utc_now(), act=True)
     finally:
-        pg_start()
+        pg_start(pg_private_server)
         store.close()
     assert target.intake.startswith("nothing new selected: the results DB cannot be read"), target.intake
     assert sorted(s.model for s in target.selections) == selected, "what was taken before is still its cells"

@@ -82,10 +82,10 @@ def test_a_general_stall_is_reported_first_and_cancelled_on_the_second_reading(c
           "{staleGeneralMinutes: 0.05, settleMinutes: 0.02}", "{minCompletedFraction: 0.3, partial: upload}")
 
     stalled = passes_until(cluster, "Stalled")
-    first = cell(cluster)
     outputs = passes_until(cluster, "Completed")
 
-    assert "first reading" in first["reason"] and [a["kind"] for a in first["actions"]] == ["wait"]
+    # the pass that found it stalled only reported it (a plan run after it may already be the second reading)
+    assert "wait: no new score for" in stalled[-1] and "cancel" not in stalled[-1], stalled[-1]
     text = "".join(stalled + outputs)
     assert "stuck general, second reading" in text and ": resume: " not in text, text[-3000:]
     [job] = cluster.scheduler.observe()

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -23,7 +24,7 @@ from controller.entry.wiring import cluster_ports, targets_for, utc_now
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_converge import assert_admitted_with_evidence
 from tests.fixtures.evalctl import wait_until
-from tests.fixtures.postgres import pg_start, pg_stop
+from tests.fixtures.postgres import PgServer, pg_start, pg_stop, throwaway_database
 
 pytestmark = pytest.mark.postgres
 MODELS = ["org/m1-8B", "org/m2-8B", "org/m3-8B"]
@@ -39,9 +40,11 @@ def query(url: str, sql: str) -> list[tuple]:
 
 
 @pytest.fixture
-def pg_cluster(cluster: Cluster, pg_url: str) -> Cluster:
-    cluster.store = pg_url
-    return cluster
+def pg_cluster(cluster: Cluster, pg_private_server: PgServer) -> Iterator[Cluster]:
+    """On this session's own server: tests here stop it, and the shared one serves the tests running beside them."""
+    with throwaway_database(pg_private_server) as url:
+        cluster.store = url
+        yield cluster
 
 
 def test_the_demo_converges_on_postgres(pg_cluster: Cluster) -> None:
@@ -120,8 +123,8 @@ def _in_process_pass(cluster: Cluster, store: Store) -> list:
 class _StopsTheDatabaseAfter:
     """Wraps one store method: the database goes down right after it returns, in the middle of the pass."""
 
-    def __init__(self, target: object, method: str) -> None:
-        self.target, self.method = target, method
+    def __init__(self, target: object, method: str, server: PgServer) -> None:
+        self.target, self.method, self.server = target, method, server
 
     def __getattr__(self, name: str) -> object:
         attribute = getattr(self.target, name)
@@ -130,7 +133,7 @@ class _StopsTheDatabaseAfter:
 
         def then_stop(*args: object, **kwargs: object) -> object:
             result = attribute(*args, **kwargs)
-            pg_stop()
+            pg_stop(server=self.server)
             return result
 
         return then_stop
@@ -139,16 +142,16 @@ class _StopsTheDatabaseAfter:
 @pytest.mark.parametrize(("half", "method"), [("results", "read_results"), ("state", "record_submission")],
                          ids=["after-observe", "after-intent"])
 def test_the_database_stopping_mid_pass_submits_nothing_and_the_next_pass_converges(
-        pg_cluster: Cluster, half: str, method: str) -> None:
+        pg_cluster: Cluster, pg_private_server: PgServer, half: str, method: str) -> None:
     pg_cluster.write(models=MODELS[:2], datasets=DATASETS, env=HANG)
     store = open_store(pg_cluster.store)
     try:
-        wrapped = Store(*(_StopsTheDatabaseAfter(part, method) if name == half else part
+        wrapped = Store(*(_StopsTheDatabaseAfter(part, method, pg_private_server) if name == half else part
                           for name, part in (("results", store.results), ("state", store.state))))
         try:
             [result] = _in_process_pass(pg_cluster, wrapped)  # type: ignore[arg-type]
         finally:
-            pg_start()
+            pg_start(pg_private_server)
         assert pg_cluster.scheduler.observe() == (), "nothing was submitted"
         failed = [o for o in result.outcomes if not o.ok]
         assert result.blocked or failed, "the pass says it could not finish"
@@ -165,14 +168,15 @@ def test_the_database_stopping_mid_pass_submits_nothing_and_the_next_pass_conver
     assert query(pg_cluster.store, "SELECT count(*) FROM evalrun_submissions") == [(2,)]
 
 
-def test_a_pass_while_the_database_is_down_makes_cells_unknown_with_the_reason(pg_cluster: Cluster) -> None:
+def test_a_pass_while_the_database_is_down_makes_cells_unknown_with_the_reason(
+        pg_cluster: Cluster, pg_private_server: PgServer) -> None:
     pg_cluster.write(models=MODELS[:1], datasets=DATASETS, env=HANG)
-    pg_stop()
+    pg_stop(server=pg_private_server)
     try:
         result = pg_cluster.evalctl("reconcile", "--once", check=False)
         plan = pg_cluster.evalctl("plan", check=False)
     finally:
-        pg_start()
+        pg_start(pg_private_server)
     assert result.returncode == 1 and "Traceback" not in result.stderr + result.stdout
     assert pg_cluster.scheduler.observe() == ()
     assert "Unknown" in plan.stdout and "127.0.0.1" in plan.stdout, plan.stdout

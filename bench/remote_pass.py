@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ["EVALCTL_CACHE_DIR"] = ""  # figures of a reader's own memo: nothing from earlier processes
 
-from controller.adapters.remote.ssh import SshCommands, sftp_filesystem  # noqa: E402
+from controller.adapters.remote.sftp import sftp_filesystem  # noqa: E402
+from controller.adapters.remote.ssh import SshCommands  # noqa: E402
 from controller.adapters.rundirs import memo  # noqa: E402
 from controller.adapters.rundirs.harbor import HarborRunDirs  # noqa: E402
 from controller.adapters.rundirs.remote import RunDirProbe  # noqa: E402

@@ -21,57 +21,77 @@ from controller.entry.shell import (
     exits,
 )
 
+# The options of `evalctl operator` (StoreURL, StateURL and Verbose are every command's: shell.py).
+Namespaces = Annotated[list[str], typer.Option("-n", "--namespace", help="Watch only these namespaces "
+                                                                      "(repeat; default: all).")]
+BaseDir = Annotated[Path, typer.Option("--base-dir", help="Where relative paths of EvalClusters resolve "
+                                                          "(jobsDir, jobScript, ...).")]
+Interval = Annotated[float, typer.Option("--interval", min=1.0, help="Seconds between passes of an EvalRun "
+                                                                    "when nothing changes.")]
+Standalone = Annotated[bool, typer.Option("--standalone", help="No kopf peering (one replica, e.g. a laptop).")]
+Peering = Annotated[str, typer.Option("--peering", help="ClusterKopfPeering (all namespaces) or KopfPeering "
+                                                        "(with -n) name.")]
+Priority = Annotated[int | None, typer.Option("--priority", help="Among peered replicas, the highest acts; the "
+                                                                 "others stand by (default: a random one, so "
+                                                                 "replicas started together never tie).")]
+Liveness = Annotated[str | None, typer.Option("--liveness", help="Serve a liveness probe, e.g. "
+                                                                 "http://0.0.0.0:8080/healthz.")]
+MetricsPort = Annotated[int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics on this port.")]
+PassTimeout = Annotated[float | None, typer.Option(
+    "--pass-timeout", min=1.0, help="Seconds a pass may take; then its EvalRun is Unknown and a hung pass keeps "
+                                    "only its own worker (default: 4 intervals, at least 60).")]
+OperatorNamespace = Annotated[str, typer.Option(
+    "--operator-namespace", envvar="POD_NAMESPACE", help="The operator's namespace: where the Secrets of "
+                                                         "ClusterEvalClusters are.")]
+
+# Deny by default: what the admin opens to namespaces' authors, and how much each namespace may ask.
+AllowLocalScheduler = Annotated[bool, typer.Option(
+    "--allow-local-scheduler", help="Let namespaced EvalClusters run jobs or scheduler commands on this host, as "
+                                    "the operator (a single-user laptop; never in a shared cluster).")]
+AllowedSshHosts = Annotated[list[str], typer.Option(
+    "--allowed-ssh-host", help="A login host (shell pattern) namespaced EvalClusters may reach with their own "
+                               "key Secret (repeat).")]
+AllowedPathRoots = Annotated[list[str], typer.Option(
+    "--allowed-path-root", help="A directory absolute local paths of namespaced EvalClusters may point into "
+                                "(repeat).")]
+AllowedMlflowUris = Annotated[list[str], typer.Option(
+    "--allowed-mlflow-uri", help="A tracking URI (prefix) the operator's own MLflow login may be sent to "
+                                 "(repeat); tenants may name a URI under it whatever its host.")]
+AllowedWebhookUrls = Annotated[list[str], typer.Option(
+    "--allowed-webhook-url", help="A webhook URL (prefix) tenants may name whatever its host, e.g. an in-cluster "
+                                  "relay (repeat); others must be http(s) on public addresses.")]
+AllowModelSelector = Annotated[bool, typer.Option(
+    "--allow-model-selector", help="Let namespaced EvalRuns use modelSelector: it reads the results DB's models "
+                                   "table, with every namespace's model names.")]
+MaxEvalRunsPerNamespace = Annotated[int, typer.Option(
+    "--max-evalruns-per-namespace", min=1, help="EvalRuns served per namespace, oldest first; the others are "
+                                                "Stalled (QuotaExceeded).")]
+MaxCellsPerNamespace = Annotated[int, typer.Option(
+    "--max-cells-per-namespace", min=1, help="Cells (models × benchmarks) served per namespace, oldest "
+                                             "EvalRuns first.")]
+
 
 def operator(
     store: StoreURL = None,
     state: StateURL = None,
-    namespace: Annotated[list[str], typer.Option("-n", "--namespace", help="Watch only these namespaces "
-                                                                           "(repeat; default: all).")] = [],  # noqa: B006
-    base_dir: Annotated[Path, typer.Option("--base-dir", help="Where relative paths of EvalClusters resolve "
-                                                              "(jobsDir, jobScript, ...).")] = Path(),
-    interval: Annotated[float, typer.Option("--interval", min=1.0, help="Seconds between passes of an EvalRun "
-                                                                       "when nothing changes.")] = RECONCILE_INTERVAL_S,
-    standalone: Annotated[bool, typer.Option("--standalone", help="No kopf peering (one replica, e.g. a laptop).")]
-    = False,
-    peering: Annotated[str, typer.Option("--peering", help="ClusterKopfPeering (all namespaces) or KopfPeering "
-                                                           "(with -n) name.")] = "evalrun-operator",
-    priority: Annotated[int | None, typer.Option("--priority", help="Among peered replicas, the highest acts; the "
-                                                                    "others stand by (default: a random one, so "
-                                                                    "replicas started together never tie).")] = None,
-    liveness: Annotated[str | None, typer.Option("--liveness", help="Serve a liveness probe, e.g. "
-                                                                    "http://0.0.0.0:8080/healthz.")] = None,
-    metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics on this "
-                                                                            "port.")] = None,
-    allow_local_scheduler: Annotated[bool, typer.Option(
-        "--allow-local-scheduler", help="Let namespaced EvalClusters run jobs or scheduler commands on this host, as "
-                                        "the operator (a single-user laptop; never in a shared cluster).")] = False,
-    allowed_ssh_host: Annotated[list[str], typer.Option(
-        "--allowed-ssh-host", help="A login host (shell pattern) namespaced EvalClusters may reach with their own "
-                                   "key Secret (repeat).")] = [],  # noqa: B006
-    allowed_path_root: Annotated[list[str], typer.Option(
-        "--allowed-path-root", help="A directory absolute local paths of namespaced EvalClusters may point into "
-                                    "(repeat).")] = [],  # noqa: B006
-    allowed_mlflow_uri: Annotated[list[str], typer.Option(
-        "--allowed-mlflow-uri", help="A tracking URI (prefix) the operator's own MLflow login may be sent to "
-                                     "(repeat); tenants may name a URI under it whatever its host.")] = [],  # noqa: B006
-    allowed_webhook_url: Annotated[list[str], typer.Option(
-        "--allowed-webhook-url", help="A webhook URL (prefix) tenants may name whatever its host, e.g. an in-cluster "
-                                      "relay (repeat); others must be http(s) on public addresses.")] = [],  # noqa: B006
-    allow_model_selector: Annotated[bool, typer.Option(
-        "--allow-model-selector", help="Let namespaced EvalRuns use modelSelector: it reads the results DB's models "
-                                       "table, with every namespace's model names.")] = False,
-    max_evalruns_per_namespace: Annotated[int, typer.Option(
-        "--max-evalruns-per-namespace", min=1, help="EvalRuns served per namespace, oldest first; the others are "
-                                                    "Stalled (QuotaExceeded).")] = 50,
-    max_cells_per_namespace: Annotated[int, typer.Option(
-        "--max-cells-per-namespace", min=1, help="Cells (models × benchmarks) served per namespace, oldest "
-                                                 "EvalRuns first.")] = 50_000,
-    pass_timeout: Annotated[float | None, typer.Option(
-        "--pass-timeout", min=1.0, help="Seconds a pass may take; then its EvalRun is Unknown and a hung pass keeps "
-                                        "only its own worker (default: 4 intervals, at least 60).")] = None,
-    operator_namespace: Annotated[str, typer.Option(
-        "--operator-namespace", envvar="POD_NAMESPACE", help="The operator's namespace: where the Secrets of "
-                                                             "ClusterEvalClusters are.")] = "evalrun-system",
+    namespace: Namespaces = [],  # noqa: B006
+    base_dir: BaseDir = Path(),
+    interval: Interval = RECONCILE_INTERVAL_S,
+    standalone: Standalone = False,
+    peering: Peering = "evalrun-operator",
+    priority: Priority = None,
+    liveness: Liveness = None,
+    metrics_port: MetricsPort = None,
+    allow_local_scheduler: AllowLocalScheduler = False,
+    allowed_ssh_host: AllowedSshHosts = [],  # noqa: B006
+    allowed_path_root: AllowedPathRoots = [],  # noqa: B006
+    allowed_mlflow_uri: AllowedMlflowUris = [],  # noqa: B006
+    allowed_webhook_url: AllowedWebhookUrls = [],  # noqa: B006
+    allow_model_selector: AllowModelSelector = False,
+    max_evalruns_per_namespace: MaxEvalRunsPerNamespace = 50,
+    max_cells_per_namespace: MaxCellsPerNamespace = 50_000,
+    pass_timeout: PassTimeout = None,
+    operator_namespace: OperatorNamespace = "evalrun-system",
     verbose: Verbose = 0,
 ) -> None:
     """Run the Kubernetes operator: reconcile EvalRun resources with the same passes as `reconcile`.

@@ -373,7 +373,7 @@ def run_dirs_fs(cluster: LoadedCluster, jobs_dir: str, secrets: SecretSource | N
         ssh = urlsplit(jobs_dir).netloc
     elif not ssh or "://" in jobs_dir:
         return None
-    from controller.adapters.remote.ssh import sftp_filesystem
+    from controller.adapters.remote.sftp import sftp_filesystem
 
     try:
         access = ssh_access(cluster, secrets or EnvironmentSecrets())

@@ -9,10 +9,9 @@ import pytest
 
 from controller.adapters.scheduler.commands import CommandFailed, CommandResult
 from controller.adapters.scheduler.output import TAIL_BYTES
-from controller.adapters.scheduler.slurm import (
+from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
+from controller.adapters.scheduler.slurm_parse import (
     SLURM_STATES,
-    SlurmOptions,
-    SlurmScheduler,
     merge,
     parse_duration,
     parse_sacct_line,

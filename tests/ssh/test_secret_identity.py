@@ -25,12 +25,12 @@ from typing import Any
 import paramiko
 import pytest
 
+from controller.adapters.remote.sftp import sftp_filesystem
 from controller.adapters.remote.ssh import (
     SshCommands,
     SshIdentity,
     materialize_identity,
     materialize_known_hosts,
-    sftp_filesystem,
 )
 from controller.adapters.scheduler.commands import CommandFailed
 from controller.adapters.secrets import SecretMask

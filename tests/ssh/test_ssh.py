@@ -15,12 +15,12 @@ from typing import Any
 import paramiko
 import pytest
 
+from controller.adapters.remote.sftp import sftp_filesystem
 from controller.adapters.remote.ssh import (
     DROP_SECRETS,
     SshCommands,
     parse_host,
     remote_script,
-    sftp_filesystem,
 )
 from controller.adapters.scheduler.commands import AnswerTooLarge, CommandFailed
 from tests.ssh.conftest import SshLab

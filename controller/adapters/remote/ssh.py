@@ -1,4 +1,4 @@
-"""Reach a cluster's login node over ssh: run scheduler commands there, read run dirs through sftp.
+"""Reach a cluster's login node over ssh: run scheduler commands there (run dirs are read through sftp.py).
 
 Commands go through the system OpenSSH client, so the user's ~/.ssh/config (aliases, ProxyJump, keys, agent)
 applies exactly as on their shell. Host keys are always checked: a login node whose key is unknown or changed
@@ -28,10 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
-
-import paramiko
-from fsspec.implementations.sftp import SFTPFileSystem
+from typing import Self
 
 from controller.adapters.scheduler.commands import (
     ANSWER_CAP,
@@ -42,7 +39,6 @@ from controller.adapters.scheduler.commands import (
     capture,
 )
 from controller.adapters.secrets import SecretMask
-from controller.core.ports import ObservationError
 
 log = logging.getLogger("evalctl.ssh")
 _HOST = re.compile(r"(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]\s]+\]|[A-Za-z0-9_.%][^:@\s\[\]]*)(?::(?P<port>\d{1,5}))?")
@@ -213,7 +209,7 @@ def public_failure(subject: str, code: str, detail: str, mask: Callable[[str], s
     return f"{subject} failed ({', '.join(part for part in (code, _failure_kind(detail)) if part)}); see the operator's log"
 
 
-def _log_mask(identity: SshIdentity | None, mask: Callable[[str], str] | None) -> Callable[[str], str]:
+def log_mask(identity: SshIdentity | None, mask: Callable[[str], str] | None) -> Callable[[str], str]:
     first: Callable[[str], str] = identity.mask if identity is not None else SecretMask()
     return first if mask is None else (lambda text: mask(first(text)))
 
@@ -241,7 +237,7 @@ class SshCommands:
         self.host = host
         self.identity = identity
         self.public_errors = public_errors
-        self._mask = _log_mask(identity, mask)
+        self._mask = log_mask(identity, mask)
         self.control_persist = control_persist
         self.caps = (max_answer, max_errors)  # what one command's stdout and stderr may hold (commands.capture)
         # ssh keeps the FIRST value of an option: ours come first, so `options` and ssh_config cannot relax them.
@@ -336,7 +332,7 @@ class SshCommands:
     def _ssh_error(self, stderr: str, what: str, returncode: int) -> str:
         lines = [line.strip() for line in stderr.replace("\r", "").splitlines() if line.strip()]
         if self.public_errors:
-            subject = f"ssh to {_endpoint(self.hostname, self.port, self.identity is not None)}"
+            subject = f"ssh to {endpoint(self.hostname, self.port, self.identity is not None)}"
             return public_failure(subject, f"exit {returncode}", " / ".join(lines), self._mask, what=what)
         text = f"{what} failed: {' / '.join(lines[-6:]) or 'ssh exited with 255'}"
         host_key = any("host key" in line.lower() or "host identification" in line.lower() for line in lines)
@@ -385,115 +381,8 @@ def _private_dir(path: Path) -> Path:
     return path
 
 
-# ---------------------------------------------------------------------- sftp
-
-
-class CheckedSFTPFileSystem(SFTPFileSystem):  # type: ignore[misc]  # fsspec ships no type hints
-    """fsspec's SFTPFileSystem with host key checking ON.
-
-    The upstream class trusts any host key on first sight (paramiko AutoAddPolicy, no known_hosts loaded).
-    Here the key must be in the known_hosts files, like `ssh -o StrictHostKeyChecking=yes`; otherwise
-    connecting raises paramiko.SSHException (BadHostKeyException for a changed key).
-    """
-
-    def __init__(self, host: str, *, known_hosts: Sequence[str] = (), global_known_hosts: Sequence[str] = (),
-                 proxy_command: str | None = None, **ssh_kwargs: Any):
-        if self._cached:  # fsspec handed back a cached instance: already set up
-            return
-        # set before super().__init__, which connects
-        self.known_hosts = tuple(known_hosts)
-        self.global_known_hosts = tuple(global_known_hosts)
-        self.proxy_command = proxy_command
-        super().__init__(host, **ssh_kwargs)
-
-    def _connect(self) -> None:
-        client = paramiko.SSHClient()
-        # load_system_host_keys: read-only sets, never written back
-        for path in (*self.global_known_hosts, *self.known_hosts):
-            if os.path.isfile(path):
-                client.load_system_host_keys(path)
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        sock = paramiko.ProxyCommand(self.proxy_command) if self.proxy_command else None
-        client.connect(self.host, sock=sock, **self.ssh_kwargs)
-        self.client = client
-        self.ftp = client.open_sftp()
-        timeout = self.ssh_kwargs.get("timeout")
-        if timeout:  # a hung server must fail reads, not block the reconciler forever
-            self.ftp.get_channel().settimeout(timeout)
-
-    def connected(self) -> bool:
-        transport = self.client.get_transport()
-        return transport is not None and transport.is_active()
-
-
-def sftp_filesystem(host: str, *, config_file: str | None = None, known_hosts: str | None = None,
-                    identity_file: str | None = None, identity: SshIdentity | None = None, public_errors: bool = False,
-                    mask: Callable[[str], str] | None = None, timeout: float = 30) -> CheckedSFTPFileSystem:
-    """An fsspec filesystem over sftp to `host` (as for SshCommands: alias, `user@host:port`), host keys checked.
-
-    paramiko does not read ssh_config itself: the alias is resolved here (HostName, Port, User, IdentityFile,
-    UserKnownHostsFile, GlobalKnownHostsFile, ProxyCommand, ProxyJump) from `config_file`, else ~/.ssh/config.
-    With `identity` there is no ssh_config at all, and no agent or ~/.ssh key: that key and known_hosts only.
-    `public_errors`: a failure to connect raises ObservationError naming only the host (see SshCommands).
-    Instances are cached by fsspec per (arguments, thread); one whose connection died is reconnected here.
-    """
-    if identity is not None and (config_file or known_hosts or identity_file):
-        raise ValueError("an ssh identity from Secrets excludes config_file, known_hosts and identity_file")
-    user, hostname, port = parse_host(host)
-    try:
-        if identity is not None:
-            fs = CheckedSFTPFileSystem(
-                hostname, known_hosts=[identity.known_hosts_file], port=port or 22, timeout=timeout,
-                banner_timeout=timeout, auth_timeout=timeout, key_filename=[identity.key_file], look_for_keys=False,
-                allow_agent=False, **({"username": user} if user else {}))
-        else:
-            fs = _configured_sftp(host, config_file, known_hosts, identity_file, timeout)
-        if not fs.connected():
-            fs._connect()
-        return fs
-    except Exception as exc:
-        if not public_errors:
-            raise
-        subject = f"sftp to {_endpoint(hostname, port, identity is not None)}"
-        message = public_failure(subject, type(exc).__name__, f"{type(exc).__name__}: {exc}", _log_mask(identity, mask))
-        raise ObservationError(message) from None
-
-
-def _endpoint(hostname: str, port: int | None, fixed: bool) -> str:
+def endpoint(hostname: str, port: int | None, fixed: bool) -> str:
     """HOST:PORT as a message names it; an alias alone when its port comes from an ssh_config."""
     if port is None and not fixed:
         return hostname
     return f"[{hostname}]:{port or 22}" if ":" in hostname else f"{hostname}:{port or 22}"
-
-
-def _configured_sftp(host: str, config_file: str | None, known_hosts: str | None, identity_file: str | None,
-                     timeout: float) -> CheckedSFTPFileSystem:
-    user, alias, port = parse_host(host)
-    config_path = Path(config_file or "~/.ssh/config").expanduser()
-    cfg = paramiko.SSHConfig.from_path(str(config_path)).lookup(alias) if config_path.is_file() else {}
-    hostname = cfg.get("hostname", alias)
-    port = port or int(cfg.get("port", 22))
-    kwargs: dict[str, Any] = {"port": port, "timeout": timeout, "banner_timeout": timeout, "auth_timeout": timeout}
-    if user or cfg.get("user"):
-        kwargs["username"] = user or cfg["user"]
-    keys = [identity_file] if identity_file else [os.path.expanduser(k) for k in cfg.get("identityfile", [])]
-    if keys:
-        kwargs["key_filename"] = keys
-        kwargs["look_for_keys"] = False
-    user_files = [known_hosts] if known_hosts else _split_paths(cfg.get("userknownhostsfile"),
-                                                                "~/.ssh/known_hosts ~/.ssh/known_hosts2")
-    global_files = _split_paths(cfg.get("globalknownhostsfile"), "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2")
-    proxy = cfg.get("proxycommand")
-    if not proxy and cfg.get("proxyjump", "none").lower() != "none":
-        # OpenSSH makes the hops (checking their keys); paramiko talks to the target through its stdio
-        *via, last = cfg["proxyjump"].split(",")
-        target = f"[{hostname}]:{port}" if ":" in hostname else f"{hostname}:{port}"
-        proxy = shlex.join(["ssh", *(["-F", str(config_path)] if config_file else []), "-o", "BatchMode=yes",
-                            "-o", "StrictHostKeyChecking=yes", *(["-J", ",".join(via)] if via else []),
-                            "-W", target, f"ssh://{last}"])
-    return CheckedSFTPFileSystem(hostname, known_hosts=user_files, global_known_hosts=global_files,
-                                 proxy_command=proxy if proxy and proxy.lower() != "none" else None, **kwargs)
-
-
-def _split_paths(value: str | None, default: str) -> list[str]:
-    return [os.path.expanduser(p) for p in (value or default).split()]

@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 import sqlite3
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from os import PathLike
-from pathlib import Path
 from typing import Any
 
 from controller.adapters.store import sqlite_sql as sql
@@ -35,7 +33,7 @@ from controller.adapters.store.codec import (
     sandbox_job_row,
     state_snapshot,
 )
-from controller.adapters.store.errors import StoreUnavailable, WriteRefused
+from controller.adapters.store.sqlite_session import SqliteSession, as_json, missing_columns, transaction
 from controller.core.intake import RegisteredModel, Selection
 from controller.core.notify import Fact, Notification, NotifyEvent, transitions
 from controller.core.observed import RowStatus, Submission, TunnelLease
@@ -44,29 +42,24 @@ from controller.core.records import NamedRow, NewRow, ResultsSnapshot, ResultUpl
 from controller.core.remedies import CellMemory, Quarantined, QuarantineKind
 from controller.core.types import EvalRunRef
 
-MEMORY = ":memory:"
 BUSY_TIMEOUT_S = 30.0
 NO_RESULTS = ResultsSnapshot(models=(), benchmarks=(), rows=())
 
 
 class SqliteStore:
-    """Both halves of the store (`ResultsDB` and `ControllerState`) in one SQLite file.
+    """Both halves of the store (`ResultsDB` and `ControllerState`) in one SQLite file (the connection: `SqliteSession`).
 
     `queries` counts data statements executed (transaction control excluded).
     """
 
     def __init__(self, path: str | PathLike[str], *, readonly: bool = False,
                  busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
-        self.path = str(path)
-        self.readonly = readonly
-        self.busy_timeout_s = busy_timeout_s
-        self.queries = 0
-        self._conn: sqlite3.Connection | None = None
-        if not readonly:
-            try:
-                self._conn = _open_writable(self.path, busy_timeout_s)
-            except (sqlite3.Error, OSError) as error:
-                raise StoreUnavailable(_unavailable(self.path, error)) from None
+        self._db = SqliteSession(str(path), readonly=readonly, busy_timeout_s=busy_timeout_s)
+        self.path, self.readonly, self.busy_timeout_s = self._db.path, readonly, busy_timeout_s
+
+    @property
+    def queries(self) -> int:
+        return self._db.queries
 
     # ----------------------------------------------------------------------- results DB: reads
 
@@ -75,52 +68,52 @@ class SqliteStore:
 
         A store without the OT-Agent tables (a read-only store on a missing file) has no results yet.
         """
-        conn = self._connection()
+        conn = self._db.connection()
         if conn is None:
             return NO_RESULTS
         try:
-            with self._transaction(conn, "DEFERRED"):
-                if not self._tables(conn).issuperset(sql.OT_AGENT_TABLES):
+            with transaction(conn, "DEFERRED"):
+                if not self._db.tables(conn).issuperset(sql.OT_AGENT_TABLES):
                     return NO_RESULTS
                 models, benchmarks = self._families(conn, model_names, benchmark_names)
-                records = self._run(conn, sql.ROWS_IN_FAMILIES, {
-                    "all_models": model_names is None, "model_ids": _json(m.id for m in models),
-                    "all_benchmarks": benchmark_names is None, "benchmark_ids": _json(b.id for b in benchmarks),
+                records = self._db.run(conn, sql.ROWS_IN_FAMILIES, {
+                    "all_models": model_names is None, "model_ids": as_json(m.id for m in models),
+                    "all_benchmarks": benchmark_names is None, "benchmark_ids": as_json(b.id for b in benchmarks),
                 }).fetchall()
         except sqlite3.Error as error:
-            raise ObservationError(_unavailable(self.path, error)) from error
+            raise ObservationError(self._db.line(error)) from error
         rows, undecodable = decode_rows(dict(record) for record in records)
         return ResultsSnapshot(models=models, benchmarks=benchmarks, rows=rows, undecodable=undecodable)
 
     def read_row(self, row_id: str) -> SandboxJobRow | None:
-        conn = self._connection()
+        conn = self._db.connection()
         if conn is None:
             return None
         try:
-            record = self._run(conn, sql.ROW_BY_ID, (row_id,)).fetchone()
+            record = self._db.run(conn, sql.ROW_BY_ID, (row_id,)).fetchone()
             return None if record is None else sandbox_job_row(dict(record))
         except (sqlite3.Error, ValueError) as error:
             raise ObservationError(f"store {self.path}: {error}") from error
 
     def read_models(self) -> tuple[RegisteredModel, ...]:
-        conn = self._connection()
-        if conn is None or "models" not in self._tables(conn):
+        conn = self._db.connection()
+        if conn is None or "models" not in self._db.tables(conn):
             return ()
         try:
-            return registered_models(dict(r) for r in self._run(conn, sql.REGISTERED_MODELS).fetchall())
+            return registered_models(dict(r) for r in self._db.run(conn, sql.REGISTERED_MODELS).fetchall())
         except sqlite3.Error as error:
-            raise ObservationError(_unavailable(self.path, error)) from error
+            raise ObservationError(self._db.line(error)) from error
 
     # ----------------------------------------------------------------------- results DB: writes
 
     def create_row(self, row: NewRow) -> None:
-        with self._write() as conn:
+        with self._db.writing() as conn:
             self._insert_row(conn, row, self._now())
 
     def update_row(self, row_id: str, *, owner: str, status: RowStatus | None = None,
                    started_at: datetime | None = None, slurm_job_id: str | None = None) -> None:
-        with self._write() as conn:
-            changed = self._run(conn, sql.UPDATE_ROW, {
+        with self._db.writing() as conn:
+            changed = self._db.run(conn, sql.UPDATE_ROW, {
                 "id": row_id, "owner": owner, "status": None if status is None else status.value,
                 "started_at": format_timestamp(started_at), "slurm_job_id": slurm_job_id,
             }).rowcount
@@ -128,10 +121,10 @@ class SqliteStore:
                 self._owned_row(conn, row_id, owner)  # raises unless the row is ours and simply further along
 
     def upload_result(self, row_id: str, result: ResultUpload, *, owner: str) -> bool:
-        with self._write() as conn:
+        with self._db.writing() as conn:
             if already_uploaded(*self._owned_row(conn, row_id, owner), result):
                 return False
-            self._run(conn, sql.SET_ROW_RESULT, {
+            self._db.run(conn, sql.SET_ROW_RESULT, {
                 "id": row_id, "owner": owner, "metrics": format_metrics(result.metrics),
                 "stats": json.dumps(result.stats), "n_trials": result.n_trials,
                 "ended_at": format_timestamp(result.ended_at), "is_overlong": int(result.is_overlong),
@@ -141,21 +134,21 @@ class SqliteStore:
     # ----------------------------------------------------------------------- row audit marks (`evalctl db audit`)
 
     def read_audit_marks(self, row_ids: Sequence[str]) -> dict[str, RowAuditMark]:
-        conn = self._connection()
-        if conn is None or not row_ids or "evalrun_row_audit" not in self._tables(conn):
+        conn = self._db.connection()
+        if conn is None or not row_ids or "evalrun_row_audit" not in self._db.tables(conn):
             return {}
         try:
-            records = self._run(conn, sql.ROW_AUDITS, (_json(row_ids),)).fetchall()
+            records = self._db.run(conn, sql.ROW_AUDITS, (as_json(row_ids),)).fetchall()
             return audit_marks(map(dict, records))
         except (sqlite3.Error, ValueError) as error:
-            raise ObservationError(_unavailable(self.path, error)) from error
+            raise ObservationError(self._db.line(error)) from error
 
     def mark_rows(self, marks: Sequence[RowAuditMark]) -> None:
         """Our own table only: `sandbox_jobs` is not touched, whoever owns the rows."""
         now = format_timestamp(self._now())
-        with self._write() as conn:
+        with self._db.writing() as conn:
             for mark in marks:
-                self._run(conn, sql.PUT_ROW_AUDIT, {
+                self._db.run(conn, sql.PUT_ROW_AUDIT, {
                     "row_id": mark.row_id, "gate": mark.gate, "verdict": mark.verdict.value, "refusal": mark.refusal,
                     "reason": mark.reason, "now": now})
 
@@ -163,22 +156,22 @@ class SqliteStore:
 
     def read_state(self, evalrun: EvalRunRef, cell_keys: list[str], owner_ttl_s: float,
                    benchmarks: Sequence[str] = ()) -> StateSnapshot:
-        conn = self._connection()
+        conn = self._db.connection()
         if conn is None:
             return StateSnapshot()
         now = self._now()
-        named = {"evalrun": str(evalrun), "cell_keys": _json(cell_keys), "now": format_timestamp(now),
+        named = {"evalrun": str(evalrun), "cell_keys": as_json(cell_keys), "now": format_timestamp(now),
                  "stale_before": format_timestamp(now - timedelta(seconds=owner_ttl_s)),
-                 "benchmarks": _json(benchmarks), "history_max": GPU_HISTORY_MAX}
+                 "benchmarks": as_json(benchmarks), "history_max": GPU_HISTORY_MAX}
         try:
-            with self._transaction(conn, "DEFERRED"):
-                tables = self._tables(conn)
+            with transaction(conn, "DEFERRED"):
+                tables = self._db.tables(conn)
 
                 def select(table: str, statement: str, params: Any = ()) -> list[sqlite3.Row]:
-                    return self._run(conn, statement, params).fetchall() if table in tables else []
+                    return self._db.run(conn, statement, params).fetchall() if table in tables else []
 
                 # a writable store upgraded the file when it opened it; a reader never alters it
-                stale = _missing_columns(conn) if self.readonly else {}
+                stale = missing_columns(conn) if self.readonly else {}
                 upgraded = "evalrun_submissions" not in stale
                 submissions = select("evalrun_submissions", sql.SUBMISSIONS_OF_EVALRUN_AND_CELLS if upgraded
                                      else sql.LEGACY_SUBMISSIONS_OF_EVALRUN_AND_CELLS, named)
@@ -192,66 +185,66 @@ class SqliteStore:
                 "evalrun_cell_owners": map(dict, owners), "evalrun_cell_memory": map(dict, memory),
                 "evalrun_quarantine": map(dict, quarantined), "gpu_history": map(dict, history)})
         except (sqlite3.Error, ValueError) as error:
-            raise ObservationError(_unavailable(self.path, error)) from error
+            raise ObservationError(self._db.line(error)) from error
 
     def live_quarantines(self) -> tuple[Quarantined, ...]:
-        conn = self._connection()
-        if conn is None or "evalrun_quarantine" not in self._tables(conn):
+        conn = self._db.connection()
+        if conn is None or "evalrun_quarantine" not in self._db.tables(conn):
             return ()
         try:
-            stale = _missing_columns(conn) if self.readonly else {}
-            records = self._run(conn, _live_quarantines(stale), {"now": format_timestamp(self._now())}).fetchall()
+            stale = missing_columns(conn) if self.readonly else {}
+            records = self._db.run(conn, _live_quarantines(stale), {"now": format_timestamp(self._now())}).fetchall()
             return state_snapshot({"evalrun_quarantine": map(dict, records)}).quarantined
         except (sqlite3.Error, ValueError) as error:
-            raise ObservationError(_unavailable(self.path, error)) from error
+            raise ObservationError(self._db.line(error)) from error
 
     def read_selections(self, evalrun: EvalRunRef) -> tuple[Selection, ...]:
-        conn = self._connection()
-        if conn is None or "evalrun_model_selections" not in self._tables(conn):
+        conn = self._db.connection()
+        if conn is None or "evalrun_model_selections" not in self._db.tables(conn):
             return ()
         try:
-            return model_selections(dict(r) for r in self._run(conn, sql.MODEL_SELECTIONS, (str(evalrun),)))
+            return model_selections(dict(r) for r in self._db.run(conn, sql.MODEL_SELECTIONS, (str(evalrun),)))
         except (sqlite3.Error, ValueError) as error:
-            raise ObservationError(_unavailable(self.path, error)) from error
+            raise ObservationError(self._db.line(error)) from error
 
     def record_selections(self, evalrun: EvalRunRef, selections: Sequence[Selection]) -> None:
-        with self._write() as conn:
+        with self._db.writing() as conn:
             for selection in selections:
-                self._run(conn, sql.RECORD_SELECTION, (str(evalrun), selection.model, selection.rule,
-                                                       format_timestamp(selection.selected_at)))
+                self._db.run(conn, sql.RECORD_SELECTION, (str(evalrun), selection.model, selection.rule,
+                                                          format_timestamp(selection.selected_at)))
 
     def record_submission(self, submission: Submission) -> None:
-        with self._write() as conn:
-            self._run(conn, sql.INSERT_SUBMISSION, _submission_params(submission))
+        with self._db.writing() as conn:
+            self._db.run(conn, sql.INSERT_SUBMISSION, _submission_params(submission))
 
     def record_job_id(self, submission_name: str, job_id: str) -> None:
-        with self._write() as conn:
-            self._run(conn, sql.SET_SUBMISSION_JOB_ID, (job_id, submission_name))
+        with self._db.writing() as conn:
+            self._db.run(conn, sql.SET_SUBMISSION_JOB_ID, (job_id, submission_name))
 
     def record_gpu_hours(self, submission_name: str, gpu_hours: float) -> None:
-        with self._write() as conn:
-            self._run(conn, sql.SET_SUBMISSION_GPU_HOURS, (gpu_hours, submission_name))
+        with self._db.writing() as conn:
+            self._db.run(conn, sql.SET_SUBMISSION_GPU_HOURS, (gpu_hours, submission_name))
 
     def finish_attempt(self, run_tag: str) -> None:
-        with self._write() as conn:
-            self._run(conn, sql.FINISH_ATTEMPT, (format_timestamp(self._now()), run_tag))
+        with self._db.writing() as conn:
+            self._db.run(conn, sql.FINISH_ATTEMPT, (format_timestamp(self._now()), run_tag))
 
     def remember(self, cell_key: str, memory: CellMemory) -> None:
-        with self._write() as conn:
-            self._run(conn, sql.PUT_MEMORY, (cell_key, json.dumps(memory.stored()), format_timestamp(self._now())))
+        with self._db.writing() as conn:
+            self._db.run(conn, sql.PUT_MEMORY, (cell_key, json.dumps(memory.stored()), format_timestamp(self._now())))
 
     def quarantine(self, kind: QuarantineKind, scope: str, name: str, reason: str, ttl_s: float,
                    owner: str = "") -> bool:
         """One upsert (this host's clock is the DB's)."""
         now = self._now()
-        with self._write() as conn:
-            return bool(self._run(conn, sql.PUT_QUARANTINE, {
+        with self._db.writing() as conn:
+            return bool(self._db.run(conn, sql.PUT_QUARANTINE, {
                 "kind": QuarantineKind(kind).value, "scope": scope, "name": name, "reason": reason, "owner": owner,
                 "now": format_timestamp(now), "until": format_timestamp(now + timedelta(seconds=ttl_s))}).rowcount)
 
     def release_quarantine(self, kind: QuarantineKind, scope: str, name: str) -> bool:
-        with self._write() as conn:
-            return bool(self._run(conn, sql.RELEASE_QUARANTINE, {
+        with self._db.writing() as conn:
+            return bool(self._db.run(conn, sql.RELEASE_QUARANTINE, {
                 "kind": QuarantineKind(kind).value, "scope": scope, "name": name,
                 "now": format_timestamp(self._now())}).rowcount)
 
@@ -259,50 +252,50 @@ class SqliteStore:
 
     def try_lease(self, name: str, holder: str, ttl_s: float) -> bool:
         """Take a free or expired lease, or renew our own; read and write under one write lock."""
-        with self._write() as conn:
+        with self._db.writing() as conn:
             now = self._now()
-            current = self._run(conn, sql.LEASE_BY_NAME, (name,)).fetchone()
+            current = self._db.run(conn, sql.LEASE_BY_NAME, (name,)).fetchone()
             held_by_other = current is not None and current["holder"] != holder
             if held_by_other and as_utc(datetime.fromisoformat(current["expires_at"])) > now:
                 return False
-            self._run(conn, sql.PUT_LEASE, (name, holder, format_timestamp(now + timedelta(seconds=ttl_s))))
+            self._db.run(conn, sql.PUT_LEASE, (name, holder, format_timestamp(now + timedelta(seconds=ttl_s))))
             return True
 
     def lease_holder(self, name: str) -> str | None:
-        with self._write() as conn:
-            current = self._run(conn, sql.LEASE_BY_NAME, (name,)).fetchone()
+        with self._db.writing() as conn:
+            current = self._db.run(conn, sql.LEASE_BY_NAME, (name,)).fetchone()
         if current is None or as_utc(datetime.fromisoformat(current["expires_at"])) <= self._now():
             return None
         return str(current["holder"])
 
     def release_lease(self, name: str, holder: str) -> None:
         """Only the holder's own lease is dropped; releasing twice is a no-op."""
-        with self._write() as conn:
-            self._run(conn, sql.DELETE_LEASE, (name, holder))
+        with self._db.writing() as conn:
+            self._db.run(conn, sql.DELETE_LEASE, (name, holder))
 
     def claim_cells(self, evalrun: EvalRunRef, cell_keys: list[str], ttl_s: float) -> dict[str, EvalRunRef]:
         now = self._now()
-        named = {"evalrun": str(evalrun), "cell_keys": _json(cell_keys), "now": format_timestamp(now),
+        named = {"evalrun": str(evalrun), "cell_keys": as_json(cell_keys), "now": format_timestamp(now),
                  "stale_before": format_timestamp(now - timedelta(seconds=ttl_s))}
-        with self._write() as conn:
-            self._run(conn, sql.CLAIM_CELLS, named)
-            self._run(conn, sql.DROP_UNNAMED_CLAIMS, named)
-            owners = self._run(conn, sql.OWNERS_OF_CELLS, named).fetchall()
+        with self._db.writing() as conn:
+            self._db.run(conn, sql.CLAIM_CELLS, named)
+            self._db.run(conn, sql.DROP_UNNAMED_CLAIMS, named)
+            owners = self._db.run(conn, sql.OWNERS_OF_CELLS, named).fetchall()
         return {record["cell_key"]: EvalRunRef.parse(record["evalrun"]) for record in owners}
 
     # ----------------------------------------------------------------------- pinggy tunnel leases
 
     def take_tunnel(self, lease: TunnelLease) -> bool:
         """Insert-if-free and read back under one write lock: two reconcilers never both get a pair."""
-        with self._write() as conn:
-            self._run(conn, sql.TAKE_TUNNEL, (lease.pair, lease.holder, str(lease.evalrun),
-                                              format_timestamp(lease.leased_at)))
-            (holder,) = self._run(conn, sql.TUNNEL_HOLDER, (lease.pair,)).fetchone()
+        with self._db.writing() as conn:
+            self._db.run(conn, sql.TAKE_TUNNEL, (lease.pair, lease.holder, str(lease.evalrun),
+                                                 format_timestamp(lease.leased_at)))
+            (holder,) = self._db.run(conn, sql.TUNNEL_HOLDER, (lease.pair,)).fetchone()
         return bool(holder == lease.holder)
 
     def release_tunnel(self, pair: str, holder: str) -> None:
-        with self._write() as conn:
-            self._run(conn, sql.DELETE_TUNNEL, (pair, holder))
+        with self._db.writing() as conn:
+            self._db.run(conn, sql.DELETE_TUNNEL, (pair, holder))
 
     # ----------------------------------------------------------------------- notifications (this host's clock is the DB's)
 
@@ -310,155 +303,100 @@ class SqliteStore:
                            webhooks: Mapping[NotifyEvent, Sequence[str]]) -> tuple[Notification, ...]:
         """Read the episodes, write the changes and queue the messages under one write lock."""
         now = format_timestamp(self._now())
-        with self._write() as conn:
-            recorded = episodes(map(dict, self._run(conn, sql.EPISODES_OF_EVALRUN, (str(evalrun),))))
+        with self._db.writing() as conn:
+            recorded = episodes(map(dict, self._db.run(conn, sql.EPISODES_OF_EVALRUN, (str(evalrun),))))
             changed, queued = transitions(evalrun, recorded, facts, webhooks)
             for episode in changed:
-                self._run(conn, sql.PUT_EPISODE, (str(evalrun), episode.subject, episode.event.value,
-                                                  episode.episode, episode.active, now))
+                self._db.run(conn, sql.PUT_EPISODE, (str(evalrun), episode.subject, episode.event.value,
+                                                     episode.episode, episode.active, now))
             for message in queued:
-                self._run(conn, sql.QUEUE_NOTIFICATION, {
+                self._db.run(conn, sql.QUEUE_NOTIFICATION, {
                     "id": message.id, "evalrun": str(evalrun), "webhook": message.webhook,
                     "subject": message.fact.subject, "label": message.fact.label, "event": message.fact.event.value,
                     "episode": message.episode, "detail": message.fact.detail, "now": now})
-            records = self._run(conn, sql.UNDELIVERED_NOTIFICATIONS, (str(evalrun),)).fetchall()
+            records = self._db.run(conn, sql.UNDELIVERED_NOTIFICATIONS, (str(evalrun),)).fetchall()
         return _notifications(self.path, records)
 
     def read_notifications(self, evalrun: EvalRunRef) -> tuple[Notification, ...]:
-        conn = self._connection()
-        if conn is None or "evalrun_notifications" not in self._tables(conn):
+        conn = self._db.connection()
+        if conn is None or "evalrun_notifications" not in self._db.tables(conn):
             return ()
         try:
-            records = self._run(conn, sql.UNDELIVERED_NOTIFICATIONS, (str(evalrun),)).fetchall()
+            records = self._db.run(conn, sql.UNDELIVERED_NOTIFICATIONS, (str(evalrun),)).fetchall()
         except sqlite3.Error as error:
-            raise ObservationError(_unavailable(self.path, error)) from error
+            raise ObservationError(self._db.line(error)) from error
         return _notifications(self.path, records)
 
     def claim_notification(self, notification_id: str, holder: str, claim_s: float, *,
                            take_from: str | None = None) -> bool:
         now = self._now()
-        with self._write() as conn:
-            return bool(self._run(conn, sql.CLAIM_NOTIFICATION, {
+        with self._db.writing() as conn:
+            return bool(self._db.run(conn, sql.CLAIM_NOTIFICATION, {
                 "id": notification_id, "holder": holder, "take_from": take_from, "now": format_timestamp(now),
                 "until": format_timestamp(now + timedelta(seconds=claim_s))}).rowcount)
 
     def finish_notification(self, notification_id: str, holder: str, *, delivered: bool, error: str = "",
                             retry_in_s: float | None = None) -> None:
         now = self._now()
-        with self._write() as conn:
+        with self._db.writing() as conn:
             if delivered:
-                self._run(conn, sql.NOTIFICATION_DELIVERED,
-                          {"id": notification_id, "holder": holder, "now": format_timestamp(now)})
+                self._db.run(conn, sql.NOTIFICATION_DELIVERED,
+                             {"id": notification_id, "holder": holder, "now": format_timestamp(now)})
                 return
-            self._run(conn, sql.NOTIFICATION_FAILED, {
+            self._db.run(conn, sql.NOTIFICATION_FAILED, {
                 "id": notification_id, "holder": holder, "now": format_timestamp(now), "error": error,
                 "give_up": retry_in_s is None,
                 "next": format_timestamp(now + timedelta(seconds=retry_in_s or 0))})
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._db.close()
 
     # ----------------------------------------------------------------------- internals
-
-    def _connection(self) -> sqlite3.Connection | None:
-        """Read-only connections open lazily: a missing file is an empty store until someone creates it."""
-        if self._conn is None and self.readonly and self.path != MEMORY and Path(self.path).exists():
-            if not Path(self.path).is_file():
-                raise ObservationError(_unavailable(self.path, sqlite3.OperationalError("not a regular file")))
-            try:
-                self._conn = _connect(Path(self.path).absolute().as_uri() + "?mode=ro", self.busy_timeout_s, uri=True)
-            except sqlite3.Error as error:
-                raise ObservationError(_unavailable(self.path, error)) from None
-        return self._conn
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction; a database error becomes StoreUnavailable (one line, no traceback)."""
-        if self.readonly or self._conn is None:
-            raise WriteRefused(f"store {self.path} is open read-only")
-        try:
-            with self._transaction(self._conn, "IMMEDIATE"):
-                yield self._conn
-        except sqlite3.Error as error:
-            raise StoreUnavailable(_unavailable(self.path, error)) from None
-
-    @staticmethod
-    @contextmanager
-    def _transaction(conn: sqlite3.Connection, mode: str) -> Iterator[None]:
-        conn.execute(f"BEGIN {mode}")
-        try:
-            yield
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-
-    def _run(self, conn: sqlite3.Connection, statement: str, params: Any = ()) -> sqlite3.Cursor:
-        self.queries += 1
-        return conn.execute(statement, params)
 
     @staticmethod
     def _now() -> datetime:
         """The embedded database's clock is this host's."""
         return datetime.now(UTC)
 
-    def _tables(self, conn: sqlite3.Connection) -> set[str]:
-        all_tables = _json(sql.OT_AGENT_TABLES + sql.OWN_TABLES)
-        return {name for (name,) in self._run(conn, sql.EXISTING_TABLES, (all_tables,))}
-
     def _families(
         self, conn: sqlite3.Connection, model_names: list[str] | None, benchmark_names: list[str] | None
     ) -> tuple[tuple[NamedRow, ...], tuple[NamedRow, ...]]:
-        records = self._run(conn, sql.FAMILIES, {
-            "models": None if model_names is None else _json(model_names),
-            "benchmarks": None if benchmark_names is None else _json(benchmark_names),
+        records = self._db.run(conn, sql.FAMILIES, {
+            "models": None if model_names is None else as_json(model_names),
+            "benchmarks": None if benchmark_names is None else as_json(benchmark_names),
         }).fetchall()
         return decode_families(records)
 
     def _insert_row(self, conn: sqlite3.Connection, row: NewRow, at: datetime) -> None:
-        self._run(
-            conn,
-            sql.INSERT_ROW,
-            {
-                "id": row.id,
-                "created_at": format_timestamp(at),
-                "job_name": row.job_name,
-                "username": row.username,
-                "submitted_at": format_timestamp(row.submitted_at),
-                "started_at": format_timestamp(row.started_at),
-                "n_trials": row.n_trials,
-                "n_rep_eval": row.n_rep_eval,
-                "config": json.dumps(row.config),
-                "model_id": self._model_id(conn, row.model_name, row.username, at),
-                "benchmark_id": self._benchmark_id(conn, row.benchmark_name),
-                "job_status": row.job_status.value,
-                "slurm_job_id": row.slurm_job_id,
-            },
-        )
+        self._db.run(conn, sql.INSERT_ROW, {
+            "id": row.id, "created_at": format_timestamp(at), "job_name": row.job_name, "username": row.username,
+            "submitted_at": format_timestamp(row.submitted_at), "started_at": format_timestamp(row.started_at),
+            "n_trials": row.n_trials, "n_rep_eval": row.n_rep_eval, "config": json.dumps(row.config),
+            "model_id": self._model_id(conn, row.model_name, row.username, at),
+            "benchmark_id": self._benchmark_id(conn, row.benchmark_name),
+            "job_status": row.job_status.value, "slurm_job_id": row.slurm_job_id,
+        })
 
     def _model_id(self, conn: sqlite3.Connection, name: str, created_by: str, at: datetime) -> str:
         """Reuse the model row of that name (ResultsDB.create_row says which); register the model if it is new."""
-        found = reused_id(dict(record) for record in self._run(conn, sql.MODELS_NAMED, (name,)))
+        found = reused_id(dict(record) for record in self._db.run(conn, sql.MODELS_NAMED, (name,)))
         if found is not None:
             return found
         model_id = str(uuid.uuid4())
-        self._run(conn, sql.INSERT_MODEL, (model_id, name, created_by, format_timestamp(at)))
+        self._db.run(conn, sql.INSERT_MODEL, (model_id, name, created_by, format_timestamp(at)))
         return model_id
 
     def _benchmark_id(self, conn: sqlite3.Connection, name: str) -> str:
-        found = reused_id(dict(record) for record in self._run(conn, sql.BENCHMARKS_NAMED, (name,)))
+        found = reused_id(dict(record) for record in self._db.run(conn, sql.BENCHMARKS_NAMED, (name,)))
         if found is not None:
             return found
         benchmark_id = str(uuid.uuid4())
-        self._run(conn, sql.INSERT_BENCHMARK, (benchmark_id, name))
+        self._db.run(conn, sql.INSERT_BENCHMARK, (benchmark_id, name))
         return benchmark_id
 
     def _owned_row(self, conn: sqlite3.Connection, row_id: str, owner: str) -> tuple[object, object, object]:
         """The row's job_status, stored metrics and is_overlong, after checking it exists and is `owner`'s."""
-        found = self._run(conn, sql.ROW_OWNER_AND_STATUS, (row_id,)).fetchone()
+        found = self._db.run(conn, sql.ROW_OWNER_AND_STATUS, (row_id,)).fetchone()
         if found is None:
             raise LookupError(f"sandbox_jobs row {row_id} does not exist")
         username, status, metrics, is_overlong = found
@@ -466,77 +404,9 @@ class SqliteStore:
         return status, metrics, is_overlong
 
 
-def _connect(target: str, busy_timeout_s: float, *, uri: bool = False) -> sqlite3.Connection:
-    # isolation_level=None: we issue BEGIN/COMMIT ourselves; timeout is SQLite's busy_timeout.
-    conn = sqlite3.connect(target, uri=uri, timeout=busy_timeout_s, isolation_level=None)
-    conn.row_factory = sqlite3.Row
-    return conn
-
-
-def _open_writable(path: str, busy_timeout_s: float) -> sqlite3.Connection:
-    """Open (creating the file and its directory), switch to WAL, and add missing tables idempotently."""
-    if path != MEMORY:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        if Path(path).exists() and not Path(path).is_file():  # a FIFO would block the open for ever
-            raise sqlite3.OperationalError("not a regular file")
-    conn = _connect(path, busy_timeout_s)
-    try:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.executescript(f"BEGIN IMMEDIATE;{sql.SCHEMA}COMMIT;")
-        _add_columns(conn)
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def _missing_columns(conn: sqlite3.Connection) -> dict[str, dict[str, str]]:
-    """Table → the columns of ADDED_COLUMNS (name → type) it lacks: a file made by an earlier version."""
-    missing = {}
-    for table, columns in sql.ADDED_COLUMNS.items():
-        present = {name for (name,) in conn.execute(sql.TABLE_COLUMNS, (table,))}
-        if lacking := {name: kind for name, kind in columns.items() if name not in present}:
-            missing[table] = lacking
-    return missing
-
-
 def _live_quarantines(stale: Mapping[str, object]) -> str:
     """What reads the quarantines in force: without what a file made before since/owner lacks, for a reader of one."""
     return sql.LEGACY_LIVE_QUARANTINES if "evalrun_quarantine" in stale else sql.LIVE_QUARANTINES
-
-
-def _add_columns(conn: sqlite3.Connection) -> None:
-    """Bring a file made by an earlier version up to date, in one write transaction: two processes opening it at
-    once queue on the write lock, and the second finds nothing missing (ALTER TABLE has no IF NOT EXISTS)."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        for table, columns in _missing_columns(conn).items():
-            for name, kind in columns.items():
-                conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")  # names from sql.ADDED_COLUMNS only
-        conn.execute(sql.GPU_HISTORY_INDEX)
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-
-
-def _unavailable(path: str, error: Exception) -> str:
-    """One line that says what is wrong with the store file and what to check."""
-    text = str(error)
-    if "locked" in text or "busy" in text:
-        hint = "another process holds a write lock; it is retried next pass"
-    elif "not a database" in text or "malformed" in text:
-        hint = "the file is not an evalctl/OT-Agent SQLite store; point --store at the right file"
-    elif "readonly" in text or "unable to open" in text or "regular file" in text or isinstance(error, OSError):
-        hint = "check that the file and its directory exist and are writable by this user"
-    else:
-        hint = "check the store file"
-    return f"store {path}: {text} ({hint})"
-
-
-def _json(values: Any) -> str:
-    return json.dumps(list(values))
 
 
 def _notifications(path: str, records: Sequence[sqlite3.Row]) -> tuple[Notification, ...]:

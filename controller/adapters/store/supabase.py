@@ -11,18 +11,14 @@ sleeps are injectable). Nothing this module raises, logs or prints contains the 
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-from postgrest import APIError, APIResponse, CountMethod, ReturnMethod, SyncRequestBuilder, SyncSelectRequestBuilder
-from supabase import ClientOptions, create_client
+from postgrest import ReturnMethod
 
 from controller.adapters.store.codec import (
     already_uploaded,
@@ -33,43 +29,24 @@ from controller.adapters.store.codec import (
     reused_id,
     sandbox_job_row,
 )
+from controller.adapters.store.supabase_client import KEY_VARIABLES, PostgrestClient, RequestFailed, host_of
 from controller.core.intake import RegisteredModel
 from controller.core.observed import RowStatus
 from controller.core.ports import ObservationError, StoreUnavailable, WriteRefused
 from controller.core.records import NamedRow, NewRow, ResultsSnapshot, ResultUpload, RowAuditMark, SandboxJobRow
 
-KEY_VARIABLES = ("SUPABASE_SERVICE_KEY", "SUPABASE_KEY")
 SCHEMES = {"supabase": "https", "supabase+http": "http"}
 ROW_COLUMNS = ("id", "job_name", "username", "job_status", "created_at", "submitted_at", "started_at", "ended_at",
                "slurm_job_id", "model_id", "benchmark_id", "config", "metrics", "is_overlong")
 FAMILY_COLUMNS = "id,name,duplicate_of"
 REGISTRY_COLUMNS = {"models": "id,duplicate_of,creation_time", "benchmarks": "id,duplicate_of"}  # what registry_order reads
 STATUS_ORDER = (RowStatus.PENDING.value, RowStatus.STARTED.value, RowStatus.FINISHED.value)
-MAX_BACKOFF_S = 30.0
-# 429 is retried although it is a 4xx: it is the server saying "not now", not "never" — the request was not
-# processed, so repeating it is safe, and failing the whole pass (every cell Unknown) for a throttle would be
-# worse than waiting as asked (`Retry-After`, capped). Every other 4xx is a property of the request itself
-# (bad filter, bad key, missing table, conflict) and repeating it cannot help.
-RETRIED_4XX = frozenset({429})
-NO_SUCH_VALUE = "22P02"  # invalid_text_representation: an id that is not a uuid names no row
-UNIQUE_VIOLATION = "23505"
-
-
-class _Query(Protocol):
-    def execute(self) -> APIResponse: ...
-
-
-class _Failed(Exception):
-    """A request that failed for good (after retries); `str()` is the one line the caller's error carries."""
-
-    def __init__(self, line: str, *, status: int | None = None, code: str | None = None) -> None:
-        super().__init__(line)
-        self.status = status
-        self.code = code
+UNIQUE_VIOLATION = "23505"  # a benchmark name registered by someone else meanwhile
 
 
 class SupabaseResults:
-    """`ResultsDB` on a Supabase project's REST API (the OT-Agent tables in schema `public`).
+    """`ResultsDB` on a Supabase project's REST API (the OT-Agent tables in schema `public`; the requests:
+    `PostgrestClient`).
 
     `page_size` rows are asked per request (the server may return fewer); `max_in_list` bounds the values all
     `in.(…)` filters of one request carry together; `retries` more attempts follow a transient failure, after
@@ -80,26 +57,12 @@ class SupabaseResults:
                  backoff_s: float = 0.5, timeout_s: float = 30.0, max_in_list: int = 200,
                  sleep: Callable[[float], None] = time.sleep, schema: str = "public") -> None:
         if not key:
-            raise ValueError(f"no Supabase key given for {_host(url)}: set {KEY_VARIABLES[0]}")
+            raise ValueError(f"no Supabase key given for {host_of(url)}: set {KEY_VARIABLES[0]}")
         if page_size < 1 or max_in_list < 2 or retries < 0:
             raise ValueError("page_size must be ≥ 1, max_in_list ≥ 2 and retries ≥ 0")
-        self.host = _host(url)
-        self.readonly = readonly
-        self.page_size = page_size
-        self.retries = retries
-        self.backoff_s = backoff_s
-        self.max_in_list = max_in_list
-        self._key = key  # only to scrub it from anything a server might echo back
-        self._sleep = sleep
-        self._seen = threading.local()  # the last HTTP status seen by this thread (APIError does not carry it)
-        self._http = httpx.Client(timeout=timeout_s, event_hooks={"response": [self._remember]})
-        options = ClientOptions(schema=schema, httpx_client=self._http, postgrest_client_retry=False,
-                                auto_refresh_token=False, persist_session=False)
-        try:
-            self._client = create_client(url, key, options)
-        except Exception as error:  # SupabaseException: a malformed URL; its text never holds the key
-            self._http.close()
-            raise ValueError(f"supabase {self.host}: {self._scrub(str(error))}") from None
+        self._db = PostgrestClient(url, key, page_size=page_size, retries=retries, backoff_s=backoff_s,
+                                   timeout_s=timeout_s, sleep=sleep, schema=schema)
+        self.host, self.readonly, self.max_in_list = self._db.host, readonly, max_in_list
 
     def __repr__(self) -> str:
         return f"SupabaseResults(host={self.host!r}, readonly={self.readonly})"
@@ -108,7 +71,7 @@ class SupabaseResults:
 
     def read_results(self, model_names: list[str] | None, benchmark_names: list[str] | None) -> ResultsSnapshot:
         """Families (two requests per table, or one for `None`), then the rows between them, each paged/chunked."""
-        with self._failing_as(ObservationError):
+        with self._db.failing_as(ObservationError):
             models = self._family("models", model_names)
             benchmarks = self._family("benchmarks", benchmark_names)
             model_ids = None if model_names is None else [m.id for m in models]
@@ -117,22 +80,22 @@ class SupabaseResults:
             if model_ids != [] and benchmark_ids != []:
                 for model_chunk, benchmark_chunk in _chunk_pairs(model_ids, benchmark_ids, self.max_in_list):
                     within = {"model_id": model_chunk, "benchmark_id": benchmark_chunk}
-                    records += self._select("sandbox_jobs", ",".join(ROW_COLUMNS),
-                                            within={k: v for k, v in within.items() if v is not None})
+                    records += self._db.select("sandbox_jobs", ",".join(ROW_COLUMNS),
+                                               within={k: v for k, v in within.items() if v is not None})
         unique = {str(record.get("id")): record for record in records}
         rows, undecodable = decode_rows(unique[row_id] for row_id in sorted(unique))
         return ResultsSnapshot(models=models, benchmarks=benchmarks, rows=rows, undecodable=undecodable)
 
     def read_models(self) -> tuple[RegisteredModel, ...]:
         """The canonical models, paged (20,000 models: 20 requests at the default page size)."""
-        with self._failing_as(ObservationError):
-            records = self._select("models", "id,name,creation_time", any_of="duplicate_of.is.null")
+        with self._db.failing_as(ObservationError):
+            records = self._db.select("models", "id,name,creation_time", any_of="duplicate_of.is.null")
         unique = {str(record.get("id")): record for record in records}
         return registered_models(unique.values())
 
     def read_row(self, row_id: str) -> SandboxJobRow | None:
-        with self._failing_as(ObservationError):
-            found = self._row(row_id, ",".join(ROW_COLUMNS))
+        with self._db.failing_as(ObservationError):
+            found = self._db.row(row_id, ",".join(ROW_COLUMNS))
         try:
             return None if found is None else sandbox_job_row(found)
         except ValueError as error:
@@ -144,7 +107,7 @@ class SupabaseResults:
         """Model and benchmark by name (registered if new), then the row; an existing id is left as it is."""
         self._check_writable()
         now = datetime.now(UTC)
-        with self._failing_as(StoreUnavailable):
+        with self._db.failing_as(StoreUnavailable):
             record = {
                 "id": row.id, "created_at": format_timestamp(now), "job_name": row.job_name, "username": row.username,
                 "submitted_at": format_timestamp(row.submitted_at), "started_at": format_timestamp(row.started_at),
@@ -153,10 +116,10 @@ class SupabaseResults:
                 "benchmark_id": self._benchmark_id(row.benchmark_name),
                 "job_status": row.job_status.value, "slurm_job_id": row.slurm_job_id, "is_overlong": False,
             }
-            inserted = self._insert("sandbox_jobs", record)
-            if not inserted and self._row(row.id, "id") is None:  # not new, yet not there either
-                raise _Failed(self._line(f"inserting sandbox_jobs row {row.id}", "the server accepted the insert "
-                                         "but did not store it (row-level security? use the service-role key)"))
+            inserted = self._db.insert("sandbox_jobs", record)
+            if not inserted and self._db.row(row.id, "id") is None:  # not new, yet not there either
+                raise RequestFailed(self._db.line(f"inserting sandbox_jobs row {row.id}", "the server accepted the insert "
+                                                  "but did not store it (row-level security? use the service-role key)"))
 
     def update_row(self, row_id: str, *, owner: str, status: RowStatus | None = None,
                    started_at: datetime | None = None, slurm_job_id: str | None = None) -> None:
@@ -168,16 +131,16 @@ class SupabaseResults:
             "started_at": format_timestamp(started_at),
             "slurm_job_id": slurm_job_id,
         }.items() if value is not None}
-        with self._failing_as(StoreUnavailable):
+        with self._db.failing_as(StoreUnavailable):
             if changes:
-                query = self._table("sandbox_jobs").update(changes, returning=ReturnMethod.representation)
+                query = self._db.table("sandbox_jobs").update(changes, returning=ReturnMethod.representation)
                 query = query.eq("id", row_id).eq("username", owner).select("id")
                 if status is not None:
                     earlier = STATUS_ORDER[: STATUS_ORDER.index(status.value) + 1]
                     query = query.or_(f"job_status.is.null,job_status.in.({','.join(earlier)})")
-                if self._execute(f"updating sandbox_jobs row {row_id}", query)[0]:
+                if self._db.execute(f"updating sandbox_jobs row {row_id}", query)[0]:
                     return
-            found = self._row(row_id, "id,username,job_status")
+            found = self._db.row(row_id, "id,username,job_status")
         if found is None:
             raise LookupError(f"sandbox_jobs row {row_id} does not exist")
         check_owner(row_id, found.get("username"), owner)
@@ -185,15 +148,15 @@ class SupabaseResults:
         behind = stored is None or (stored in STATUS_ORDER and (
             status is None or STATUS_ORDER.index(stored) <= STATUS_ORDER.index(status.value)))
         if changes and behind:
-            raise WriteRefused(self._line(f"updating sandbox_jobs row {row_id}", f"the row is {owner}'s and "
-                                          f"{stored!r}, yet the update changed nothing (row-level security or a "
+            raise WriteRefused(self._db.line(f"updating sandbox_jobs row {row_id}", f"the row is {owner}'s and "
+                                             f"{stored!r}, yet the update changed nothing (row-level security or a "
                                           "proxy swallowed it? use the service-role key)"))
 
     def upload_result(self, row_id: str, result: ResultUpload, *, owner: str) -> bool:
         """GET the row (exactly once: Finished with these metrics → no write), then one PATCH filtered on owner."""
         self._check_writable()
-        with self._failing_as(StoreUnavailable):
-            found = self._row(row_id, "id,username,job_status,metrics,is_overlong")
+        with self._db.failing_as(StoreUnavailable):
+            found = self._db.row(row_id, "id,username,job_status,metrics,is_overlong")
             if found is None:
                 raise LookupError(f"sandbox_jobs row {row_id} does not exist")
             check_owner(row_id, found.get("username"), owner)
@@ -205,16 +168,16 @@ class SupabaseResults:
                 "stats": result.stats, "n_trials": result.n_trials, "ended_at": format_timestamp(result.ended_at),
                 "is_overlong": result.is_overlong,
             }
-            query = self._table("sandbox_jobs").update(values, returning=ReturnMethod.representation)
-            if self._execute(f"uploading to sandbox_jobs row {row_id}",
-                             query.eq("id", row_id).eq("username", owner).select("id"))[0]:
+            query = self._db.table("sandbox_jobs").update(values, returning=ReturnMethod.representation)
+            if self._db.execute(f"uploading to sandbox_jobs row {row_id}",
+                                query.eq("id", row_id).eq("username", owner).select("id"))[0]:
                 return True
-            again = self._row(row_id, "id,username")
+            again = self._db.row(row_id, "id,username")
         if again is None:
             raise LookupError(f"sandbox_jobs row {row_id} does not exist")
         check_owner(row_id, again.get("username"), owner)  # it changed hands between the read and the write
-        raise WriteRefused(self._line(f"uploading to sandbox_jobs row {row_id}", f"the row is {owner}'s, yet the "
-                                      "update changed nothing (row-level security or a proxy swallowed it? use "
+        raise WriteRefused(self._db.line(f"uploading to sandbox_jobs row {row_id}", f"the row is {owner}'s, yet the "
+                                         "update changed nothing (row-level security or a proxy swallowed it? use "
                                       "the service-role key)"))
 
     # ----------------------------------------------------------------------- row audit marks
@@ -230,7 +193,7 @@ class SupabaseResults:
                            "whose migrations create evalrun_row_audit")
 
     def close(self) -> None:
-        self._http.close()
+        self._db.close()
 
     def __enter__(self) -> SupabaseResults:
         return self
@@ -243,16 +206,16 @@ class SupabaseResults:
     def _family(self, table: str, names: list[str] | None) -> tuple[NamedRow, ...]:
         """Names → canonical ids (duplicate_of, else id) → the canonical rows and every row pointing at them."""
         if names is None:
-            records = self._select(table, FAMILY_COLUMNS)
+            records = self._db.select(table, FAMILY_COLUMNS)
         else:
             canonical: set[str] = set()
             for chunk in _chunks(sorted(set(names)), self.max_in_list):
                 canonical.update(str(found.get("duplicate_of") or found.get("id"))
-                                 for found in self._select(table, "id,duplicate_of", within={"name": chunk}))
+                                 for found in self._db.select(table, "id,duplicate_of", within={"name": chunk}))
             records = []
             for chunk in _chunks(sorted(canonical), self.max_in_list // 2):  # the list goes in twice
                 listed = _in_list(chunk)
-                records += self._select(table, FAMILY_COLUMNS, any_of=f"id.in.{listed},duplicate_of.in.{listed}")
+                records += self._db.select(table, FAMILY_COLUMNS, any_of=f"id.in.{listed},duplicate_of.in.{listed}")
         members = {str(found["id"]): found for found in records}
         return tuple(NamedRow(id=member_id, name=str(members[member_id].get("name") or ""),
                               duplicate_of=_text_or_none(members[member_id].get("duplicate_of")))
@@ -264,8 +227,8 @@ class SupabaseResults:
         if found is not None:
             return found
         model_id = str(uuid.uuid4())
-        if self._insert("models", {"id": model_id, "name": name, "created_by": created_by,
-                                   "creation_time": format_timestamp(at)}):
+        if self._db.insert("models", {"id": model_id, "name": name, "created_by": created_by,
+                                      "creation_time": format_timestamp(at)}):
             return model_id
         return self._registered("models", name)
 
@@ -275,9 +238,9 @@ class SupabaseResults:
             return found
         benchmark_id = str(uuid.uuid4())
         try:
-            if self._insert("benchmarks", {"id": benchmark_id, "name": name}):
+            if self._db.insert("benchmarks", {"id": benchmark_id, "name": name}):
                 return benchmark_id
-        except _Failed as failed:
+        except RequestFailed as failed:
             if failed.code != UNIQUE_VIOLATION:  # someone registered the same name meanwhile: theirs is fine
                 raise
         return self._registered("benchmarks", name)
@@ -286,125 +249,17 @@ class SupabaseResults:
         """The id of a name just registered (by us, a retry of ours, or a concurrent writer)."""
         found = self._named(table, name)
         if found is None:
-            raise _Failed(self._line(f"registering {table} {name!r}", "the server accepted the insert but did not "
-                                     "store it (row-level security? use the service-role key)"))
+            raise RequestFailed(self._db.line(f"registering {table} {name!r}", "the server accepted the insert but did not "
+                                              "store it (row-level security? use the service-role key)"))
         return found
 
     def _named(self, table: str, name: str) -> str | None:
         """The row of that name a new row reuses (`codec.reused_id`), if there is one."""
-        return reused_id(self._select(table, REGISTRY_COLUMNS[table], equal={"name": name}))
-
-    # ----------------------------------------------------------------------- requests
-
-    def _table(self, table: str) -> SyncRequestBuilder:
-        return self._client.table(table)
-
-    def _row(self, row_id: str, columns: str) -> dict[str, Any] | None:
-        try:
-            found = self._select("sandbox_jobs", columns, equal={"id": row_id})
-        except _Failed as failed:
-            if failed.code == NO_SUCH_VALUE:
-                return None
-            raise
-        return found[0] if found else None
-
-    def _insert(self, table: str, record: dict[str, Any]) -> bool:
-        """POST with `on_conflict=id` + ignore-duplicates, so a retry after a lost answer is harmless; True if new."""
-        query = self._table(table).upsert(record, on_conflict="id", ignore_duplicates=True,
-                                          returning=ReturnMethod.representation)
-        return bool(self._execute(f"inserting into {table}", query)[0])
-
-    def _select(self, table: str, columns: str, *, equal: Mapping[str, str] | None = None,
-                within: Mapping[str, Sequence[str]] | None = None, any_of: str | None = None) -> list[dict[str, Any]]:
-        """Every row of one filtered query, ordered by id, page after page until the Content-Range total is
-        reached. A page may be shorter than asked (the server's max-rows) without being the last; only the
-        total says when it is done, or an empty page when the server gives no total. Every page asks for the
-        count, so a row inserted meanwhile (shifting the pages) extends the read instead of falling off its end;
-        the caller drops the row read twice."""
-        records: list[dict[str, Any]] = []
-        while True:
-            query: SyncSelectRequestBuilder = self._table(table).select(columns, count=CountMethod.exact)
-            for column, value in (equal or {}).items():
-                query = query.eq(column, value)
-            for column, values in (within or {}).items():
-                query = query.in_(column, list(values))
-            if any_of is not None:
-                query = query.or_(any_of)
-            query = query.order("id").range(len(records), len(records) + self.page_size - 1)
-            page, total = self._execute(f"reading {table}", query)
-            records += page
-            if not page:
-                if total is not None and len(records) < total:
-                    raise _Failed(self._line(f"reading {table}", f"the server counted {total} rows but returned "
-                                             f"only {len(records)}"))
-                return records
-            if total is not None and len(records) >= total:
-                return records
-
-    def _execute(self, what: str, query: _Query) -> tuple[list[dict[str, Any]], int | None]:
-        """Run one request; retry transient failures (5xx, 429, timeouts, dropped connections) with backoff."""
-        attempt = 0
-        while True:
-            self._seen.status, self._seen.retry_after = None, None
-            try:
-                response = query.execute()
-                rows = [item for item in response.data if isinstance(item, dict)] if isinstance(response.data, list) else []
-                if not isinstance(response.data, list) or len(rows) != len(response.data):
-                    raise _Failed(self._line(what, f"HTTP {self._seen.status}: the answer is not a JSON list of rows"),
-                                  status=self._seen.status)
-                return rows, response.count
-            except APIError as error:
-                status = self._seen.status
-                failed = _Failed(self._api_line(what, status, error), status=status, code=error.code)
-                transient = status is not None and (status >= 500 or status in RETRIED_4XX)
-            except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as error:
-                failed = _Failed(self._line(what, f"{type(error).__name__}: {error or 'no answer'} (is the server "
-                                            "up and reachable?)"))
-                transient = True
-            except (httpx.HTTPError, RuntimeError) as error:  # RuntimeError: httpx's "the client has been closed"
-                raise _Failed(self._line(what, f"{type(error).__name__}: {error}")) from None
-            if not transient or attempt >= self.retries:
-                if attempt:
-                    raise _Failed(f"{failed} (after {attempt + 1} attempts)", status=failed.status, code=failed.code)
-                raise failed
-            delay = min(self.backoff_s * 2 ** attempt, MAX_BACKOFF_S)
-            self._sleep(max(delay, min(self._seen.retry_after or 0.0, MAX_BACKOFF_S)))
-            attempt += 1
-
-    def _remember(self, response: httpx.Response) -> None:
-        """httpx response hook: the status (and Retry-After) of the answer the client is about to parse."""
-        self._seen.status = response.status_code
-        try:
-            self._seen.retry_after = float(response.headers.get("Retry-After", ""))
-        except ValueError:
-            self._seen.retry_after = None
-
-    # ----------------------------------------------------------------------- errors
-
-    @contextmanager
-    def _failing_as(self, error_type: type[RuntimeError]) -> Iterator[None]:
-        """A failed request surfaces as the contract's error for this side: reads observe, writes are unavailable."""
-        try:
-            yield
-        except _Failed as failed:
-            raise error_type(str(failed)) from None
+        return reused_id(self._db.select(table, REGISTRY_COLUMNS[table], equal={"name": name}))
 
     def _check_writable(self) -> None:
         if self.readonly:
             raise WriteRefused(f"supabase {self.host} is open read-only")
-
-    def _api_line(self, what: str, status: int | None, error: APIError) -> str:
-        message = error.message or (error.details if isinstance(error.details, str) else None) or "no message"
-        code = f" {error.code}" if error.code and error.code != str(status) else ""
-        return self._line(what, f"HTTP {status}{code}: {message[:300]} ({_hint(status)})")
-
-    def _line(self, what: str, why: str) -> str:
-        """One line naming the project (never the key): a server may echo what it was sent."""
-        return " ".join(self._scrub(f"supabase {self.host}: {what}: {why}").split())
-
-    def _scrub(self, text: str) -> str:
-        return text.replace(self._key, "***") if self._key else text
-
 
 def supabase_from_url(url: str, env: Mapping[str, str], **options: Any) -> SupabaseResults:
     """`supabase://<project-host>[:port]` (https) or `supabase+http://host:port` (a local stand-in), with the
@@ -422,23 +277,6 @@ def supabase_from_url(url: str, env: Mapping[str, str], **options: Any) -> Supab
         raise ValueError(f"{parts.scheme}://{parts.netloc} needs the project's service-role key: set "
                          f"${KEY_VARIABLES[0]} (or ${KEY_VARIABLES[1]})")
     return SupabaseResults(f"{SCHEMES[parts.scheme]}://{parts.netloc}", key, **options)
-
-
-def _host(url: str) -> str:
-    parts = urlsplit(url)
-    return parts.hostname + (f":{parts.port}" if parts.port else "") if parts.hostname else "?"
-
-
-def _hint(status: int | None) -> str:
-    if status in (401, 403):
-        return f"check that ${KEY_VARIABLES[0]} holds this project's service-role key"
-    if status == 404:
-        return "is this the lab's results project? the OT-Agent tables must be in its API schema"
-    if status == 416:
-        return "rows disappeared while they were being read; retried next pass"
-    if status is not None and (status >= 500 or status in RETRIED_4XX):
-        return "the server is down or overloaded; retried next pass"
-    return "the request was rejected: do the tables match the OT-Agent schema?"
 
 
 def _chunks(values: Sequence[str], size: int) -> list[list[str]]:

@@ -269,13 +269,13 @@ def own_run_dir(stems: frozenset[str], run_tag: str) -> bool:
 
 
 def release_pass(target: RunTarget, store: Store, ports: ClusterPorts) -> list[Outcome]:
-    """The EvalRun is being deleted. With `policy.cancel_on_delete`, cancel the live jobs of the cells it owns, as
+    """The EvalRun is being deleted. With `policy.cancels_on_delete`, cancel the live jobs of the cells it owns, as
     a plan the Actor executes; then drop its claims on its cells.
 
     Raises ObservationError when the queue or the store cannot be read (never "no jobs" by default) and
     RuntimeError when a cancel failed, so the caller tries again before letting the EvalRun go.
     """
-    if target.policy.cancel_on_delete:
+    if target.policy.cancels_on_delete:
         jobs = ports.scheduler.observe()
         snapshot = store.observe(target.evalrun, _models(target), _benchmarks(target), _read_keys(target))
         observed = Observed(snapshot=snapshot, cells=tuple(join_cells(target.cells, snapshot, jobs, ())))

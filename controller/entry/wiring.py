@@ -79,7 +79,7 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog) -> Poli
         pre_walltime=timedelta(minutes=spec.monitor.pre_walltime_minutes),
         settle=timedelta(minutes=spec.monitor.settle_minutes),
         zombie_grace=timedelta(minutes=spec.monitor.zombie_grace_minutes),
-        upload_db=spec.upload.db,
+        may_upload=spec.upload.db,
         track=spec.upload.mlflow,
         admission=GatePolicy(max_infra_fraction=spec.upload.max_infra_error_fraction,
                              partial_upload=spec.upload.partial == "upload" or spec.upload.force_upload,
@@ -92,7 +92,7 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog) -> Poli
         max_live_jobs=cspec.max_live_jobs,
         tunnel_pairs=tuple(pair.name for pair in spec.pinggy.pairs),
         tunnel_urls={pair.name: pair.url for pair in spec.pinggy.pairs if pair.url},
-        cancel_on_delete=spec.deletion_policy == CANCEL_ON_DELETE,
+        cancels_on_delete=spec.deletion_policy == CANCEL_ON_DELETE,
         health=HealthLimits(
             instant_fail=timedelta(seconds=health.instant_fail_seconds),
             dead_launch_trials=health.dead_launch_trials,

@@ -166,7 +166,7 @@ def test_nothing_completed_is_never_uploaded_even_when_forced() -> None:
     assert decided.phase == Phase.FAILED and "forceUpload" not in decided.reason
 
 
-NO_DB = POLICY.model_copy(update={"upload_db": False})
+NO_DB = POLICY.model_copy(update={"may_upload": False})
 
 
 def test_without_db_upload_the_report_is_the_goal() -> None:

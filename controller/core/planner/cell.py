@@ -82,8 +82,9 @@ def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime, *,
               leased: Mapping[str, str] | None = None, quarantined: Sequence[Quarantined] = ()) -> CellPlan:
     """`leased`: submission name → the pinggy pair leased to its job."""
     if obs.run_dirs and cell.calls_model:  # instant failures are infra whatever Harbor called them
-        obs = obs.model_copy(update={"run_dirs": tuple(count_instant_failures(d, policy.health.instant_fail)
-                                                         for d in obs.run_dirs)})
+        counted = tuple(count_instant_failures(d, policy.health.instant_fail) for d in obs.run_dirs)
+        if any(new is not old for new, old in zip(counted, obs.run_dirs, strict=True)):
+            obs = obs.model_copy(update={"run_dirs": counted})
     seen = Seen(cell=cell, obs=obs, policy=policy)
     for rule in OBSERVATION_RULES:
         decided = rule(seen)

@@ -20,7 +20,8 @@ PAIR_LOCK = timedelta(hours=1)  # how long a pair whose token the pinggy server 
 class Policy(Frozen):
     """The knobs of one EvalRun on its cluster, in the units the rules use. No defaults here: each one is defined
     once, in the spec's models (controller/api), and `entry.wiring.policy_for` is the one place that turns a spec
-    into a Policy."""
+    into a Policy. What the pass may do is read as predicates (`may_launch`, `may_upload`, `cancels_on_delete`),
+    never worked out again from the spec's words."""
 
     username: str
     force_eval: bool
@@ -35,7 +36,8 @@ class Policy(Frozen):
     pre_walltime: timedelta
     settle: timedelta
     zombie_grace: timedelta
-    upload_db: bool
+    may_upload: bool = Field(description="upload.db: an admitted score is written to the results DB (off: the "
+                                         "post-eval report, and MLflow when tracked)")
     track: bool = Field(description="log to the tracker (MLflow); Completed needs its read-back")
     admission: GatePolicy = Field(description="what the admission gate lets through (RULES §14)")
     overlong: timedelta | Literal["walltime"] = Field(
@@ -48,7 +50,7 @@ class Policy(Frozen):
                                            "counts it)")
     tunnel_pairs: tuple[str, ...]
     tunnel_urls: dict[str, str] = Field(description="pair → its public URL, where given")
-    cancel_on_delete: bool = Field(description="deletionPolicy Cancel: deleting the EvalRun cancels its jobs")
+    cancels_on_delete: bool = Field(description="deletionPolicy Cancel: deleting the EvalRun cancels its jobs")
     health: HealthLimits
     cluster: str = Field(description="the EvalCluster, as quarantines of its nodes and launches name it")
     max_gpu_hours: float | None = Field(description="spec.budget.maxGpuHours: launches past it are held")

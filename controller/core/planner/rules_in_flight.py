@@ -72,7 +72,8 @@ def health(f: InFlight) -> CellPlan | None:
         if decided is not None:
             return with_advice(decided, run.advice)
     view, job, facts = f.view, f.job, f.facts
-    moving = run.learnt.model_copy(update={"stall_reading": None})  # progress ends a stall reading
+    learnt = run.learnt  # progress ends a stall reading
+    moving = learnt if learnt.stall_reading is None else learnt.model_copy(update={"stall_reading": None})
     state, note = verdict(run.reading, facts, job.started_at, view.policy.health, view.now)
     return view.result(Phase.RUNNING, [*run.actions, Wait(reason=f"job {job.job_id} running")],
                        f"job running ({progress(facts)}); {note}", Rule.IN_FLIGHT, f.updates, facts,

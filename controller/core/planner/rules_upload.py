@@ -70,7 +70,7 @@ def without_db(case: UploadCase) -> CellPlan | None:
     """upload.db off: done once the report is written, or, with MLflow on, once its run reads back. That is
     where its result went, so a Completed cell shows the score of its finished run dir."""
     view, facts, rule, admitted = case.view, case.facts, case.rule, case.admission
-    if view.policy.upload_db or not isinstance(admitted, Admitted):
+    if view.policy.may_upload or not isinstance(admitted, Admitted):
         return None
     tag = facts.run_tag
     if view.policy.track and view.memory.tracked_run_tag == tag:

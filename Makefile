@@ -19,7 +19,7 @@ test:
 	./scripts/bootstrap.sh
 	.venv/bin/ruff check .
 	.venv/bin/mypy
-	.venv/bin/pytest --durations=25
+	.venv/bin/pytest -n 3 --dist loadgroup --durations=25
 
 # Plan-pass timings over a synthetic fleet (1,000 cells, 100,000 trial dirs); prints figures.
 bench:

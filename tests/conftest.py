@@ -53,6 +53,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         group = next((name for name, needs in LAB_GROUPS if fixtures.intersection(needs)), None)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+    # tests that take the SLURM lab alone go first, while the Kubernetes worker is still on tests without SLURM
+    items.sort(key=lambda item: "slurm_lab_alone" not in getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture(scope="session", autouse=True)

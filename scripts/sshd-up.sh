@@ -58,9 +58,11 @@ chmod 700 "$LAB"
 install -d -m 0755 /run/sshd   # privilege separation dir; systemd-tmpfiles would make it, but there is no systemd
 [ -s "$LAB/ssh_host_ed25519_key" ] || ssh-keygen -q -t ed25519 -N '' -C evalrun-sshd -f "$LAB/ssh_host_ed25519_key"
 [ -s "$LAB/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C evalrun-client -f "$LAB/id_ed25519"
-cp "$LAB/id_ed25519.pub" "$LAB/authorized_keys"
+# the client files are read by sessions of other test workers while this runs: replaced whole, never truncated
+replace() { cat >"$1.new" && mv -f "$1.new" "$1"; }
+replace "$LAB/authorized_keys" <"$LAB/id_ed25519.pub"
 hostkey=$(cut -d' ' -f1,2 "$LAB/ssh_host_ed25519_key.pub")
-printf '[127.0.0.1]:%s %s\n[localhost]:%s %s\n' "$PORT" "$hostkey" "$PORT" "$hostkey" >"$LAB/known_hosts"
+printf '[127.0.0.1]:%s %s\n[localhost]:%s %s\n' "$PORT" "$hostkey" "$PORT" "$hostkey" | replace "$LAB/known_hosts"
 
 # StrictModes no: the state dir lives under /tmp (mode 1777), which sshd's ownership checks would refuse.
 cat >"$LAB/sshd_config.new" <<CONF
@@ -86,7 +88,7 @@ MaxSessions 50
 MaxStartups 50:30:100
 LogLevel INFO
 CONF
-cat >"$LAB/ssh_config" <<CONF
+replace "$LAB/ssh_config" <<CONF
 Host $ALIAS
   HostName 127.0.0.1
   Port $PORT

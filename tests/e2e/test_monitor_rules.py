@@ -84,9 +84,12 @@ def test_a_general_stall_is_reported_first_and_cancelled_on_the_second_reading(c
     stalled = passes_until(cluster, "Stalled")
     outputs = passes_until(cluster, "Completed")
 
-    # the pass that found it stalled only reported it (a plan run after it may already be the second reading)
-    assert "wait: no new score for" in stalled[-1] and "cancel" not in stalled[-1], stalled[-1]
+    # the pass that first found it stalled only reported it; only acting passes remember a reading, so the cancel
+    # comes from a later pass (which passes see which phase depends on the machine's speed, not the order)
     text = "".join(stalled + outputs)
+    first = next(output for output in stalled + outputs if "wait: no new score for" in output)
+    assert "cancel" not in first, first
+    assert text.index("wait: no new score for") < text.index("stuck general, second reading"), text[-3000:]
     assert "stuck general, second reading" in text and ": resume: " not in text, text[-3000:]
     [job] = cluster.scheduler.observe()
     assert job.state.value == "Cancelled" and history(cluster)[0] == 1 and partial_flags(cluster) == [True]

@@ -8,8 +8,6 @@ service-account token is requested with `kubectl create token`. Synchronisation 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import random
@@ -17,7 +15,6 @@ import signal
 import string
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -72,23 +69,8 @@ def kube() -> Kube:
     the_kube.kubectl("wait", "--for=condition=Established", "crd/evalruns.evalrun.io", "crd/evalclusters.evalrun.io",
                      "crd/clusterkopfpeerings.zalando.org", "crd/kopfpeerings.zalando.org")
     the_kube.kubectl("apply", "-k", str(REPO / "manifests"))  # CRDs, namespace, service account, RBAC, peering
-    with _once_per_run(Path(lab)) as first:  # xdist workers each open a session; only the first purges
-        if first:
-            purge_evalruns(the_kube, "--all-namespaces")  # an earlier run's leftovers would meet a peered operator
+    purge_evalruns(the_kube, "--all-namespaces")  # an earlier session's leftovers would meet an all-namespace operator
     return the_kube
-
-
-@contextlib.contextmanager
-def _once_per_run(lab: Path) -> Iterator[bool]:
-    """True for the first session of this pytest run to get here (all of them, without xdist), under a lock held
-    until it is done: a later worker must not create its namespace's EvalRuns while the first still purges."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", uuid.uuid4().hex)
-    with open(lab / "purge.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        marker = lab / "purged"
-        first = not marker.exists() or marker.read_text() != run
-        yield first
-        marker.write_text(run)
 
 
 def purge_evalruns(kube: Kube, *where: str) -> None:

@@ -5,7 +5,8 @@
 #
 # Usage: scripts/sshd-up.sh     -> prints the state dir on its last line; then: ssh -F "$dir/ssh_config" evalrun-login
 # Env:   SSH_LAB   state dir (default /tmp/evalrun-ssh): sshd_config, host key, id_ed25519(.pub), authorized_keys,
-#                  known_hosts ([127.0.0.1]:PORT and [localhost]:PORT), ssh_config (Host evalrun-login), sshd.log
+#                  known_hosts ([127.0.0.1]:PORT and [localhost]:PORT), ssh_config (Host evalrun-login), sshd.log,
+#                  home/ (the sessions' HOME)
 #        SSH_PORT  listen port (default 2222)
 # Stop:  scripts/sshd-down.sh [--purge]
 set -euo pipefail
@@ -18,6 +19,9 @@ ALIAS=evalrun-login
 REMOTE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # ... and find the lab SLURM cluster (scripts/slurm-up.sh) as a login node finds /etc/slurm/slurm.conf
 SLURM_CONF_FOR_SESSIONS=${SLURM_LAB:-/tmp/evalrun-slurm}/etc/slurm.conf
+# ... and an empty HOME of the lab's own: bash sources ~/.bashrc for every ssh command, and this machine's root
+# dotfiles are not the lab's (a `pyenv init` there waits 60 s on the stale rehash lock a killed shell leaves)
+SESSION_HOME=$LAB/home
 
 # Several test sessions on one machine may call this at once: serialise them.
 mkdir -p "$(dirname "$LAB")"
@@ -53,7 +57,7 @@ if [ ! -x "$SSHD" ]; then
   [ -x "$SSHD" ] || die "$SSHD missing after installing openssh-server"
 fi
 
-mkdir -p "$LAB"
+mkdir -p "$LAB" "$SESSION_HOME"
 chmod 700 "$LAB"
 install -d -m 0755 /run/sshd   # privilege separation dir; systemd-tmpfiles would make it, but there is no systemd
 [ -s "$LAB/ssh_host_ed25519_key" ] || ssh-keygen -q -t ed25519 -N '' -C evalrun-sshd -f "$LAB/ssh_host_ed25519_key"
@@ -82,7 +86,7 @@ X11Forwarding no
 PrintMotd no
 PermitUserEnvironment no
 AcceptEnv none
-SetEnv PATH=$REMOTE_PATH SLURM_CONF=$SLURM_CONF_FOR_SESSIONS
+SetEnv PATH=$REMOTE_PATH SLURM_CONF=$SLURM_CONF_FOR_SESSIONS HOME=$SESSION_HOME
 Subsystem sftp internal-sftp
 MaxSessions 50
 MaxStartups 50:30:100

@@ -76,6 +76,8 @@ InactiveLimit=0
 KillWait=5
 MinJobAge=300
 MessageTimeout=10
+# a batch job slurmd is slow to start on this busy 2-core node is waited for, not requeued as a node failure
+BatchStartTimeout=120
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort=$((PORT_BASE + 2))

@@ -37,6 +37,11 @@ def wait_final(job_id: str, env: dict[str, str], timeout: float) -> str:
     return poll(lambda: (s := sacct_state(job_id, env)) in FINAL and s, timeout, what=f"job {job_id} to end")
 
 
+def job_output(path: Path) -> str:
+    """What a job printed, for a failed assertion: it may never have started."""
+    return path.read_text() if path.exists() else f"(no {path.name}: the job never started)"
+
+
 def submit_eval(env: dict[str, str], out_dir: Path, jobs_dir: Path, run_tag: str, **extra: str) -> str:
     exports = {"EVAL_JOBS_DIR": str(jobs_dir), "EVAL_N_CONCURRENT": "2", "EVAL_N_ATTEMPTS": "1",
                "EVAL_DB_JOB_ID": f"db-{run_tag}", **extra}
@@ -77,7 +82,7 @@ def test_sinfo_and_sacct(slurm_env: dict[str, str], tmp_path: Path) -> None:
 def test_eval_harbor_sbatch_completes(slurm_env: dict[str, str], eval_env: Path, tmp_path: Path) -> None:
     jobs_dir = tmp_path / "jobs"
     job = submit_eval(slurm_env, tmp_path, jobs_dir, "smoke-run")
-    assert wait_final(job, slurm_env, 180) == "COMPLETED", (tmp_path / f"smoke-run_{job}.out").read_text()
+    assert wait_final(job, slurm_env, 180) == "COMPLETED", job_output(tmp_path / f"smoke-run_{job}.out")
 
     run_dir = jobs_dir / "smoke-run"
     meta = dict(line.split("=", 1) for line in (run_dir / "meta.env").read_text().splitlines())
@@ -110,7 +115,7 @@ def test_eval_harbor_resume_after_scancel(slurm_env: dict[str, str], eval_env: P
 
     job2 = submit_eval(slurm_env, tmp_path, jobs_dir, tag, EVAL_TIMEOUT_MULTIPLIER="2",
                        EVAL_RESUME="1", EVAL_RESUME_COUNT="1")
-    assert wait_final(job2, slurm_env, 180) == "COMPLETED", (tmp_path / f"{tag}_{job2}.out").read_text()
+    assert wait_final(job2, slurm_env, 180) == "COMPLETED", job_output(tmp_path / f"{tag}_{job2}.out")
     after = trial_results(run_dir)
     assert {t["task_name"] for t in after.values()} == TASKS and len(after) == 4
     assert all(after[name]["id"] == tid for name, tid in before.items()), "a finished trial was re-run"

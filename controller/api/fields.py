@@ -108,10 +108,40 @@ def _argument_safe(value: str) -> str:
     return value
 
 
+REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+")  # Hugging Face: Org/Name
+URL_LIKE = ("hf:", "http:", "https:", "huggingface.co/", "www.huggingface.co/", "hf.co/")
+
+
+def _not_a_url(value: str, example: str) -> None:
+    if "://" in value or value.lower().startswith(URL_LIKE):
+        raise ValueError(f"is a URL; name it by its Hugging Face repo id, Org/Name, e.g. {example}")
+
+
+def _model_name(value: str) -> str:
+    """A model is a Hugging Face repo id, or an absolute path to a local checkpoint: anything else (a URL, a tag, a
+    name without its org) is a job that fails in the queue after its wait, so it is refused here."""
+    _not_a_url(value, "Qwen/Qwen3-8B")
+    if value.startswith("/"):
+        return value
+    if ":" in value:
+        raise ValueError("names a tag or revision (':'); write the repo id alone, Org/Name, e.g. Qwen/Qwen3-8B")
+    if "/" not in value:
+        raise ValueError(f"has no organisation; write Org/Name, e.g. <org>/{value}")
+    if not REPO_ID.fullmatch(value):
+        raise ValueError("must be a Hugging Face repo id, Org/Name (one '/'; letters, digits, '.', '_', '-'), e.g. "
+                         "Qwen/Qwen3-8B, or an absolute path to a local checkpoint")
+    return value
+
+
 def _dataset_name(value: str) -> str:
-    """Its last '/' segment is the benchmark's name in the results DB and in the run tag: it must exist."""
+    """A Hugging Face dataset id (Org/name) or a local directory; its last '/' segment is the benchmark's name in the
+    results DB and in the run tag, so it must exist."""
+    _not_a_url(value, "DCAgent2/terminal_bench_2")
     if not value.strip("/"):
         raise ValueError("names no dataset: its last '/' segment is the benchmark name; write e.g. Org/bench_name")
+    if "/" not in value:
+        raise ValueError(f"has no organisation; write Org/{value} (a Hugging Face dataset), or ./{value} for a "
+                         "local directory")
     return value
 
 
@@ -128,7 +158,7 @@ Walltime = Annotated[str, Field(max_length=32), AfterValidator(lambda value: wal
 # The CRD's schema refuses what _argument_safe refuses (the API server never stores it); here the loader says why.
 SAFE_SCHEMA = {"pattern": ARGUMENT_SAFE_PATTERN}
 Model = Annotated[str, Field(min_length=1, max_length=MODEL_MAX, json_schema_extra=SAFE_SCHEMA),
-                  AfterValidator(visible), AfterValidator(_argument_safe)]
+                  AfterValidator(visible), AfterValidator(_argument_safe), AfterValidator(_model_name)]
 Dataset = Annotated[str, Field(min_length=1, max_length=DATASET_MAX, json_schema_extra=SAFE_SCHEMA),
                     AfterValidator(visible), AfterValidator(_argument_safe), AfterValidator(_dataset_name)]
 

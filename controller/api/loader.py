@@ -9,6 +9,7 @@ Checks that need more than one document (cluster references, duplicate names) or
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -115,8 +116,12 @@ def _ref_of(cluster: AnyCluster) -> ClusterRef:
     return ClusterRef(namespace=cluster.metadata.namespace, name=cluster.metadata.name)
 
 
-def load_specs(paths: Sequence[Path], catalog: Catalog | None = None) -> SpecSet:
-    """Read `paths` (files, or directories searched for *.yaml / *.yml); raise `SpecErrors` listing all problems."""
+def load_specs(paths: Sequence[Path], catalog: Catalog | None = None, *, preflight: bool = False) -> SpecSet:
+    """Read `paths` (files, or directories searched for *.yaml / *.yml); raise `SpecErrors` listing all problems.
+
+    `preflight`: also refuse what this machine can tell is wrong before a job waits in the queue (a local job
+    script that is missing): for the commands that would submit (`validate`, `plan`, `reconcile`), not for those
+    that only read what ran."""
     catalog = catalog or load_catalog()
     errors: list[SpecError] = []
     parsed: list[tuple[Resource, Document, Path]] = []
@@ -138,6 +143,8 @@ def load_specs(paths: Sequence[Path], catalog: Catalog | None = None) -> SpecSet
             if declared is not None and ref:
                 declared.add(ref)
     errors += _cross_check(parsed, catalog, declared)
+    if preflight:
+        errors += [error for resource, document, file in parsed for error in _missing_job_script(resource, document, file)]
     if errors:
         order = {str(file): index for index, file in enumerate(files)}
         raise SpecErrors(sorted(errors, key=lambda e: (order.get(e.file, -1), e.line, e.col)))
@@ -266,6 +273,19 @@ def _cross_check(
             errors += _check_serving(resource, document, catalog)
     errors += identity_collisions([(r, d) for r, d, _ in parsed if isinstance(r, EvalRun)], catalog)
     return errors
+
+
+def _missing_job_script(resource: Resource, document: Document, file: Path) -> list[SpecError]:
+    """A local job script (not over ssh: that one is on the login node) must be a file this user can read: sbatch
+    and the local runner read it, and run it through bash when it is not executable."""
+    if isinstance(resource, EvalRun) or resource.spec.scheduler.ssh or "://" in resource.spec.job_script:
+        return []
+    script = file.parent / resource.spec.job_script
+    if script.is_file() and os.access(script, os.R_OK):
+        return []
+    what = "is not a file" if script.exists() else "does not exist"
+    return [document.error(("spec", "jobScript"), f"spec.jobScript: {script} {what}; fix the path (a relative one "
+                                                  "is read from this file's directory)")]
 
 
 def _check_cells(run: EvalRun, document: Document, cluster: AnyCluster,

@@ -80,7 +80,7 @@ def validate(files: Files = [], verbose: Verbose = 0) -> None:  # noqa: B006 —
     """Check spec files; exit 2 with FILE:LINE:COL: messages when something is wrong."""
     configure_logging(verbose)
     with exits():
-        specs = load(files)
+        specs = load(files, preflight=True)
         cells = sum(len(t.cells) for t in targets_for(specs, load_catalog()))
         out.print(f"ok: {len(specs.evalruns)} EvalRun(s), {len(specs.clusters)} EvalCluster(s), {cells} cell(s)")
 
@@ -91,7 +91,7 @@ def plan(files: Files = [], store: StoreURL = None, state: StateURL = None,  # n
     """Show what one pass would do. No side effects."""
     configure_logging(verbose)
     with exits():
-        results = dry_pass(load(files), StoreURLs(store, state))
+        results = dry_pass(load(files, preflight=True), StoreURLs(store, state))
         if output == Output.json:
             print(render.plan_json(results))
         else:
@@ -121,7 +121,7 @@ def reconcile(
                 (until_done and not loop, "--until-done needs --loop"),
                 (interval is not None and not loop, "--interval needs --loop"),
                 (dry_run and (loop or until_done), "--dry-run plans one pass; it does not go with --loop or --until-done"))
-        specs = load(files)
+        specs = load(files, preflight=True)
         urls = StoreURLs(store, state)
         if dry_run:
             for result in dry_pass(specs, urls):

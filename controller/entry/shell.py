@@ -132,10 +132,11 @@ def refuse(*combinations: tuple[bool, str]) -> None:
             raise UsageError(message)
 
 
-def load(files: list[Path]) -> SpecSet:
+def load(files: list[Path], *, preflight: bool = False) -> SpecSet:
+    """`preflight`: for the commands that would submit (see `load_specs`)."""
     if not files:
         raise UsageError("name at least one spec file or directory with -f")
-    return load_specs(files, load_catalog())
+    return load_specs(files, load_catalog(), preflight=preflight)
 
 
 class StoreURLs(NamedTuple):

@@ -104,11 +104,11 @@ HOSTILE: dict[str, Hostile] = {
     "a zero-width space in a model name": Hostile(SPEC.replace("org/model-8B", "org/mo\u200bdel"), "U+200B",
                                                   "org/mo"),
     "a dataset that names no benchmark": Hostile(SPEC.replace("[org/bench]", "['/']"), "names no dataset", "'/'"),
-    "1,001 models": Hostile(SPEC.replace("[org/model-8B]", "[" + ", ".join(f"m{i}" for i in range(1001)) + "]"),
-                            "at most 1000 items", "[m0"),
-    "10,500 cells": Hostile(SPEC.replace("[org/model-8B]", "[" + ", ".join(f"m{i}" for i in range(500)) + "]")
+    "1,001 models": Hostile(SPEC.replace("[org/model-8B]", "[" + ", ".join(f"o/m{i}" for i in range(1001)) + "]"),
+                            "at most 1000 items", "[o/m0"),
+    "10,500 cells": Hostile(SPEC.replace("[org/model-8B]", "[" + ", ".join(f"o/m{i}" for i in range(500)) + "]")
                             .replace("[org/bench]", "[" + ", ".join(f"o/d{i}" for i in range(21)) + "]"),
-                            "make 10500 cells, more than 10000", "[m0"),
+                            "make 10500 cells, more than 10000", "[o/m0"),
     "40 KiB of agentKwargs": Hostile(run_line("  agentKwargs: [" + ", ".join(["k=" + "v" * 1000] * 40) + "]\n"),
                                      "more than 32 KiB", "[k=v"),
     "65 agentKwargs": Hostile(run_line("  agentKwargs: [" + ", ".join(["k=v"] * 65) + "]\n"), "at most 64 items",
@@ -205,7 +205,7 @@ FINE: dict[str, str | bytes] = {
     "a merge key and a re-used anchor": run_line("  monitor:\n    <<: &m {settleMinutes: 5}\n    staleNearMinutes: 9\n"
                                                  "  resume: &m {maxTotalFires: 3}\n"),
     "64 levels of nesting, the most allowed": SPEC.replace("{name: run}", "{name: run, x: " + "[" * 62 + "]" * 62 + "}"),
-    "a 200-character model and unicode": SPEC.replace("org/model-8B", "ørg/" + "m" * 196),
+    "a 200-character local checkpoint path with unicode": SPEC.replace("org/model-8B", "/ckpt/ørg/" + "m" * 190),
 }
 
 

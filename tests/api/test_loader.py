@@ -24,7 +24,7 @@ TRACEBACK_ISH = ("Traceback", 'File "', "Error(", "pydantic", "errors.pydantic.d
 
 def errors_of(*paths: Path) -> list[SpecError]:
     with pytest.raises(SpecErrors) as caught:
-        load_specs(list(paths))
+        load_specs(list(paths), preflight=True)  # what `validate` refuses
     return caught.value.errors
 
 
@@ -119,7 +119,7 @@ def test_parse_resource_accepts_a_custom_resource_with_status() -> None:
         "apiVersion": "evalrun.io/v1alpha1",
         "kind": "EvalRun",
         "metadata": {"name": "r", "uid": "1234", "generation": 3},
-        "spec": {"cluster": "c", "models": ["m"], "presets": ["tb2"]},
+        "spec": {"cluster": "c", "models": ["org/m"], "presets": ["tb2"]},
         "status": {"conditions": []},
     }
     run = parse_resource(resource)
@@ -133,7 +133,7 @@ def test_parse_resource_reports_without_positions_when_there_are_none() -> None:
 
 
 def test_python_code_may_still_use_snake_case_names() -> None:
-    spec = EvalRunSpec(cluster="c", models=["m"], presets=["tb2"], force_eval=True)
+    spec = EvalRunSpec(cluster="c", models=["org/m"], presets=["tb2"], force_eval=True)
     assert spec.force_eval
 
 
@@ -196,5 +196,48 @@ def test_crlf_and_a_byte_order_mark_keep_positions(tmp_path: Path, encode: Any) 
     broken = Path(__file__).parent / "broken" / "35_duration_overflow.yaml"
     path = tmp_path / "spec.yaml"
     path.write_bytes(encode(broken.read_text()))
+    shutil.copy(broken.parent / "eval.sbatch", tmp_path)
     [error] = errors_of(path)
     assert (error.line, error.col) == (18, 22), str(error)
+
+
+MISSING_SCRIPT = """\
+apiVersion: evalrun.io/v1alpha1
+kind: EvalCluster
+metadata: {{name: hpc}}
+spec:
+  scheduler: {scheduler}
+  jobsDir: /work/jobs
+  logsDir: /work/logs
+  jobScript: {script}
+---
+apiVersion: evalrun.io/v1alpha1
+kind: EvalRun
+metadata: {{name: run}}
+spec: {{cluster: hpc, models: [org/m], presets: [tb2]}}
+"""
+
+
+def test_a_missing_local_job_script_is_refused_only_where_a_job_would_be_submitted(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(MISSING_SCRIPT.format(scheduler="{type: slurm}", script="jobs/eval.sbatch"))
+    assert load_specs([spec]).evalruns, "status, explain and report still read what ran"
+    with pytest.raises(SpecErrors) as caught:
+        load_specs([spec], preflight=True)
+    assert str(caught.value) == (f"{spec}:8:14: spec.jobScript: {tmp_path}/jobs/eval.sbatch does not exist; fix the "
+                                 "path (a relative one is read from this file's directory)")
+    (tmp_path / "jobs").mkdir()
+    with pytest.raises(SpecErrors, match=r"eval\.sbatch does not exist"):
+        load_specs([spec], preflight=True)
+    (tmp_path / "jobs" / "eval.sbatch").mkdir()
+    with pytest.raises(SpecErrors, match=r"eval\.sbatch is not a file"):
+        load_specs([spec], preflight=True)
+    (tmp_path / "jobs" / "eval.sbatch").rmdir()
+    (tmp_path / "jobs" / "eval.sbatch").write_text("#!/bin/bash\n")  # not executable: sbatch and bash read it
+    assert load_specs([spec], preflight=True).evalruns
+
+
+def test_a_job_script_on_the_login_node_is_not_looked_for_here(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(MISSING_SCRIPT.format(scheduler="{type: slurm, ssh: alice@login}", script="/home/alice/x.sbatch"))
+    assert load_specs([spec], preflight=True).evalruns

@@ -60,6 +60,7 @@ def test_plan_cli_leaves_a_legacy_store_untouched(tmp_path):
     db.close()
     before = hashlib.sha256((tmp_path / "legacy.db").read_bytes()).hexdigest()
     spec = tmp_path / "run.yaml"
+    (tmp_path / "run.sh").write_text("#!/bin/sh\n")  # plan looks for the job script it would submit
     spec.write_text(f"""
 apiVersion: evalrun.io/v1alpha1
 kind: EvalCluster

@@ -25,6 +25,7 @@ from controller.core.store import Store
 from controller.entry import render
 from controller.entry.cli_operator import operator
 from controller.entry.cli_stores import db_app, models_app, nodes_app
+from controller.entry.closed_pipe import ClosedPipeTolerant
 from controller.entry.logs import configure_logging
 from controller.entry.reporting import build_report, write_report
 from controller.entry.secrets import EnvironmentSecrets
@@ -64,7 +65,8 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]})
 
 
 @app.callback()
@@ -311,7 +313,8 @@ def main() -> None:
     # collections no longer walk it again and again (the GC's cost grows with all live objects, not the new ones).
     gc.freeze()
     # the last line of defence: whatever a command prints or logs, this process's secrets and token shapes masked
-    sys.stdout, sys.stderr = cast(TextIO, MaskedStream(sys.stdout)), cast(TextIO, MaskedStream(sys.stderr))
+    sys.stdout = cast(TextIO, MaskedStream(cast(TextIO, ClosedPipeTolerant(sys.stdout))))
+    sys.stderr = cast(TextIO, MaskedStream(sys.stderr))
     app()
 
 

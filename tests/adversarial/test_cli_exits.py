@@ -159,6 +159,14 @@ def test_version_comes_from_the_package_metadata(lab: Lab) -> None:
     assert (result.returncode, result.stdout) == (0, f"evalctl {version('evalrun-controller')}\n")
 
 
+@pytest.mark.parametrize("command", [(), ("reconcile",), ("nodes", "release")])
+def test_h_is_help_everywhere(lab: Lab, command: tuple[str, ...]) -> None:
+    result = lab.evalctl(*command, "-h")
+    usage = next(line for line in result.stdout.splitlines() if "Usage:" in line)
+    assert result.returncode == 0, result.stderr
+    assert f" {' '.join(command)} [OPTIONS]" in usage if command else "[OPTIONS] COMMAND" in usage, usage
+
+
 # ------------------------------------------------------------------------------------- failed work
 
 

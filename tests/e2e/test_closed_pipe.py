@@ -1,0 +1,45 @@
+"""`evalctl … | head -1`: the reader closing the pipe ends the output quietly, never as an error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS = 300  # output larger than a pipe's buffer: the writes after the reader left really fail with EPIPE
+
+
+def spec(tmp_path: Path) -> Path:
+    path = tmp_path / "spec.yaml"
+    models = ", ".join(f"org/m{i}" for i in range(MODELS))
+    path.write_text(f"""\
+apiVersion: evalrun.io/v1alpha1
+kind: EvalCluster
+metadata: {{name: local}}
+spec: {{scheduler: {{type: local}}, jobsDir: {tmp_path}/jobs, logsDir: {tmp_path}/logs,
+        jobScript: {REPO}/specs/demo/fake_harbor.py}}
+---
+apiVersion: evalrun.io/v1alpha1
+kind: EvalRun
+metadata: {{name: piped}}
+spec: {{cluster: local, models: [{models}], datasets: [org/bench]}}
+""")
+    return path
+
+
+@pytest.mark.parametrize("output", ["json", "table"])
+def test_a_reader_that_stops_after_one_line_ends_the_output_quietly(tmp_path: Path, output: str) -> None:
+    command = [sys.executable, "-m", "controller.entry.cli", "plan", "-f", str(spec(tmp_path)), "--store",
+               f"sqlite:///{tmp_path}/store.db", "-o", output]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                          cwd=tmp_path) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stdout.readline()
+        proc.stdout.close()  # `head -1` exits
+        errors = proc.stderr.read().decode()
+        code = proc.wait(timeout=120)
+    assert first.strip(), "the plan was being written"
+    assert (code, errors) == (0, ""), errors

@@ -45,6 +45,7 @@ from controller.entry.shell import (
     dry_pass,
     error_line,
     exits,
+    fit_output_to_logs,
     load,
     one_line,
     one_pass,
@@ -315,6 +316,7 @@ def main() -> None:
     # the last line of defence: whatever a command prints or logs, this process's secrets and token shapes masked
     sys.stdout = cast(TextIO, MaskedStream(cast(TextIO, ClosedPipeTolerant(sys.stdout))))
     sys.stderr = cast(TextIO, MaskedStream(sys.stderr))
+    fit_output_to_logs()
     app()
 
 

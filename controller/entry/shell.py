@@ -33,6 +33,14 @@ WATCH_INTERVAL_S = 10.0
 RETRY_MAX_S = 300.0  # a failed --loop pass is retried after 2, 4, 8 … intervals, at most this long
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 out = Console(highlight=False)
+LOG_WIDTH = 10_000  # off a terminal: wide enough that no row wraps, so a log line holds a whole name or run tag
+
+
+def fit_output_to_logs() -> None:
+    """Off a terminal (cron, CI, a pipe) and without COLUMNS, rich would wrap tables at 80 columns mid-token: a
+    run tag split over two lines is not found by grep. There, each row stays on one line, full names included."""
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out.width = LOG_WIDTH
 
 
 class Output(StrEnum):

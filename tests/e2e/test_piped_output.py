@@ -1,7 +1,9 @@
-"""`evalctl … | head -1`: the reader closing the pipe ends the output quietly, never as an error."""
+"""evalctl's output read by a program (cron's log, `grep`, `head`): rows never wrap, and a reader that stops early
+ends the output quietly, never as an error."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,11 +12,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = 300  # output larger than a pipe's buffer: the writes after the reader left really fail with EPIPE
+LONG_MODEL = "DCAgent/qwen3-32b-sft-terminal-agent-traces-v7-lr2e-5-epochs3-with-a-name-longer-than-a-terminal"
 
 
-def spec(tmp_path: Path) -> Path:
+def spec(tmp_path: Path, models: str = ", ".join(f"org/m{i}" for i in range(MODELS))) -> Path:
     path = tmp_path / "spec.yaml"
-    models = ", ".join(f"org/m{i}" for i in range(MODELS))
     path.write_text(f"""\
 apiVersion: evalrun.io/v1alpha1
 kind: EvalCluster
@@ -43,3 +45,14 @@ def test_a_reader_that_stops_after_one_line_ends_the_output_quietly(tmp_path: Pa
         code = proc.wait(timeout=120)
     assert first.strip(), "the plan was being written"
     assert (code, errors) == (0, ""), errors
+
+
+@pytest.mark.parametrize("command", ["plan", "status"])
+def test_piped_rows_never_wrap_a_name(tmp_path: Path, command: str) -> None:
+    env = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES")}
+    shown = subprocess.run([sys.executable, "-m", "controller.entry.cli", command, "-f", str(spec(tmp_path, LONG_MODEL)),
+                            "--store", f"sqlite:///{tmp_path}/store.db"], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, stdin=subprocess.DEVNULL, timeout=120, check=False)
+    assert shown.returncode == 0, shown.stderr
+    [row] = [line for line in shown.stdout.splitlines() if LONG_MODEL in line]  # grep finds it whole, once
+    assert row.count("│") >= 3, f"one table row holds the name and its cells: {row}"

@@ -26,6 +26,7 @@ from controller.entry import render
 from controller.entry.cli_operator import operator
 from controller.entry.cli_stores import db_app, models_app, nodes_app
 from controller.entry.closed_pipe import ClosedPipeTolerant
+from controller.entry.explaining import names_cell, specs_holding
 from controller.entry.logs import configure_logging
 from controller.entry.reporting import build_report, write_report
 from controller.entry.secrets import EnvironmentSecrets
@@ -259,8 +260,9 @@ def explain(
     """Why the planner decides what it does for one cell."""
     configure_logging(verbose)
     with exits():
-        matches = [(c, r.plan) for r in dry_pass(load(files), StoreURLs(store, state)) for c in r.plan.cells
-                   if c.cell.model == model and benchmark in (c.cell.benchmark, c.cell.dataset, c.cell.benchmark_name)]
+        specs = specs_holding(load(files), load_catalog(), model, benchmark)
+        matches = [(c, r.plan) for r in dry_pass(specs, StoreURLs(store, state)) for c in r.plan.cells
+                   if names_cell(c.cell, model, benchmark)]
         if not matches:
             raise UsageError(f"no cell {model} × {benchmark} in these specs")
         for cell, its_plan in matches:

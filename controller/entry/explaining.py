@@ -1,0 +1,34 @@
+"""Which EvalRuns `evalctl explain MODEL BENCHMARK` needs: only those that may hold the cell, so no other cluster is
+dialled; and the nearest cells when none does (a typo deserves a suggestion, not a bare "no cell")."""
+
+from __future__ import annotations
+
+import difflib
+
+from controller.api.catalog import Catalog
+from controller.api.loader import SpecSet
+from controller.api.resolve import resolve
+from controller.core.types import Cell
+from controller.entry.shell import UsageError
+
+SUGGESTED = 3
+
+
+def names_cell(cell: Cell, model: str, benchmark: str) -> bool:
+    return cell.model == model and benchmark in (cell.benchmark, cell.dataset, cell.benchmark_name)
+
+
+def specs_holding(specs: SpecSet, catalog: Catalog, model: str, benchmark: str) -> SpecSet:
+    """The EvalRuns that list the cell, else those whose modelSelector may have chosen its model (the store says
+    which it did); raises UsageError with the nearest listed cells when none may hold it."""
+    listed = {run.ref: resolve(run.run, specs.cluster_of(run).cluster, catalog, None) for run in specs.evalruns}
+    holding = [run for run in specs.evalruns if any(names_cell(c, model, benchmark) for c in listed[run.ref])]
+    if not holding:
+        holding = [run for run in specs.evalruns if run.run.spec.model_selector is not None]
+    if not holding:
+        labels = sorted({f"{c.model} × {c.benchmark}" for cells in listed.values() for c in cells})
+        nearest = difflib.get_close_matches(f"{model} × {benchmark}", labels, n=SUGGESTED, cutoff=0.5)
+        hint = f"; nearest: {', '.join(nearest)}" if nearest else ""
+        raise UsageError(f"no cell {model} × {benchmark} in these specs{hint}")
+    clusters = {run.cluster_ref for run in holding}
+    return SpecSet(clusters={ref: c for ref, c in specs.clusters.items() if ref in clusters}, evalruns=holding)

@@ -28,6 +28,7 @@ from controller.entry.cli_stores import db_app, models_app, nodes_app
 from controller.entry.closed_pipe import ClosedPipeTolerant
 from controller.entry.explaining import names_cell, specs_holding
 from controller.entry.logs import configure_logging
+from controller.entry.presets import presets_json, presets_table
 from controller.entry.reporting import build_report, write_report
 from controller.entry.secrets import EnvironmentSecrets
 from controller.entry.shell import (
@@ -290,6 +291,17 @@ def report(
         cells = sum(len(r.cells) for r in built.runs)
         provisional = sum(1 for r in built.runs for c in r.cells if c.provisional and c.score is not None)
         out.print(f"wrote {output}: {len(built.runs)} EvalRun(s), {cells} cell(s), {provisional} provisional")
+
+
+@app.command()
+def presets(output: Annotated[Output, typer.Option("-o", "--output")] = Output.table) -> None:
+    """The benchmark presets a spec may name: dataset, tasks, jobs' walltime; and the aliases for several."""
+    with exits():
+        shipped = load_catalog().presets
+        if output == Output.json:
+            print(presets_json(shipped))
+        else:
+            presets_table(shipped, out)
 
 
 @app.command()

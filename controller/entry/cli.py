@@ -7,9 +7,11 @@ Exit codes: 0 ok, 1 runtime failure (for `reconcile --once`: also an action of t
 from __future__ import annotations
 
 import gc
+import json
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, TextIO, cast
@@ -19,6 +21,7 @@ import typer
 from controller.adapters.process import identity_is_dead, process_identity
 from controller.adapters.secrets import MaskedStream
 from controller.api.catalog import load_catalog
+from controller.api.errors import SpecErrors
 from controller.api.loader import SpecSet
 from controller.core.reconcile import PassResult
 from controller.core.store import Store
@@ -81,13 +84,25 @@ def main_options(
 
 
 @app.command()
-def validate(files: Files = [], verbose: Verbose = 0) -> None:  # noqa: B006 — typer reads the default
-    """Check spec files; exit 2 with FILE:LINE:COL: messages when something is wrong."""
+def validate(files: Files = [], output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,  # noqa: B006
+             verbose: Verbose = 0) -> None:
+    """Check spec files; exit 2 with FILE:LINE:COL: messages when something is wrong (-o json: the same, as
+    {"ok", "errors": [{file, line, col, message}]} on stdout)."""
     configure_logging(verbose)
     with exits():
-        specs = load(files, preflight=True)
+        try:
+            specs = load(files, preflight=True)
+        except SpecErrors as exc:
+            if output == Output.json:
+                print(json.dumps({"ok": False, "errors": [asdict(error) for error in exc.errors]}, indent=2))
+                raise typer.Exit(2) from None
+            raise
         cells = sum(len(t.cells) for t in targets_for(specs, load_catalog()))
-        out.print(f"ok: {len(specs.evalruns)} EvalRun(s), {len(specs.clusters)} EvalCluster(s), {cells} cell(s)")
+        if output == Output.json:
+            print(json.dumps({"ok": True, "errors": [], "evalruns": len(specs.evalruns),
+                              "clusters": len(specs.clusters), "cells": cells}, indent=2))
+        else:
+            out.print(f"ok: {len(specs.evalruns)} EvalRun(s), {len(specs.clusters)} EvalCluster(s), {cells} cell(s)")
 
 
 @app.command()

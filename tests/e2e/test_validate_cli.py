@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 
 from controller.entry.cli import app
 
+REPO = Path(__file__).resolve().parents[2]
 CORPUS = sorted((Path(__file__).resolve().parents[1] / "api" / "broken").glob("*.yaml"))
 
 
@@ -36,3 +38,20 @@ def test_a_real_process_exits_2_and_writes_nothing(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert re.match(rf"{re.escape(str(CORPUS[0]))}:\d+:\d+: ", result.stderr)
     assert not store.exists(), "bad input must not touch the store"
+
+
+@pytest.mark.parametrize("path", CORPUS[::7], ids=[p.stem for p in CORPUS[::7]])
+def test_validate_json_gives_the_same_positions_to_a_program(path):
+    line, col, message = re.match(r"# expect: (\d+):(\d+): (.*)", path.read_text().splitlines()[0]).groups()
+    result = CliRunner().invoke(app, ["validate", "-o", "json", "-f", str(path)])
+    assert result.exit_code == 2
+    shown = json.loads(result.stdout)
+    first = shown["errors"][0]
+    assert shown["ok"] is False and (first["file"], first["line"], first["col"]) == (str(path), int(line), int(col))
+    assert message in first["message"]
+
+
+def test_validate_json_counts_what_a_valid_spec_holds():
+    result = CliRunner().invoke(app, ["validate", "-o", "json", "-f", str(REPO / "specs" / "demo.yaml")])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"ok": True, "errors": [], "evalruns": 1, "clusters": 1, "cells": 6}

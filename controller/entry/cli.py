@@ -147,7 +147,7 @@ def reconcile(
             for result in dry_pass(specs, urls):
                 render.plan_table(result, out)
         elif loop:
-            _loop(specs, urls, interval or RECONCILE_INTERVAL_S, until_done=until_done)
+            _loop(specs, urls, interval or RECONCILE_INTERVAL_S, until_done=until_done, every_cell=verbose > 0)
         else:
             code = _once(specs, urls)
     raise typer.Exit(code)
@@ -168,13 +168,15 @@ def _once(specs: SpecSet, urls: StoreURLs) -> int:
     return 1 if any(r.blocked or any(not o.ok for o in r.outcomes) for r in results) else 0
 
 
-def _loop(specs: SpecSet, urls: StoreURLs, interval: float, *, until_done: bool) -> None:
+def _loop(specs: SpecSet, urls: StoreURLs, interval: float, *, until_done: bool, every_cell: bool) -> None:
     """Pass after pass until interrupted (or, with `until_done`, settled). A failed action waits for the next
     pass; a pass that fails as a whole (store locked or unreachable, an I/O error) is retried with back-off and
-    a freshly opened store, so a long-running reconciler outlives an outage."""
+    a freshly opened store, so a long-running reconciler outlives an outage. Each pass prints its line and what
+    changed (`every_cell`, from -v: every decision, as --once does)."""
     store: Store | None = None
     notifier = _notifier(urls)
     passes = failures = 0
+    decided: render.Decisions = {}
     try:
         while True:
             passes += 1
@@ -193,7 +195,7 @@ def _loop(specs: SpecSet, urls: StoreURLs, interval: float, *, until_done: bool)
                 time.sleep(delay)
                 continue
             failures = 0
-            render.pass_summary(results, out)
+            decided = render.loop_summary(results, out, decided, every_cell=every_cell)
             if until_done and _settled(results):
                 out.print(f"converged after {passes} pass(es)")
                 for result in results:

@@ -193,22 +193,55 @@ def _status_json(plan: Plan, summary: RunStatus, notes: PassNotes) -> dict[str, 
 
 
 def pass_summary(results: Sequence[PassResult], console: Console) -> None:
+    """One pass: a line per EvalRun, then its actions' outcomes, or its decisions counted when it acted on none."""
     for result in results:
-        done = sum(1 for o in result.outcomes if o.ok)
-        failed = [o for o in result.outcomes if not o.ok]
-        line = f"{result.evalrun}: {done} action(s) done"
-        if failed:
-            line += f", {len(failed)} failed"
-        if result.note:
-            line += f" ({result.note})"
-        console.print(line)
+        _summary_line(result, console)
         if not result.outcomes:
-            decisions = Counter(a.render() for c in result.plan.cells for a in c.actions)
-            for decision, n in decisions.most_common():
-                console.print(f"  {n} × {decision}", highlight=False)
-        for outcome in result.outcomes:
-            mark = "[green]✓[/]" if outcome.ok else "[red]✗[/]"
-            console.print(f"  {mark} {outcome.cell}: {outcome.action}: {outcome.message}", highlight=False)
+            _decisions_counted(result, console)
+        _outcomes(result, console)
+
+
+Decisions = dict[str, dict[str, str]]  # EvalRun → cell label → what its plan decided, in words
+
+
+def loop_summary(results: Sequence[PassResult], console: Console, before: Decisions, *, every_cell: bool) -> Decisions:
+    """A pass of `--loop`, fit for a log that runs for days: its line per EvalRun and its outcomes, then only the
+    cells whose decision changed since the pass before (`every_cell`: as `--once` shows them). Returns what each
+    cell decided, for the next pass."""
+    after: Decisions = {}
+    for result in results:
+        now = after[str(result.evalrun)] = {
+            c.cell.label: "; ".join(a.render() for a in c.actions) or c.reason for c in result.plan.cells}
+        earlier = before.get(str(result.evalrun))
+        _summary_line(result, console)
+        if every_cell or earlier is None:
+            if not result.outcomes:
+                _decisions_counted(result, console)
+        else:
+            for label, decision in now.items():
+                if earlier.get(label) != decision:
+                    console.print(f"  {label}: {decision}", highlight=False)
+        _outcomes(result, console)
+    return after
+
+
+def _summary_line(result: PassResult, console: Console) -> None:
+    done = sum(1 for o in result.outcomes if o.ok)
+    failed = sum(1 for o in result.outcomes if not o.ok)
+    line = f"{result.evalrun}: {done} action(s) done" + (f", {failed} failed" if failed else "")
+    console.print(line + (f" ({result.note})" if result.note else ""))
+
+
+def _decisions_counted(result: PassResult, console: Console) -> None:
+    decisions = Counter(a.render() for c in result.plan.cells for a in c.actions)
+    for decision, n in decisions.most_common():
+        console.print(f"  {n} × {decision}", highlight=False)
+
+
+def _outcomes(result: PassResult, console: Console) -> None:
+    for outcome in result.outcomes:
+        mark = "[green]✓[/]" if outcome.ok else "[red]✗[/]"
+        console.print(f"  {mark} {outcome.cell}: {outcome.action}: {outcome.message}", highlight=False)
 
 
 def explain(cell: CellPlan, console: Console, now: datetime, in_force: Sequence[Effect] = ()) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 
@@ -72,3 +75,25 @@ def test_the_per_pass_cap_is_shared_by_every_evalrun_on_the_cluster(cluster):
     out = cluster.evalctl("reconcile", "--once").stdout
     assert out.count("submitted job") == 2, out
     assert len(cluster.scheduler.observe()) == 2
+
+
+def test_a_loop_over_settled_cells_prints_a_line_per_pass(cluster):
+    """A log that runs for days: each pass says its line, and only what changed (nothing, once settled)."""
+    cluster.write(models=["org/a-8B", "org/b-32B", "org/c-8B"], datasets=["DCAgent/tiny_a", "DCAgent/tiny_b"],
+                  env={"FAKE_HARBOR_TASKS": "2", "FAKE_HARBOR_TRIAL_SECONDS": "0.01"})
+    assert "converged after" in cluster.evalctl("reconcile", "--loop", "--interval", "0.2", "--until-done").stdout
+    command = [sys.executable, "-m", "controller.entry.cli", "reconcile", "--loop", "--interval", "0.1", "-f",
+               str(cluster.spec), "--store", cluster.store]
+    lines: list[str] = []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                          text=True, cwd=cluster.root) as loop:
+        assert loop.stdout is not None
+        while sum(1 for line in lines if line.startswith("e2e: ")) < 200:
+            line = loop.stdout.readline()
+            assert line, f"the loop ended early:\n{''.join(lines)}"
+            lines.append(line)
+        loop.send_signal(signal.SIGTERM)
+        lines += loop.stdout.readlines()
+    assert len(lines) <= 210, "".join(lines[:40])
+    assert lines[:2] == ["e2e: 0 action(s) done\n", "  6 × skip: job finished\n"], "the first pass counts its decisions"
+    assert all(line == "e2e: 0 action(s) done\n" for line in lines[2:]), "then nothing changed"

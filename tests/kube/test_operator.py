@@ -140,9 +140,9 @@ def test_operator_and_a_cli_loop_on_the_same_store_never_both_act(lab: Lab):
     log = lab.root / "cli-loop.log"
     with open(log, "w") as out:
         cli = subprocess.Popen([sys.executable, "-m", "controller.entry.cli", "reconcile", "--loop", "--interval",
-                                "0.5", "-f", str(spec), "--store", lab.store], stdout=out, stderr=subprocess.STDOUT,
+                                "0.5", "-v", "-f", str(spec), "--store", lab.store], stdout=out, stderr=subprocess.STDOUT,
                                text=True, cwd=lab.root, stdin=subprocess.DEVNULL)
-    owned = f"2 × skip: owned by EvalRun {lab.namespace}/demo"
+    owned = f"2 × skip: owned by EvalRun {lab.namespace}/demo"  # -v: every pass counts its decisions
     try:
         eventually(lambda: log.read_text().count(owned) >= 3, "three passes of the CLI loop")
     finally:

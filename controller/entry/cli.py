@@ -55,6 +55,7 @@ from controller.entry.shell import (
     one_line,
     one_pass,
     out,
+    print_document,
     refuse,
 )
 from controller.entry.watch import Watch
@@ -93,14 +94,14 @@ def validate(files: Files = [], output: Annotated[Output, typer.Option("-o", "--
         try:
             specs = load(files, preflight=True)
         except SpecErrors as exc:
-            if output == Output.json:
-                print(json.dumps({"ok": False, "errors": [asdict(error) for error in exc.errors]}, indent=2))
+            if output != Output.table:
+                print_document(json.dumps({"ok": False, "errors": [asdict(error) for error in exc.errors]}), output)
                 raise typer.Exit(2) from None
             raise
         cells = sum(len(t.cells) for t in targets_for(specs, load_catalog()))
-        if output == Output.json:
-            print(json.dumps({"ok": True, "errors": [], "evalruns": len(specs.evalruns),
-                              "clusters": len(specs.clusters), "cells": cells}, indent=2))
+        if output != Output.table:
+            print_document(json.dumps({"ok": True, "errors": [], "evalruns": len(specs.evalruns),
+                                       "clusters": len(specs.clusters), "cells": cells}, indent=2), output)
         else:
             out.print(f"ok: {len(specs.evalruns)} EvalRun(s), {len(specs.clusters)} EvalCluster(s), {cells} cell(s)")
 
@@ -112,8 +113,8 @@ def plan(files: Files = [], store: StoreURL = None, state: StateURL = None,  # n
     configure_logging(verbose)
     with exits():
         results = dry_pass(load(files, preflight=True), StoreURLs(store, state))
-        if output == Output.json:
-            print(render.plan_json(results))
+        if output != Output.table:
+            print_document(render.plan_json(results), output)
         else:
             for result in results:
                 render.plan_table(result, out)
@@ -247,8 +248,8 @@ def status(
             return dry_pass(load(files), urls)
 
         every = interval or WATCH_INTERVAL_S
-        if output == Output.json:
-            _repeat(lambda: print(render.status_json(read()), flush=True), every if watch else None)
+        if output != Output.table:
+            _repeat(lambda: print_document(render.status_json(read()), output), every if watch else None)
         elif not watch:
             for result in read():
                 render.status_grid(result, out)
@@ -315,8 +316,8 @@ def presets(output: Annotated[Output, typer.Option("-o", "--output")] = Output.t
     """The benchmark presets a spec may name: dataset, tasks, jobs' walltime; and the aliases for several."""
     with exits():
         shipped = load_catalog().presets
-        if output == Output.json:
-            print(presets_json(shipped))
+        if output != Output.table:
+            print_document(presets_json(shipped), output)
         else:
             presets_table(shipped, out)
 

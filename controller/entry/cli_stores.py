@@ -27,6 +27,7 @@ from controller.entry.shell import (
     exits,
     load,
     out,
+    print_document,
     refuse,
     results_url,
 )
@@ -51,8 +52,8 @@ def db_check(
             opened.close()
         findings = check_results(snapshot)
         rows_read = len(snapshot.rows) + len(snapshot.undecodable)
-        if output == Output.json:
-            print(render.db_findings_json(findings, rows_read))
+        if output != Output.table:
+            print_document(render.db_findings_json(findings, rows_read), output)
         else:
             render.db_findings(findings, rows_read, out)
         if findings:
@@ -95,8 +96,8 @@ def db_audit(
                 finally:
                     writable.close()
             marked = len(found.new)
-        if output == Output.json:
-            print(render.audit_json(found, marked=marked))
+        if output != Output.table:
+            print_document(render.audit_json(found, marked=marked), output)
         else:
             render.audit_table(found, out, marked=marked)
         code = 1 if found.new and not apply else 0
@@ -182,8 +183,8 @@ def nodes_list(
             found = nodes.node_quarantines(opened.state.live_quarantines(), cluster)
         finally:
             opened.close()
-        if output == Output.json:
-            print(nodes.as_json(found))
+        if output != Output.table:
+            print_document(nodes.as_json(found), output)
         else:
             nodes.table(found, out, utc_now())
 

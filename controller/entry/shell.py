@@ -3,6 +3,7 @@ codes are listed in cli.py), how it reaches the stores, and one pass (dry or act
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -15,6 +16,7 @@ from typing import Annotated, NamedTuple, NoReturn
 
 import typer
 from rich.console import Console
+from ruamel.yaml import YAML
 
 from controller.adapters.process import identity_is_dead, process_identity
 from controller.adapters.store import UnsupportedStoreURL, open_store
@@ -46,6 +48,18 @@ def fit_output_to_logs() -> None:
 class Output(StrEnum):
     table = "table"
     json = "json"
+    yaml = "yaml"
+
+
+def print_document(json_text: str, output: Output) -> None:
+    """A command's document as `-o json` or `-o yaml` asked; the YAML holds the same keys and values."""
+    if output == Output.yaml:
+        yaml = YAML(typ="rt")  # keeps the keys in the order the document has them
+        yaml.default_flow_style = False
+        yaml.dump(json.loads(json_text), sys.stdout)
+    else:
+        print(json_text)
+    sys.stdout.flush()  # `status --watch` shows each document as it is made
 
 
 Files = Annotated[list[Path], typer.Option("-f", "--file", help="Spec files or directories (multi-document YAML).")]

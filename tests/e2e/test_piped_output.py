@@ -3,12 +3,14 @@ ends the output quietly, never as an error."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ruamel.yaml import YAML
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = 300  # output larger than a pipe's buffer: the writes after the reader left really fail with EPIPE
@@ -56,3 +58,20 @@ def test_piped_rows_never_wrap_a_name(tmp_path: Path, command: str) -> None:
     assert shown.returncode == 0, shown.stderr
     [row] = [line for line in shown.stdout.splitlines() if LONG_MODEL in line]  # grep finds it whole, once
     assert row.count("│") >= 3, f"one table row holds the name and its cells: {row}"
+
+
+@pytest.mark.parametrize("command", [("plan",), ("validate",), ("presets",)])
+def test_yaml_holds_the_same_document_as_json(tmp_path: Path, command: tuple[str, ...]) -> None:
+    path = spec(tmp_path, "org/a-8B, org/b-8B")
+    with_spec = () if command == ("presets",) else ("-f", str(path))
+    with_store = ("--store", f"sqlite:///{tmp_path}/store.db") if command == ("plan",) else ()
+
+    def shown(output: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "controller.entry.cli", *command, *with_spec, *with_store, "-o",
+                               output], capture_output=True, text=True, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                              timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    as_yaml = YAML(typ="safe").load(shown("yaml"))
+    assert as_yaml == json.loads(shown("json")) and as_yaml, "the same keys and values"

@@ -283,7 +283,7 @@ def _missing_job_script(resource: Resource, document: Document, file: Path) -> l
     script = file.parent / resource.spec.job_script
     if script.is_file() and os.access(script, os.R_OK):
         return []
-    what = "is not a file" if script.exists() else "does not exist"
+    what = "cannot be read" if script.is_file() else "is not a file" if script.exists() else "does not exist"
     return [document.error(("spec", "jobScript"), f"spec.jobScript: {script} {what}; fix the path (a relative one "
                                                   "is read from this file's directory)")]
 

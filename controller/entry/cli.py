@@ -95,7 +95,8 @@ def validate(files: Files = [], output: Annotated[Output, typer.Option("-o", "--
             specs = load(files, preflight=True)
         except SpecErrors as exc:
             if output != Output.table:
-                print_document(json.dumps({"ok": False, "errors": [asdict(error) for error in exc.errors]}), output)
+                print_document(json.dumps({"ok": False, "errors": [asdict(error) for error in exc.errors]}, indent=2),
+                               output)
                 raise typer.Exit(2) from None
             raise
         cells = sum(len(t.cells) for t in targets_for(specs, load_catalog()))

@@ -19,12 +19,11 @@ def names_cell(cell: Cell, model: str, benchmark: str) -> bool:
 
 
 def specs_holding(specs: SpecSet, catalog: Catalog, model: str, benchmark: str) -> SpecSet:
-    """The EvalRuns that list the cell, else those whose modelSelector may have chosen its model (the store says
-    which it did); raises UsageError with the nearest listed cells when none may hold it."""
+    """The EvalRuns that list the cell, and those whose modelSelector may have chosen its model (the store says
+    which did); raises UsageError with the nearest listed cells when none may hold it."""
     listed = {run.ref: resolve(run.run, specs.cluster_of(run).cluster, catalog, None) for run in specs.evalruns}
-    holding = [run for run in specs.evalruns if any(names_cell(c, model, benchmark) for c in listed[run.ref])]
-    if not holding:
-        holding = [run for run in specs.evalruns if run.run.spec.model_selector is not None]
+    holding = [run for run in specs.evalruns if run.run.spec.model_selector is not None
+               or any(names_cell(c, model, benchmark) for c in listed[run.ref])]
     if not holding:
         labels = sorted({f"{c.model} × {c.benchmark}" for cells in listed.values() for c in cells})
         nearest = difflib.get_close_matches(f"{model} × {benchmark}", labels, n=SUGGESTED, cutoff=0.5)

@@ -172,13 +172,18 @@ def test_an_nccl_failure_on_the_last_usable_node_refires_without_quarantining_it
     outputs: list[str] = []
     [planned] = cluster.plan_cells()
 
-    passes_until(cluster, outputs, lambda _: cluster.accounting(refire_name) or cluster.queue(refire_name),
-                 f"a SLURM job named {refire_name}")
+    seen: list[dict] = []  # kept as found: a fast job can leave squeue before sacct lists it
+
+    def refire_seen(_: dict) -> bool:
+        seen[:] = cluster.accounting(refire_name) or cluster.queue(refire_name)
+        return bool(seen)
+
+    passes_until(cluster, outputs, refire_seen, f"a SLURM job named {refire_name}")
 
     assert [a["kind"] for a in planned["actions"]] == ["submit"], planned
     assert "node vm not quarantined: it is the last usable node of slurm-test" in planned["reason"], planned
     assert "quarantined for" not in flat("".join(outputs)), outputs
-    [refire] = cluster.accounting(refire_name) or cluster.queue(refire_name)
+    [refire] = seen
     assert scontrol_job(cluster, refire["job_id"]).get("ExcNodeList") in (None, "(null)", ""), "nothing excluded"
     assert cluster.status()["quarantined"] == []
 

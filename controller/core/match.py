@@ -17,6 +17,7 @@ from typing import Any
 from controller.core.observed import JobState, Observation, ObservedJob, RunDirFacts, Submission
 from controller.core.records import NamedRow, SandboxJobRow, StoreSnapshot
 from controller.core.remedies import CellMemory
+from controller.core.retry import RetryRequest
 from controller.core.types import RUN_TAG_PREFIX, Cell, run_tag_of
 
 OVERRIDE_KEYS = ("override_cpus", "override_memory_mb", "override_storage_mb")
@@ -103,6 +104,10 @@ def join_cells(
         if not facts.run_tag.startswith(RUN_TAG_PREFIX):
             legacy_dirs[(facts.model, facts.benchmark_name)].append(facts)
 
+    retries_by_cell: dict[str, list[RetryRequest]] = defaultdict(list)
+    for request in snapshot.retries if snapshot else ():
+        retries_by_cell[request.cell_key].append(request)
+
     observations = []
     for cell in cells:
         subs = _cell_subs(cell, subs_by_cell) if snapshot else None
@@ -125,7 +130,8 @@ def join_cells(
             rows=rows, submissions=subs, jobs=cell_jobs, run_dirs=cell_dirs, unknown_reason=reason,
             memory=memory or CellMemory(),
             model_names=model_families.names(cell.model) if model_families else frozenset(),
-            benchmark_names=bench_families.names(cell.benchmark_name) if bench_families else frozenset()))
+            benchmark_names=bench_families.names(cell.benchmark_name) if bench_families else frozenset(),
+            retries=tuple(retries_by_cell.get(cell.key, ()))))
     return observations
 
 

@@ -11,6 +11,7 @@ from pydantic import Field
 from controller.core.remedies import (
     CellMemory,
 )
+from controller.core.retry import RetryRequest
 from controller.core.types import (
     EvalRunRef,
     Frozen,
@@ -216,3 +217,4 @@ class Observation(Frozen):
     outputs: tuple[JobOutput, ...] | None = Field((), description="new output of its running jobs (None: unread)")
     model_names: frozenset[str] = Field(frozenset(), description="the DB's names of the cell's model (its family)")
     benchmark_names: frozenset[str] = Field(frozenset(), description="the DB's names of the cell's benchmark")
+    retries: tuple[RetryRequest, ...] = Field((), description="a human's retry requests for the cell (RULES §13)")

@@ -33,6 +33,7 @@ from controller.core.records import (
     StateSnapshot,
 )
 from controller.core.remedies import CellMemory, Quarantined, QuarantineKind
+from controller.core.retry import RetryRequest
 from controller.core.types import EvalRunRef, Frozen
 
 
@@ -141,7 +142,10 @@ class SubmissionLedger(Protocol):
         ...
 
     def record_submission(self, submission: Submission) -> None:
-        """Step 1 of the submission protocol, durable before anything runs. Repeating it is a no-op."""
+        """Step 1 of the submission protocol, durable before anything runs. Repeating it is a no-op.
+
+        A new attempt (fire 1) consumes every pending retry request of its cell in the same transaction: the
+        request that released a hold and the attempt it released are recorded together or not at all."""
         ...
 
     def record_job_id(self, submission_name: str, job_id: str) -> None:
@@ -165,6 +169,14 @@ class SubmissionLedger(Protocol):
 
     def remember(self, cell_key: str, memory: CellMemory) -> None:
         """Replace what the rules remember about a cell (readings across passes). Idempotent."""
+        ...
+
+
+class RetryLedger(Protocol):
+    """A human's requests to release a held cell once (RULES §13); `read_state` returns the named cells'."""
+
+    def request_retry(self, request: RetryRequest) -> bool:
+        """Record a pending request. One of the same id is kept as it is (False): repeating it is a no-op."""
         ...
 
 
@@ -258,7 +270,7 @@ class Outbox(Protocol):
         ...
 
 
-class ControllerState(SubmissionLedger, SelectionLedger, EffectLedger, Leases, Outbox, Protocol):
+class ControllerState(SubmissionLedger, RetryLedger, SelectionLedger, EffectLedger, Leases, Outbox, Protocol):
     """The reconciler's own bookkeeping, one store holding every ledger. Expiry is decided by the database's
     clock, never a client's."""
 

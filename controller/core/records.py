@@ -19,6 +19,7 @@ from controller.core.observed import (
     TunnelLease,
 )
 from controller.core.remedies import CellMemory, Quarantined
+from controller.core.retry import RetryRequest
 from controller.core.types import Frozen
 
 
@@ -57,6 +58,7 @@ class StateSnapshot(Frozen):
     quarantined: tuple[Quarantined, ...] = Field((), description="every unexpired quarantine (nodes, pairs, clusters)")
     gpu_history: tuple[AttemptCost, ...] = Field((), description="finished attempts of the named benchmarks, newest "
                                                                  "first: what GPU-hours are estimated from")
+    retries: tuple[RetryRequest, ...] = Field((), description="retry requests of the named cells (RULES §13)")
 
 
 class StoreSnapshot(Frozen):
@@ -71,6 +73,7 @@ class StoreSnapshot(Frozen):
     cell_memory: dict[str, CellMemory] = Field(default_factory=dict)
     quarantined: tuple[Quarantined, ...] = ()
     gpu_history: tuple[AttemptCost, ...] = ()
+    retries: tuple[RetryRequest, ...] = ()
 
 
 class NewRow(Frozen):

@@ -36,7 +36,8 @@ class Store:
         return StoreSnapshot(models=results.models, benchmarks=results.benchmarks, rows=results.rows,
                              submissions=state.submissions, tunnel_leases=state.tunnel_leases,
                              cell_owners=state.cell_owners, cell_memory=state.cell_memory,
-                             quarantined=state.quarantined, gpu_history=state.gpu_history)
+                             quarantined=state.quarantined, gpu_history=state.gpu_history,
+                             retries=state.retries)
 
     def close(self) -> None:
         self.results.close()

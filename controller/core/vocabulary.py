@@ -20,6 +20,7 @@ from controller.core.intake import Selection
 from controller.core.observed import RowStatus, RunDirFacts, TunnelLease
 from controller.core.progress import Progress
 from controller.core.remedies import CellMemory, Quarantined, QuarantineKind
+from controller.core.retry import RetryRequest
 from controller.core.types import Cell, EvalRunRef, Frozen, submission_name
 
 
@@ -113,6 +114,8 @@ class Rule(StrEnum):
     REFIRE = ("Refire", "RULES §9: a remedied attempt → a new attempt after health.refireBackoffMinutes, at most "
                         "health.maxRefires per cell")
     REFIRES_EXHAUSTED = "RefiresExhausted", "RULES §9: health.maxRefires refires used → hold with the diagnosis"
+    RETRY = ("Retry", "RULES §13: a human asked to retry a held cell (evalctl retry, evalrun.io/retry) → one new "
+                      "attempt, with fresh refire and resume bounds")
     VERIFY_UPLOAD = "VerifyUpload", "RULES §5: verify, don't trust exit codes → Completed only once read back"
     UPLOAD_GATE = ("UploadGate", "RULES §5: upload gates (minCompletedFraction, maxInfraErrorFraction, "
                                  "overlongHours with upload.overlong: hold) → hold until upload.forceUpload")
@@ -340,6 +343,12 @@ class CellPlan(Frozen):
                                                    "or over the infra share)")
     evidence: str = Field("", description="the admission gate's evidence in words, where it was asked")
     refire_due: datetime | None = Field(None, description="a refire waiting out its back-off: when it goes")
+    retry: RetryRequest | None = Field(None, description="a human's retry request not consumed yet (RULES §13)")
+
+    @property
+    def held(self) -> bool:
+        """Failed with a hold: a human's turn, and what `evalctl retry` releases."""
+        return self.phase == Phase.FAILED and any(isinstance(a, Hold) for a in self.actions)
 
     @property
     def trust_note(self) -> str:

@@ -40,11 +40,11 @@ BENCHMARK = "dev_set_v2"
 PASSWORD = "hunter2-very-secret"
 OWN_TABLES = {"evalrun_submissions", "evalrun_leases", "evalrun_cell_owners", "evalrun_tunnel_leases",
               "evalrun_cell_memory", "evalrun_quarantine", "evalrun_model_selections", "evalrun_notify_episodes",
-              "evalrun_notifications", "evalrun_row_audit", "evalrun_schema_migrations"}
+              "evalrun_notifications", "evalrun_row_audit", "evalrun_retry_requests", "evalrun_schema_migrations"}
 QWEN = EvalRunRef(name="qwen-evals")
 # (version, name) of migrations/*.sql
 SHIPPED = [(1, "controller_tables"), (2, "quarantine"), (3, "model_selections"), (4, "gpu_hours"), (5, "notifications"),
-           (6, "row_audit"), (7, "quarantine_owner")]
+           (6, "row_audit"), (7, "quarantine_owner"), (8, "retry_requests")]
 OT_AGENT_TABLES = {"models", "benchmarks", "sandbox_jobs"}
 RESULT = ResultUpload(metrics=(Metric(name="accuracy", value=0.42), Metric(name="accuracy_stderr", value=0.03)),
                       stats={"n_trials": 290, "n_infra_errors": 10}, n_trials=300, ended_at=T0)
@@ -376,7 +376,7 @@ def test_read_results_costs_the_same_statements_for_10_and_2000_names(pg: Postgr
     assert few == (2, 1, 1), "families and rows: two statements, one round trip"
 
 
-def test_read_state_is_one_round_trip_of_five_statements_for_10_and_2000_cells(pg: PostgresStore) -> None:
+def test_read_state_is_one_round_trip_of_six_statements_for_10_and_2000_cells(pg: PostgresStore) -> None:
     pg.record_submission(submission("ev_one"))
     pg.quarantine(QuarantineKind.NODE, "cluster-a", "node-7", "ECC errors", 3600)
 
@@ -387,7 +387,7 @@ def test_read_state_is_one_round_trip_of_five_statements_for_10_and_2000_cells(p
 
     few, many = cost(10), cost(2000)
     assert few == many
-    assert few == (5, 1, 1, 1), "submissions, owners, tunnels, memory, quarantines: one round trip"
+    assert few == (6, 1, 1, 1), "submissions, owners, tunnels, memory, quarantines, retry requests: one round trip"
 
 
 # --------------------------------------------------------------------------- writes

@@ -16,7 +16,7 @@ from tests.fixtures.legacy_db import Families, LegacyDB
 ALL_TABLES = {"models", "benchmarks", "sandbox_jobs", "evalrun_submissions", "evalrun_leases",
               "evalrun_tunnel_leases", "evalrun_cell_owners", "evalrun_cell_memory", "evalrun_quarantine",
               "evalrun_model_selections", "evalrun_notify_episodes", "evalrun_notifications",
-              "evalrun_row_audit"}
+              "evalrun_row_audit", "evalrun_retry_requests"}
 
 
 def schema(path: Path) -> list[tuple]:

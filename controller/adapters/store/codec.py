@@ -23,6 +23,7 @@ from controller.core.observed import CellOwner, Metric, RowStatus, Submission, T
 from controller.core.ports import WriteRefused
 from controller.core.records import NamedRow, ResultUpload, RowAuditMark, SandboxJobRow, StateSnapshot
 from controller.core.remedies import CellMemory, Quarantined
+from controller.core.retry import RetryRequest
 from controller.core.types import EvalRunRef
 
 # How the backends spell a boolean: Postgres and PostgREST a bool, SQLite 0/1, hand-written text either.
@@ -233,6 +234,8 @@ def state_snapshot(tables: Mapping[str, Iterable[Mapping[str, Any]]]) -> StateSn
             quarantined=tuple(Quarantined(**{**timed(r, "until"), "since": parse_timestamp(r.get("since"))})
                               for r in records("evalrun_quarantine")),
             gpu_history=tuple(AttemptCost(**r) for r in records("gpu_history")),
+            retries=tuple(RetryRequest(**{**timed(r, "requested_at"), "consumed_at": parse_timestamp(
+                r.get("consumed_at"))}) for r in records("evalrun_retry_requests")),
         )
     except ValidationError as error:
         raise ValueError(_first_line(error)) from None

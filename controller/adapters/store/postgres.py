@@ -49,6 +49,7 @@ from controller.core.observed import RowStatus, Submission, TunnelLease
 from controller.core.ports import GPU_HISTORY_MAX, ObservationError
 from controller.core.records import NewRow, ResultsSnapshot, ResultUpload, RowAuditMark, SandboxJobRow, StateSnapshot
 from controller.core.remedies import CellMemory, Quarantined, QuarantineKind
+from controller.core.retry import RetryRequest
 from controller.core.types import EvalRunRef
 
 
@@ -202,7 +203,7 @@ class PostgresStore:
 
     def read_state(self, evalrun: EvalRunRef, cell_keys: list[str], owner_ttl_s: float,
                    benchmarks: Sequence[str] = ()) -> StateSnapshot:
-        """Up to six statements in one read-only snapshot and one round trip; a table not created yet is empty."""
+        """Up to seven statements in one read-only snapshot and one round trip; a table not created yet is empty."""
         named = {"evalrun": str(evalrun), "cell_keys": list(cell_keys), "owner_ttl_s": float(owner_ttl_s),
                  "benchmarks": list(benchmarks), "history_max": GPU_HISTORY_MAX}
         wanted = {
@@ -211,6 +212,7 @@ class PostgresStore:
             "evalrun_tunnel_leases": sql.TUNNEL_LEASES,
             "evalrun_cell_memory": sql.MEMORY_OF_CELLS,
             "evalrun_quarantine": sql.LIVE_QUARANTINES,
+            "evalrun_retry_requests": sql.RETRIES_OF_CELLS,
         }
         with self._db.reading() as conn:
             self._db.have(conn, tuple(wanted))
@@ -264,8 +266,15 @@ class PostgresStore:
                 "rules": [s.rule for s in selections], "times": [s.selected_at for s in selections]}))
 
     def record_submission(self, submission: Submission) -> None:
+        """One statement: the intent, and the retry requests a new attempt consumes (RULES §13)."""
         with self._db.writing() as conn:
-            self._db.round(conn, (sql.INSERT_SUBMISSION, submission.model_dump()))
+            self._db.round(conn, (sql.INSERT_SUBMISSION_CONSUMING_RETRIES, submission.model_dump()))
+
+    def request_retry(self, request: RetryRequest) -> bool:
+        with self._db.writing() as conn:
+            (cursor,) = self._db.round(conn, (sql.INSERT_RETRY, {**request.model_dump(include={
+                "id", "cell_key", "requested_by", "requested_at", "reason"}), "evalrun": str(request.evalrun)}))
+            return cursor.rowcount > 0
 
     def record_job_id(self, submission_name: str, job_id: str) -> None:
         with self._db.writing() as conn:

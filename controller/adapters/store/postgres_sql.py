@@ -25,7 +25,7 @@ MIGRATIONS = "evalrun_schema_migrations"  # version, name, applied_at of every m
 OT_AGENT_TABLES = ("models", "benchmarks", "sandbox_jobs")
 OWN_TABLES = ("evalrun_submissions", "evalrun_leases", "evalrun_cell_owners", "evalrun_tunnel_leases",
               "evalrun_cell_memory", "evalrun_quarantine", "evalrun_model_selections", "evalrun_notify_episodes",
-              "evalrun_notifications", "evalrun_row_audit")
+              "evalrun_notifications", "evalrun_row_audit", "evalrun_retry_requests")
 
 # Created one by one, only where absent (CREATE needs a privilege a lab user may lack even when the table
 # exists, so existing tables are not even named in a CREATE). Indexes only come with a table we create.
@@ -442,4 +442,32 @@ SELECT m.row_id, m.gate, m.verdict, m.refusal, m.reason, now()
        audited_at = excluded.audited_at
  WHERE (evalrun_row_audit.gate, evalrun_row_audit.verdict, evalrun_row_audit.refusal, evalrun_row_audit.reason)
        IS DISTINCT FROM (excluded.gate, excluded.verdict, excluded.refusal, excluded.reason)
+"""
+
+
+# --------------------------------------------------------------------------- retry requests (RULES §13)
+
+RETRY_COLUMNS = "id, cell_key, evalrun, requested_by, requested_at, reason, consumed_by, consumed_attempt, consumed_at"
+
+RETRIES_OF_CELLS = f"""
+SELECT {RETRY_COLUMNS} FROM evalrun_retry_requests WHERE cell_key = ANY(%(cell_keys)s::text[])
+ ORDER BY requested_at, id
+"""
+
+INSERT_RETRY = """
+INSERT INTO evalrun_retry_requests (id, cell_key, evalrun, requested_by, requested_at, reason)
+VALUES (%(id)s, %(cell_key)s, %(evalrun)s, %(requested_by)s, %(requested_at)s, %(reason)s)
+    ON CONFLICT (id) DO NOTHING
+"""
+
+# One statement, so one transaction: a new attempt's intent, and the retry requests it consumes (fire 1 only; a
+# repeated intent inserts nothing and consumes nothing).
+INSERT_SUBMISSION_CONSUMING_RETRIES = f"""
+WITH recorded AS (
+{INSERT_SUBMISSION.strip()}
+    RETURNING name, cell_key, attempt, fire
+)
+UPDATE evalrun_retry_requests r SET consumed_by = recorded.name, consumed_attempt = recorded.attempt,
+       consumed_at = now()
+  FROM recorded WHERE recorded.fire = 1 AND r.cell_key = recorded.cell_key AND r.consumed_by IS NULL
 """

@@ -40,6 +40,7 @@ from controller.core.observed import RowStatus, Submission, TunnelLease
 from controller.core.ports import GPU_HISTORY_MAX, ObservationError
 from controller.core.records import NamedRow, NewRow, ResultsSnapshot, ResultUpload, RowAuditMark, SandboxJobRow, StateSnapshot
 from controller.core.remedies import CellMemory, Quarantined, QuarantineKind
+from controller.core.retry import RetryRequest
 from controller.core.types import EvalRunRef
 
 BUSY_TIMEOUT_S = 30.0
@@ -180,7 +181,9 @@ class SqliteStore:
                 tunnels = select("evalrun_tunnel_leases", sql.TUNNEL_LEASES)
                 memory = select("evalrun_cell_memory", sql.MEMORY_OF_CELLS, named)
                 quarantined = select("evalrun_quarantine", _live_quarantines(stale), named)
+                retries = select("evalrun_retry_requests", sql.RETRIES_OF_CELLS, named)
             return state_snapshot({
+                "evalrun_retry_requests": map(dict, retries),
                 "evalrun_submissions": map(dict, submissions), "evalrun_tunnel_leases": map(dict, tunnels),
                 "evalrun_cell_owners": map(dict, owners), "evalrun_cell_memory": map(dict, memory),
                 "evalrun_quarantine": map(dict, quarantined), "gpu_history": map(dict, history)})
@@ -215,7 +218,17 @@ class SqliteStore:
 
     def record_submission(self, submission: Submission) -> None:
         with self._db.writing() as conn:
-            self._db.run(conn, sql.INSERT_SUBMISSION, _submission_params(submission))
+            recorded = self._db.run(conn, sql.INSERT_SUBMISSION, _submission_params(submission)).rowcount
+            if recorded and submission.fire == 1:
+                self._db.run(conn, sql.CONSUME_RETRIES, {
+                    "name": submission.name, "attempt": submission.attempt, "cell_key": submission.cell_key,
+                    "now": format_timestamp(self._now())})
+
+    def request_retry(self, request: RetryRequest) -> bool:
+        with self._db.writing() as conn:
+            return bool(self._db.run(conn, sql.INSERT_RETRY, {
+                **request.model_dump(include={"id", "cell_key", "requested_by", "reason"}),
+                "evalrun": str(request.evalrun), "requested_at": format_timestamp(request.requested_at)}).rowcount)
 
     def record_job_id(self, submission_name: str, job_id: str) -> None:
         with self._db.writing() as conn:

@@ -142,6 +142,19 @@ CREATE TABLE IF NOT EXISTS evalrun_notifications (
 );
 CREATE INDEX IF NOT EXISTS evalrun_notifications_state ON evalrun_notifications(evalrun, state);
 
+CREATE TABLE IF NOT EXISTS evalrun_retry_requests (
+    id               TEXT PRIMARY KEY,
+    cell_key         TEXT NOT NULL,
+    evalrun          TEXT NOT NULL,
+    requested_by     TEXT NOT NULL,
+    requested_at     TEXT NOT NULL,
+    reason           TEXT NOT NULL DEFAULT '',
+    consumed_by      TEXT,
+    consumed_attempt INTEGER,
+    consumed_at      TEXT
+);
+CREATE INDEX IF NOT EXISTS evalrun_retry_requests_cell ON evalrun_retry_requests(cell_key);
+
 CREATE TABLE IF NOT EXISTS evalrun_row_audit (
     row_id     TEXT PRIMARY KEY,
     gate       INTEGER NOT NULL,
@@ -169,7 +182,7 @@ CREATE INDEX IF NOT EXISTS evalrun_submissions_finished ON evalrun_submissions(b
 OT_AGENT_TABLES = ("models", "benchmarks", "sandbox_jobs")
 OWN_TABLES = ("evalrun_submissions", "evalrun_leases", "evalrun_tunnel_leases", "evalrun_cell_owners",
               "evalrun_cell_memory", "evalrun_quarantine", "evalrun_model_selections", "evalrun_notify_episodes",
-              "evalrun_notifications", "evalrun_row_audit")
+              "evalrun_notifications", "evalrun_row_audit", "evalrun_retry_requests")
 
 # --------------------------------------------------------------------------- observe
 
@@ -441,4 +454,25 @@ VALUES (:row_id, :gate, :verdict, :refusal, :reason, :now)
        audited_at = excluded.audited_at
  WHERE evalrun_row_audit.gate IS NOT excluded.gate OR evalrun_row_audit.verdict IS NOT excluded.verdict
     OR evalrun_row_audit.refusal IS NOT excluded.refusal OR evalrun_row_audit.reason IS NOT excluded.reason
+"""
+
+
+# --------------------------------------------------------------------------- retry requests (RULES §13)
+
+RETRY_COLUMNS = "id, cell_key, evalrun, requested_by, requested_at, reason, consumed_by, consumed_attempt, consumed_at"
+
+RETRIES_OF_CELLS = f"""
+SELECT {RETRY_COLUMNS} FROM evalrun_retry_requests WHERE cell_key IN (SELECT value FROM json_each(:cell_keys))
+ ORDER BY requested_at, id
+"""
+
+INSERT_RETRY = f"""
+INSERT OR IGNORE INTO evalrun_retry_requests ({RETRY_COLUMNS})
+VALUES (:id, :cell_key, :evalrun, :requested_by, :requested_at, :reason, NULL, NULL, NULL)
+"""
+
+# run in the transaction that records a new attempt's intent: the request and the attempt it released are one fact
+CONSUME_RETRIES = """
+UPDATE evalrun_retry_requests SET consumed_by = :name, consumed_attempt = :attempt, consumed_at = :now
+ WHERE cell_key = :cell_key AND consumed_by IS NULL
 """

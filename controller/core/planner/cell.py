@@ -12,10 +12,12 @@ from controller.core.health import count_instant_failures
 from controller.core.observed import Observation
 from controller.core.planner.policy import Policy
 from controller.core.planner.rules_in_flight import in_flight
+from controller.core.planner.rules_retry import released
 from controller.core.planner.rules_settled import settled
 from controller.core.planner.view import adoptions, cell_view, in_order, spent
 from controller.core.planner.words import failed_job, failure, last_job_note
 from controller.core.remedies import Quarantined
+from controller.core.retry import pending_request
 from controller.core.types import Cell
 from controller.core.vocabulary import CellPlan, Hold, Phase, Rule
 
@@ -88,8 +90,8 @@ def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime, *,
     seen = Seen(cell=cell, obs=obs, policy=policy)
     for rule in OBSERVATION_RULES:
         decided = rule(seen)
-        if decided is not None:
-            return decided
+        if decided is not None:  # what was not seen releases nothing: a retry waits until it is (RULES §12)
+            return decided.model_copy(update={"retry": pending_request(obs.retries)}) if obs.retries else decided
     view = cell_view(cell, obs, policy, now, leased, quarantined)
     live = [job for job in view.jobs if job.state.active]
-    return in_flight(view, live) if live else settled(view)
+    return released(view, in_flight(view, live) if live else settled(view))

@@ -67,7 +67,8 @@ def remediate(view: CellView, facts: RunDirFacts, job: ObservedJob | None, remed
     if remedy.kind == RemedyKind.HOLD:
         return view.result(Phase.FAILED, [*actions, Hold(reason=remedy.diagnosis)], remedy.diagnosis, rule,
                            facts=facts, remember=remember)
-    refired = sum(1 for r in remember.remedies if r.run_tag != remedy.run_tag and r.kind != RemedyKind.HOLD)
+    refired = sum(1 for r in remember.remedies if r.run_tag != remedy.run_tag and r.kind != RemedyKind.HOLD
+                  and (view.cell.attempt_of(r.run_tag) or 0) >= view.retried_from)  # a retry's bounds are fresh
     if refired >= health.max_refires:
         reason = f"{remedy.diagnosis}; not refired again: {refired} refire(s) used (health.maxRefires)"
         return view.result(Phase.FAILED, [*actions, Hold(reason=reason)], reason, Rule.REFIRES_EXHAUSTED,

@@ -15,6 +15,7 @@ from controller.core.planner.words import newest_job
 from controller.core.progress import progress_of
 from controller.core.remedies import CellMemory, Quarantined
 from controller.core.resume import DirClass, classify
+from controller.core.retry import RetryRequest, pending_request, retried_from
 from controller.core.types import Cell, run_tag_of, stem_of
 from controller.core.vocabulary import Action, CellPlan, HealthState, Phase, RowUpdate, Rule, Submit
 
@@ -46,6 +47,8 @@ class CellView:
     benchmark_names: frozenset[str]
     adoptions: tuple[RowUpdate, ...]
     gpu_hours: float | None
+    retry: RetryRequest | None  # a human's request to release a hold, not consumed yet (RULES §13)
+    retried_from: int  # the attempt the last consumed retry started: refires count from it
 
     # ------------------------------------------------------------------ reading the observation
 
@@ -221,7 +224,8 @@ def cell_view(cell: Cell, obs: Observation, policy: Policy, now: datetime,
         outputs={output.job_id: output for output in obs.outputs} if obs.outputs else _NO_OUTPUTS,
         leased=leased or {}, quarantined=quarantined, model_names=obs.model_names,
         benchmark_names=obs.benchmark_names, adoptions=adoptions(subs, obs.jobs),
-        gpu_hours=spent(cell, obs))
+        gpu_hours=spent(cell, obs), retry=pending_request(obs.retries) if obs.retries else None,
+        retried_from=retried_from(obs.retries) if obs.retries else 0)
 
 
 def in_order(subs: Sequence[Submission]) -> list[Submission]:

@@ -58,10 +58,10 @@ def retried_from(requests: Sequence[RetryRequest]) -> int:
     return max((r.consumed_attempt or 0 for r in requests if not r.pending), default=0)
 
 
-def retry_command(spec_file: str, cell: Cell) -> str:
+def retry_command(spec_files: Sequence[str], cell: Cell) -> str:
     """The exact command that releases a held cell (what `status` and `explain` print)."""
-    return f"evalctl retry -f {_quoted(spec_file)} {_quoted(cell.model)} {_quoted(cell.benchmark)} " \
-           "--reason \"...\""
+    files = " ".join(f"-f {_quoted(f)}" for f in spec_files)
+    return f"evalctl retry {files} {_quoted(cell.model)} {_quoted(cell.benchmark)} --reason \"...\""
 
 
 def _quoted(word: str) -> str:

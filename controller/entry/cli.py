@@ -25,7 +25,7 @@ from controller.api.errors import SpecErrors
 from controller.api.loader import SpecSet
 from controller.core.reconcile import PassResult
 from controller.core.store import Store
-from controller.entry import render
+from controller.entry import render, retrying
 from controller.entry.cli_operator import operator
 from controller.entry.cli_stores import db_app, models_app, nodes_app
 from controller.entry.closed_pipe import ClosedPipeTolerant
@@ -250,10 +250,11 @@ def status(
 
         every = interval or WATCH_INTERVAL_S
         if output != Output.table:
-            _repeat(lambda: print_document(render.status_json(read()), output), every if watch else None)
+            _repeat(lambda: print_document(render.status_json(read(), [str(f) for f in files]), output),
+                    every if watch else None)
         elif not watch:
             for result in read():
-                render.status_grid(result, out)
+                render.status_grid(result, out, [str(f) for f in files])
         else:
             with Watch(out) as live:
                 _repeat(lambda: live.show([result.plan for result in read()], utc_now()), every)
@@ -286,7 +287,26 @@ def explain(
         if not matches:
             raise UsageError(f"no cell {model} × {benchmark} in these specs")
         for cell, its_plan in matches:
-            render.explain(cell, out, utc_now(), its_plan.effects)
+            render.explain(cell, out, utc_now(), its_plan.effects, [str(f) for f in files])
+
+
+@app.command()
+def retry(
+    files: Files = [],  # noqa: B006
+    model: Annotated[str | None, typer.Argument(help="Model name as in the spec.")] = None,
+    benchmark: Annotated[str | None, typer.Argument(help="Preset or dataset as in the spec (or its dataset).")] = None,
+    held: Annotated[bool, typer.Option("--held", help="Every held cell of the specs.")] = False,
+    all_failed: Annotated[bool, typer.Option("--all-failed", help="Every Failed cell of the specs.")] = False,
+    reason: Annotated[str, typer.Option("--reason", help="Why: recorded with who asked and when.")] = "",
+    store: StoreURL = None,
+    state: StateURL = None,
+    verbose: Verbose = 0,
+) -> None:
+    """Release held cells once (RULES §13): record a retry request; the next pass starts one new attempt."""
+    configure_logging(verbose)
+    with exits():
+        retrying.retry(files, model, benchmark, held=held, all_failed=all_failed, reason=reason,
+                       urls=StoreURLs(store, state), console=out)
 
 
 @app.command()

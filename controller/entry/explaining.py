@@ -4,6 +4,7 @@ dialled; and the nearest cells when none does (a typo deserves a suggestion, not
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 
 from controller.api.catalog import Catalog
 from controller.api.loader import SpecSet
@@ -18,6 +19,13 @@ def names_cell(cell: Cell, model: str, benchmark: str) -> bool:
     return cell.model == model and benchmark in (cell.benchmark, cell.dataset, cell.benchmark_name)
 
 
+def nearest_cells(cells: Sequence[Cell], model: str, benchmark: str) -> str:
+    """'; nearest: …' with the cells whose names are closest to the ones asked for ('' when none is close)."""
+    labels = sorted({f"{c.model} × {c.benchmark}" for c in cells})
+    nearest = difflib.get_close_matches(f"{model} × {benchmark}", labels, n=SUGGESTED, cutoff=0.5)
+    return f"; nearest: {', '.join(nearest)}" if nearest else ""
+
+
 def specs_holding(specs: SpecSet, catalog: Catalog, model: str, benchmark: str) -> SpecSet:
     """The EvalRuns that list the cell, and those whose modelSelector may have chosen its model (the store says
     which did); raises UsageError with the nearest listed cells when none may hold it."""
@@ -25,9 +33,7 @@ def specs_holding(specs: SpecSet, catalog: Catalog, model: str, benchmark: str) 
     holding = [run for run in specs.evalruns if run.run.spec.model_selector is not None
                or any(names_cell(c, model, benchmark) for c in listed[run.ref])]
     if not holding:
-        labels = sorted({f"{c.model} × {c.benchmark}" for cells in listed.values() for c in cells})
-        nearest = difflib.get_close_matches(f"{model} × {benchmark}", labels, n=SUGGESTED, cutoff=0.5)
-        hint = f"; nearest: {', '.join(nearest)}" if nearest else ""
-        raise UsageError(f"no cell {model} × {benchmark} in these specs{hint}")
+        raise UsageError(f"no cell {model} × {benchmark} in these specs"
+                         + nearest_cells([c for cells in listed.values() for c in cells], model, benchmark))
     clusters = {run.cluster_ref for run in holding}
     return SpecSet(clusters={ref: c for ref, c in specs.clusters.items() if ref in clusters}, evalruns=holding)

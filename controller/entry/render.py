@@ -17,8 +17,9 @@ from controller.core.db_check import Finding
 from controller.core.intake import Candidate
 from controller.core.progress import Progress
 from controller.core.reconcile import PassResult
+from controller.core.retry import retry_command
 from controller.core.status import GpuSummary, RunStatus, gpu_summary, summarize
-from controller.core.vocabulary import CellPlan, Effect, PassNotes, Phase, Plan
+from controller.core.vocabulary import CellPlan, Effect, PassNotes, Phase, Plan, Rule
 from controller.entry.humanize import value_text
 
 TABLE_CELLS_MAX = 200  # past this many cells, `plan` shows a row per decision rather than per cell
@@ -44,8 +45,10 @@ def _selector_json(notes: PassNotes) -> dict[str, Any]:
                               "selected": [s.model_dump(mode="json") for s in notes.selections]}}
 
 
-def _cell_json(cell: CellPlan, plan: Plan) -> dict[str, Any]:
+def _cell_json(cell: CellPlan, plan: Plan, spec_files: Sequence[str] = ()) -> dict[str, Any]:
     estimate = plan.estimate(cell)
+    release = {"release": retry_command(spec_files, cell.cell)} if spec_files and cell.held else {}
+    retry = {"retry": cell.retry.model_dump(mode="json")} if cell.retry is not None else {}
     return {
         "model": cell.cell.model,
         "benchmark": cell.cell.benchmark,
@@ -63,6 +66,8 @@ def _cell_json(cell: CellPlan, plan: Plan) -> dict[str, Any]:
         "gpu_hours": cell.gpu_hours,
         "est_gpu_hours": None if estimate is None else estimate.model_dump(mode="json"),
         "progress": None if cell.progress is None else cell.progress.model_dump(mode="json"),
+        **retry,
+        **release,
     }
 
 
@@ -148,9 +153,9 @@ def _actions(cell: CellPlan) -> str:
     return "\n".join(a.render() for a in cell.actions) or "—"
 
 
-def status_grid(result: PassResult, console: Console) -> None:
+def status_grid(result: PassResult, console: Console, spec_files: Sequence[str] = ()) -> None:
     """Models × benchmarks, each cell its phase and its uploaded score, or its progress (`Running 5/18 · ETA 14
-    min`) until one is uploaded."""
+    min`) until one is uploaded; then each held cell, why, and the command that releases it (`spec_files`)."""
     plan = result.plan
     benchmarks = list(dict.fromkeys(c.cell.benchmark for c in plan.cells))
     models = list(dict.fromkeys(c.cell.model for c in plan.cells))
@@ -167,23 +172,38 @@ def status_grid(result: PassResult, console: Console) -> None:
     console.print(table)
     console.print(gpu_line(gpu_summary(plan)), highlight=False)
     effects(plan, console)
+    held(plan, console, spec_files)
     if result.notes.notifications:
         console.print(f"  notifications: {result.notes.notifications}", markup=False, highlight=False)
     selections(result.notes, console)
 
 
-def status_json(results: Sequence[PassResult]) -> str:
-    """The same summary the operator writes to `.status` (conditions, attention), plus every cell."""
-    return json.dumps({"evalruns": [_status_json(r.plan, r.status, r.notes) for r in results]}, indent=2)
+def held(plan: Plan, console: Console, spec_files: Sequence[str]) -> None:
+    """Each held cell (RULES §13): its hold, a retry already asked for, or the command that asks for one."""
+    for cell in plan.cells:
+        if not cell.held:
+            continue
+        console.print(f"  held: {cell.cell.label}: {cell.reason}", markup=False, highlight=False)
+        if cell.retry is not None:
+            console.print(f"    {cell.retry.line()}: the next pass releases it", markup=False, highlight=False)
+        elif spec_files:
+            console.print(f"    release: {retry_command(spec_files, cell.cell)}", markup=False, highlight=False)
 
 
-def _status_json(plan: Plan, summary: RunStatus, notes: PassNotes) -> dict[str, Any]:
+def status_json(results: Sequence[PassResult], spec_files: Sequence[str] = ()) -> str:
+    """The same summary the operator writes to `.status` (conditions, attention), plus every cell; a held cell
+    with the command that releases it (`release`)."""
+    return json.dumps({"evalruns": [_status_json(r.plan, r.status, r.notes, spec_files) for r in results]},
+                      indent=2)
+
+
+def _status_json(plan: Plan, summary: RunStatus, notes: PassNotes, spec_files: Sequence[str]) -> dict[str, Any]:
     return {
         "name": str(plan.evalrun),
         "counts": {phase.value: n for phase, n in summary.counts.items() if n},
         "conditions": [c.model_dump(mode="json", exclude_none=True) for c in summary.conditions],
         "attention": [a.model_dump(mode="json") for a in summary.attention],
-        "cells": [_cell_json(c, plan) for c in plan.cells],
+        "cells": [_cell_json(c, plan, spec_files) for c in plan.cells],
         "gpu_hours": summary.gpu_hours.model_dump(mode="json"),
         "quarantined": [q.model_dump(mode="json") for q in plan.quarantined],
         "effects": [e.model_dump(mode="json") for e in plan.effects],
@@ -244,9 +264,10 @@ def _outcomes(result: PassResult, console: Console) -> None:
         console.print(f"  {mark} {outcome.cell}: {outcome.action}: {outcome.message}", highlight=False)
 
 
-def explain(cell: CellPlan, console: Console, now: datetime, in_force: Sequence[Effect] = ()) -> None:
+def explain(cell: CellPlan, console: Console, now: datetime, in_force: Sequence[Effect] = (),
+            spec_files: Sequence[str] = ()) -> None:
     """Every value as a person reads it (humanize): no enum or datetime repr reaches the screen. `in_force`: the
-    plan's effects; the cluster's and this cell's are shown."""
+    plan's effects; the cluster's and this cell's are shown. A held cell: the command that releases it."""
     c = cell.cell
     console.print(f"[bold]{c.model} × {c.benchmark}[/] (EvalRun {c.evalrun})", highlight=False)
     console.print(f"  dataset {c.dataset}, agent {c.agent}, harbor config {c.harbor_config}, "
@@ -266,6 +287,12 @@ def explain(cell: CellPlan, console: Console, now: datetime, in_force: Sequence[
         console.print(f"  GPU-hours: {cell.gpu_hours:.2f} spent (this EvalRun's jobs of the cell)", highlight=False)
     for action in cell.actions:
         console.print(f"  action: {action.render()}", highlight=False)
+    if cell.retry is not None:
+        console.print(f"  retry:  {cell.retry.line()} (pending: "
+                      f"{'released by the next pass' if cell.rule == Rule.RETRY else 'waits for a hold to release'})",
+                      markup=False, highlight=False)
+    elif cell.held and spec_files:
+        console.print(f"  release: {retry_command(spec_files, cell.cell)}", markup=False, highlight=False)
     for effect in in_force:
         if effect.kind != "refire" or effect.subject == c.label:
             console.print(f"  in force: {effect.line()}", markup=False, highlight=False)

@@ -12,13 +12,14 @@ from controller.core.health import count_instant_failures
 from controller.core.observed import Observation
 from controller.core.planner.policy import Policy
 from controller.core.planner.rules_in_flight import in_flight
+from controller.core.planner.rules_resume import INTERRUPTED, repair
 from controller.core.planner.rules_retry import released
 from controller.core.planner.rules_settled import settled
-from controller.core.planner.view import adoptions, cell_view, in_order, spent
+from controller.core.planner.view import adoptions, cell_view, in_order, next_attempt, spent
 from controller.core.planner.words import failed_job, failure, last_job_note
 from controller.core.remedies import Quarantined
 from controller.core.retry import pending_request
-from controller.core.types import Cell
+from controller.core.types import Cell, run_tag_of
 from controller.core.vocabulary import CellPlan, Hold, Phase, Rule
 
 
@@ -39,6 +40,22 @@ def job_failed_dir_unseen(s: Seen) -> CellPlan | None:
     reason = f"job {failed.job_id} {failure(failed, s.policy)} (run dir not observed: {obs.unknown_reason})"
     return CellPlan(cell=s.cell, phase=Phase.FAILED, actions=(Hold(reason=reason),), reason=reason,
                     rule=Rule.JOB_FAILED_DIR_UNSEEN, memory=obs.memory, gpu_hours=spent(s.cell, obs))
+
+
+def interrupted_after_failure(s: Seen) -> CellPlan | None:
+    """RULES §12: a new attempt after a failed job (a refire, a retry) whose intent never reached sbatch, the run
+    dirs unseen (a job script that never ran made no jobs dir): finish that same submission. It needs no run dir;
+    holding it would strand the intent, and the request that made it is spent."""
+    obs = s.obs
+    failed = failed_job(obs.jobs) if obs.run_dirs is None else None
+    if failed is None or not obs.submissions or obs.rows is None:
+        return None
+    last = in_order(obs.submissions)[-1]
+    launched = last.job_id is not None or any(last.may_have_launched(j) for j in obs.jobs or () if j.name == last.name)
+    if launched or last.run_tag == run_tag_of(failed.name):
+        return None
+    return CellPlan(cell=s.cell, phase=Phase.PENDING, actions=(repair(last, last.row_id),), reason=INTERRUPTED,
+                    rule=Rule.SUBMISSION_REPAIR, memory=obs.memory, gpu_hours=spent(s.cell, obs))
 
 
 def not_observed(s: Seen) -> CellPlan | None:
@@ -74,9 +91,10 @@ def dir_unreadable(s: Seen) -> CellPlan | None:
 
 
 OBSERVATION_RULES: tuple[Callable[[Seen], CellPlan | None], ...] = (
-    job_failed_dir_unseen,  # a failed job, its run dir unseen   → hold for a human
-    not_observed,           # a source could not be read         → Unknown
-    dir_unreadable,         # a run dir unreadable, no live job  → Unknown
+    interrupted_after_failure,  # an intent after a failed job, run dirs unseen → finish that submission
+    job_failed_dir_unseen,      # a failed job, its run dir unseen             → hold for a human
+    not_observed,               # a source could not be read                   → Unknown
+    dir_unreadable,             # a run dir unreadable, no live job            → Unknown
 )
 
 
@@ -90,8 +108,16 @@ def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime, *,
     seen = Seen(cell=cell, obs=obs, policy=policy)
     for rule in OBSERVATION_RULES:
         decided = rule(seen)
-        if decided is not None:  # what was not seen releases nothing: a retry waits until it is (RULES §12)
-            return decided.model_copy(update={"retry": pending_request(obs.retries)}) if obs.retries else decided
+        if decided is not None:
+            return released(decided, pending_request(obs.retries), lambda: unseen_dirs_attempt(cell, obs)) \
+                if obs.retries else decided
     view = cell_view(cell, obs, policy, now, leased, quarantined)
     live = [job for job in view.jobs if job.state.active]
-    return released(view, in_flight(view, live) if live else settled(view))
+    decided = in_flight(view, live) if live else settled(view)
+    return released(decided, view.retry, view.next_attempt) if view.retry is not None else decided
+
+
+def unseen_dirs_attempt(cell: Cell, obs: Observation) -> int:
+    """The next attempt of a cell whose run dirs were not read (a failed job, its jobs dir missing or unreadable):
+    its submissions name every attempt of ours, since an intent is recorded before its job runs (RULES §12)."""
+    return next_attempt(cell, obs.submissions or (), (), obs.rows or ())

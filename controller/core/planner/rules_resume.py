@@ -112,13 +112,21 @@ def finish_interrupted(view: CellView, last: Submission, row: ObservedRow | None
     submission (steps 2–3), writing its row if the crash came before it (RULES §12)."""
     if last.job_id is not None or any(last.may_have_launched(j) for j in view.jobs_named(last.name)):
         return None
+    action = repair(last, row.id if row is not None else last.row_id)
+    return view.result(Phase.PENDING, [action], INTERRUPTED, Rule.SUBMISSION_REPAIR)
+
+
+INTERRUPTED = "submission interrupted before sbatch"
+
+
+def repair(last: Submission, row_id: str | None) -> Launch:
+    """The same submission again, under its name and intent time: the protocol's find step adopts its job if one
+    started after all."""
     reason = f"intent {last.name} recorded but no job has that name: finish the submission"
-    row_id = row.id if row is not None else last.row_id
-    action: Launch = (Submit(run_tag=last.run_tag, attempt=last.attempt, row_id=row_id, intent_at=last.created_at,
-                             reason=reason) if last.fire == 1 else
-                      Resume(run_tag=last.run_tag, attempt=last.attempt, fire=last.fire, row_id=row_id,
-                             intent_at=last.created_at, reason=reason))
-    return view.result(Phase.PENDING, [action], "submission interrupted before sbatch", Rule.SUBMISSION_REPAIR)
+    return (Submit(run_tag=last.run_tag, attempt=last.attempt, row_id=row_id, intent_at=last.created_at,
+                   reason=reason) if last.fire == 1 else
+            Resume(run_tag=last.run_tag, attempt=last.attempt, fire=last.fire, row_id=row_id,
+                   intent_at=last.created_at, reason=reason))
 
 
 def own_row_without_live_job(view: CellView, row: ObservedRow) -> CellPlan:

@@ -6,22 +6,23 @@ attempts' submissions, rows, run dirs and remembered remedies are not touched; i
 
 from __future__ import annotations
 
-from controller.core.planner.view import CellView
-from controller.core.vocabulary import CellPlan, Hold, Phase, Rule
+from collections.abc import Callable
+
+from controller.core.retry import RetryRequest
+from controller.core.vocabulary import CellPlan, Hold, Phase, Rule, Submit
 
 
-def released(view: CellView, decided: CellPlan) -> CellPlan:
+def released(decided: CellPlan, request: RetryRequest | None, next_attempt: Callable[[], int]) -> CellPlan:
     """`decided` as it is without a pending request, and with one that is not for a hold (shown, kept for the
     hold it may meet); a held cell with one: a new attempt instead of the hold (its other actions, a quarantine
     the failure started, go on)."""
-    request = view.retry
     if request is None:
         return decided
     if not decided.held:
         return decided.model_copy(update={"retry": request})
-    attempt = view.next_attempt()
+    attempt = next_attempt()
     reason = f"{request.line()} → attempt {attempt} (was held: {decided.reason})"
     kept = tuple(a for a in decided.actions if not isinstance(a, Hold))
+    submit = Submit(run_tag=decided.cell.run_tag(attempt), attempt=attempt, reason=reason)
     return decided.model_copy(update={
-        "phase": Phase.PENDING, "actions": (*kept, view.submit(attempt, reason)), "reason": reason,
-        "rule": Rule.RETRY, "retry": request})
+        "phase": Phase.PENDING, "actions": (*kept, submit), "reason": reason, "rule": Rule.RETRY, "retry": request})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -113,10 +113,7 @@ class CellView:
         return sub.created_at if sub is not None else job.submitted_at
 
     def next_attempt(self) -> int:
-        seen = [s.attempt for s in self.subs]
-        seen += [a for a in (self.cell.attempt_of(t) for t in self.dirs) if a is not None]
-        seen += [a for a in (self.cell.attempt_of(r.job_name or "") for r in self.all_rows) if a is not None]
-        return max(seen, default=0) + 1
+        return next_attempt(self.cell, self.subs, self.dirs, self.all_rows)
 
     def attempt_of(self, run_tag: str) -> int:
         return self.cell.attempt_of(run_tag) or next((s.attempt for s in self.subs if s.run_tag == run_tag), 0)
@@ -226,6 +223,14 @@ def cell_view(cell: Cell, obs: Observation, policy: Policy, now: datetime,
         benchmark_names=obs.benchmark_names, adoptions=adoptions(subs, obs.jobs),
         gpu_hours=spent(cell, obs), retry=pending_request(obs.retries) if obs.retries else None,
         retried_from=retried_from(obs.retries) if obs.retries else 0)
+
+
+def next_attempt(cell: Cell, subs: Sequence[Submission], run_tags: Iterable[str], rows: Sequence[ObservedRow]) -> int:
+    """One past every attempt the cell's submissions, run dirs and rows name."""
+    seen = [s.attempt for s in subs]
+    seen += [a for a in (cell.attempt_of(t) for t in run_tags) if a is not None]
+    seen += [a for a in (cell.attempt_of(r.job_name or "") for r in rows) if a is not None]
+    return max(seen, default=0) + 1
 
 
 def in_order(subs: Sequence[Submission]) -> list[Submission]:

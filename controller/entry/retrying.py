@@ -1,0 +1,82 @@
+"""`evalctl retry`: a human's lever on held cells (RULES §13). It plans (as `status` does) to find which of the named
+cells are held, records one retry request per held cell, and says so; the next acting pass releases each hold once.
+A cell that is not held is reported and nothing is recorded for it: a request waiting for a hold that has not
+happened would release it later, unasked."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from controller.api.catalog import load_catalog
+from controller.core.reconcile import PassResult
+from controller.core.retry import RetryRequest
+from controller.core.vocabulary import CellPlan, Phase
+from controller.entry.explaining import names_cell, nearest_cells, specs_holding
+from controller.entry.shell import StoreURLs, UsageError, connect, load, one_pass, refuse
+from controller.entry.wiring import utc_now
+
+
+def requester() -> str:
+    """Who asks: the OS user of this process (what `evalctl` also runs jobs as)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
+
+
+def chosen(results: Sequence[PassResult], model: str | None, benchmark: str | None, *, held: bool,
+           all_failed: bool) -> list[CellPlan]:
+    """The cells the arguments name: one cell (model and benchmark), every held one, or every Failed one."""
+    cells = [c for r in results for c in r.plan.cells]
+    if held:
+        return [c for c in cells if c.held]
+    if all_failed:
+        return [c for c in cells if c.phase == Phase.FAILED]
+    assert model is not None and benchmark is not None
+    named = [c for c in cells if names_cell(c.cell, model, benchmark)]
+    if not named:
+        raise UsageError(f"no cell {model} × {benchmark} in these specs"
+                         + nearest_cells([c.cell for c in cells], model, benchmark))
+    return named
+
+
+def retry(files: list[Path], model: str | None, benchmark: str | None, *, held: bool, all_failed: bool, reason: str,
+          urls: StoreURLs, console: Console) -> None:
+    named = model is not None or benchmark is not None
+    refuse((named and (model is None or benchmark is None), "name a cell as MODEL BENCHMARK (both)"),
+           (sum((named, held, all_failed)) != 1, "name one cell (MODEL BENCHMARK), or --held, or --all-failed"))
+    specs = load(files)
+    if model is not None and benchmark is not None:
+        specs = specs_holding(specs, load_catalog(), model, benchmark)
+    store = connect(urls, readonly=False)
+    try:
+        targets = chosen(one_pass(specs, store, act=False), model, benchmark, held=held, all_failed=all_failed)
+        if not targets:
+            console.print(f"nothing to retry: no {'held' if held else 'Failed'} cell in these specs",
+                          highlight=False)
+            return
+        now, who = utc_now(), requester()
+        for target in targets:
+            c = target.cell
+            if not target.held:
+                console.print(f"nothing to retry: {c.label} is {target.phase.value} ({target.reason})",
+                              markup=False, highlight=False)
+                continue
+            request = RetryRequest(id=uuid.uuid4().hex, cell_key=c.key, evalrun=c.evalrun, requested_by=who,
+                                   requested_at=now, reason=reason)
+            store.state.request_retry(request)
+            console.print(f"recorded: retry {c.label} (EvalRun {c.evalrun}), {request.line()}; it was held: "
+                          f"{target.reason}", markup=False, highlight=False)
+        if any(t.held for t in targets):
+            spec_args = " ".join(f"-f {f}" for f in files)
+            console.print(f"the next pass releases each once, as one new attempt: evalctl reconcile {spec_args}",
+                          markup=False, highlight=False)
+    finally:
+        store.close()
+

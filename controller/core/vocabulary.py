@@ -59,8 +59,10 @@ class Rule(StrEnum):
                        "RULES §12: deletionPolicy Cancel → cancel the live jobs of the cells this EvalRun owns")
     # RULES §13: a job that failed needs a human
     JOB_FAILED_DIR_UNSEEN = ("JobFailedRunDirUnseen",
-                             "RULES §13: FAILED / OUT_OF_MEMORY, run dir not visible → hold for a human")
-    JOB_FAILED_AT_START = "JobFailedAtStart", "RULES §13: FAILED at start / OUT_OF_MEMORY → hold for a human"
+                             "RULES §13: FAILED / OUT_OF_MEMORY, run dir not visible → hold for a human "
+                             "(evalctl retry releases it)")
+    JOB_FAILED_AT_START = ("JobFailedAtStart", "RULES §13: FAILED at start / OUT_OF_MEMORY → hold for a human "
+                                               "(evalctl retry releases it)")
     # RULES §2 with a job in the queue
     QUEUED_STALE = "QueuedStale", "RULES §2: Pending, older than stalePendingHours → cancel, then start"
     QUEUED = "Queued", "RULES §2: Pending, younger than stalePendingHours → skip"

@@ -35,6 +35,7 @@ from controller.core.vocabulary import Outcome
 from controller.entry.egress import egress_refusals
 from controller.entry.kube_status import EventNote, aggregate_events, invalid_spec_patch, status_patch
 from controller.entry.operator_nodes import publish_nodes
+from controller.entry.operator_retry import annotated_retry
 from controller.entry.passes import pass_targets, run_pass
 from controller.entry.webhooks import Notifier, webhooks_of
 from controller.entry.wiring import cluster_ports
@@ -121,11 +122,15 @@ def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body:
                             ports=_ports(api, config, specs, store, catalog, meta["namespace"]),
                             holder=config.holder, holder_is_dead=identity_is_dead)
         publish_nodes(api, store, specs.cluster_of(specs.evalruns[0]).ref, (cluster or {}).get("status"))
+        retried = annotated_retry(store, body, result.plan.cells, now)  # released by the next pass
     if notifier is not None:  # the sender's thread delivers what the pass queued; the URLs are the namespace's
         notifier.offer(webhooks_of(specs, secrets, config.policy))
     requested = (meta.get("annotations") or {}).get(REQUESTED_AT)
-    return PassReport(status=status_patch(result.status, previous, now, requested_at=requested, note=result.note),
-                      events=tuple(aggregate_events(result.outcomes)), summary=result.status, outcomes=result.outcomes)
+    status = status_patch(result.status, previous, now, requested_at=requested, note=result.note)
+    events = tuple(aggregate_events(result.outcomes))
+    if retried is not None:
+        status, events = {**status, **retried[0]}, (*events, retried[1])
+    return PassReport(status=status, events=events, summary=result.status, outcomes=result.outcomes)
 
 
 def operator_notifier(config: OperatorConfig) -> Notifier:

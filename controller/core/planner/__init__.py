@@ -2,6 +2,7 @@
 
 No I/O, no clock, no randomness: `now` is an argument and every fact arrives in an Observation.
 Per cell (`cell.plan_cell`), the first rule that applies decides (each names its `Rule`):
+  0. a new attempt after a failed job whose intent never reached sbatch, the run dir unseen → finish it (§12);
   1. its newest job FAILED / ran out of memory and the run dir cannot be seen  → hold for a human;
   2. a source could not be read                                                 → Unknown, no action;
   3. a run dir of the cell cannot be read and no job of it is live               → Unknown, no action;
@@ -12,6 +13,8 @@ Per cell (`cell.plan_cell`), the first rule that applies decides (each names its
      interrupted submission is finished first, then the cell's run dir is classified (`rules_resume`, §4): a dir
      on disk is worth more than a fresh start; a remedy (`rules_remedy`, §9) or the admission gate
      (`rules_upload`, §14, §5) decides what a finished run dir becomes.
+A cell held by any of them with a human's retry request pending is released instead (`rules_retry`, §13): one new
+attempt.
 Every cell reads one `view.CellView`, built once. Then, for the whole EvalRun (`allocation`, in this order):
 cells another EvalRun owns only watch; pinggy leases whose job is over are released; node quarantines are capped;
 launches share the free pinggy pairs, the usable nodes, the back-off, the GPU-hour budget

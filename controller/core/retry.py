@@ -58,10 +58,11 @@ def retried_from(requests: Sequence[RetryRequest]) -> int:
     return max((r.consumed_attempt or 0 for r in requests if not r.pending), default=0)
 
 
-def retry_command(spec_files: Sequence[str], cell: Cell) -> str:
-    """The exact command that releases a held cell (what `status` and `explain` print)."""
-    files = " ".join(f"-f {_quoted(f)}" for f in spec_files)
-    return f"evalctl retry {files} {_quoted(cell.model)} {_quoted(cell.benchmark)} --reason \"...\""
+def retry_command(spec_args: Sequence[str], cell: Cell) -> str:
+    """The exact command that releases a held cell (what `status` and `explain` print); `spec_args`: the words that
+    name its specs and store, as the command that prints it was given them (`-f FILE`, `--store URL`)."""
+    return f"evalctl retry {' '.join(_quoted(a) for a in spec_args)} {_quoted(cell.model)} " \
+           f"{_quoted(cell.benchmark)} --reason \"...\""
 
 
 def _quoted(word: str) -> str:

@@ -250,11 +250,11 @@ def status(
 
         every = interval or WATCH_INTERVAL_S
         if output != Output.table:
-            _repeat(lambda: print_document(render.status_json(read(), [str(f) for f in files]), output),
+            _repeat(lambda: print_document(render.status_json(read(), retrying.spec_args(files, urls)), output),
                     every if watch else None)
         elif not watch:
             for result in read():
-                render.status_grid(result, out, [str(f) for f in files])
+                render.status_grid(result, out, retrying.spec_args(files, urls))
         else:
             with Watch(out) as live:
                 _repeat(lambda: live.show([result.plan for result in read()], utc_now()), every)
@@ -281,13 +281,14 @@ def explain(
     """Why the planner decides what it does for one cell."""
     configure_logging(verbose)
     with exits():
+        urls = StoreURLs(store, state)
         specs = specs_holding(load(files), load_catalog(), model, benchmark)
-        matches = [(c, r.plan) for r in dry_pass(specs, StoreURLs(store, state)) for c in r.plan.cells
+        matches = [(c, r.plan) for r in dry_pass(specs, urls) for c in r.plan.cells
                    if names_cell(c.cell, model, benchmark)]
         if not matches:
             raise UsageError(f"no cell {model} × {benchmark} in these specs")
         for cell, its_plan in matches:
-            render.explain(cell, out, utc_now(), its_plan.effects, [str(f) for f in files])
+            render.explain(cell, out, utc_now(), its_plan.effects, retrying.spec_args(files, urls))
 
 
 @app.command()

@@ -45,9 +45,9 @@ def _selector_json(notes: PassNotes) -> dict[str, Any]:
                               "selected": [s.model_dump(mode="json") for s in notes.selections]}}
 
 
-def _cell_json(cell: CellPlan, plan: Plan, spec_files: Sequence[str] = ()) -> dict[str, Any]:
+def _cell_json(cell: CellPlan, plan: Plan, spec_args: Sequence[str] = ()) -> dict[str, Any]:
     estimate = plan.estimate(cell)
-    release = {"release": retry_command(spec_files, cell.cell)} if spec_files and cell.held else {}
+    release = {"release": retry_command(spec_args, cell.cell)} if spec_args and cell.held else {}
     retry = {"retry": cell.retry.model_dump(mode="json")} if cell.retry is not None else {}
     return {
         "model": cell.cell.model,
@@ -153,9 +153,9 @@ def _actions(cell: CellPlan) -> str:
     return "\n".join(a.render() for a in cell.actions) or "—"
 
 
-def status_grid(result: PassResult, console: Console, spec_files: Sequence[str] = ()) -> None:
+def status_grid(result: PassResult, console: Console, spec_args: Sequence[str] = ()) -> None:
     """Models × benchmarks, each cell its phase and its uploaded score, or its progress (`Running 5/18 · ETA 14
-    min`) until one is uploaded; then each held cell, why, and the command that releases it (`spec_files`)."""
+    min`) until one is uploaded; then each held cell, why, and the command that releases it (`spec_args`)."""
     plan = result.plan
     benchmarks = list(dict.fromkeys(c.cell.benchmark for c in plan.cells))
     models = list(dict.fromkeys(c.cell.model for c in plan.cells))
@@ -172,13 +172,13 @@ def status_grid(result: PassResult, console: Console, spec_files: Sequence[str] 
     console.print(table)
     console.print(gpu_line(gpu_summary(plan)), highlight=False)
     effects(plan, console)
-    held(plan, console, spec_files)
+    held(plan, console, spec_args)
     if result.notes.notifications:
         console.print(f"  notifications: {result.notes.notifications}", markup=False, highlight=False)
     selections(result.notes, console)
 
 
-def held(plan: Plan, console: Console, spec_files: Sequence[str]) -> None:
+def held(plan: Plan, console: Console, spec_args: Sequence[str]) -> None:
     """Each held cell (RULES §13): its hold, a retry already asked for, or the command that asks for one."""
     for cell in plan.cells:
         if not cell.held:
@@ -186,24 +186,24 @@ def held(plan: Plan, console: Console, spec_files: Sequence[str]) -> None:
         console.print(f"  held: {cell.cell.label}: {cell.reason}", markup=False, highlight=False)
         if cell.retry is not None:
             console.print(f"    {cell.retry.line()}: the next pass releases it", markup=False, highlight=False)
-        elif spec_files:
-            console.print(f"    release: {retry_command(spec_files, cell.cell)}", markup=False, highlight=False)
+        elif spec_args:
+            console.print(f"    release: {retry_command(spec_args, cell.cell)}", markup=False, highlight=False)
 
 
-def status_json(results: Sequence[PassResult], spec_files: Sequence[str] = ()) -> str:
+def status_json(results: Sequence[PassResult], spec_args: Sequence[str] = ()) -> str:
     """The same summary the operator writes to `.status` (conditions, attention), plus every cell; a held cell
     with the command that releases it (`release`)."""
-    return json.dumps({"evalruns": [_status_json(r.plan, r.status, r.notes, spec_files) for r in results]},
+    return json.dumps({"evalruns": [_status_json(r.plan, r.status, r.notes, spec_args) for r in results]},
                       indent=2)
 
 
-def _status_json(plan: Plan, summary: RunStatus, notes: PassNotes, spec_files: Sequence[str]) -> dict[str, Any]:
+def _status_json(plan: Plan, summary: RunStatus, notes: PassNotes, spec_args: Sequence[str]) -> dict[str, Any]:
     return {
         "name": str(plan.evalrun),
         "counts": {phase.value: n for phase, n in summary.counts.items() if n},
         "conditions": [c.model_dump(mode="json", exclude_none=True) for c in summary.conditions],
         "attention": [a.model_dump(mode="json") for a in summary.attention],
-        "cells": [_cell_json(c, plan, spec_files) for c in plan.cells],
+        "cells": [_cell_json(c, plan, spec_args) for c in plan.cells],
         "gpu_hours": summary.gpu_hours.model_dump(mode="json"),
         "quarantined": [q.model_dump(mode="json") for q in plan.quarantined],
         "effects": [e.model_dump(mode="json") for e in plan.effects],
@@ -265,7 +265,7 @@ def _outcomes(result: PassResult, console: Console) -> None:
 
 
 def explain(cell: CellPlan, console: Console, now: datetime, in_force: Sequence[Effect] = (),
-            spec_files: Sequence[str] = ()) -> None:
+            spec_args: Sequence[str] = ()) -> None:
     """Every value as a person reads it (humanize): no enum or datetime repr reaches the screen. `in_force`: the
     plan's effects; the cluster's and this cell's are shown. A held cell: the command that releases it."""
     c = cell.cell
@@ -291,8 +291,8 @@ def explain(cell: CellPlan, console: Console, now: datetime, in_force: Sequence[
         console.print(f"  retry:  {cell.retry.line()} (pending: "
                       f"{'released by the next pass' if cell.rule == Rule.RETRY else 'waits for a hold to release'})",
                       markup=False, highlight=False)
-    elif cell.held and spec_files:
-        console.print(f"  release: {retry_command(spec_files, cell.cell)}", markup=False, highlight=False)
+    elif cell.held and spec_args:
+        console.print(f"  release: {retry_command(spec_args, cell.cell)}", markup=False, highlight=False)
     for effect in in_force:
         if effect.kind != "refire" or effect.subject == c.label:
             console.print(f"  in force: {effect.line()}", markup=False, highlight=False)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from controller.adapters.store import redact
 from controller.api.catalog import load_catalog
 from controller.core.reconcile import PassResult
 from controller.core.retry import RetryRequest
@@ -20,6 +21,18 @@ from controller.core.vocabulary import CellPlan, Phase
 from controller.entry.explaining import names_cell, nearest_cells, specs_holding
 from controller.entry.shell import StoreURLs, UsageError, connect, load, one_pass, refuse
 from controller.entry.wiring import utc_now
+
+
+def spec_args(files: Sequence[Path], urls: StoreURLs) -> list[str]:
+    """How a command was told its specs and store, for the command it prints: a store's password never (a URL with
+    one is shown without it; the user adds it back, or sets EVALCTL_STORE)."""
+    given = [("--store", urls.results), ("--state", urls.state)]
+    return [*(w for f in files for w in ("-f", str(f))), *(w for flag, url in given if url for w in (flag, shown(url)))]
+
+
+def shown(url: str) -> str:
+    """A store URL without its password (`user:***@host`; a `password=` parameter: the URL is not shown)."""
+    return "<the store URL>" if "password" in url.lower() else redact(url)
 
 
 def requester() -> str:
@@ -51,7 +64,7 @@ def retry(files: list[Path], model: str | None, benchmark: str | None, *, held: 
     named = model is not None or benchmark is not None
     refuse((named and (model is None or benchmark is None), "name a cell as MODEL BENCHMARK (both)"),
            (sum((named, held, all_failed)) != 1, "name one cell (MODEL BENCHMARK), or --held, or --all-failed"))
-    specs = load(files)
+    specs = load(files, preflight=True)  # a job script still missing would only fail again
     if model is not None and benchmark is not None:
         specs = specs_holding(specs, load_catalog(), model, benchmark)
     store = connect(urls, readonly=False)
@@ -74,9 +87,8 @@ def retry(files: list[Path], model: str | None, benchmark: str | None, *, held: 
             console.print(f"recorded: retry {c.label} (EvalRun {c.evalrun}), {request.line()}; it was held: "
                           f"{target.reason}", markup=False, highlight=False)
         if any(t.held for t in targets):
-            spec_args = " ".join(f"-f {f}" for f in files)
-            console.print(f"the next pass releases each once, as one new attempt: evalctl reconcile {spec_args}",
-                          markup=False, highlight=False)
+            console.print("the next pass releases each once, as one new attempt: evalctl reconcile "
+                          + " ".join(spec_args(files, urls)), markup=False, highlight=False)
     finally:
         store.close()
 

@@ -86,8 +86,8 @@ def test_a_held_cell_is_released_by_retry_and_completes_with_one_new_job(cluster
     first = held_after_a_failed_start(cluster)
     cell = status_cell(cluster)
     command = cell["release"]
-    assert command == f"evalctl retry -f {cluster.spec} {MODEL} tb2 --reason \"...\"".replace(
-        "tb2", cell["benchmark"]), command
+    assert command == f"evalctl retry -f {cluster.spec} --store {cluster.store} {MODEL} {cell['benchmark']} " \
+                      "--reason \"...\"", command
     explained = flat(cluster.evalctl("explain", MODEL, DATASET).stdout)
     assert f"release: {command}" in explained, explained
     fix(script)

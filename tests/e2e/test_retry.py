@@ -81,7 +81,9 @@ def converge(cluster: Cluster) -> None:
     assert "converged after" in result.stdout, result.stdout[-4000:]
 
 
-def test_a_held_cell_is_released_by_retry_and_completes_with_one_new_job(cluster: Cluster) -> None:
+@pytest.mark.parametrize("which", [(MODEL, DATASET), ("--held",)], ids=["named", "held"])
+def test_a_held_cell_is_released_by_retry_and_completes_with_one_new_job(cluster: Cluster,
+                                                                         which: tuple[str, ...]) -> None:
     script = broken_then_fixed(cluster)
     first = held_after_a_failed_start(cluster)
     cell = status_cell(cluster)
@@ -92,7 +94,7 @@ def test_a_held_cell_is_released_by_retry_and_completes_with_one_new_job(cluster
     assert f"release: {command}" in explained, explained
     fix(script)
 
-    asked = cluster.evalctl("retry", MODEL, DATASET, "--reason", "job script path fixed")
+    asked = cluster.evalctl("retry", *which, "--reason", "job script path fixed")
 
     said = flat(asked.stdout)
     assert f"recorded: retry {MODEL} × {cell['benchmark']}" in said and "job script path fixed" in said, said

@@ -35,7 +35,7 @@ from controller.core.vocabulary import Outcome
 from controller.entry.egress import egress_refusals
 from controller.entry.kube_status import EventNote, aggregate_events, invalid_spec_patch, status_patch
 from controller.entry.operator_nodes import publish_nodes
-from controller.entry.operator_retry import annotated_retry
+from controller.entry.operator_retry import annotated_retry, release_hints
 from controller.entry.passes import pass_targets, run_pass
 from controller.entry.webhooks import Notifier, webhooks_of
 from controller.entry.wiring import cluster_ports
@@ -126,7 +126,8 @@ def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body:
     if notifier is not None:  # the sender's thread delivers what the pass queued; the URLs are the namespace's
         notifier.offer(webhooks_of(specs, secrets, config.policy))
     requested = (meta.get("annotations") or {}).get(REQUESTED_AT)
-    status = status_patch(result.status, previous, now, requested_at=requested, note=result.note)
+    status = release_hints(status_patch(result.status, previous, now, requested_at=requested, note=result.note),
+                           result.plan.cells, meta)
     events = tuple(aggregate_events(result.outcomes))
     if retried is not None:
         status, events = {**status, **retried[0]}, (*events, retried[1])

@@ -91,6 +91,18 @@ def annotated_retry(store: Store, body: Mapping[str, Any], cells: Sequence[CellP
     return _handled(token, now, labels, message), note
 
 
+def release_hints(status: dict[str, Any], cells: Sequence[CellPlan], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """`status` with each held cell's attention item saying how to release it: the annotation, as a command."""
+    held = {(c.cell.model, c.cell.benchmark) for c in cells if c.held}
+    if not held:
+        return status
+    where = f"evalrun/{meta['name']} -n {meta['namespace']}"
+    attention = [{**item, "release": f"kubectl annotate {where} --overwrite {RETRY}=<new token> "
+                                     f"'{RETRY_CELLS}=model={item['model']},benchmark={item['benchmark']}'"}
+                 if (item["model"], item["benchmark"]) in held else item for item in status.get("attention", [])]
+    return {**status, "attention": attention}
+
+
 def _handled(token: str, now: datetime, cells: list[str], message: str) -> dict[str, Any]:
     return {"retry": {"token": token, "handledAt": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "cells": cells,
                       "message": clip(message)}}

@@ -17,7 +17,15 @@ from controller.core.planner import plan_cell
 from controller.core.store import Store
 from controller.core.types import EvalRunRef
 from controller.core.vocabulary import CellPlan
-from controller.entry.operator_retry import RETRY, RETRY_CELLS, RETRY_REASON, SelectorError, annotated_retry, parse_cells
+from controller.entry.operator_retry import (
+    RETRY,
+    RETRY_CELLS,
+    RETRY_REASON,
+    SelectorError,
+    annotated_retry,
+    parse_cells,
+    release_hints,
+)
 from tests.core.builders import NOW, POLICY, cell, facts, job, obs, row, sub
 
 RUN = EvalRunRef(namespace="lab", name="sweep")
@@ -94,3 +102,15 @@ def test_cell_selectors_parse_or_say_what_is_wrong() -> None:
         {"model": "Org/M", "benchmark": "tb2"}, {"model": "Org/N"})
     with pytest.raises(SelectorError, match="is not model=NAME or benchmark=NAME"):
         parse_cells("model")
+
+
+def test_a_held_cells_attention_item_says_how_to_release_it() -> None:
+    a, c = held("org/a-8B"), running("org/c-8B")
+    items = [{"model": x.cell.model, "benchmark": x.cell.benchmark, "phase": x.phase.value, "reason": x.reason}
+             for x in (a, c)]
+
+    hinted = release_hints({"attention": items}, [a, c], {"namespace": "lab", "name": "sweep"})["attention"]
+
+    assert hinted[0]["release"] == ("kubectl annotate evalrun/sweep -n lab --overwrite evalrun.io/retry=<new token> "
+                                    "'evalrun.io/retry-cells=model=org/a-8B,benchmark=tb2'")
+    assert "release" not in hinted[1]

@@ -22,6 +22,9 @@ def test_the_retry_annotation_releases_a_held_cell_once(lab: Lab):
     lab.apply(lab.cluster_yaml().replace(str(FAKE_HARBOR), str(script)), lab.run_yaml(["org/a-8B"]))
     eventually(lambda: (lab.evalrun().get("status") or {}).get("summary", {}).get("failed") == 1, "the cell held")
     assert [j.state.value for j in lab.jobs()] == ["Failed"]
+    [item] = lab.evalrun()["status"]["attention"]
+    assert item["release"].startswith(f"kubectl annotate evalrun/demo -n {lab.namespace} --overwrite "
+                                      "evalrun.io/retry=<new token> 'evalrun.io/retry-cells=model=org/a-8B,"), item
     script.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE_HARBOR} \"$@\"\n")
 
     lab.kube.kubectl("annotate", "evalrun/demo", "-n", lab.namespace, "evalrun.io/retry=fix-1",

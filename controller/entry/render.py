@@ -181,6 +181,9 @@ def status_grid(result: PassResult, console: Console, spec_args: Sequence[str] =
 def held(plan: Plan, console: Console, spec_args: Sequence[str]) -> None:
     """Each held cell (RULES §13): its hold, a retry already asked for, or the command that asks for one."""
     for cell in plan.cells:
+        if cell.rule == Rule.RETRY and cell.retry is not None:
+            console.print(f"  retry: {cell.cell.label}: {cell.retry.line()}: released by the next pass",
+                          markup=False, highlight=False)
         if not cell.held:
             continue
         console.print(f"  held: {cell.cell.label}: {cell.reason}", markup=False, highlight=False)

@@ -92,6 +92,7 @@ def test_a_held_cell_is_released_by_retry_and_completes_with_one_new_job(cluster
                       "--reason \"...\"", command
     explained = flat(cluster.evalctl("explain", MODEL, DATASET).stdout)
     assert f"release: {command}" in explained, explained
+    assert f"release: {command}" in flat(cluster.evalctl("status").stdout)
     fix(script)
 
     asked = cluster.evalctl("retry", *which, "--reason", "job script path fixed")
@@ -103,6 +104,9 @@ def test_a_held_cell_is_released_by_retry_and_completes_with_one_new_job(cluster
     assert (why, consumed) == ("job script path fixed", None) and by, (by, why, consumed)
     pending = status_cell(cluster)
     assert pending["rule"] == "Retry" and pending["retry"]["reason"] == "job script path fixed", pending
+    table = flat(cluster.evalctl("status").stdout)
+    assert f"retry: {MODEL} × {cell['benchmark']}: retry requested by {by}" in table, table
+    assert "job script path fixed: released by the next pass" in table, table
 
     converge(cluster)
 

@@ -183,10 +183,10 @@ class SqliteStore:
                 quarantined = select("evalrun_quarantine", _live_quarantines(stale), named)
                 retries = select("evalrun_retry_requests", sql.RETRIES_OF_CELLS, named)
             return state_snapshot({
-                "evalrun_retry_requests": map(dict, retries),
                 "evalrun_submissions": map(dict, submissions), "evalrun_tunnel_leases": map(dict, tunnels),
                 "evalrun_cell_owners": map(dict, owners), "evalrun_cell_memory": map(dict, memory),
-                "evalrun_quarantine": map(dict, quarantined), "gpu_history": map(dict, history)})
+                "evalrun_quarantine": map(dict, quarantined), "gpu_history": map(dict, history),
+                "evalrun_retry_requests": map(dict, retries)})
         except (sqlite3.Error, ValueError) as error:
             raise ObservationError(self._db.line(error)) from error
 

@@ -170,11 +170,15 @@ def status_grid(result: PassResult, console: Console) -> None:
     if result.notes.notifications:
         console.print(f"  notifications: {result.notes.notifications}", markup=False, highlight=False)
     selections(result.notes, console)
+    for source in result.unobserved:
+        console.print(f"  {source.line()}", markup=False, highlight=False)
 
 
 def status_json(results: Sequence[PassResult]) -> str:
     """The same summary the operator writes to `.status` (conditions, attention), plus every cell."""
-    return json.dumps({"evalruns": [_status_json(r.plan, r.status, r.notes) for r in results]}, indent=2)
+    return json.dumps({"evalruns": [{**_status_json(r.plan, r.status, r.notes),
+                                     "unobserved": [u.model_dump(mode="json") for u in r.unobserved]}
+                                    for r in results]}, indent=2)
 
 
 def _status_json(plan: Plan, summary: RunStatus, notes: PassNotes) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from controller.core.records import StoreSnapshot
 from controller.core.status import RunStatus, summarize
 from controller.core.store import CELL_OWNER_TTL, Store
 from controller.core.types import RUN_TAG_PREFIX, Cell, ClusterRef, EvalRunRef, Frozen, stem_of
-from controller.core.vocabulary import Outcome, PassNotes, Plan
+from controller.core.vocabulary import Outcome, PassNotes, Plan, Rule
 
 log = logging.getLogger("evalctl.reconcile")
 T = TypeVar("T")
@@ -267,9 +267,15 @@ def _target_pass(target: RunTarget, store: Store, ports: ClusterPorts, view: Clu
             _release(store, lease, holder)
     return PassResult(evalrun=target.evalrun, plan=the_plan, notes=notes, outcomes=outcomes, acted=acting.granted,
                       status=summarize(the_plan, outcomes, target.generation, notes), note=acting.note,
-                      blocked=acting.blocked, unobserved=observed.unobserved,
+                      blocked=acting.blocked, unobserved=(*observed.unobserved, *_unreadable(target, the_plan)),
                       run_tags=tuple(sorted({d.run_tag for o in observed.cells for d in o.run_dirs or ()
                                              if d.run_tag.startswith(RUN_TAG_PREFIX)})))
+
+
+def _unreadable(target: RunTarget, the_plan: Plan) -> tuple[Unobserved, ...]:
+    """The run dirs that could not be read, each a cause (rule RunDirUnreadable: its cell is Unknown)."""
+    return tuple(Unobserved(source="run dirs", cluster=str(target.cluster), cause=c.reason.removeprefix("not observed: "),
+                            fix=FIXES["run dirs"]) for c in the_plan.cells if c.rule == Rule.RUN_DIR_UNREADABLE)
 
 
 def _notifications(target: RunTarget, store: Store, the_plan: Plan, outcomes: Sequence[Outcome], acting: bool) -> str:

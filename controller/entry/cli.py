@@ -307,7 +307,7 @@ def _repeat(show: Callable[[], None], interval: float) -> None:
         time.sleep(interval)
 
 
-@app.command()
+@app.command(epilog=EPILOG)
 def explain(
     files: Files,
     model: Annotated[str, typer.Argument(help="Model name as in the spec.")],
@@ -331,7 +331,7 @@ def explain(
     raise typer.Exit(code)
 
 
-@app.command()
+@app.command(epilog=EPILOG)
 def report(
     files: Files = [],  # noqa: B006
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the HTML file.")] = Path("report.html"),
@@ -341,17 +341,20 @@ def report(
 ) -> None:
     """Write one self-contained HTML report (scoreboard, families, every cell's detail). Read-only: a plan pass."""
     configure_logging(verbose)
+    code = 0
     with exits():
         specs = load(files)
         opened = connect(StoreURLs(store, state, tuple(files)), readonly=True)
         try:
-            built = build_report(specs, opened, load_catalog(), utc_now())
+            built, results = build_report(specs, opened, load_catalog(), utc_now())
         finally:
             opened.close()
         write_report(built, output)
         cells = sum(len(r.cells) for r in built.runs)
         provisional = sum(1 for r in built.runs for c in r.cells if c.provisional and c.score is not None)
         out.print(f"wrote {output}: {len(built.runs)} EvalRun(s), {cells} cell(s), {provisional} provisional")
+        code = tell_unobserved(results)
+    raise typer.Exit(code)
 
 
 @app.command()

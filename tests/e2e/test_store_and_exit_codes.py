@@ -160,6 +160,17 @@ def test_a_missing_squeue_exits_3_with_the_cause_on_stderr_and_in_status(no_sque
     assert table.returncode == 3 and line.removeprefix("evalctl: ") in table.stdout, "the grid says why, too"
 
 
+@pytest.mark.parametrize("command", [("plan",), ("reconcile", "--dry-run"), ("explain", *CELL),
+                                     ("report", "-o", "report.html")], ids=lambda c: " ".join(c[:2]))
+def test_every_reading_command_exits_3_naming_the_queue(no_squeue: tuple[Path, dict[str, str]], tmp_path: Path,
+                                                        command: tuple[str, ...]) -> None:
+    spec, env = no_squeue
+    result = evalctl(*command, cwd=tmp_path, specs=(spec,), env=env)
+
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "evalctl: cluster lab: queue not observed: squeue" in result.stderr
+
+
 def test_until_done_with_a_timeout_ends_5_saying_what_is_not_settled(no_squeue: tuple[Path, dict[str, str]],
                                                                      tmp_path: Path) -> None:
     spec, env = no_squeue

@@ -46,15 +46,15 @@ def test_status_from_another_directory_reads_the_store_next_to_the_spec(cluster:
     cluster.write(models=[CELL[0]], datasets=[CELL[1]], env=FAST)
     done = evalctl(*UNTIL_DONE, cwd=cluster.root, specs=(cluster.spec,))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert first_line(done) == f"store: sqlite:///{default_store(cluster)} (next to the spec)"
 
     here = evalctl("status", "-o", "json", cwd=cluster.root, specs=(cluster.spec,))
     there = evalctl("status", "-o", "json", cwd=elsewhere, specs=(cluster.spec,))
     assert (here.returncode, there.returncode) == (0, 0), there.stderr
-    assert first_line(there) == first_line(done), "the same store, whatever the working directory"
     [cell] = json.loads(there.stdout)["evalruns"][0]["cells"]
     assert cell["phase"] == "Completed" and cell["score"] is not None, cell
     assert json.loads(here.stdout) == json.loads(there.stdout)
+    assert first_line(done) == f"store: sqlite:///{default_store(cluster)} (next to the spec)"
+    assert first_line(there) == first_line(done), "the same store, whatever the working directory"
     planned = json.loads(evalctl("plan", "-o", "json", cwd=elsewhere, specs=(cluster.spec,)).stdout)
     assert [[a["kind"] for a in c["actions"]] for c in planned["evalruns"][0]["cells"]] == [["skip"]], \
         "nothing to upload again"

@@ -79,7 +79,7 @@ kube-down:
 	./scripts/kube-down.sh
 
 clean-demo:
-	rm -rf .evalctl/demo .evalctl/slurm-lab .evalctl/store.db .evalctl/store.db-wal .evalctl/store.db-shm
+	rm -rf .evalctl/demo .evalctl/slurm-lab specs/.evalctl  # the demo's store is next to its spec
 
 # A pass over a jobs dir of 100,000 foreign entries reads its own run dirs only: RSS over 50 passes; prints figures.
 bench-foreign:

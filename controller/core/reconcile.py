@@ -15,7 +15,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import Field
 
@@ -39,7 +39,7 @@ from controller.core.records import StoreSnapshot
 from controller.core.status import RunStatus, summarize
 from controller.core.store import CELL_OWNER_TTL, Store
 from controller.core.types import RUN_TAG_PREFIX, Cell, ClusterRef, EvalRunRef, Frozen, stem_of
-from controller.core.vocabulary import Outcome, PassNotes, Plan
+from controller.core.vocabulary import Outcome, PassNotes, Plan, Rule
 
 log = logging.getLogger("evalctl.reconcile")
 T = TypeVar("T")
@@ -72,6 +72,32 @@ def launch_lease_name(cluster: ClusterRef) -> str:
     return f"launch/{cluster}"
 
 
+Source = Literal["store", "queue", "run dirs"]
+FIXES: dict[Source, str] = {
+    "store": "check that the store (--store, $EVALCTL_STORE) is reachable and readable from here",
+    "queue": "check that squeue and sacct answer here: on PATH, with the cluster's SLURM config, or through "
+             "scheduler.ssh on its login node",
+    "run dirs": "check that the cluster's jobsDir is mounted and readable from here",
+}
+
+
+class Unobserved(Frozen):
+    """A source a pass could not read (RULES §12): the cells it holds are Unknown, and `evalctl` exits 3 saying so."""
+
+    source: Source
+    cluster: str = Field("", description="the cluster whose queue or run dirs it is; empty for the store")
+    cause: str
+    fix: str
+
+    @classmethod
+    def of(cls, source: Source, cause: ObservationError, cluster: ClusterRef | None = None) -> Unobserved:
+        return cls(source=source, cluster=str(cluster or ""), cause=" ".join(str(cause).split()), fix=FIXES[source])
+
+    def line(self) -> str:
+        where = f"cluster {self.cluster}: " if self.cluster else ""
+        return f"{where}{self.source} not observed: {self.cause}; {self.fix}"
+
+
 class PassResult(Frozen):
     evalrun: EvalRunRef
     plan: Plan = Field(description="the planner's output, as it planned it")
@@ -82,6 +108,8 @@ class PassResult(Frozen):
     acted: bool = False
     note: str = ""
     blocked: bool = Field(False, description="it should have acted but the store refused (a pass that failed)")
+    unobserved: tuple[Unobserved, ...] = Field((), description="the sources this pass could not read")
+    run_tags: tuple[str, ...] = Field((), description="the run tags of its cells' own run dirs this pass saw")
 
 
 class ClusterPorts:
@@ -147,6 +175,7 @@ class Observed(Frozen):
 
     snapshot: StoreSnapshot | None = Field(description="None: the store could not be read")
     cells: tuple[Observation, ...]
+    unobserved: tuple[Unobserved, ...] = ()
 
     def other_owners(self, evalrun: EvalRunRef) -> dict[str, EvalRunRef]:
         """Cells another EvalRun claimed and still renews (by the store's clock): this one only watches them."""
@@ -238,7 +267,15 @@ def _target_pass(target: RunTarget, store: Store, ports: ClusterPorts, view: Clu
             _release(store, lease, holder)
     return PassResult(evalrun=target.evalrun, plan=the_plan, notes=notes, outcomes=outcomes, acted=acting.granted,
                       status=summarize(the_plan, outcomes, target.generation, notes), note=acting.note,
-                      blocked=acting.blocked)
+                      blocked=acting.blocked, unobserved=(*observed.unobserved, *_unreadable(target, the_plan)),
+                      run_tags=tuple(sorted({d.run_tag for o in observed.cells for d in o.run_dirs or ()
+                                             if d.run_tag.startswith(RUN_TAG_PREFIX)})))
+
+
+def _unreadable(target: RunTarget, the_plan: Plan) -> tuple[Unobserved, ...]:
+    """The run dirs that could not be read, each a cause (rule RunDirUnreadable: its cell is Unknown)."""
+    return tuple(Unobserved(source="run dirs", cluster=str(target.cluster), cause=c.reason.removeprefix("not observed: "),
+                            fix=FIXES["run dirs"]) for c in the_plan.cells if c.rule == Rule.RUN_DIR_UNREADABLE)
 
 
 def _notifications(target: RunTarget, store: Store, the_plan: Plan, outcomes: Sequence[Outcome], acting: bool) -> str:
@@ -306,7 +343,11 @@ def observe(target: RunTarget, store: Store, view: ClusterView, scheduler: Sched
         unknown_reason="; ".join(failures),
         jobs_dir_missing=missing,
     )
-    return Observed(snapshot=snapshot, cells=_with_outputs(cells, scheduler))
+    sources: tuple[tuple[Source, object], ...] = (("store", read), ("queue", view.jobs), ("run dirs", view.dirs))
+    unobserved = [Unobserved.of(source, error, None if source == "store" else target.cluster)  # a missing jobs dir
+                  for source, error in sources  # was seen missing: its cells say so, it is no source that failed
+                  if isinstance(error, ObservationError) and not isinstance(error, JobsDirMissing)]
+    return Observed(snapshot=snapshot, cells=_with_outputs(cells, scheduler), unobserved=tuple(unobserved))
 
 
 def _with_outputs(cells: Sequence[Observation], scheduler: Scheduler) -> tuple[Observation, ...]:

@@ -1,7 +1,6 @@
 """`evalctl`: a thin shell. Parse input, call the core, render. No rule lives here.
 
-Exit codes: 0 ok, 1 runtime failure (for `reconcile --once`: also an action of the pass that failed),
-2 invalid input (FILE:LINE:COL: message, no traceback), 128 + N after signal N (130 SIGINT, 143 SIGTERM).
+Exit codes: see exit_codes.py (and `evalctl --help`).
 """
 
 from __future__ import annotations
@@ -29,8 +28,10 @@ from controller.entry import render, retrying
 from controller.entry.cli_operator import operator
 from controller.entry.cli_stores import db_app, models_app, nodes_app
 from controller.entry.closed_pipe import ClosedPipeTolerant
+from controller.entry.exit_codes import EPILOG, pass_code, tell_unobserved, unobserved_lines
 from controller.entry.explaining import names_cell, specs_holding
 from controller.entry.logs import configure_logging
+from controller.entry.new_store import warn_of_a_new_store
 from controller.entry.presets import presets_json, presets_table
 from controller.entry.reporting import build_report, write_report
 from controller.entry.secrets import EnvironmentSecrets
@@ -58,6 +59,7 @@ from controller.entry.shell import (
     print_document,
     refuse,
 )
+from controller.entry.until_done import Deadline, settled_end, timed_out
 from controller.entry.watch import Watch
 from controller.entry.webhooks import FLUSH_S, Notifier, webhooks_of
 from controller.entry.wiring import targets_for, utc_now
@@ -72,7 +74,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, epilog=EPILOG,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
 
@@ -107,21 +109,24 @@ def validate(files: Files = [], output: Annotated[Output, typer.Option("-o", "--
             out.print(f"ok: {len(specs.evalruns)} EvalRun(s), {len(specs.clusters)} EvalCluster(s), {cells} cell(s)")
 
 
-@app.command()
+@app.command(epilog=EPILOG)
 def plan(files: Files = [], store: StoreURL = None, state: StateURL = None,  # noqa: B006
          output: Annotated[Output, typer.Option("-o", "--output")] = Output.table, verbose: Verbose = 0) -> None:
     """Show what one pass would do. No side effects."""
     configure_logging(verbose)
+    code = 0
     with exits():
-        results = dry_pass(load(files, preflight=True), StoreURLs(store, state))
+        results = dry_pass(load(files, preflight=True), StoreURLs(store, state, tuple(files)))
         if output != Output.table:
             print_document(render.plan_json(results), output)
         else:
             for result in results:
                 render.plan_table(result, out)
+        code = tell_unobserved(results)
+    raise typer.Exit(code)
 
 
-@app.command()
+@app.command(epilog=EPILOG)
 def reconcile(
     files: Files = [],  # noqa: B006
     store: StoreURL = None,
@@ -130,34 +135,45 @@ def reconcile(
     loop: Annotated[bool, typer.Option("--loop", help="Pass after pass, every --interval seconds.")] = False,
     interval: Annotated[float | None, typer.Option(
         "--interval", min=0.1, help=f"With --loop: seconds between passes (default {RECONCILE_INTERVAL_S:g}).")] = None,
-    until_done: Annotated[bool, typer.Option("--until-done", help="With --loop: stop once no cell is in flight.")]
+    until_done: Annotated[bool, typer.Option("--until-done", help="With --loop: stop once every cell is Completed or "
+                                                                  "Failed (exit 0, or 4 when some are held).")]
     = False,
+    timeout: Annotated[str | None, typer.Option("--timeout", help="With --until-done: give up after this long "
+                                                                  "(90s, 30m, 2h, 1h30m; exit 5).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only; the same plan reconcile would run.")] = False,
     verbose: Verbose = 0,
 ) -> None:
-    """Observe, plan and act: one pass (--once; exit 1 if an action failed) or a loop (--loop)."""
+    """Observe, plan and act: one pass (--once) or a loop (--loop)."""
     configure_logging(verbose)
     code = 0
     with exits():
         refuse((once and loop, "--once and --loop exclude each other"),
                 (until_done and not loop, "--until-done needs --loop"),
+                (timeout is not None and not until_done, "--timeout needs --until-done"),
                 (interval is not None and not loop, "--interval needs --loop"),
                 (dry_run and (loop or until_done), "--dry-run plans one pass; it does not go with --loop or --until-done"))
+        try:
+            deadline = Deadline(timeout) if timeout is not None else None
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         specs = load(files, preflight=True)
-        urls = StoreURLs(store, state)
+        urls = StoreURLs(store, state, tuple(files))
         if dry_run:
-            for result in dry_pass(specs, urls):
+            results = dry_pass(specs, urls)
+            for result in results:
                 render.plan_table(result, out)
-        elif loop:
-            _loop(specs, urls, interval or RECONCILE_INTERVAL_S, until_done=until_done, every_cell=verbose > 0)
+            code = tell_unobserved(results)
         else:
-            code = _once(specs, urls)
+            warn_of_a_new_store(specs, urls)
+            code = (_loop(specs, urls, interval or RECONCILE_INTERVAL_S, until_done=until_done,
+                          every_cell=verbose > 0, deadline=deadline) if loop else _once(specs, urls))
     raise typer.Exit(code)
 
 
 def _once(specs: SpecSet, urls: StoreURLs) -> int:
-    """One acting pass; 1 if any action failed, so cron and CI see it (the summary says which). Its messages are
-    sent before it exits (for at most FLUSH_S; the rest wait for the next run)."""
+    """One acting pass; its exit code (exit_codes.pass_code) so cron and CI see a failed action or a source not
+    read (the summary and stderr say which). Its messages are sent before it exits (for at most FLUSH_S; the rest
+    wait for the next run)."""
     store = connect(urls, readonly=False)
     notifier = _notifier(urls)
     try:
@@ -167,18 +183,23 @@ def _once(specs: SpecSet, urls: StoreURLs) -> int:
         store.close()
         notifier.close()
     render.pass_summary(results, out)
-    return 1 if any(r.blocked or any(not o.ok for o in r.outcomes) for r in results) else 0
+    tell_unobserved(results)
+    return pass_code(results)
 
 
-def _loop(specs: SpecSet, urls: StoreURLs, interval: float, *, until_done: bool, every_cell: bool) -> None:
-    """Pass after pass until interrupted (or, with `until_done`, settled). A failed action waits for the next
-    pass; a pass that fails as a whole (store locked or unreachable, an I/O error) is retried with back-off and
-    a freshly opened store, so a long-running reconciler outlives an outage. Each pass prints its line and what
-    changed (`every_cell`, from -v: every decision, as --once does)."""
+def _loop(specs: SpecSet, urls: StoreURLs, interval: float, *, until_done: bool, every_cell: bool,
+          deadline: Deadline | None = None) -> int:
+    """Pass after pass until interrupted (or, with `until_done`, settled or past the `deadline`: its exit code).
+    A failed action waits for the next pass; a pass that fails as a whole (store locked or unreachable, an I/O
+    error) is retried with back-off and a freshly opened store, so a long-running reconciler outlives an outage.
+    Each pass prints its line and what changed (`every_cell`, from -v: every decision, as --once does); the
+    sources it could not read go to stderr when they change."""
     store: Store | None = None
     notifier = _notifier(urls)
     passes = failures = 0
     decided: render.Decisions = {}
+    results: list[PassResult] | None = None
+    unread: list[str] = []
     try:
         while True:
             passes += 1
@@ -194,19 +215,32 @@ def _loop(specs: SpecSet, urls: StoreURLs, interval: float, *, until_done: bool,
                 error_line(f"evalctl: pass {passes} failed: {one_line(exc)}; retrying in {delay:g}s")
                 _close(store)
                 store = None
-                time.sleep(delay)
+                if deadline is not None and deadline.passed():
+                    return _end(*timed_out(results, deadline))
+                time.sleep(deadline.cap(delay) if deadline else delay)
                 continue
             failures = 0
             decided = render.loop_summary(results, out, decided, every_cell=every_cell)
+            if unobserved_lines(results) != unread:
+                unread = unobserved_lines(results)
+                tell_unobserved(results)
             if until_done and _settled(results):
                 out.print(f"converged after {passes} pass(es)")
                 for result in results:
                     render.status_grid(result, out)
-                return
-            time.sleep(interval)
+                return _end(*settled_end(results))
+            if deadline is not None and deadline.passed():
+                return _end(*timed_out(results, deadline))
+            time.sleep(deadline.cap(interval) if deadline else interval)
     finally:
         _close(store)
         notifier.close()
+
+
+def _end(code: int, line: str) -> int:
+    if line:
+        error_line(line)
+    return code
 
 
 def _close(store: Store | None) -> None:
@@ -226,7 +260,7 @@ def _notify(notifier: Notifier, specs: SpecSet, *, flush: bool) -> None:
         error_line(f"evalctl: webhook messages still unsent after {FLUSH_S:g}s; the next run sends them")
 
 
-@app.command()
+@app.command(epilog=EPILOG)
 def status(
     files: Files = [],  # noqa: B006
     store: StoreURL = None,
@@ -241,35 +275,40 @@ def status(
     """Models × benchmarks grid: each cell's phase and uploaded score, or `Running 5/18 · ETA 14 min` until one is
     uploaded. --watch: a live table with progress bars (on a pipe: each changed frame once)."""
     configure_logging(verbose)
+    code = 0
     with exits():
         refuse((interval is not None and not watch, "--interval needs --watch"))
-        urls = StoreURLs(store, state)
+        urls = StoreURLs(store, state, tuple(files))
 
         def read() -> list[PassResult]:
             return dry_pass(load(files), urls)
 
         every = interval or WATCH_INTERVAL_S
-        if output != Output.table:
-            _repeat(lambda: print_document(render.status_json(read(), retrying.spec_args(files, urls)), output),
-                    every if watch else None)
-        elif not watch:
-            for result in read():
-                render.status_grid(result, out, retrying.spec_args(files, urls))
+        args = retrying.spec_args(files, urls)
+        if not watch:
+            results = read()
+            if output != Output.table:
+                print_document(render.status_json(results, args), output)
+            else:
+                for result in results:
+                    render.status_grid(result, out, args)
+            code = tell_unobserved(results)
+        elif output != Output.table:
+            _repeat(lambda: print_document(render.status_json(read(), args), output), every)
         else:
             with Watch(out) as live:
                 _repeat(lambda: live.show([result.plan for result in read()], utc_now()), every)
+    raise typer.Exit(code)
 
 
-def _repeat(show: Callable[[], None], interval: float | None) -> None:
-    """Once (interval None), or every `interval` seconds until interrupted."""
+def _repeat(show: Callable[[], None], interval: float) -> None:
+    """Every `interval` seconds until interrupted."""
     while True:
         show()
-        if interval is None:
-            return
         time.sleep(interval)
 
 
-@app.command()
+@app.command(epilog=EPILOG)
 def explain(
     files: Files,
     model: Annotated[str, typer.Argument(help="Model name as in the spec.")],
@@ -280,18 +319,21 @@ def explain(
 ) -> None:
     """Why the planner decides what it does for one cell."""
     configure_logging(verbose)
+    code = 0
     with exits():
-        urls = StoreURLs(store, state)
+        urls = StoreURLs(store, state, tuple(files))
         specs = specs_holding(load(files), load_catalog(), model, benchmark)
-        matches = [(c, r.plan) for r in dry_pass(specs, urls) for c in r.plan.cells
-                   if names_cell(c.cell, model, benchmark)]
+        results = dry_pass(specs, urls)
+        matches = [(c, r.plan) for r in results for c in r.plan.cells if names_cell(c.cell, model, benchmark)]
         if not matches:
             raise UsageError(f"no cell {model} × {benchmark} in these specs")
         for cell, its_plan in matches:
             render.explain(cell, out, utc_now(), its_plan.effects, retrying.spec_args(files, urls))
+        code = tell_unobserved(results)
+    raise typer.Exit(code)
 
 
-@app.command()
+@app.command(epilog=EPILOG)
 def retry(
     files: Files = [],  # noqa: B006
     model: Annotated[str | None, typer.Argument(help="Model name as in the spec.")] = None,
@@ -307,10 +349,10 @@ def retry(
     configure_logging(verbose)
     with exits():
         retrying.retry(files, model, benchmark, held=held, all_failed=all_failed, reason=reason,
-                       urls=StoreURLs(store, state), console=out)
+                       urls=StoreURLs(store, state, tuple(files)), console=out)
 
 
-@app.command()
+@app.command(epilog=EPILOG)
 def report(
     files: Files = [],  # noqa: B006
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the HTML file.")] = Path("report.html"),
@@ -320,17 +362,20 @@ def report(
 ) -> None:
     """Write one self-contained HTML report (scoreboard, families, every cell's detail). Read-only: a plan pass."""
     configure_logging(verbose)
+    code = 0
     with exits():
         specs = load(files)
-        opened = connect(StoreURLs(store, state), readonly=True)
+        opened = connect(StoreURLs(store, state, tuple(files)), readonly=True)
         try:
-            built = build_report(specs, opened, load_catalog(), utc_now())
+            built, results = build_report(specs, opened, load_catalog(), utc_now())
         finally:
             opened.close()
         write_report(built, output)
         cells = sum(len(r.cells) for r in built.runs)
         provisional = sum(1 for r in built.runs for c in r.cells if c.provisional and c.score is not None)
         out.print(f"wrote {output}: {len(built.runs)} EvalRun(s), {cells} cell(s), {provisional} provisional")
+        code = tell_unobserved(results)
+    raise typer.Exit(code)
 
 
 @app.command()

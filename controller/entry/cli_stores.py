@@ -78,7 +78,7 @@ def db_audit(
     code = 0
     with exits():
         specs = load(files)
-        urls = StoreURLs(store, state)
+        urls = StoreURLs(store, state, tuple(files))
         refuse((apply and results_url(urls).startswith(SUPABASE_SCHEMES),
                  "--apply cannot mark rows through Supabase's REST API: use --store postgresql://… (the project's "
                  "direct connection), whose migrations create evalrun_row_audit"))
@@ -145,7 +145,7 @@ def models_unevaluated(
                 queries = [flag_query(catalog, benchmark, size, within)]
             except ValueError as error:
                 raise UsageError(str(error)) from None
-        opened = connect(StoreURLs(store, None), readonly=True)
+        opened = connect(StoreURLs(store, None, tuple(files)), readonly=True)
         try:
             found = [(run, unevaluated_candidates(
                 selector_rule(selector), run, cluster, catalog, opened, set(run.run.spec.models), utc_now(),

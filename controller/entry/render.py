@@ -176,6 +176,8 @@ def status_grid(result: PassResult, console: Console, spec_args: Sequence[str] =
     if result.notes.notifications:
         console.print(f"  notifications: {result.notes.notifications}", markup=False, highlight=False)
     selections(result.notes, console)
+    for source in result.unobserved:
+        console.print(f"  {source.line()}", markup=False, highlight=False)
 
 
 def held(plan: Plan, console: Console, spec_args: Sequence[str]) -> None:
@@ -196,8 +198,9 @@ def held(plan: Plan, console: Console, spec_args: Sequence[str]) -> None:
 def status_json(results: Sequence[PassResult], spec_args: Sequence[str] = ()) -> str:
     """The same summary the operator writes to `.status` (conditions, attention), plus every cell; a held cell
     with the command that releases it (`release`)."""
-    return json.dumps({"evalruns": [_status_json(r.plan, r.status, r.notes, spec_args) for r in results]},
-                      indent=2)
+    return json.dumps({"evalruns": [{**_status_json(r.plan, r.status, r.notes, spec_args),
+                                     "unobserved": [u.model_dump(mode="json") for u in r.unobserved]}
+                                    for r in results]}, indent=2)
 
 
 def _status_json(plan: Plan, summary: RunStatus, notes: PassNotes, spec_args: Sequence[str]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from controller.api.loader import LoadedRun, SpecSet
 from controller.core.match import join_cells
 from controller.core.observed import Observation
 from controller.core.ports import ObservationError
+from controller.core.reconcile import PassResult
 from controller.core.store import Store
 from controller.core.types import Cell, EvalRunRef
 from controller.entry.passes import run_pass
@@ -23,7 +24,8 @@ from controller.report.html import render_html
 from controller.report.model import Report, as_of, run_report
 
 
-def build_report(specs: SpecSet, store: Store, catalog: Catalog, now: datetime) -> Report:
+def build_report(specs: SpecSet, store: Store, catalog: Catalog, now: datetime) -> tuple[Report, list[PassResult]]:
+    """The report, and the pass it was built from (what it could not observe is the command's exit code)."""
     results = run_pass(specs, store, now, act=False, catalog=catalog)
     runs = []
     for run, result in zip(specs.evalruns, results, strict=True):
@@ -32,7 +34,7 @@ def build_report(specs: SpecSet, store: Store, catalog: Catalog, now: datetime) 
         cells = [c.cell for c in result.plan.cells]
         runs.append(run_report(result.plan, _rows_and_attempts(result.evalrun, cells, store), catalog.error_classes,
                                run.run.spec.report.trust_threshold, steps, _mlflow(run), result.notes.intake))
-    return Report(runs=tuple(runs), as_of=as_of(runs))
+    return Report(runs=tuple(runs), as_of=as_of(runs)), results
 
 
 def write_report(report: Report, path: Path) -> None:

@@ -1,5 +1,6 @@
 """What every `evalctl` command shares: its options, how failures map to exit codes and one-line messages (the
-codes are listed in cli.py), how it reaches the stores, and one pass (dry or acting) over the specs it was given."""
+codes are listed in exit_codes.py), how it reaches the stores, and one pass (dry or acting) over the specs it was
+given."""
 
 from __future__ import annotations
 
@@ -23,12 +24,15 @@ from controller.adapters.store import UnsupportedStoreURL, open_store
 from controller.api.catalog import load_catalog
 from controller.api.errors import SpecErrors
 from controller.api.loader import SpecSet, load_specs
+from controller.core.ports import ObservationError, StoreUnavailable
 from controller.core.reconcile import PassResult
 from controller.core.store import Store
+from controller.entry.exit_codes import BAD_INPUT, UNOBSERVED
 from controller.entry.passes import run_pass
+from controller.entry.store_location import NoDefaultStore, missing_file, shown, state_url, store_url
 from controller.entry.wiring import utc_now
 
-DEFAULT_STORE = "sqlite:///.evalctl/store.db"
+DEFAULT_STORE = "sqlite:///.evalctl/store.db"  # the operator's (its working directory); `evalctl`'s follows the spec
 BUSY_TIMEOUT_ENV = "EVALCTL_STORE_BUSY_TIMEOUT_S"  # how long a store write waits for another process's lock
 RECONCILE_INTERVAL_S = 30.0
 WATCH_INTERVAL_S = 10.0
@@ -64,10 +68,13 @@ def print_document(json_text: str, output: Output) -> None:
 
 Files = Annotated[list[Path], typer.Option("-f", "--file", help="Spec files or directories (multi-document YAML).")]
 StoreURL = Annotated[str | None, typer.Option("--store", help="The results DB: sqlite:///path.db, postgresql://… or "
-                                              f"supabase://… (default $EVALCTL_STORE, else {DEFAULT_STORE}).")]
+                                              "supabase://… (default $EVALCTL_STORE, else .evalctl/store.db next to "
+                                              "the spec: in the -f directory, or the -f file's; a relative sqlite "
+                                              "path here or in $EVALCTL_STORE is the working directory's). The "
+                                              "first stderr line names the store used.")]
 StateURL = Annotated[str | None, typer.Option("--state", help="The controller's own state, when it is not kept in the "
                                               "--store DB: sqlite:///… or postgresql://… (default $EVALCTL_STATE; "
-                                              "with supabase:// it defaults to sqlite:///.evalctl/state.db).")]
+                                              "with supabase:// it defaults to .evalctl/state.db next to the spec).")]
 Verbose = Annotated[int, typer.Option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")]
 
 
@@ -102,10 +109,13 @@ def exits() -> Iterator[None]:
     except SpecErrors as exc:
         for error in exc.errors:
             error_line(str(error))
-        raise typer.Exit(2) from None
-    except (UsageError, UnsupportedStoreURL) as exc:
+        raise typer.Exit(BAD_INPUT) from None
+    except (UsageError, UnsupportedStoreURL, NoDefaultStore) as exc:
         error_line(f"evalctl: {exc}")
-        raise typer.Exit(2) from None
+        raise typer.Exit(BAD_INPUT) from None
+    except (StoreUnavailable, ObservationError) as exc:  # a store that cannot be opened or read: not observed
+        error_line(f"evalctl: not observed: {one_line(exc)}")
+        raise typer.Exit(UNOBSERVED) from None
     except typer.Exit:  # a command's own exit code (click's Exit is a RuntimeError): not a failure to report
         raise
     except Exception as exc:
@@ -162,17 +172,34 @@ def load(files: list[Path], *, preflight: bool = False) -> SpecSet:
 
 
 class StoreURLs(NamedTuple):
+    """The --store and --state a command was given, and its -f paths (the default store lives next to them)."""
+
     results: str | None
     state: str | None
+    files: tuple[Path, ...] = ()
 
 
 def results_url(urls: StoreURLs) -> str:
-    return urls.results or os.environ.get("EVALCTL_STORE") or DEFAULT_STORE
+    return store_url(urls.results, urls.files)[0]
 
 
-def connect(urls: StoreURLs, *, readonly: bool) -> Store:
-    url = results_url(urls)
-    state = urls.state or os.environ.get("EVALCTL_STATE") or None
+_said: set[str] = set()  # what this process already told stderr: a loop or a notifier reconnects, the line is once
+
+
+def say_once(line: str) -> None:
+    if line not in _said:
+        _said.add(line)
+        error_line(line)
+
+
+def connect(urls: StoreURLs, *, readonly: bool, missing_note: bool = True) -> Store:
+    """Open the stores `urls` name, telling stderr once which (its first line). A read-only command never creates a
+    SQLite store: a missing one reads as empty, which `missing_note` says (none ran with this store)."""
+    url, source = store_url(urls.results, urls.files)
+    state = state_url(urls.state, url, urls.files)
+    say_once(f"store: {shown(url)} ({source})" + (f"; state: {shown(state)}" if state else ""))
+    if readonly and missing_note and (path := missing_file(url)) is not None:
+        say_once(f"evalctl: no store at {path}: nothing has run from here")
     busy = os.environ.get(BUSY_TIMEOUT_ENV)
     if busy is None:
         return open_store(url, state_url=state, readonly=readonly)
@@ -193,9 +220,9 @@ def one_pass(specs: SpecSet, store: Store, *, act: bool) -> list[PassResult]:
     return run_pass(specs, store, utc_now(), act=act, holder=process_identity(), holder_is_dead=identity_is_dead)
 
 
-def dry_pass(specs: SpecSet, urls: StoreURLs) -> list[PassResult]:
+def dry_pass(specs: SpecSet, urls: StoreURLs, *, missing_note: bool = True) -> list[PassResult]:
     """A pass that plans and acts on nothing (plan, status, explain, --dry-run)."""
-    store = connect(urls, readonly=True)
+    store = connect(urls, readonly=True, missing_note=missing_note)
     try:
         return one_pass(specs, store, act=False)
     finally:

@@ -202,7 +202,8 @@ def test_once_with_an_unusable_store_says_so_in_one_line(lab: Lab, make: Callabl
     lab.write()
     make(lab.store_path)
     result = lab.evalctl("reconcile", "--once")
-    assert result.returncode == 1 and one_line_error(result).startswith(f"evalctl: store {lab.store_path}: ")
+    assert result.returncode == 3, "a store that cannot be read is not observed"
+    assert one_line_error(result).startswith(f"evalctl: not observed: store {lab.store_path}: ")
     assert not lab.logs.exists(), "nothing was submitted"
 
 
@@ -228,12 +229,12 @@ def locked_store(lab: Lab) -> Iterator[sqlite3.Connection]:
     holder.close()
 
 
-def test_once_with_a_locked_store_exits_1_in_one_line(lab: Lab, locked_store: sqlite3.Connection) -> None:
+def test_once_with_a_locked_store_exits_3_in_one_line(lab: Lab, locked_store: sqlite3.Connection) -> None:
     lab.write()
     result = lab.evalctl("reconcile", "--once", env=BUSY_TIMEOUT)
-    assert result.returncode == 1
+    assert result.returncode == 3
     line = one_line_error(result)
-    assert line.startswith(f"evalctl: store {lab.store_path}: database is locked") and "write lock" in line
+    assert line.startswith(f"evalctl: not observed: store {lab.store_path}: database is locked") and "write lock" in line
     assert not lab.logs.exists(), "nothing was submitted"
 
 

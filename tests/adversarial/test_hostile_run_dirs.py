@@ -623,8 +623,11 @@ def _rows(cluster: Cluster) -> list[tuple]:
         return conn.execute("SELECT job_name, job_status, metrics FROM sandbox_jobs ORDER BY job_name").fetchall()
 
 
-def _cells(cluster: Cluster, command: str = "status") -> dict[str, dict]:
-    status = json.loads(cluster.evalctl(command, "-o", "json").stdout)["evalruns"][0]
+def _cells(cluster: Cluster, command: str = "status", code: int = 0) -> dict[str, dict]:
+    """`code`: the exit code expected (3: a run dir not observed)."""
+    shown = cluster.evalctl(command, "-o", "json", check=False)
+    assert shown.returncode == code, shown.stderr
+    status = json.loads(shown.stdout)["evalruns"][0]
     return {c["model"]: c for c in status["cells"]}
 
 
@@ -641,14 +644,16 @@ def test_evalctl_holds_a_finished_dir_with_a_garbage_trial_result(cluster: Clust
     (run,) = (cluster.root / "jobs").iterdir()
     bad = _replace(min(run.glob("*__*/result.json")), b"\x89PNG\r\n\x1a\n\x00\xff\xfe garbage")
 
-    again = cluster.evalctl("reconcile", "--once")
+    again = cluster.evalctl("reconcile", "--once", check=False)
 
     assert "Traceback" not in again.stderr, again.stderr
+    assert again.returncode == 3 and f"evalctl: cluster local: run dirs not observed: run dir {run.name} cannot be " \
+        f"read: {bad}: not UTF-8" in again.stderr, again.stderr
     assert "submitted job" not in again.stdout and "0 action(s) done" in again.stdout, again.stdout
     assert len(cluster.scheduler.observe()) == 1  # no resume, no new attempt
     [(name, status, metrics)] = _rows(cluster)
     assert (name, status, metrics) == (run.name, "Pending", None)  # nothing uploaded (nor bookkept)
-    cell_status = _cells(cluster)["org/a-8B"]
+    cell_status = _cells(cluster, code=3)["org/a-8B"]
     assert cell_status["phase"] == "Unknown" and cell_status["actions"] == []
     assert f"{bad}: not UTF-8" in cell_status["reason"]
 

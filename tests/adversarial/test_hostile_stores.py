@@ -120,7 +120,7 @@ def test_a_lock_held_longer_than_the_busy_timeout_means_planned_only(store_path:
     assert result.plan.cells[0].phase in (Phase.PENDING, Phase.UNKNOWN)
 
 
-def test_evalctl_on_a_garbage_store_exits_1_with_one_line_and_submits_nothing(tmp_path: Path) -> None:
+def test_evalctl_on_a_garbage_store_exits_3_with_one_line_and_submits_nothing(tmp_path: Path) -> None:
     store_path = tmp_path / "store.db"
     _garbage(store_path)
     spec = tmp_path / "spec.yaml"
@@ -137,6 +137,7 @@ spec: {{cluster: local, models: [org/m-8B], datasets: [DCAgent/tiny]}}
 """)
     done = run_evalctl(("reconcile", "--once"), spec=spec, store=f"sqlite:///{store_path}", env=os.environ,
                        check=False)
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert done.stderr.strip().count("\n") == 0 and "not a database" in done.stderr
+    assert done.returncode == 3 and "Traceback" not in done.stderr, "a store that cannot be read is not observed"
+    store_line, cause = done.stderr.strip().splitlines()  # which store, then why, in one line
+    assert store_line == f"store: sqlite:///{store_path} (--store)" and "not a database" in cause
     assert not (tmp_path / "logs").exists(), "nothing was submitted"

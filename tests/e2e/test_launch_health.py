@@ -63,10 +63,13 @@ def once(cluster: Cluster) -> str:
     return text
 
 
-def converge(cluster: Cluster) -> str:
-    """Passes until every cell is Completed or Failed; their output, flattened."""
-    result = cluster.evalctl("reconcile", "--loop", "--interval", "0.3", "--until-done")
+def converge(cluster: Cluster, held: int = 0) -> str:
+    """Passes until every cell is Completed or Failed (`held` of them: exit 4, saying so); their output, flattened."""
+    result = cluster.evalctl("reconcile", "--loop", "--interval", "0.3", "--until-done", check=False)
     assert "converged after" in result.stdout, result.stdout[-4000:]
+    assert (result.returncode, result.stderr.splitlines()[-1]) == (
+        (4, f"evalctl: {held} held — see `evalctl retry`") if held else (0, result.stderr.splitlines()[-1])), \
+        result.stderr
     return flat(result.stdout)
 
 
@@ -143,7 +146,7 @@ def attempt(first: str, n: int) -> str:
 def test_a_dead_launch_is_refired_once_then_held_and_never_uploaded(cluster: Cluster) -> None:
     cluster.write(models=[MODEL], datasets=[DATASET], env=INSTANT, extra_run=REFIRE_ONCE)
 
-    output = converge(cluster)
+    output = converge(cluster, held=1)
 
     cell = status_cell(cluster)
     assert cell["phase"] == "Failed" and cell["rule"] == "RefiresExhausted", cell
@@ -334,7 +337,7 @@ def test_a_refire_pass_killed_between_protocol_steps_gives_one_job_per_attempt(c
     assert submissions(cluster) == [(a1, 1, the_job(cluster, a1).job_id), (a2, 2, None)]
     assert len(cluster.jobs_named(a2)) == (1 if step == "after-submit" else 0)
 
-    converge(cluster)
+    converge(cluster, held=1)
 
     cell = status_cell(cluster)
     assert cell["phase"] == "Failed" and cell["rule"] == "RefiresExhausted", cell

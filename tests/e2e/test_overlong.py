@@ -56,7 +56,9 @@ def test_a_run_within_overlong_hours_is_uploaded_unflagged(cluster):
 def test_hold_waits_for_force_upload_then_uploads_flagged(cluster):
     cluster.write(models=["org/a-8B"], datasets=["DCAgent/tiny_a"], env=ENV,
                   extra_run=upload_options(overlongHours=OVERLONG_HOURS, overlong="hold"))
-    cluster.evalctl("reconcile", "--loop", "--interval", "0.5", "--until-done")
+    held = cluster.evalctl("reconcile", "--loop", "--interval", "0.5", "--until-done", check=False)
+    assert held.returncode == 4 and held.stderr.splitlines()[-1] == "evalctl: 1 held — see `evalctl retry`", \
+        held.stderr
 
     [cell] = cells(cluster)
     assert cell["phase"] == "Failed" and "(is_overlong; upload.overlong: hold)" in cell["reason"], cell

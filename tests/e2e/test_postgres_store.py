@@ -177,6 +177,6 @@ def test_a_pass_while_the_database_is_down_makes_cells_unknown_with_the_reason(
         plan = pg_cluster.evalctl("plan", check=False)
     finally:
         pg_start(pg_private_server)
-    assert result.returncode == 1 and "Traceback" not in result.stderr + result.stdout
+    assert result.returncode == 3 and "Traceback" not in result.stderr + result.stdout, "the store was not observed"
     assert pg_cluster.scheduler.observe() == ()
     assert "Unknown" in plan.stdout and "127.0.0.1" in plan.stdout, plan.stdout

@@ -82,8 +82,8 @@ def test_release_of_a_node_quarantined_on_several_clusters_asks_for_one(store: s
     done = evalctl("release", "gpu03", store=store)
 
     assert done.returncode == 2 and done.stdout == "", done
-    assert done.stderr.strip() == ("evalctl: node gpu03 is quarantined on 2 clusters (ClusterEvalCluster/shared, "
-                                   "lab/gpu): name one with --cluster")
+    assert done.stderr.splitlines() == [f"store: {store} (--store)", "evalctl: node gpu03 is quarantined on 2 "
+                                        "clusters (ClusterEvalCluster/shared, lab/gpu): name one with --cluster"]
     assert len(listed(store)) == 3, "nothing released"
 
 
@@ -91,8 +91,8 @@ def test_release_of_a_node_not_quarantined_names_those_that_are_in_one_line(stor
     done = evalctl("release", "gpu07", "--cluster", "lab/gpu", store=store)
 
     assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert done.stderr.strip() == ("evalctl: node gpu07 is not quarantined on lab/gpu; quarantined now: gpu03 "
-                                   "(ClusterEvalCluster/shared), gpu03 (lab/gpu), gpu04 (lab/gpu)")
+    assert done.stderr.splitlines()[1:] == ["evalctl: node gpu07 is not quarantined on lab/gpu; quarantined now: gpu03 "
+                                            "(ClusterEvalCluster/shared), gpu03 (lab/gpu), gpu04 (lab/gpu)"]
 
 
 def test_release_twice_fails_the_second_time(store: str) -> None:

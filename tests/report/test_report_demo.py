@@ -38,7 +38,7 @@ def test_the_demo_report_renders_every_cell_and_marks_the_provisional_ones(tmp_p
     assert "6 cell(s)" in written.stdout and offline.returncode == 0
     page = (tmp_path / "report.html").read_bytes()
     assert page == (tmp_path / "offline.html").read_bytes(), "written with the network disabled: the same file"
-    with sqlite3.connect(tmp_path / ".evalctl" / "store.db") as db:
+    with sqlite3.connect(tmp_path / "specs" / ".evalctl" / "store.db") as db:  # next to the spec
         valid = {(model, bench): int(next(m["value"] for m in json.loads(metrics) if m["name"] == "n_valid_trials"))
                  for model, bench, metrics in db.execute(
                      "SELECT m.name, b.name, r.metrics FROM sandbox_jobs r JOIN models m ON m.id = r.model_id "

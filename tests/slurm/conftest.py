@@ -149,11 +149,16 @@ spec:
     def reconcile(self, **kwargs) -> subprocess.CompletedProcess[str]:
         return self.evalctl("reconcile", "--once", **kwargs)
 
-    def plan_cells(self) -> list[dict]:
-        return json.loads(self.evalctl("plan", "-o", "json").stdout)["evalruns"][0]["cells"]
+    def plan_cells(self, code: int = 0) -> list[dict]:
+        """`code`: the exit code expected (3: a source not observed)."""
+        result = self.evalctl("plan", "-o", "json", check=False)
+        assert result.returncode == code, result.stderr
+        return json.loads(result.stdout)["evalruns"][0]["cells"]
 
-    def status(self) -> dict:
-        return json.loads(self.evalctl("status", "-o", "json").stdout)["evalruns"][0]
+    def status(self, code: int = 0) -> dict:
+        result = self.evalctl("status", "-o", "json", check=False)
+        assert result.returncode == code, result.stderr
+        return json.loads(result.stdout)["evalruns"][0]
 
     # ------------------------------------------------------------------ store
 

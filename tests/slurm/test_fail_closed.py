@@ -76,8 +76,9 @@ def test_an_unreadable_trial_result_holds_the_upload_until_it_can_be_read(cluste
     good, written = trial.read_bytes(), trial.stat()
     trial.write_bytes(good[: len(good) // 2])  # truncated, as by a full disk or a copy cut short
 
-    cluster.reconcile()
-    [cell] = cluster.plan_cells()
+    unread = cluster.reconcile(check=False)
+    assert unread.returncode == 3 and "run dirs not observed" in unread.stderr, unread.stderr
+    [cell] = cluster.plan_cells(code=3)
     assert cell["phase"] == "Unknown" and str(trial) in cell["reason"], cell
     assert all(r["job_status"] != "Finished" and not r["metrics"] for r in cluster.rows()), "nothing uploaded"
     assert len(cluster.submissions()) == 1, "nothing resumed or resubmitted"

@@ -86,17 +86,18 @@ def test_unreachable_slurmctld_makes_every_cell_unknown_and_nothing_is_submitted
         stopped = slurmctld("stop", cluster.env)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
 
-        cells = cluster.plan_cells()
+        cells = cluster.plan_cells(code=3)
         assert [c["phase"] for c in cells] == ["Unknown", "Unknown"], cells
         assert all(c["actions"] == [] and "squeue" in c["reason"] for c in cells), cells
 
         result = cluster.reconcile(check=False)
         assert "Traceback" not in result.stdout + result.stderr, result.stdout + result.stderr
+        assert result.returncode == 3 and "queue not observed: squeue" in result.stderr, result.stderr
         assert "submitted job" not in result.stdout and "cancelled job" not in result.stdout, result.stdout
         assert cluster.submissions() == subs_before
         assert cluster.rows() == rows_before
 
-        status = cluster.status()
+        status = cluster.status(code=3)
         assert status["counts"] == {"Unknown": 2}, status
     finally:
         ensure_slurmctld_up(cluster.env)

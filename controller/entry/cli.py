@@ -32,7 +32,7 @@ from controller.entry.closed_pipe import ClosedPipeTolerant
 from controller.entry.explaining import names_cell, specs_holding
 from controller.entry.logs import configure_logging
 from controller.entry.presets import presets_json, presets_table
-from controller.entry.reporting import build_report, write_report
+from controller.entry.reporting import DEFAULT_OUT, ReportFormat, build_report, report_format, report_text, write_report
 from controller.entry.secrets import EnvironmentSecrets
 from controller.entry.shell import (
     FATAL,
@@ -292,7 +292,9 @@ def explain(
 @app.command()
 def report(
     files: Files = [],  # noqa: B006
-    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the HTML file.")] = Path("report.html"),
+    output: Annotated[str, typer.Option("-o", "--output", help="html (the page), json or yaml (its data).")] = "html",
+    to: Annotated[Path | None, typer.Option("--out", help="Where to write it (default: report.html for html; json "
+                                                          "and yaml go to stdout).")] = None,
     store: StoreURL = None,
     state: StateURL = None,
     verbose: Verbose = 0,
@@ -300,16 +302,21 @@ def report(
     """Write one self-contained HTML report (scoreboard, families, every cell's detail). Read-only: a plan pass."""
     configure_logging(verbose)
     with exits():
+        form = report_format(output)
         specs = load(files)
         opened = connect(StoreURLs(store, state), readonly=True)
         try:
             built = build_report(specs, opened, load_catalog(), utc_now())
         finally:
             opened.close()
-        write_report(built, output)
+        text = report_text(built, form)
+        if to is None and form != ReportFormat.html:
+            sys.stdout.write(text)
+            return
+        write_report(text, to or DEFAULT_OUT)
         cells = sum(len(r.cells) for r in built.runs)
         provisional = sum(1 for r in built.runs for c in r.cells if c.provisional and c.score is not None)
-        out.print(f"wrote {output}: {len(built.runs)} EvalRun(s), {cells} cell(s), {provisional} provisional")
+        out.print(f"wrote {to or DEFAULT_OUT}: {len(built.runs)} EvalRun(s), {cells} cell(s), {provisional} provisional")
 
 
 @app.command()

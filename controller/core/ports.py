@@ -52,7 +52,8 @@ class WriteRefused(RuntimeError):
 
 
 class JobsDirMissing(ObservationError):
-    """The cluster's jobs dir does not exist: fresh (nothing ran yet) or unmounted, which only history tells.
+    """The cluster's jobs dir does not exist: fresh (nothing ran yet) or unmounted, which only history tells. Its
+    message says only what was seen (`join_cells` adds the guess where a cell's history makes it one).
 
     Cells with anything recorded (a row, a submission, a job) are Unknown; a cell with no history at all
     may still be submitted, since its job is what creates the dir.

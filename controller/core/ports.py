@@ -141,6 +141,12 @@ class SubmissionLedger(Protocol):
         `benchmarks` whose GPU-hours are all recorded (any EvalRun's, any cell's). One read transaction."""
         ...
 
+    def read_inventory(self) -> StateSnapshot | None:
+        """Every submission of every EvalRun (oldest first) and every cell's memory, in one read transaction: what
+        `evalctl get` lists without a spec. None when no controller state is kept here at all (no file, no tables):
+        nothing was ever recorded at this place, which is not the same as an empty record."""
+        ...
+
     def record_submission(self, submission: Submission) -> None:
         """Step 1 of the submission protocol, durable before anything runs. Repeating it is a no-op."""
         ...

@@ -30,6 +30,7 @@ from controller.entry.cli_operator import operator
 from controller.entry.cli_stores import db_app, models_app, nodes_app
 from controller.entry.closed_pipe import ClosedPipeTolerant
 from controller.entry.explaining import names_cell, specs_holding
+from controller.entry.getting import Kind, get_document, get_table, read_cells
 from controller.entry.logs import configure_logging
 from controller.entry.presets import presets_json, presets_table
 from controller.entry.reporting import DEFAULT_OUT, ReportFormat, build_report, report_format, report_text, write_report
@@ -317,6 +318,29 @@ def report(
         cells = sum(len(r.cells) for r in built.runs)
         provisional = sum(1 for r in built.runs for c in r.cells if c.provisional and c.score is not None)
         out.print(f"wrote {to or DEFAULT_OUT}: {len(built.runs)} EvalRun(s), {cells} cell(s), {provisional} provisional")
+
+
+@app.command()
+def get(
+    kind: Annotated[Kind, typer.Argument(help="evalruns or cells.")],
+    store: StoreURL = None,
+    state: StateURL = None,
+    output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
+    verbose: Verbose = 0,
+) -> None:
+    """What the store knows of every EvalRun or cell, no spec needed: status, score, n, provisional, cluster, age."""
+    configure_logging(verbose)
+    with exits():
+        urls = StoreURLs(store, state)
+        opened = connect(urls, readonly=True)
+        try:
+            cells = read_cells(opened, urls)
+        finally:
+            opened.close()
+        if output != Output.table:
+            print_document(get_document(kind, cells), output)
+        else:
+            get_table(kind, cells, out, utc_now())
 
 
 @app.command()

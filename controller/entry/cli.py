@@ -300,7 +300,8 @@ def report(
     state: StateURL = None,
     verbose: Verbose = 0,
 ) -> None:
-    """Write one self-contained HTML report (scoreboard, families, every cell's detail). Read-only: a plan pass."""
+    """Write one self-contained HTML report (scoreboard, families, every cell's detail) to --out; -o json or yaml:
+    its data. Read-only: a plan pass."""
     configure_logging(verbose)
     with exits():
         form = report_format(output)

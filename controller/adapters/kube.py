@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
@@ -75,29 +75,52 @@ class KubeApi:
             self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, plural, name, body)
 
 
+TENANT_OPT_IN = "kubectl apply -n {namespace} -k manifests/tenant/"  # what opts a namespace in (its admin runs it)
+Unread = Literal[403, 404]  # why a Secret has no data here: not ours to read, or not there
+
+
 class KubernetesSecrets:
-    """`SecretSource` over the Secrets of one namespace, each Secret read at most once per instance (a pass)."""
+    """`SecretSource` over the Secrets of one namespace, each Secret read at most once per instance (a pass).
+
+    A value it cannot give is said with its cause: the Secret may not be read (403: the namespace has not opted in),
+    there is no such Secret (404), or the Secret lacks the key. Any other failure raises: never "missing"."""
 
     def __init__(self, api: KubeApi, namespace: str) -> None:
         self.api, self.namespace = api, namespace
-        self._read: dict[str, Mapping[str, str] | None] = {}
+        self._read: dict[str, Mapping[str, str] | Unread] = {}
 
     def get(self, ref: SecretRef) -> str | None:
-        if ref.name not in self._read:
-            self._read[ref.name] = self._data(ref.name)
-        data = self._read[ref.name]
-        if data is None or ref.key not in data:
+        data = self._data(ref.name)
+        if isinstance(data, int) or ref.key not in data:
             return None
         return base64.b64decode(data[ref.key]).decode()
 
     def where(self, ref: SecretRef) -> str:
-        return f"add key {ref.key!r} to Secret {self.namespace}/{ref.name}"
+        """How a human provides it, from what the read found (the first read when `get` made none); where it is,
+        when it is there."""
+        data, secret = self._data(ref.name), f"Secret {self.namespace}/{ref.name}"
+        if data == 403:
+            return (f"the operator may not read {secret} (403 Forbidden): namespace {self.namespace} has not opted in "
+                    f"to Secret reads; its admin runs: {TENANT_OPT_IN.format(namespace=self.namespace)}")
+        if data == 404:
+            return f"create {secret} with key {ref.key!r} (no such Secret)"
+        if ref.key in data:
+            return f"key {ref.key!r} of {secret}"
+        return f"add key {ref.key!r} to {secret} (it has no such key)"
 
-    def _data(self, name: str) -> Mapping[str, str] | None:
+    def _data(self, name: str) -> Mapping[str, str] | Unread:
+        """The Secret's data, or the status (403, 404) that says why there is none."""
+        if name not in self._read:
+            self._read[name] = self._fetch(name)
+        return self._read[name]
+
+    def _fetch(self, name: str) -> Mapping[str, str] | Unread:
         try:
             secret = self.api.core.read_namespaced_secret(name, self.namespace)
         except ApiException as exc:
-            if exc.status in (403, 404):  # missing, or not ours to read: said as "missing", with where
-                return None
+            if exc.status == 403:
+                return 403
+            if exc.status == 404:
+                return 404
             raise
         return cast(Mapping[str, str], secret.data or {})

@@ -82,7 +82,8 @@ def join_cells(
     """One Observation per cell, in order. A source that is None stays None (Unknown) in every cell.
 
     `jobs_dir_missing` (the reason; `run_dirs` is then empty): a cell whose history says a run dir should
-    exist cannot tell "no dir yet" from "dir on an unmounted filesystem", so its run dirs are Unknown.
+    exist cannot tell "no dir yet" from "dir on an unmounted filesystem", so its run dirs are Unknown; its
+    `jobs_dir_missing` says so without the guess, for the rules that know a likelier cause (a failed job).
     """
     model_families = Families(snapshot.models) if snapshot else None
     bench_families = Families(snapshot.benchmarks) if snapshot else None
@@ -120,14 +121,15 @@ def join_cells(
             own_dirs = [dirs_by_tag[t] for t in tags_by_stem.get(cell.tag_stem, ()) if t in dirs_by_tag]
             cell_dirs = _cell_dirs(cell, own_dirs, subs or (), dirs_by_tag, legacy_dirs, model_families, bench_families)
         cell_jobs = None if jobs is None else _cell_jobs(cell, subs or (), cell_dirs or (), tags_by_stem, jobs_by_tag)
-        reason = unknown_reason
+        reason, dir_missing = unknown_reason, ""
         if jobs_dir_missing and _expects_run_dirs(rows, subs, cell_jobs):
-            cell_dirs = None
-            reason = "; ".join(r for r in (unknown_reason, jobs_dir_missing) if r)
+            cell_dirs, dir_missing = None, jobs_dir_missing
+            reason = "; ".join(r for r in (unknown_reason, f"{jobs_dir_missing} (unmounted filesystem?)") if r)
         memory = snapshot.cell_memory.get(cell.key) or snapshot.cell_memory.get(cell.former_key or "") \
             if snapshot else None
         observations.append(Observation(
             rows=rows, submissions=subs, jobs=cell_jobs, run_dirs=cell_dirs, unknown_reason=reason,
+            jobs_dir_missing=dir_missing,
             memory=memory or CellMemory(),
             model_names=model_families.names(cell.model) if model_families else frozenset(),
             benchmark_names=bench_families.names(cell.benchmark_name) if bench_families else frozenset(),

@@ -213,6 +213,8 @@ class Observation(Frozen):
     jobs: tuple[ObservedJob, ...] | None
     run_dirs: tuple[RunDirFacts, ...] | None
     unknown_reason: str = ""
+    jobs_dir_missing: str = Field("", description="why `run_dirs` is None when it is the cluster's jobs dir that does "
+                                                  "not exist (the adapter's words, no guess at the cause)")
     memory: CellMemory = Field(CellMemory(), description="what earlier passes remembered for this cell")
     outputs: tuple[JobOutput, ...] | None = Field((), description="new output of its running jobs (None: unread)")
     model_names: frozenset[str] = Field(frozenset(), description="the DB's names of the cell's model (its family)")

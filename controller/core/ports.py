@@ -53,7 +53,8 @@ class WriteRefused(RuntimeError):
 
 
 class JobsDirMissing(ObservationError):
-    """The cluster's jobs dir does not exist: fresh (nothing ran yet) or unmounted, which only history tells.
+    """The cluster's jobs dir does not exist: fresh (nothing ran yet) or unmounted, which only history tells. Its
+    message says only what was seen (`join_cells` adds the guess where a cell's history makes it one).
 
     Cells with anything recorded (a row, a submission, a job) are Unknown; a cell with no history at all
     may still be submitted, since its job is what creates the dir.
@@ -139,6 +140,12 @@ class SubmissionLedger(Protocol):
         the cell's), every tunnel lease, the claims on the named cells renewed within `owner_ttl_s`, their
         memory, every unexpired quarantine, and the newest GPU_HISTORY_MAX finished attempts of the named
         `benchmarks` whose GPU-hours are all recorded (any EvalRun's, any cell's). One read transaction."""
+        ...
+
+    def read_inventory(self) -> StateSnapshot | None:
+        """Every submission of every EvalRun (oldest first) and every cell's memory, in one read transaction: what
+        `evalctl get` lists without a spec. None when no controller state is kept here at all (no file, no tables):
+        nothing was ever recorded at this place, which is not the same as an empty record."""
         ...
 
     def record_submission(self, submission: Submission) -> None:

@@ -30,10 +30,11 @@ from controller.entry.cli_stores import db_app, models_app, nodes_app
 from controller.entry.closed_pipe import ClosedPipeTolerant
 from controller.entry.exit_codes import EPILOG, pass_code, tell_unobserved, unobserved_lines
 from controller.entry.explaining import names_cell, specs_holding
+from controller.entry.getting import Kind, get_document, get_table, read_cells
 from controller.entry.logs import configure_logging
 from controller.entry.new_store import warn_of_a_new_store
 from controller.entry.presets import presets_json, presets_table
-from controller.entry.reporting import build_report, write_report
+from controller.entry.reporting import DEFAULT_OUT, ReportFormat, build_report, report_format, report_text, write_report
 from controller.entry.secrets import EnvironmentSecrets
 from controller.entry.shell import (
     FATAL,
@@ -355,27 +356,59 @@ def retry(
 @app.command(epilog=EPILOG)
 def report(
     files: Files = [],  # noqa: B006
-    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the HTML file.")] = Path("report.html"),
+    output: Annotated[str, typer.Option("-o", "--output", help="html (the page), json or yaml (its data).")] = "html",
+    to: Annotated[Path | None, typer.Option("--out", help="Where to write it (default: report.html for html; json "
+                                                          "and yaml go to stdout).")] = None,
     store: StoreURL = None,
     state: StateURL = None,
     verbose: Verbose = 0,
 ) -> None:
-    """Write one self-contained HTML report (scoreboard, families, every cell's detail). Read-only: a plan pass."""
+    """Write one self-contained HTML report (scoreboard, families, every cell's detail) to --out; -o json or yaml:
+    its data. Read-only: a plan pass."""
     configure_logging(verbose)
     code = 0
     with exits():
+        form = report_format(output)
         specs = load(files)
         opened = connect(StoreURLs(store, state, tuple(files)), readonly=True)
         try:
             built, results = build_report(specs, opened, load_catalog(), utc_now())
         finally:
             opened.close()
-        write_report(built, output)
-        cells = sum(len(r.cells) for r in built.runs)
-        provisional = sum(1 for r in built.runs for c in r.cells if c.provisional and c.score is not None)
-        out.print(f"wrote {output}: {len(built.runs)} EvalRun(s), {cells} cell(s), {provisional} provisional")
+        text = report_text(built, form)
+        if to is None and form != ReportFormat.html:
+            sys.stdout.write(text)
+        else:
+            write_report(text, to or DEFAULT_OUT)
+            cells = sum(len(r.cells) for r in built.runs)
+            provisional = sum(1 for r in built.runs for c in r.cells if c.provisional and c.score is not None)
+            out.print(f"wrote {to or DEFAULT_OUT}: {len(built.runs)} EvalRun(s), {cells} cell(s), "
+                      f"{provisional} provisional")
         code = tell_unobserved(results)
     raise typer.Exit(code)
+
+
+@app.command()
+def get(
+    kind: Annotated[Kind, typer.Argument(help="evalruns or cells.")],
+    store: StoreURL = None,
+    state: StateURL = None,
+    output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
+    verbose: Verbose = 0,
+) -> None:
+    """What the store knows of every EvalRun or cell, no spec needed: status, score, n, provisional, cluster, age."""
+    configure_logging(verbose)
+    with exits():
+        urls = StoreURLs(store, state, (Path.cwd(),))  # no spec: the store of the directory it stands in
+        opened = connect(urls, readonly=True)
+        try:
+            cells = read_cells(opened, urls)
+        finally:
+            opened.close()
+        if output != Output.table:
+            print_document(get_document(kind, cells), output)
+        else:
+            get_table(kind, cells, out, utc_now())
 
 
 @app.command()

@@ -21,8 +21,9 @@ BAR_WIDTH = 24
 
 
 def watch_view(plans: Sequence[Plan]) -> RenderableType:
-    """A table per EvalRun, a row per cell: phase, a bar of scored trials, `5/18 · ETA 14 min` or the uploaded
-    score. Past TABLE_CELLS_MAX cells, the Completed ones are counted rather than listed."""
+    """A table per EvalRun, a row per cell: phase, then a bar of scored trials and `5/18 · ETA 14 min` while it
+    runs, or its uploaded score and the trials it rests on (`0.412 (n=89)`) and its trust flags once it has one.
+    Past TABLE_CELLS_MAX cells, the Completed ones are counted rather than listed."""
     return Group(*(_run_table(plan) for plan in plans))
 
 
@@ -36,15 +37,18 @@ def _run_table(plan: Plan) -> Table:
         cells = unfinished[:TABLE_CELLS_MAX]
         caption = f"{counts[Phase.COMPLETED]} Completed cells and {len(unfinished) - len(cells)} more not listed"
     table = Table(title=f"EvalRun {plan.evalrun}: {summary}", caption=caption, expand=False)
-    for column in ("model", "benchmark", "phase", "trials scored", "progress"):
+    for column in ("model", "benchmark", "phase", "trials scored / score", "progress"):
         table.add_column(column, overflow="fold")
     for cell in cells:
         table.add_row(cell.cell.model, cell.cell.benchmark, f"[{PHASE_STYLE[cell.phase]}]{cell.phase.value}[/]",
-                      _bar(cell), _progress(cell))
+                      _result(cell), _progress(cell))
     return table
 
 
-def _bar(cell: CellPlan) -> RenderableType:
+def _result(cell: CellPlan) -> RenderableType:
+    """A scored cell's score and n, where an unscored one has its bar: a full bar says less than the number."""
+    if cell.score is not None:
+        return f"{cell.score:.3f}" + (f" (n={cell.n_scored})" if cell.n_scored is not None else "")
     progress = cell.progress
     if progress is None or not progress.total:
         return ""
@@ -53,7 +57,7 @@ def _bar(cell: CellPlan) -> RenderableType:
 
 def _progress(cell: CellPlan) -> str:
     if cell.score is not None:
-        return f"score {cell.score:.3f}"
+        return ", ".join(flag for flag, on in (("provisional", cell.provisional), ("partial", cell.partial)) if on)
     return progress_text(cell.progress) if cell.progress is not None else ""
 
 

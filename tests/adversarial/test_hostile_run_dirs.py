@@ -420,7 +420,7 @@ def test_a_missing_jobs_dir_is_not_an_empty_one(jobs: Path) -> None:
     """An unmounted filesystem: a cell with history is Unknown; a brand-new cell may still be submitted."""
     raised = observe_bounded(jobs)
     assert isinstance(raised, JobsDirMissing)
-    assert str(raised) == f"jobs dir {jobs} does not exist (unmounted filesystem?)"
+    assert str(raised) == f"jobs dir {jobs} does not exist"
 
     fresh = cell(model="org/brand-new-8B")
     snapshot = StoreSnapshot(

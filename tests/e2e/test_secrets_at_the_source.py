@@ -164,7 +164,7 @@ def test_no_token_reaches_any_output_and_jobs_inherit_only_declared_secrets(spec
     outputs.append(evalctl("reconcile", "--once"))  # observes the failures: holds, Events, webhook messages
     wait_until(lambda: len(hook.messages()) == len(MODELS), "a Failed message per cell")
     status = evalctl("status", "-o", "json")
-    outputs += [status, evalctl("plan", "-o", "json"), evalctl("report", "-o", str(root / "report.html"))]
+    outputs += [status, evalctl("plan", "-o", "json"), evalctl("report", "--out", str(root / "report.html"))]
     outputs += [evalctl("explain", model, DATASET) for model in MODELS.values()]
 
     cells = {c["model"]: c for run in json.loads(status.stdout)["evalruns"] for c in run["cells"]}

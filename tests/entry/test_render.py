@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 import pytest
 from rich.console import Console
 
-from controller.core.observed import JobState, RowStatus
+from controller.core.observed import JobState, Metric, RowStatus
 from controller.core.planner import plan
 from controller.core.reconcile import PassResult
 from controller.core.remedies import CellMemory, StallReading
@@ -143,3 +143,26 @@ def test_watch_on_a_terminal_redraws_in_place() -> None:
 
     assert "\x1b[?25l" in out.getvalue() and "\x1b[2K" in out.getvalue(), "the cursor hidden, the old frame erased"
     assert "11/18" in out.getvalue().rsplit("\x1b[2K", 1)[-1], "the last frame drawn is the newest reading"
+
+
+def test_watch_shows_a_finished_cell_as_its_score_and_n_where_a_running_one_has_its_bar() -> None:
+    """A finished cell's row holds the number it rests on (`0.412 (n=89)`), not a full bar; its trust flag beside."""
+    running, done = cell(), cell(model="org/done-8B")
+    tag = done.run_tag(1)
+    uploaded = row("Finished", job_name=tag, metrics=(Metric(name="accuracy", value=0.412), Metric(
+        name="accuracy_stderr", value=0.05), Metric(name="n_valid_trials", value=89)))
+    finished = obs(subs=(sub(done),), rows=(uploaded,), dirs=(facts(tag, total=90, completed=90, scored=89),))
+    observed = [obs(subs=(sub(running),), rows=(row("Pending", job_name=RUNNING_TAG),),
+                    jobs=(job(RUNNING_TAG, JobState.RUNNING, started=ago(minutes=12)),),
+                    dirs=(facts(RUNNING_TAG, total=18, completed=6, scored=5, finished=False,
+                                last_progress=ago(minutes=1)).model_copy(update={"started_at": ago(minutes=12)}),)),
+                finished]
+    the_plan = plan(running.evalrun, [running, done], observed, POLICY, NOW)
+    assert [c.phase.value for c in the_plan.cells] == ["Running", "Completed"]
+
+    text = _watched([the_plan])
+
+    [done_row] = [line for line in text.splitlines() if "org/done-8B" in line]
+    [running_row] = [line for line in text.splitlines() if running.model in line and "done" not in line]
+    assert re.search(r"│ 0\.412 \(n=89\) +│ provisional +│$", done_row), done_row
+    assert "━" not in done_row and "━" in running_row and "5/18" in running_row, text

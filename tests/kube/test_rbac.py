@@ -148,7 +148,11 @@ def test_a_namespace_that_did_not_opt_in_stalls_on_its_secret_until_it_opts_in(l
     lab.kube.kubectl("create", "secret", "generic", "daytona", "-n", lab.namespace, "--from-literal=api-key=sk-1")
     lab.start_operator()
     attention = lab.stall_on_secret("daytona")
-    assert any(f"Secret {lab.namespace}/daytona" in item["reason"] for item in attention), attention
+    opt_in = f"namespace {lab.namespace} has not opted in to Secret reads; its admin runs: kubectl apply -n " \
+             f"{lab.namespace} -k manifests/tenant/"
+    assert any(f"Secret {lab.namespace}/daytona (403 Forbidden)" in item["reason"] and opt_in in item["reason"]
+               for item in attention), attention
+    assert not any("add key" in item["reason"] for item in attention), "the key is there: the cause is the 403"
     lab.kube.kubectl("apply", "-n", lab.namespace, "-k", str(TENANT_MANIFESTS))
     lab.wait_condition("Ready")
     assert len(lab.jobs()) == 1

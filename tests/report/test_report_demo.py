@@ -32,8 +32,8 @@ def test_the_demo_report_renders_every_cell_and_marks_the_provisional_ones(tmp_p
     evalctl(tmp_path, "reconcile", "--loop", "--interval", "0.5", "--until-done", "-f", str(spec))
     spec.write_text(spec.read_text() + f"  report: {{trustThreshold: {TRUST}}}\n")
 
-    written = evalctl(tmp_path, "report", "-f", str(spec), "-o", "report.html")
-    offline = evalctl(tmp_path, "report", "-f", str(spec), "-o", "offline.html", prefix=("unshare", "--net"))
+    written = evalctl(tmp_path, "report", "-f", str(spec), "--out", "report.html")
+    offline = evalctl(tmp_path, "report", "-f", str(spec), "--out", "offline.html", prefix=("unshare", "--net"))
 
     assert "6 cell(s)" in written.stdout and offline.returncode == 0
     page = (tmp_path / "report.html").read_bytes()

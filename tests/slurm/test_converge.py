@@ -73,7 +73,7 @@ def test_four_cells_converge_with_real_harbor_then_a_pass_takes_no_action(cluste
     assert cluster.our_queued_jobs() == []
 
     report = cluster.root / "report.html"
-    cluster.evalctl("report", "-o", str(report))
+    cluster.evalctl("report", "--out", str(report))
     shown = render(chromium, report, "report-slurm.png")
     assert sorted(shown.cells) == sorted(f"{m}|{d}" for m in models for d in datasets)
     assert sorted(shown.provisional) == sorted(shown.cells), "4 trials each: far below the trust threshold"

@@ -137,7 +137,7 @@ class HarborRunDirs:
             try:
                 run_tags = self._bounded([tag for tag in tree.run_tags() if wanted(tag)])
             except FileNotFoundError:  # fresh, or an unmounted filesystem: only the cells' history can tell
-                raise JobsDirMissing(f"jobs dir {self.jobs_dir} does not exist (unmounted filesystem?)") from None
+                raise JobsDirMissing(f"jobs dir {self.jobs_dir} does not exist") from None
             except ObservationError:
                 raise
             except Exception as exc:

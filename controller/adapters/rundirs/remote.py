@@ -70,7 +70,7 @@ class RunDirProbe:
     def run_tags(self, jobs_dir: str) -> list[str]:
         answer = self._call({"op": "list", "jobs_dir": jobs_dir, "prefix": RUN_TAG_PREFIX})
         if answer.get("missing"):
-            raise JobsDirMissing(f"jobs dir {jobs_dir} on {self.host} does not exist (unmounted filesystem?)")
+            raise JobsDirMissing(f"jobs dir {jobs_dir} on {self.host} does not exist")
         tags = answer.get("run_tags")
         if not isinstance(tags, list) or not all(isinstance(tag, str) for tag in tags):
             raise ObservationError(f"the run-dir probe on {self.host} answered no run tags")

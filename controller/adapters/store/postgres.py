@@ -234,6 +234,23 @@ class PostgresStore:
             except ValueError as error:
                 raise ObservationError(f"store {self.name}: controller state: {first_line(error)}") from None
 
+    def read_inventory(self) -> StateSnapshot | None:
+        wanted = {"evalrun_submissions": sql.EVERY_SUBMISSION, "evalrun_cell_memory": sql.EVERY_MEMORY}
+        with self._db.reading() as conn:
+            self._db.have(conn, tuple(wanted))
+            if "evalrun_submissions" not in self._db.present:
+                return None
+            if not self._db.has_added_columns(conn, "evalrun_submissions"):
+                wanted["evalrun_submissions"] = sql.LEGACY_EVERY_SUBMISSION
+            tables = [table for table in wanted if table in self._db.present]
+            cursors = self._db.round(conn, (BEGIN_READ, None), *((wanted[table], None) for table in tables),
+                                     (COMMIT, None))[1:-1]
+            found = {table: dicts(cursor) for table, cursor in zip(tables, cursors, strict=True)}
+        try:
+            return state_snapshot(found)
+        except ValueError as error:
+            raise ObservationError(f"store {self.name}: controller state: {first_line(error)}") from None
+
     def live_quarantines(self) -> tuple[Quarantined, ...]:
         with self._db.reading() as conn:
             if not self._db.have(conn, ("evalrun_quarantine",)):

@@ -155,6 +155,10 @@ SELECT {columns} FROM evalrun_submissions
 SUBMISSIONS_OF_EVALRUN_AND_CELLS = SUBMISSIONS_OF.format(columns=SUBMISSION_COLUMNS)
 # a read-only store on a database migration 0004 has not reached: the records without GPU-hours
 LEGACY_SUBMISSIONS_OF_EVALRUN_AND_CELLS = SUBMISSIONS_OF.format(columns=LEGACY_SUBMISSION_COLUMNS)
+# every EvalRun's (`evalctl get`)
+EVERY_SUBMISSION = f"SELECT {SUBMISSION_COLUMNS} FROM evalrun_submissions ORDER BY created_at, name"
+LEGACY_EVERY_SUBMISSION = f"SELECT {LEGACY_SUBMISSION_COLUMNS} FROM evalrun_submissions ORDER BY created_at, name"
+EVERY_MEMORY = "SELECT cell_key, memory FROM evalrun_cell_memory"
 
 # Columns later migrations added to a table (0004: GPU-hours; 0007: a quarantine's start, owner and release): a
 # read-only store on a database they have not reached reads the table without them.

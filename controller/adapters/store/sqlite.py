@@ -190,6 +190,24 @@ class SqliteStore:
         except (sqlite3.Error, ValueError) as error:
             raise ObservationError(self._db.line(error)) from error
 
+    def read_inventory(self) -> StateSnapshot | None:
+        conn = self._db.connection()
+        if conn is None:
+            return None
+        try:
+            with transaction(conn, "DEFERRED"):
+                tables = self._db.tables(conn)
+                if "evalrun_submissions" not in tables:
+                    return None
+                stale = missing_columns(conn) if self.readonly else {}
+                every = sql.LEGACY_EVERY_SUBMISSION if "evalrun_submissions" in stale else sql.EVERY_SUBMISSION
+                submissions = self._db.run(conn, every).fetchall()
+                memory = self._db.run(conn, sql.EVERY_MEMORY).fetchall() if "evalrun_cell_memory" in tables else []
+            return state_snapshot({"evalrun_submissions": map(dict, submissions),
+                                   "evalrun_cell_memory": map(dict, memory)})
+        except (sqlite3.Error, ValueError) as error:
+            raise ObservationError(self._db.line(error)) from error
+
     def live_quarantines(self) -> tuple[Quarantined, ...]:
         conn = self._db.connection()
         if conn is None or "evalrun_quarantine" not in self._db.tables(conn):

@@ -230,6 +230,10 @@ SELECT {columns} FROM evalrun_submissions
 SUBMISSIONS_OF_EVALRUN_AND_CELLS = SUBMISSIONS_OF.format(columns=SUBMISSION_COLUMNS)
 # a read-only store on a file made before 0.4 (never altered by a reader): the records without GPU-hours
 LEGACY_SUBMISSIONS_OF_EVALRUN_AND_CELLS = SUBMISSIONS_OF.format(columns=LEGACY_SUBMISSION_COLUMNS)
+# every EvalRun's (`evalctl get`)
+EVERY_SUBMISSION = f"SELECT {SUBMISSION_COLUMNS} FROM evalrun_submissions ORDER BY created_at, name"
+LEGACY_EVERY_SUBMISSION = f"SELECT {LEGACY_SUBMISSION_COLUMNS} FROM evalrun_submissions ORDER BY created_at, name"
+EVERY_MEMORY = "SELECT cell_key, memory FROM evalrun_cell_memory"
 
 # Finished attempts of the named benchmarks whose every job's GPU-hours are recorded, newest first.
 GPU_HISTORY = """

@@ -32,12 +32,14 @@ class Seen:
 
 def job_failed_dir_unseen(s: Seen) -> CellPlan | None:
     """RULES §13: its newest job FAILED / ran out of memory and the run dir cannot be seen → hold for a human.
-    A hold changes nothing: a job that failed needs a human whether or not its run dir can be seen."""
+    A hold changes nothing: a job that failed needs a human whether or not its run dir can be seen. The reason is
+    the job's failure; a missing jobs dir is said as seen, not guessed at (the failed job is the likelier cause)."""
     obs = s.obs
     failed = failed_job(obs.jobs) if obs.run_dirs is None else None
     if failed is None or obs.rows is None or obs.submissions is None:
         return None
-    reason = f"job {failed.job_id} {failure(failed, s.policy)} (run dir not observed: {obs.unknown_reason})"
+    unseen = obs.jobs_dir_missing or obs.unknown_reason
+    reason = f"job {failed.job_id} {failure(failed, s.policy)} (run dir not observed: {unseen})"
     return CellPlan(cell=s.cell, phase=Phase.FAILED, actions=(Hold(reason=reason),), reason=reason,
                     rule=Rule.JOB_FAILED_DIR_UNSEEN, memory=obs.memory, gpu_hours=spent(s.cell, obs))
 

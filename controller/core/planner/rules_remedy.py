@@ -77,10 +77,16 @@ def remediate(view: CellView, facts: RunDirFacts, job: ObservedJob | None, remed
     if remedy.kind == RemedyKind.BACK_OFF:  # the refire waits out the cluster's pause (and passes it)
         after = max(after, failed_at + timedelta(minutes=remedy.backoff_minutes))
     if view.now < after:
-        reason = f"refire after {after:%H:%M:%S} UTC (health.refireBackoffMinutes): {remedy.diagnosis}"
+        reason = (f"refire{_with(remedy.job_env)} after {after:%H:%M:%S} UTC (health.refireBackoffMinutes): "
+                  f"{remedy.diagnosis}")
         return view.result(Phase.PENDING, [*actions, Wait(reason=reason)], reason, Rule.REFIRE, facts=facts,
                            remember=remember).model_copy(update={"refire_due": after})
     attempt = view.next_attempt()
-    reason = f"refire {refired + 1} of {health.max_refires}: {remedy.diagnosis}"
+    reason = f"refire {refired + 1} of {health.max_refires}{_with(remedy.job_env)}: {remedy.diagnosis}"
     submit = Submit(run_tag=view.cell.run_tag(attempt), attempt=attempt, reason=reason, job_env=remedy.job_env)
     return view.result(Phase.PENDING, [*actions, submit], reason, Rule.REFIRE, facts=facts, remember=remember)
+
+
+def _with(job_env: dict[str, str]) -> str:
+    """What a refire's environment adds (the catalog entry's `job_env`), said where the refire is."""
+    return f" with {', '.join(f'{name}={value}' for name, value in sorted(job_env.items()))}" if job_env else ""

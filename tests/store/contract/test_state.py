@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 from controller.core.observed import Submission, TunnelLease
 from controller.core.ports import ControllerState
+from controller.core.records import StateSnapshot
 from controller.core.remedies import CellMemory, QuarantineKind, StallReading
 from controller.core.types import EvalRunRef
 
@@ -246,3 +247,19 @@ def test_releasing_an_absent_expired_or_other_quarantine_lifts_nothing(state_bac
     assert not state_backend.release_quarantine(QuarantineKind.NODE, "other/gpu", "gpu03"), "another cluster's node"
     assert not state_backend.release_quarantine(QuarantineKind.CLUSTER, "lab/gpu", "gpu03"), "another kind"
     assert [q.name for q in state_backend.live_quarantines()] == ["gpu03"]
+
+
+def test_the_inventory_holds_every_evalruns_submissions_and_every_cells_memory(state_backend: ControllerState) -> None:
+    """What `evalctl get` lists without a spec: nothing filtered by EvalRun or cell."""
+    assert state_backend.read_inventory() == StateSnapshot(), "a store with no record yet: empty, not absent"
+    later = submission("b1", evalrun=RUN_B, cell_key="cell-b").model_copy(update={"created_at": T0 + timedelta(1)})
+    state_backend.record_submission(later)
+    state_backend.record_submission(submission("a1", evalrun=RUN_A, cell_key="cell-a"))
+    state_backend.remember("cell-b", CellMemory(analyzed_run_tag="b1"))
+
+    inventory = state_backend.read_inventory()
+
+    assert inventory is not None
+    assert [(s.name, s.evalrun, s.cell_key) for s in inventory.submissions] == [("a1", RUN_A, "cell-a"),
+                                                                                ("b1", RUN_B, "cell-b")]
+    assert inventory.cell_memory == {"cell-b": CellMemory(analyzed_run_tag="b1")}

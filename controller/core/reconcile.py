@@ -109,7 +109,7 @@ class ClusterView:
         self.jobs = _read(ports.scheduler.observe)
         self.dirs = _read(functools.partial(ports.run_dirs.observe, functools.partial(own_run_dir, stems)))
         self.nodes = _read(ports.scheduler.usable_nodes)
-        self.preflight = _preflight(ports, policy) if not isinstance(self.jobs, ObservationError) else None
+        self.preflight = _preflight(ports, policy.cluster) if not isinstance(self.jobs, ObservationError) else None
         self.paced = min(rate_budget(self.jobs, ports.submissions_per_minute, now), policy.max_submissions_per_pass)
         self.max_live = policy.max_live_jobs
         self.live = 0 if isinstance(self.jobs, ObservationError) else sum(1 for job in self.jobs if job.state.active)
@@ -332,13 +332,13 @@ def _offset(obs: Observation, job: ObservedJob) -> int:
     return reading.offset if reading is not None and reading.job_id == job.job_id else 0
 
 
-def _preflight(ports: ClusterPorts, policy: Policy) -> Preflight | None:
-    """The cluster's preflight (RULES §12) when the pass may launch there; one that could not run says why (its
-    launches wait). Not read when the queue was not: every cell is Unknown then, nothing launches anyway."""
-    if ports.preflight is None or not policy.may_launch:
+def _preflight(ports: ClusterPorts, cluster: str) -> Preflight | None:
+    """The cluster's preflight (RULES §12), for every EvalRun on it; one that could not run says why (its launches
+    wait). Not read when the queue was not: every cell is Unknown then, nothing launches anyway."""
+    if ports.preflight is None:
         return None
     found = _read(ports.preflight)
-    return Preflight(cluster=policy.cluster, unobserved=str(found)) if isinstance(found, ObservationError) else found
+    return Preflight(cluster=cluster, unobserved=str(found)) if isinstance(found, ObservationError) else found
 
 
 def rate_budget(jobs: tuple[ObservedJob, ...] | ObservationError, per_minute: int, now: datetime) -> int:

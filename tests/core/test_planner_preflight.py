@@ -154,3 +154,21 @@ def test_a_pass_reads_the_preflight_once_per_cluster_and_not_without_a_queue(
 
     assert cluster.preflights == reads
     assert seen == [planned, planned]
+
+
+def test_a_suspended_evalrun_first_on_the_cluster_does_not_spare_the_next_one_its_preflight(
+        tmp_path: Path) -> None:
+    cluster = Cluster(FAILED)
+    ports = ClusterPorts(scheduler=cluster, run_dirs=cluster, actor_for=None,  # type: ignore[arg-type]
+                         submissions_per_minute=6, preflight=cluster.preflight)
+    suspended = RunTarget(evalrun="a", cluster="hpc1", cells=(cell(),),
+                          policy=POLICY_HERE.model_copy(update={"suspend": True}))
+    active = RunTarget(evalrun="b", cluster="hpc1", cells=(cell(),), policy=POLICY_HERE)
+    state = SqliteStore(tmp_path / "store.db")
+
+    _, second = reconcile_pass([suspended, active], Store(state, state), {ClusterRef(name="hpc1"): ports}, NOW,
+                               act=False)
+    state.close()
+
+    assert cluster.preflights == 1
+    assert second.plan.cells[0].rule == Rule.PREFLIGHT_FAILED and second.plan.preflight

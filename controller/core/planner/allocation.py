@@ -65,7 +65,7 @@ class Pool:
            policy: Policy, now: datetime, live: Sequence[Quarantined], deciding: Sequence[Quarantined],
            leases: Sequence[TunnelLease], budget: int | None, budget_note: str,
            estimates: Mapping[str, GpuEstimate], usable_nodes: frozenset[str] | None,
-           preflight: Preflight | None = None) -> Pool:
+           preflight: Preflight | None) -> Pool:
         """The slots before any launch. What this very plan quarantines counts for its own launches (a refire must
         not go back to the bad node)."""
         every = (*live, *deciding)

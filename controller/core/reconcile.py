@@ -35,6 +35,7 @@ from controller.core.ports import (
     StoreUnavailable,
     WriteRefused,
 )
+from controller.core.preflight import Preflight
 from controller.core.records import StoreSnapshot
 from controller.core.status import RunStatus, summarize
 from controller.core.store import CELL_OWNER_TTL, Store
@@ -113,18 +114,20 @@ class PassResult(Frozen):
 
 
 class ClusterPorts:
-    """The adapters of one cluster, how to build an Actor for a run on it, and its submission rate."""
+    """The adapters of one cluster, how to build an Actor for a run on it, its submission rate, and its preflight
+    (RULES §12: raises ObservationError when it cannot run; None: the cluster has none)."""
 
     def __init__(self, scheduler: Scheduler, run_dirs: RunDirs, actor_for: Callable[[RunTarget], Actor],
-                 submissions_per_minute: int):
+                 submissions_per_minute: int, preflight: Callable[[], Preflight] | None = None):
         self.scheduler, self.run_dirs, self.actor_for = scheduler, run_dirs, actor_for
         self.submissions_per_minute = submissions_per_minute
+        self.preflight = preflight
 
 
 class ClusterView:
-    """One pass's reads of a cluster (queue and accounting, run dirs, the nodes its jobs may run on), and the
-    launches it still allows: the pass's cap and the cluster's rate, and room under `maxLiveJobs` (our queued +
-    running jobs, from the queue).
+    """One pass's reads of a cluster (queue and accounting, run dirs, the nodes its jobs may run on, its preflight),
+    and the launches it still allows: the pass's cap and the cluster's rate, and room under `maxLiveJobs` (our
+    queued + running jobs, from the queue).
 
     `launching`: whether this pass may launch there at all (it holds the cluster's launch lease, taken BEFORE the
     queue is read: another process that launched meanwhile has released it, and its jobs are in this read)."""
@@ -134,6 +137,7 @@ class ClusterView:
         self.jobs = _read(ports.scheduler.observe)
         self.dirs = _read(functools.partial(ports.run_dirs.observe, functools.partial(own_run_dir, stems)))
         self.nodes = _read(ports.scheduler.usable_nodes)
+        self.preflight = _preflight(ports, policy.cluster) if not isinstance(self.jobs, ObservationError) else None
         self.paced = min(rate_budget(self.jobs, ports.submissions_per_minute, now), policy.max_submissions_per_pass)
         self.max_live = policy.max_live_jobs
         self.live = 0 if isinstance(self.jobs, ObservationError) else sum(1 for job in self.jobs if job.state.active)
@@ -257,7 +261,7 @@ def _target_pass(target: RunTarget, store: Store, ports: ClusterPorts, view: Clu
                         budget_note=view.budget_note, tunnel_leases=snapshot.tunnel_leases if snapshot else (),
                         live_job_names=view.live_job_names, owners=acting.owners,
                         quarantined=snapshot.quarantined if snapshot else (), estimates=estimated,
-                        usable_nodes=view.usable_nodes)
+                        usable_nodes=view.usable_nodes, preflight=view.preflight)
         view.spend(the_plan)
         outcomes = tuple(ports.actor_for(target).act(the_plan)) if acting.granted else ()
         notes = PassNotes(selections=target.selections, intake=target.intake,
@@ -367,6 +371,15 @@ def _with_outputs(cells: Sequence[Observation], scheduler: Scheduler) -> tuple[O
 def _offset(obs: Observation, job: ObservedJob) -> int:
     reading = obs.memory.output
     return reading.offset if reading is not None and reading.job_id == job.job_id else 0
+
+
+def _preflight(ports: ClusterPorts, cluster: str) -> Preflight | None:
+    """The cluster's preflight (RULES §12), for every EvalRun on it; one that could not run says why (its launches
+    wait). Not read when the queue was not: every cell is Unknown then, nothing launches anyway."""
+    if ports.preflight is None:
+        return None
+    found = _read(ports.preflight)
+    return Preflight(cluster=cluster, unobserved=str(found)) if isinstance(found, ObservationError) else found
 
 
 def rate_budget(jobs: tuple[ObservedJob, ...] | ObservationError, per_minute: int, now: datetime) -> int:

@@ -147,6 +147,8 @@ def _conditions(plan: Plan, counts: dict[Phase, int], failed_actions: int,
     elif unknown:
         ready = condition("Ready", False, "ObservationFailed", f"{unknown} cell(s) could not be observed; "
                                                                f"{completed}/{total} completed")
+    elif plan.preflight:
+        ready = condition("Ready", False, "PreflightFailed", f"launches held; {completed}/{total} completed")
     else:
         ready = condition("Ready", False, "InProgress", f"{completed}/{total} completed, {in_flight} in flight")
     found = [ready]
@@ -158,6 +160,8 @@ def _conditions(plan: Plan, counts: dict[Phase, int], failed_actions: int,
         reason = "CellsNeedAttention" if stuck else "ActionsFailed"
         message = _breakdown(counts, NEEDS_A_HUMAN) if stuck else f"{failed_actions} action(s) failed in the last pass"
         found.append(condition("Stalled", True, reason, message))
+    elif plan.preflight:  # a human fixes the cluster or the spec: RULES §12
+        found.append(condition("Stalled", True, "PreflightFailed", plan.preflight))
     return tuple(found)
 
 

@@ -57,6 +57,8 @@ class Rule(StrEnum):
     SUBMISSION_REPAIR = "SubmissionRepair", "RULES §12: create-pending protocol, step 2–3 repair"
     DELETION_CANCEL = ("DeletionCancel",
                        "RULES §12: deletionPolicy Cancel → cancel the live jobs of the cells this EvalRun owns")
+    PREFLIGHT_FAILED = ("PreflightFailed", "RULES §12: the cluster's preflight failed → hold its launches until "
+                                           "fixed (could not run → wait); its jobs are still watched")
     # RULES §13: a job that failed needs a human
     JOB_FAILED_DIR_UNSEEN = ("JobFailedRunDirUnseen",
                              "RULES §13: FAILED / OUT_OF_MEMORY, run dir not visible → hold for a human "
@@ -392,6 +394,8 @@ class Plan(Frozen):
     gpu_budget: GpuBudget = Field(GpuBudget(), description="GPU-hours spent and committed, against maxGpuHours")
     effects: tuple[Effect, ...] = Field((), description="every remedy in force that touches it: back-offs, "
                                                         "quarantines, locked pairs, refires waiting")
+    preflight: str = Field("", description="why its cluster's launches are held: the preflight failed (RULES §12); "
+                                           "'' when none was held")
 
     def estimate(self, cell: CellPlan) -> GpuEstimate | None:
         """A cell's estimate when it has not run yet (no GPU-hours of its own, not done): what `plan` shows."""

@@ -24,7 +24,7 @@ from controller.api.errors import SpecErrors
 from controller.api.loader import SpecSet
 from controller.core.reconcile import PassResult
 from controller.core.store import Store
-from controller.entry import render, retrying
+from controller.entry import remote_validate, render, retrying
 from controller.entry.cli_operator import operator
 from controller.entry.cli_stores import db_app, models_app, nodes_app
 from controller.entry.closed_pipe import ClosedPipeTolerant
@@ -89,9 +89,13 @@ def main_options(
 
 @app.command()
 def validate(files: Files = [], output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,  # noqa: B006
+             remote: Annotated[bool, typer.Option("--remote", help="Also check each cluster where its jobs run (one "
+                                                  "command; over ssh, one session): jobs dir, partition, account, "
+                                                  "job script, scheduler.python. Exit 3: a cluster could not be "
+                                                  "checked.")] = False,
              verbose: Verbose = 0) -> None:
     """Check spec files; exit 2 with FILE:LINE:COL: messages when something is wrong (-o json: the same, as
-    {"ok", "errors": [{file, line, col, message}]} on stdout)."""
+    {"ok", "errors": [{file, line, col, message}]} on stdout; --remote adds "remote": each cluster's checks)."""
     configure_logging(verbose)
     with exits():
         try:
@@ -103,11 +107,18 @@ def validate(files: Files = [], output: Annotated[Output, typer.Option("-o", "--
                 raise typer.Exit(2) from None
             raise
         cells = sum(len(t.cells) for t in targets_for(specs, load_catalog()))
+        checked = remote_validate.check_clusters(specs) if remote else []
+        code = remote_validate.exit_code(checked)
         if output != Output.table:
-            print_document(json.dumps({"ok": True, "errors": [], "evalruns": len(specs.evalruns),
-                                       "clusters": len(specs.clusters), "cells": cells}, indent=2), output)
+            print_document(json.dumps({"ok": code == 0, "errors": [], "evalruns": len(specs.evalruns),
+                                       "clusters": len(specs.clusters), "cells": cells,
+                                       **(remote_validate.remote_json(checked) if remote else {})}, indent=2), output)
         else:
-            out.print(f"ok: {len(specs.evalruns)} EvalRun(s), {len(specs.clusters)} EvalCluster(s), {cells} cell(s)")
+            remote_validate.show(checked)
+            if code == 0:
+                out.print(f"ok: {len(specs.evalruns)} EvalRun(s), {len(specs.clusters)} EvalCluster(s), "
+                          f"{cells} cell(s)")
+    raise typer.Exit(code)
 
 
 @app.command(epilog=EPILOG)

@@ -32,7 +32,8 @@ PHASE_STYLE = {
 
 def plan_json(results: Sequence[PassResult]) -> str:
     return json.dumps({"evalruns": [
-        {"name": str(p.evalrun), "suspended": p.suspended, "cells": [_cell_json(c, p) for c in p.cells],
+        {"name": str(p.evalrun), "suspended": p.suspended, "preflight": p.preflight or None,
+         "cells": [_cell_json(c, p) for c in p.cells],
          "gpu_hours": gpu_summary(p).model_dump(mode="json"), **_selector_json(r.notes)}
         for r in results for p in (r.plan,)
     ]}, indent=2)
@@ -94,7 +95,9 @@ def plan_table(result: PassResult, console: Console) -> None:
 
 
 def effects(plan: Plan, console: Console) -> None:
-    """Every remedy in force, and how to undo the ones a person may lift."""
+    """Every remedy in force, and how to undo the ones a person may lift; the cluster's failed preflight."""
+    if plan.preflight:
+        console.print(f"  launches held: {plan.preflight}", markup=False, highlight=False)
     for effect in plan.effects:
         console.print(f"  in force: {effect.line()}", markup=False, highlight=False)
     if any(effect.kind == "node" for effect in plan.effects):
@@ -256,6 +259,8 @@ def _summary_line(result: PassResult, console: Console) -> None:
     failed = sum(1 for o in result.outcomes if not o.ok)
     line = f"{result.evalrun}: {done} action(s) done" + (f", {failed} failed" if failed else "")
     console.print(line + (f" ({result.note})" if result.note else ""))
+    if result.plan.preflight:
+        console.print(f"  launches held: {result.plan.preflight}", markup=False, highlight=False)
 
 
 def _decisions_counted(result: PassResult, console: Console) -> None:

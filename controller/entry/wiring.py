@@ -42,6 +42,7 @@ from controller.core.store import Store
 from controller.core.tracking import Analysis
 from controller.core.types import ClusterRef, EvalRunRef
 from controller.core.vocabulary import Launch
+from controller.entry.preflight import remembered_preflight
 from controller.entry.secrets import EnvironmentSecrets, SecretSource
 from controller.entry.selection import Intake
 
@@ -188,8 +189,10 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog, secrets: Secre
                                              ambient_login=allowed_mlflow_uri or (lambda _: True),
                                              admin_allows=allowed_mlflow_uri))
 
+        commands = functools.partial(cluster_commands, cluster, own, public_errors=public_errors)
         ports[ref] = ClusterPorts(scheduler=scheduler, run_dirs=run_dirs, actor_for=actor_for,
-                                   submissions_per_minute=cspec.scheduler.submissions_per_minute)
+                                   submissions_per_minute=cspec.scheduler.submissions_per_minute,
+                                   preflight=remembered_preflight(cluster, commands, mask))
     return ports
 
 
@@ -291,6 +294,13 @@ def scheduler_for(cluster: LoadedCluster, logs_dir: str, mask: SecretMask, secre
         commands = ssh_commands(cluster, cspec.scheduler.ssh, secrets, public_errors=public_errors)
         return SlurmScheduler(commands, options, logs_dir=logs_dir, user=None, mask=mask)
     return SlurmScheduler(LocalCommands(), options, logs_dir=logs_dir, user=getpass.getuser(), mask=mask)
+
+
+def cluster_commands(cluster: LoadedCluster, secrets: SecretSource | None = None, *,
+                     public_errors: bool = False) -> CommandRunner:
+    """Where the cluster's commands run: its login node over ssh, else this host."""
+    ssh = cluster.cluster.spec.scheduler.ssh
+    return ssh_commands(cluster, ssh, secrets, public_errors=public_errors) if ssh else LocalCommands()
 
 
 def ssh_commands(cluster: LoadedCluster, host: str, secrets: SecretSource | None, *,

@@ -17,10 +17,11 @@ A cell held by any of them with a human's retry request pending is released inst
 attempt.
 Every cell reads one `view.CellView`, built once. Then, for the whole EvalRun (`allocation`, in this order):
 cells another EvalRun owns only watch; pinggy leases whose job is over are released; node quarantines are capped;
-launches share the free pinggy pairs, the usable nodes, the back-off, the GPU-hour budget
-(`spec.budget.maxGpuHours`: a launch that would take spent + estimated hours past it is held, with the numbers)
-and the submission budget, in cell order (cells with nothing observed that wait past the submission budget share
-one plan, decided once by the same rules); `suspend` turns every mutation into a hold.
+a cluster whose preflight failed holds every launch (RULES §12); else launches share the free pinggy pairs, the
+usable nodes, the back-off, the GPU-hour budget (`spec.budget.maxGpuHours`: a launch that would take spent +
+estimated hours past it is held, with the numbers) and the submission budget, in cell order (cells with nothing
+observed that wait past the submission budget share one plan, decided once by the same rules); `suspend` turns
+every mutation into a hold.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ from controller.core.planner.gc_pause import cyclic_gc_paused
 from controller.core.planner.policy import OVER_BUDGET, PAIR_LOCK, UPLOAD_NOT_VERIFIED, Policy
 from controller.core.planner.rules_running import RUNNING_RULES
 from controller.core.planner.words import ADMISSION_RULES, DIAGNOSED_BY
+from controller.core.preflight import Preflight
 from controller.core.remedies import Quarantined
 from controller.core.types import Cell, EvalRunRef
-from controller.core.vocabulary import CellPlan, Plan
+from controller.core.vocabulary import CellPlan, Hold, Plan, Rule
 
 __all__ = [
     "ADMISSION_RULES", "DIAGNOSED_BY", "EFFECT_KINDS", "OVER_BUDGET", "PAIR_LOCK", "RUNNING_RULES", "UNTOUCHED",
@@ -59,7 +61,8 @@ def plan(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Obse
          now: datetime, budget: int | None = None, budget_note: str = OVER_BUDGET,
          tunnel_leases: Sequence[TunnelLease] = (), live_job_names: frozenset[str] | None = None,
          owners: Mapping[str, EvalRunRef] | None = None, quarantined: Sequence[Quarantined] = (),
-         estimates: Mapping[str, GpuEstimate] | None = None, usable_nodes: frozenset[str] | None = None) -> Plan:
+         estimates: Mapping[str, GpuEstimate] | None = None, usable_nodes: frozenset[str] | None = None,
+         preflight: Preflight | None = None) -> Plan:
     """Decide every cell (pending), count what is scarce before any launch (slots), then share it out among the
     launches in cell order (queued): `budget` launches (default the policy's per-pass cap; `budget_note`: why the
     cells past it wait), pinggy pairs (`policy.tunnel_pairs` minus those leased to live jobs or locked), the GPU-hour
@@ -70,16 +73,18 @@ def plan(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Obse
     `quarantined`: nodes, pairs and cluster launches not to use now (the store's unexpired quarantines).
     `estimates`: cell key → the estimated GPU-hours of one attempt (unknown where missing), for the budget.
     `usable_nodes`: the nodes the cluster's jobs may run on (None: not known), so quarantines never take them all.
+    `preflight`: what the cluster's preflight found (None: not run); failed, it holds every launch (RULES §12).
     """
     with cyclic_gc_paused():  # nothing of a plan is cyclic garbage: see gc_pause
         return _plan(evalrun, cells, observations, policy, now, budget, budget_note, tunnel_leases, live_job_names,
-                     owners or {}, quarantined, estimates or {}, usable_nodes)
+                     owners or {}, quarantined, estimates or {}, usable_nodes, preflight)
 
 
 def _plan(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Observation], policy: Policy,
           now: datetime, budget: int | None, budget_note: str, tunnel_leases: Sequence[TunnelLease],
           live_job_names: frozenset[str] | None, owners: Mapping[str, EvalRunRef], quarantined: Sequence[Quarantined],
-          estimates: Mapping[str, GpuEstimate], usable_nodes: frozenset[str] | None) -> Plan:
+          estimates: Mapping[str, GpuEstimate], usable_nodes: frozenset[str] | None,
+          preflight: Preflight | None) -> Plan:
     leased = {lease.holder: lease.pair for lease in tunnel_leases}
     decided: list[CellPlan | Cell] = [  # a Cell: nothing observed, decided with the budget (`allocation`)
         cell if untouched(cell, obs) and cell.key not in owners
@@ -94,7 +99,10 @@ def _plan(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Obs
     starting = deciding(evalrun, decided, policy, now)
     pool = Pool.of(evalrun, decided, observations, policy, now, ours, starting,
                    [lease for lease in tunnel_leases if lease not in released], budget, budget_note, estimates,
-                   usable_nodes)
+                   usable_nodes, preflight)
     planned = tuple(allocate(pool, decision) for decision in decided)
+    held = (preflight.summary if preflight is not None and isinstance(pool.preflight, Hold)
+            and any(c.rule == Rule.PREFLIGHT_FAILED for c in planned) else "")
     return Plan(evalrun=evalrun, cells=planned, suspended=policy.suspend, tunnel_releases=released, quarantined=ours,
-                estimates=dict(estimates), gpu_budget=pool.gpu, effects=effects(ours, starting, planned))
+                estimates=dict(estimates), gpu_budget=pool.gpu, effects=effects(ours, starting, planned),
+                preflight=held)

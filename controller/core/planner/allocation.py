@@ -3,10 +3,10 @@
 1. pending: every cell is decided alone (`plan_cell`); node quarantines are capped (`within_node_cap`);
 2. slots: what launches may take is counted once, before any launch (`Pool.of`): free pinggy pairs (minus those
    leased to live jobs or locked), bad nodes, a cluster back-off, the GPU-hour budget, the submission budget;
-3. queued: each launch, in cell order, passes `LAUNCH_GATES` top to bottom (pinggy pair → a usable node → the
-   back-off → the GPU-hour budget → the submission budget); the first that stops it replaces it by its hold or
-   wait, else it takes its slots and is placed (its pair, the bad nodes excluded). `suspend` then turns every
-   mutation into a hold.
+3. queued: a cluster whose preflight failed holds every launch (`preflight_held`, RULES §12); else each launch, in
+   cell order, passes `LAUNCH_GATES` top to bottom (pinggy pair → a usable node → the back-off → the GPU-hour
+   budget → the submission budget); the first that stops it replaces it by its hold or wait, else it takes its
+   slots and is placed (its pair, the bad nodes excluded). `suspend` then turns every mutation into a hold.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from controller.core.planner.budget import gpu_budget, gpu_hold, prior_hours
 from controller.core.planner.cell import plan_cell
 from controller.core.planner.fleet import UNTOUCHED, launch_of
 from controller.core.planner.policy import Policy
+from controller.core.preflight import Preflight
 from controller.core.remedies import Quarantined, QuarantineKind, RemedyKind
 from controller.core.types import Cell, EvalRunRef
 from controller.core.vocabulary import (
@@ -50,6 +51,7 @@ class Pool:
     holders: dict[str, str]  # pair → the submission holding it
     locked: set[str]  # pairs the pinggy server holds
     bad_nodes: tuple[str, ...]
+    preflight: Action | None  # the cluster's preflight failed (hold) or could not run (wait)
     nowhere: Hold | None  # every usable node quarantined
     paused: Wait | None  # the cluster's launches back off
     over_budget: Wait
@@ -62,7 +64,8 @@ class Pool:
     def of(cls, evalrun: EvalRunRef, decided: Sequence[CellPlan | Cell], observations: Sequence[Observation],
            policy: Policy, now: datetime, live: Sequence[Quarantined], deciding: Sequence[Quarantined],
            leases: Sequence[TunnelLease], budget: int | None, budget_note: str,
-           estimates: Mapping[str, GpuEstimate], usable_nodes: frozenset[str] | None) -> Pool:
+           estimates: Mapping[str, GpuEstimate], usable_nodes: frozenset[str] | None,
+           preflight: Preflight | None) -> Pool:
         """The slots before any launch. What this very plan quarantines counts for its own launches (a refire must
         not go back to the bad node)."""
         every = (*live, *deciding)
@@ -72,6 +75,7 @@ class Pool:
         return cls(policy=policy, now=now, estimates=estimates,
                    holders={lease.pair: lease.holder for lease in leases},
                    locked={q.name for q in every if q.kind == QuarantineKind.PAIR}, bad_nodes=bad_nodes,
+                   preflight=preflight_block(preflight),
                    nowhere=no_usable_node(policy.cluster, bad_nodes, usable_nodes),
                    paused=None if backing_off is None else Wait(
                        reason=f"launches on {policy.cluster} back off until {backing_off.until:%H:%M} UTC: "
@@ -136,16 +140,20 @@ def allocate(pool: Pool, decision: CellPlan | Cell) -> CellPlan:
 
 def untouched_plan(pool: Pool, cell: Cell) -> CellPlan:
     """A cell with nothing observed: past a block, 10,000 fresh cells share one plan, decided once."""
-    blocked = pool.nowhere or pool.paused or (pool.over_budget if pool.remaining <= 0 else None)
+    blocked = pool.preflight or pool.nowhere or pool.paused or (pool.over_budget if pool.remaining <= 0 else None)
     if blocked is None:
         return plan_cell(cell, UNTOUCHED, pool.policy, pool.now)
     if pool.untouched_waits is None:
-        pool.untouched_waits = without_launch(plan_cell(cell, UNTOUCHED, pool.policy, pool.now), blocked)
+        fresh = plan_cell(cell, UNTOUCHED, pool.policy, pool.now)
+        pool.untouched_waits = (preflight_held(fresh, blocked, pool.policy.cluster) if blocked is pool.preflight
+                                else without_launch(fresh, blocked))
     return pool.untouched_waits.model_copy(update={"cell": cell})
 
 
 def admit_launch(pool: Pool, cell_plan: CellPlan, launch: Launch) -> CellPlan:
     cell, policy = cell_plan.cell, pool.policy
+    if pool.preflight is not None:
+        return preflight_held(cell_plan, pool.preflight, policy.cluster)
     estimate = pool.estimates.get(cell.key, UNKNOWN)
     ticket = Ticket(cell_plan=cell_plan, launch=launch, pair=pair_for(launch, pool) if cell.needs_pinggy else None,
                     estimate=estimate, cost=launch_cost(estimate, cell_plan.run_dir, resume=isinstance(launch, Resume)))
@@ -165,6 +173,22 @@ def admit_launch(pool: Pool, cell_plan: CellPlan, launch: Launch) -> CellPlan:
     if ticket.pair is not None:
         pool.holders[ticket.pair] = launch.submission_name
     return placed(cell_plan, launch, ticket.pair, pool.bad_nodes)
+
+
+def preflight_block(preflight: Preflight | None) -> Action | None:
+    """What a launch on the cluster becomes while its preflight is not passed: a hold until a human fixes what it
+    found, a wait while it could not run (never a launch on what could not be checked); None: launches go."""
+    if preflight is None or preflight.ok:
+        return None
+    return Hold(reason=preflight.summary) if preflight.failures else Wait(reason=preflight.summary)
+
+
+def preflight_held(cell_plan: CellPlan, instead: Action, cluster: str) -> CellPlan:
+    """The launch replaced (RULES §12 `PreflightFailed`): the reason says what the preflight found, the action how
+    long it holds."""
+    until = "its preflight passes" if isinstance(instead, Hold) else "its preflight can run"
+    held = without_launch(cell_plan, instead.model_copy(update={"reason": f"no launch on {cluster} until {until}"}))
+    return noted(held.model_copy(update={"rule": Rule.PREFLIGHT_FAILED}), instead.reason)
 
 
 def answers_back_off(cell_plan: CellPlan) -> bool:

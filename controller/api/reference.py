@@ -107,9 +107,9 @@ def type_of(prop: Schema) -> str:
 def _bounds(prop: Schema, low: str, high: str) -> str:
     """`1–100`, `≥ 0`, `> 0, ≤ 1`: an integer's exclusive minimum is its successor."""
     lo, hi = prop.get(low), prop.get(high)
-    lo_strict = lo is not None and low == "minimum" and prop.get("exclusiveMinimum") is True
-    hi_strict = hi is not None and high == "maximum" and prop.get("exclusiveMaximum") is True
-    if lo_strict and prop.get("type") == "integer":
+    lo_strict = low == "minimum" and prop.get("exclusiveMinimum") is True
+    hi_strict = high == "maximum" and prop.get("exclusiveMaximum") is True
+    if lo is not None and lo_strict and prop.get("type") == "integer":
         lo, lo_strict = lo + 1, False
     if lo is not None and hi is not None and not (lo_strict or hi_strict):
         return f"{_number(lo)}–{_number(hi)}"

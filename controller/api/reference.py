@@ -25,6 +25,10 @@ Every resource is `apiVersion: {API_VERSION}`, with its `kind`, a `metadata.name
 Fields are camelCase; `evalctl validate` refuses an unknown one at its `FILE:LINE:COL`. The `status` of each
 resource is written by the operator. The rules these fields tune are in [RULES.md](RULES.md), cited as `RULES §N`.
 
+Annotations the operator reads: `evalrun.io/requestedAt` on an EvalRun (setting or changing it runs a pass at once),
+and `evalrun.io/release-nodes: gpu03,gpu04` on an EvalCluster (releases those quarantined nodes of that cluster; the
+operator then removes the annotation).
+
 A row's path uses `[]` for the items of a list and `{{}}` for the values of a map. "yes" under *required*: the
 field must be set whenever its parent is.
 """

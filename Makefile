@@ -67,9 +67,10 @@ bench-operator:
 	./scripts/bootstrap.sh
 	.venv/bin/python bench/operator_passes.py 200 10
 
-# Regenerate the committed CRDs from the pydantic models.
+# Regenerate the committed CRDs and the field reference (docs/reference.md) from the pydantic models.
 crds:
 	.venv/bin/evalctl crds > crds/evalrun.io_crds.yaml.tmp && mv crds/evalrun.io_crds.yaml.tmp crds/evalrun.io_crds.yaml
+	.venv/bin/evalctl docs
 
 # A real Kubernetes API server (etcd + kube-apiserver, RBAC, TLS) on 127.0.0.1:6443, built from Go modules once per machine.
 kube-up:

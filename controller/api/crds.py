@@ -45,14 +45,19 @@ EVALCLUSTER_COLUMNS = [
 ]
 
 
-def render_crds() -> str:
-    """The CRDs as one multi-document YAML string."""
-    documents = [
+def crd_documents() -> list[Schema]:
+    """The CRDs, one per kind: what `render_crds` writes and the field reference (`evalctl docs`) reads."""
+    return [
         crd(EvalCluster, EvalClusterSpec, plural="evalclusters", short_names=["ec"], columns=EVALCLUSTER_COLUMNS),
         crd(ClusterEvalCluster, ClusterEvalClusterSpec, plural="clusterevalclusters", short_names=["cec"],
             columns=EVALCLUSTER_COLUMNS, scope="Cluster"),
         crd(EvalRun, EvalRunSpec, plural="evalruns", short_names=["er"], columns=EVALRUN_COLUMNS),
     ]
+
+
+def render_crds() -> str:
+    """The CRDs as one multi-document YAML string."""
+    documents = crd_documents()
     yaml = YAML(typ="safe", pure=True)
     yaml.default_flow_style = False
     yaml.sort_base_mapping_type_on_output = False  # type: ignore[assignment]

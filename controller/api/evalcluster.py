@@ -53,7 +53,8 @@ class SchedulerSpec(SpecModel):
                           "EvalCluster under the operator must use, never the operator's own key.")
     known_hosts_secret_ref: SecretRef | None = Field(
         None, description="known_hosts lines for the ssh host, from a Secret: host keys are always checked.")
-    submissions_per_minute: PositiveInt = Field(6, le=600, description="Per-cluster submission rate cap.")
+    submissions_per_minute: PositiveInt = Field(6, le=600, description="Launches per minute on this cluster, "
+                                                                       "counted from the queue's own submit times.")
     python: PathText = Field("python3", description="The login node's Python (3.9 or later) that runs the run-dir "
                                                     "probe (ssh only): a name on its PATH or an absolute path.")
 

@@ -146,9 +146,11 @@ class BudgetPolicy(SpecModel):
 class SandboxOverrides(SpecModel):
     """Sandbox size overrides (Harbor `environment.override_*`); they change results, so they are fingerprinted."""
 
-    cpus: PositiveInt | None = Field(None, le=1024, description="environment.override_cpus")
-    memory_mb: PositiveInt | None = Field(None, le=16 * 1024 * 1024, description="environment.override_memory_mb")
-    storage_mb: PositiveInt | None = Field(None, le=1024 * 1024 * 1024, description="environment.override_storage_mb")
+    cpus: PositiveInt | None = Field(None, le=1024, description="Sandbox CPUs (environment.override_cpus).")
+    memory_mb: PositiveInt | None = Field(None, le=16 * 1024 * 1024,
+                                          description="Sandbox memory, MB (environment.override_memory_mb).")
+    storage_mb: PositiveInt | None = Field(None, le=1024 * 1024 * 1024,
+                                           description="Sandbox disk, MB (environment.override_storage_mb).")
 
 
 class PinggyPair(SpecModel):
@@ -304,39 +306,50 @@ class EvalRunSpec(SpecModel):
     cluster: Name | None = Field(None, description="Name of an EvalCluster in the EvalRun's namespace (or clusterRef).")
     cluster_ref: ClusterReference | None = Field(None, description="The cluster, by kind and name (or cluster).")
     models: list[Model] = Field(default_factory=list, max_length=MODELS_MAX,
-                                description="HF model names, e.g. laion/Qwen3-8B-sft-v3; the priority list when "
-                                            "modelSelector adds more.")
+                                description="Models to evaluate: Hugging Face repo ids (Org/Name, e.g. "
+                                            "laion/Qwen3-8B-sft-v3) or absolute paths to local checkpoints; the "
+                                            "priority list when modelSelector adds more.")
     model_selector: ModelSelector | None = Field(None, description="Models chosen from the results DB (after the "
                                                                    "listed ones).")
     presets: list[Short] | None = Field(
-        None, max_length=PRESETS_MAX, description="Benchmark presets (tb2, v2, swebench, …; 'id' = all three)."
-    )
+        None, max_length=PRESETS_MAX, description="Benchmark presets (tb2, v2, swebench, …; 'id' = all three), "
+                                                  "as `evalctl presets` lists them; set presets or datasets.")
     datasets: list[Dataset] | None = Field(None, max_length=DATASETS_MAX,
-                                           description="Explicit datasets instead of presets.")
-    agent: Short = Field("terminus-2", description="Harbor agent.")
+                                           description="Explicit datasets (Org/name; a local directory is written "
+                                                       "with a /, e.g. ./my_bench) instead of presets.")
+    agent: Short = Field("terminus-2", description="Harbor agent (the harness), e.g. terminus-2, openhands, "
+                                                   "swe-agent: it picks the model's serving pattern (RULES §10).")
     harbor_config: PathText | None = Field(None,
                                            description="Explicit Harbor config; overrides registry and size rule.")
     timeout_multiplier: float | None = Field(
         None, gt=0, le=100, description="Explicit timeout multiplier; overrides registry and size rule."
     )
-    overrides: SandboxOverrides = Field(default_factory=SandboxOverrides, description="Sandbox size overrides.")
+    overrides: SandboxOverrides = Field(default_factory=SandboxOverrides, description="Sandbox size overrides, "
+                                                                                      "passed to Harbor.")
     n_attempts: PositiveInt = Field(
         3, le=100, description="Harbor attempts per task (-k); RULES §6 totals (tb2 267 = 89 tasks × 3) assume 3."
     )
     agent_kwargs: list[str] = Field(default_factory=list, max_length=AGENT_KWARGS_MAX,
-                                    description="Extra --agent-kwarg values (override registry).")
-    force_eval: bool = Field(False, description="Ignore rows this EvalRun did not create; adds new rows.")
-    suspend: bool = Field(False, description="Plan but do not act.")
+                                    description="Extra --agent-kwarg values for Harbor (they override the "
+                                                "registry's); the job gets them as EVAL_AGENT_KWARGS.")
+    force_eval: bool = Field(False, description="Evaluate again: ignore the rows and run dirs this EvalRun did not "
+                                                "create and add rows of its own (never edits theirs); done once its "
+                                                "own row is Finished with metrics (RULES §2).")
+    suspend: bool = Field(False, description="Plan but do not act: nothing is submitted, cancelled or uploaded.")
     deletion_policy: DeletionPolicy = Field(
         "Orphan", description="When the EvalRun is deleted (operator): Orphan leaves its queued and running jobs "
                               "alone; Cancel cancels them before the object goes.")
-    stale_started_hours: Hours = Field(24, description="Started rows older than this are stale.")
-    stale_pending_hours: Hours = Field(6, description="Pending rows older than this are stale.")
-    resume: ResumePolicy = Field(default_factory=ResumePolicy, description="When a run dir is resumed.")
-    monitor: MonitorPolicy = Field(default_factory=MonitorPolicy, description="When a running job is judged stuck.")
+    stale_started_hours: Hours = Field(24, description="A Started row older than this with no live job is stale: "
+                                                       "the cell starts again (RULES §2).")
+    stale_pending_hours: Hours = Field(6, description="A Pending row or queued job older than this is stale: "
+                                                      "cancelled and started again (RULES §2).")
+    resume: ResumePolicy = Field(default_factory=ResumePolicy, description="When a run dir is resumed (RULES §4).")
+    monitor: MonitorPolicy = Field(default_factory=MonitorPolicy,
+                                   description="When a running job is judged stuck (RULES §5).")
     health: HealthPolicy = Field(default_factory=HealthPolicy, description="Launch health: dead launches, stalled "
                                                                            "launches, traffic, refires.")
-    upload: UploadPolicy = Field(default_factory=UploadPolicy, description="Where results go.")
+    upload: UploadPolicy = Field(default_factory=UploadPolicy, description="Where results go, and what may be uploaded "
+                                                                           "(RULES §14).")
     pinggy: PinggySpec = Field(default_factory=PinggySpec, description="Tunnel pairs for installed-agent harnesses.")
     budget: BudgetPolicy = Field(default_factory=BudgetPolicy, description="What the EvalRun may spend (GPU-hours).")
     report: ReportSpec = Field(default_factory=ReportSpec, description="How `evalctl report` shows the results.")

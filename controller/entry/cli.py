@@ -28,6 +28,7 @@ from controller.entry import remote_validate, render, retrying
 from controller.entry.cli_operator import operator
 from controller.entry.cli_stores import db_app, models_app, nodes_app
 from controller.entry.closed_pipe import ClosedPipeTolerant
+from controller.entry.docs import REFERENCE_OUT, write_or_check
 from controller.entry.exit_codes import EPILOG, pass_code, tell_unobserved, unobserved_lines
 from controller.entry.explaining import names_cell, specs_holding
 from controller.entry.getting import Kind, get_document, get_table, read_cells
@@ -439,6 +440,14 @@ def crds() -> None:
     from controller.api.crds import render_crds
 
     print(render_crds(), end="")
+
+
+@app.command()
+def docs(out_path: Annotated[Path, typer.Option("--out", help="Where to write it ('-': stdout).")] = REFERENCE_OUT,
+         check: Annotated[bool, typer.Option("--check", help="Write nothing; exit 1 if the file is stale.")] = False) -> None:
+    """Write the field reference (Markdown) generated from the spec models' schema."""
+    with exits():
+        raise typer.Exit(write_or_check(out_path, check=check))
 
 
 app.command()(operator)  # after the pass commands: `evalctl --help` lists them in the order a user needs them

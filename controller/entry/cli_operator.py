@@ -96,7 +96,7 @@ def operator(
 ) -> None:
     """Run the Kubernetes operator: reconcile EvalRun resources with the same passes as `reconcile`.
 
-    Deny by default: what a namespace's author writes never runs as the operator (see README "Multi-tenant
+    Deny by default: what a namespace's author writes never runs as the operator (see docs/KUBERNETES.md "Multi-tenant
     clusters"); the --allow* flags open what the admin decides."""
     configure_logging(verbose, json_lines=True)  # beside kopf's JSON lines
     with exits():

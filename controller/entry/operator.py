@@ -217,7 +217,7 @@ def run(config: OperatorConfig, *, namespaces: list[str], standalone: bool, live
     # A thread holding the GIL keeps it up to the switch interval before a waiting one may take it: with passes over
     # 10,000 cells computing on the workers, kopf's event loop (every API event, patch and timer) and a small pass
     # of another namespace waited that long at every wake-up. 1 ms instead of 5: another namespace's first status
-    # 3.1 s → 1.3 s, its Ready 3.9× → 1.2× its time alone (`make bench-fairness HOSTILE=cells`, README).
+    # 3.1 s → 1.3 s, its Ready 3.9× → 1.2× its time alone (`make bench-fairness HOSTILE=cells`, docs/PERFORMANCE.md).
     sys.setswitchinterval(0.001)
     kopf.configure(log_format=kopf.LogFormat.JSON)
     if metrics_port is not None:

@@ -1,4 +1,4 @@
-"""The operator's own loggers write JSON lines like kopf's (the README promises JSON logs; they were plain text)."""
+"""The operator's own loggers write JSON lines like kopf's (docs/KUBERNETES.md promises JSON logs; they were plain text)."""
 
 from __future__ import annotations
 

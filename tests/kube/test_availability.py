@@ -91,7 +91,7 @@ def _resident_mib(pid: int) -> float:
 def test_100000_foreign_entries_in_a_jobs_dir_cost_another_namespace_nothing_and_memory_stays_bounded(
         lab: Lab) -> None:
     """Every entry used to be listed, read and memoized: +~200 MB a pass, never released (2.17 GB in 5 min). The
-    bound below is half the Deployment's 1 GiB limit; this operator alone stays near 150 MiB (bench/, README)."""
+    bound below is half the Deployment's 1 GiB limit; this operator alone stays near 150 MiB (bench/, docs/PERFORMANCE.md)."""
     innocent = other_namespace(lab)
     jobs = lab.root / lab.namespace / "jobs"
     for index in range(100_000):

@@ -412,7 +412,7 @@ def get(
     configure_logging(verbose)
     with exits():
         urls = StoreURLs(store, state, (Path.cwd(),))  # no spec: the store of the directory it stands in
-        opened = connect(urls, readonly=True)
+        opened = connect(urls, readonly=True, missing_note=False)  # read_cells says it, with the levers
         try:
             cells = read_cells(opened, urls)
         finally:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from controller.adapters.store import redact
 from controller.api.catalog import load_catalog
 from controller.core.reconcile import PassResult
 from controller.core.retry import RetryRequest
 from controller.core.vocabulary import CellPlan, Phase
 from controller.entry.explaining import names_cell, nearest_cells, specs_holding
 from controller.entry.shell import StoreURLs, UsageError, connect, load, one_pass, refuse
+from controller.entry.store_location import shown
 from controller.entry.wiring import utc_now
 
 
@@ -28,11 +28,6 @@ def spec_args(files: Sequence[Path], urls: StoreURLs) -> list[str]:
     one is shown without it; the user adds it back, or sets EVALCTL_STORE)."""
     given = [("--store", urls.results), ("--state", urls.state)]
     return [*(w for f in files for w in ("-f", str(f))), *(w for flag, url in given if url for w in (flag, shown(url)))]
-
-
-def shown(url: str) -> str:
-    """A store URL without its password (`user:***@host`; a `password=` parameter: the URL is not shown)."""
-    return "<the store URL>" if "password" in url.lower() else redact(url)
 
 
 def requester() -> str:

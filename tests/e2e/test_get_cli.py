@@ -53,7 +53,9 @@ def test_no_store_at_the_place_is_said_and_nothing_is_made_there(cluster):
     missing = cluster.evalctl("get", "cells", "--store", f"sqlite:///{nowhere}", check=False)
 
     assert missing.returncode == 1 and missing.stdout == ""
-    assert missing.stderr.strip() == (f"evalctl: no store at sqlite:///{nowhere}: nothing has been recorded there (a "
+    store_line, said = missing.stderr.strip().splitlines()
+    assert store_line == f"store: sqlite:///{nowhere} (--store)"
+    assert said == (f"evalctl: no store at sqlite:///{nowhere}: nothing has been recorded there (a "
                                       "reconcile records there; --store, --state or $EVALCTL_STORE name another place)")
     assert not nowhere.exists(), "a read never creates a store"
 

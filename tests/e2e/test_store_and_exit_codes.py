@@ -62,7 +62,7 @@ def test_status_from_another_directory_reads_the_store_next_to_the_spec(cluster:
 
 
 @pytest.mark.parametrize("command", [("status",), ("plan",), ("reconcile", "--dry-run"), ("explain", *CELL),
-                                     ("report", "-o", "report.html")], ids=lambda c: " ".join(c[:2]))
+                                     ("report", "--out", "report.html")], ids=lambda c: " ".join(c[:2]))
 def test_a_read_only_command_never_creates_a_store(cluster: Cluster, elsewhere: Path, command: tuple[str, ...]) -> None:
     cluster.write(models=[CELL[0]], datasets=[CELL[1]], env=FAST)
     result = evalctl(*command, cwd=elsewhere, specs=(cluster.spec,))
@@ -161,7 +161,7 @@ def test_a_missing_squeue_exits_3_with_the_cause_on_stderr_and_in_status(no_sque
 
 
 @pytest.mark.parametrize("command", [("plan",), ("reconcile", "--dry-run"), ("explain", *CELL),
-                                     ("report", "-o", "report.html")], ids=lambda c: " ".join(c[:2]))
+                                     ("report", "--out", "report.html")], ids=lambda c: " ".join(c[:2]))
 def test_every_reading_command_exits_3_naming_the_queue(no_squeue: tuple[Path, dict[str, str]], tmp_path: Path,
                                                         command: tuple[str, ...]) -> None:
     spec, env = no_squeue

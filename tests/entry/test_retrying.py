@@ -14,5 +14,5 @@ def test_the_release_command_names_the_specs_and_store_it_was_given_without_a_pa
                                                    "postgresql://db/lab?password=hunter2"))
 
     assert plain == ["-f", "specs/a.yaml", "-f", "specs/b.yaml", "--store", "sqlite:///x/s.db"]
-    assert secret == ["-f", "a.yaml", "--store", "postgresql://eval:***@db:5432/lab", "--state", "<the store URL>"]
+    assert secret == ["-f", "a.yaml", "--store", "postgresql://eval:***@db:5432/lab", "--state", "postgresql://db/lab?password=***"]
     assert spec_args([Path("a.yaml")], StoreURLs(None, None)) == ["-f", "a.yaml"]

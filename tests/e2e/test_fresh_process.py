@@ -13,7 +13,10 @@ from pathlib import Path
 
 
 def _phases(cluster) -> dict[str, str]:
-    plan = json.loads(cluster.evalctl("plan", "-o", "json").stdout)
+    result = cluster.evalctl("plan", "-o", "json", check=False)
+    plan = json.loads(result.stdout)
+    unknown = any(cell["phase"] == "Unknown" for run in plan["evalruns"] for cell in run["cells"])
+    assert result.returncode == (3 if unknown else 0), result.stderr  # a run dir not read: exit 3
     return {cell["model"]: cell["phase"] for run in plan["evalruns"] for cell in run["cells"]}
 
 

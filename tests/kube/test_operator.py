@@ -95,8 +95,8 @@ def test_a_schema_violation_is_refused_by_the_server_and_a_bad_reference_stalls_
 def test_a_secret_ref_to_a_missing_secret_stalls_with_where_to_add_it(lab: Lab):
     lab.start_operator()
     attention = lab.stall_on_secret("nowhere")
-    assert any(f"add key 'api-key' to Secret {lab.namespace}/nowhere" in item["reason"] for item in attention), \
-        attention
+    assert any(f"create Secret {lab.namespace}/nowhere with key 'api-key' (no such Secret)" in item["reason"]
+               for item in attention), attention
 
 
 def test_a_secret_value_appears_nowhere_the_api_or_the_operator_shows(lab: Lab):

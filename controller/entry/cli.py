@@ -408,7 +408,8 @@ def get(
     output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
     verbose: Verbose = 0,
 ) -> None:
-    """What the store knows of every EvalRun or cell, no spec needed: status, score, n, provisional, cluster, age."""
+    """What the store knows of every EvalRun or cell, no spec needed: status, score, n, provisional, cluster, age.
+    Without --store or $EVALCTL_STORE: the .evalctl/store.db of the working directory."""
     configure_logging(verbose)
     with exits():
         urls = StoreURLs(store, state, (Path.cwd(),))  # no spec: the store of the directory it stands in

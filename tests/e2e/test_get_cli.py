@@ -4,9 +4,12 @@ table, JSON or YAML; no store at the place is said, never listed as empty."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 from ruamel.yaml import YAML
+
+from tests.fixtures.evalctl import run_evalctl
 
 MODELS = ["org/a-8B", "org/b-32B"]
 
@@ -64,3 +67,16 @@ def test_an_unknown_kind_is_refused_with_the_kinds(cluster):
     refused = cluster.evalctl("get", "jobs", "--store", cluster.store, check=False)
 
     assert refused.returncode == 2 and "evalruns" in refused.stderr and "cells" in refused.stderr, refused.stderr
+
+
+def test_without_a_store_named_get_reads_the_store_of_the_directory_it_stands_in(cluster):
+    """No -f and no --store: the `.evalctl/store.db` where it runs (where a spec beside it keeps its store)."""
+    environment = {key: value for key, value in os.environ.items() if key != "EVALCTL_STORE"}
+    here = cluster.root / ".evalctl" / "store.db"
+
+    missing = run_evalctl(("get", "cells"), spec=cluster.spec, store=cluster.store, env=environment,
+                          cwd=cluster.root, check=False)
+
+    assert missing.returncode == 1, missing.stderr
+    assert missing.stderr.splitlines()[0].startswith(f"store: sqlite:///{here} "), missing.stderr
+    assert not here.exists(), "a read never creates a store"

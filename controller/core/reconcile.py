@@ -25,6 +25,7 @@ from controller.core.intake import Selection
 from controller.core.match import join_cells
 from controller.core.notify import DeliveryState, NotifyEvent, facts, undelivered_note
 from controller.core.observed import JobState, Observation, ObservedJob
+from controller.core.placement import PlacementPolicy
 from controller.core.planner import OVER_BUDGET, Policy, launch_of, plan, plan_deletion
 from controller.core.ports import (
     JobsDirMissing,
@@ -48,8 +49,22 @@ LEASE_TTL = timedelta(minutes=10)
 RATE_WINDOW = timedelta(minutes=1)
 
 
+class ClusterLane(Frozen):
+    """One of a multi-cluster EvalRun's clusters: its resolution of the cells that may run there, with its policy
+    (RULES §15). The cells' keys are the EvalRun's: a cell is the same cell on every cluster."""
+
+    cluster: ClusterRef
+    cells: tuple[Cell, ...] = Field(description="this cluster's resolution of every cell eligible there, spec order")
+    policy: Policy
+    ineligible: dict[str, str] = Field(default_factory=dict, description="cell key → why it cannot run here, e.g. "
+                                                                         "'pinned to a' or 'needs 48:00:00; b allows "
+                                                                         "at most 24:00:00'")
+
+
 class RunTarget(Frozen):
-    """An EvalRun ready to reconcile: its resolved cells, its policy, and the cluster it runs on."""
+    """An EvalRun ready to reconcile: its resolved cells, its policy, and the cluster it runs on. An EvalRun with
+    several clusters also has `lanes` (one per cluster, spec order); `cluster`, `cells` and `policy` are then its
+    first lane's, each cell as the first lane that lists it resolves it."""
 
     evalrun: EvalRunRef
     cluster: ClusterRef
@@ -61,6 +76,8 @@ class RunTarget(Frozen):
     unknown: str = Field("", description="why this pass cannot know its cells (its selections could not be read)")
     notify: dict[NotifyEvent, tuple[str, ...]] = Field(default_factory=dict, description="event → the webhooks told "
                                                                                          "of it (spec.notify)")
+    lanes: tuple[ClusterLane, ...] = Field((), description="spec.clusters: one lane per cluster; empty for one cluster")
+    placement: PlacementPolicy | None = Field(None, description="spec.placement, with spec.clusters")
 
 
 def evalrun_lease_name(evalrun: EvalRunRef) -> str:

@@ -82,6 +82,9 @@ class ObservedJob(Frozen):
     submitted_at: datetime | None = None
     started_at: datetime | None = None
     ended_at: datetime | None = None
+    expected_start: datetime | None = Field(None, description="when a queued job is expected to start, as the "
+                                                              "scheduler says (SLURM: its --begin or the backfill "
+                                                              "estimate); None: it says nothing")
     time_left_s: int | None = None
     exit_code: int | None = None
     reason: str = ""

@@ -6,6 +6,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,21 @@ def test_a_running_job_reports_time_left_within_its_limit(slurm: SlurmScheduler,
     wait_for(slurm, req.name, {JobState.RUNNING})
     job = next(j for j in slurm.observe() if j.job_id == job_id)
     assert job.started_at is not None and job.time_left_s is not None and 0 < job.time_left_s <= 5 * 60
+
+
+def test_a_job_waiting_for_its_begin_time_is_queued_with_that_start_expected(
+        slurm: SlurmScheduler, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    name, script = f"ev_live_{RUN}_later", tmp_path / "later.sh"
+    script.write_text("#!/bin/bash\ntrue\n")
+    begin = (datetime.now(UTC) + timedelta(hours=3)).replace(microsecond=0)
+    subprocess.run(["sbatch", "--parsable", "--partition", "debug", "--job-name", name, "--time", "5",
+                    "--output", "/dev/null", f"--begin={begin:%Y-%m-%dT%H:%M:%S}", str(script)],
+                   env={**slurm_env, "TZ": "UTC"}, capture_output=True, text=True, check=True)
+
+    job = slurm.find(name)
+
+    assert job is not None and job.state == JobState.QUEUED and job.started_at is None
+    assert job.expected_start == begin
 
 
 def node_names(slurm_env: dict[str, str]) -> list[str]:

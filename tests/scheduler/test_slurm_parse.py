@@ -69,13 +69,30 @@ def test_squeue_line_of_a_running_job_has_start_and_time_left() -> None:
     assert job is not None
     assert (job.job_id, job.state, job.time_left_s, job.reason) == ("41", JobState.RUNNING, 93784, "")
     assert job.nodes == "gpu[01-02]", "a hostlist is kept as SLURM prints it (--exclude takes it back)"
-    assert job.started_at == datetime(2026, 11, 29, 14, 15, 20, tzinfo=UTC)
+    assert job.started_at == datetime(2026, 11, 29, 14, 15, 20, tzinfo=UTC) and job.expected_start is None
 
 
-def test_squeue_line_of_a_pending_job_ignores_the_expected_start_and_keeps_the_reason() -> None:
-    job = parse_squeue_line("42|ev_m__b__a1|PENDING|2026-11-29T14:15:12|2026-11-29T15:00:00|2026-11-29T15:10:00|10:00||"
-                            "Priority")
-    assert job is not None and job.started_at is None and job.reason == "Priority" and job.nodes == ""
+# What the lab's squeue 22.05 printed (TZ=UTC) for a job sbatch'ed with --begin, and for one with --hold.
+PENDING_WITH_START = ("2106|ev_m__b__a1|PENDING|2026-12-03T05:28:28|2026-12-03T07:10:00|2026-12-03T07:15:00|5:00||"
+                      "BeginTime")
+PENDING_WITHOUT = "2107|ev_n__b__a1|PENDING|2026-12-03T05:28:28|N/A|N/A|5:00||JobHeldUser"
+
+
+def test_squeue_line_of_a_pending_job_has_the_schedulers_expected_start_not_a_start() -> None:
+    estimated, unestimated = parse_squeue_line(PENDING_WITH_START), parse_squeue_line(PENDING_WITHOUT)
+
+    assert estimated is not None and unestimated is not None
+    assert (estimated.state, estimated.started_at, estimated.expected_start) == (
+        JobState.QUEUED, None, datetime(2026, 12, 3, 7, 10, tzinfo=UTC))
+    assert (estimated.reason, estimated.nodes, estimated.time_left_s) == ("BeginTime", "", None)
+    assert (unestimated.state, unestimated.started_at, unestimated.expected_start) == (JobState.QUEUED, None, None)
+    assert unestimated.reason == "JobHeldUser"
+
+
+@pytest.mark.parametrize("start", ["Unknown", ""])
+def test_a_pending_jobs_start_that_is_no_time_is_no_estimate(start: str) -> None:
+    job = parse_squeue_line(f"42|ev_m__b__a1|PENDING|2026-11-29T14:15:12|{start}|N/A|10:00||Priority")
+    assert job is not None and job.expected_start is None and job.started_at is None
 
 
 def test_squeue_line_of_a_job_that_just_ended_is_over_with_its_end_time() -> None:

@@ -14,9 +14,10 @@ from controller.core.types import RUN_TAG_PREFIX
 
 log = logging.getLogger("evalctl.slurm")
 
-# squeue: %i id, %j name, %T state, %V submit, %S start, %e end, %L time left, %N nodes, %r reason (free text,
-# last). `--states=all` also lists jobs that ended within MinJobAge: accounting can lag behind the queue, and a
-# job must never drop out of sight between leaving the queue and appearing in sacct.
+# squeue: %i id, %j name, %T state, %V submit, %S start (of a pending job: when it is expected to start, its --begin
+# or the backfill scheduler's estimate; N/A while nothing says), %e end, %L time left, %N nodes, %r reason (free
+# text, last). `--states=all` also lists jobs that ended within MinJobAge: accounting can lag behind the queue, and
+# a job must never drop out of sight between leaving the queue and appearing in sacct.
 SQUEUE_FORMAT = "%i|%j|%T|%V|%S|%e|%L|%N|%r"
 # ElapsedRaw (seconds) × AllocTRES' gres/gpu=N is a job's GPU-hours; Reason: free text, last
 SACCT_FIELDS = "JobID,JobName,State,ExitCode,Submit,Start,End,NodeList,ElapsedRaw,AllocTRES,Reason"
@@ -60,8 +61,10 @@ def parse_squeue_line(line: str) -> ObservedJob | None:
         return None
     job_id, name, state, submit, start, end, left, nodes, reason = parts
     job_state = slurm_state(state)
+    queued = job_state == JobState.QUEUED
     return ObservedJob(job_id=job_id, name=name, state=job_state, submitted_at=parse_time(submit),
-                       started_at=None if job_state == JobState.QUEUED else parse_time(start),  # else: expected
+                       started_at=None if queued else parse_time(start),
+                       expected_start=parse_time(start) if queued else None,
                        ended_at=None if job_state.active else parse_time(end),
                        time_left_s=parse_duration(left) if job_state == JobState.RUNNING else None,
                        nodes=_nodes(nodes), reason="" if reason in ("None", "") else reason)

@@ -1,13 +1,14 @@
 # Shared helpers for slurm-up.sh / slurm-down.sh / slurmctld.sh. Source it; it does nothing on its own.
 # Env: SLURM_LAB          state dir (default /tmp/evalrun-slurm): config, state, spool, logs, MariaDB datadir, pids
-#      SLURM_PORT_BASE    slurmctld port (default 6817); slurmd = +1, slurmdbd = +2, MariaDB (127.0.0.1) = +3
+#      SLURM_PORT_BASE    slurmctld port (default: the lab's own, else 6817); slurmd +1, slurmdbd +2, MariaDB +3
 #      SLURM_CLUSTER_NAME ClusterName of a lab other than the default one (default: evalrun-<suffix of its dir>)
 # Several labs can run side by side, each with its own SLURM_LAB and SLURM_PORT_BASE: every daemon but munged
 # (shared) is the lab's own, accounting included.
 DEFAULT_LAB=/tmp/evalrun-slurm
 LAB=${SLURM_LAB:-$DEFAULT_LAB}
 LAB=${LAB%/}
-PORT_BASE=${SLURM_PORT_BASE:-6817}
+PORT_BASE=${SLURM_PORT_BASE:-$(sed -n 's/^SlurmctldPort=//p' "$LAB/etc/slurm.conf" 2>/dev/null || true)}
+PORT_BASE=${PORT_BASE:-6817}
 export SLURM_CONF=$LAB/etc/slurm.conf
 PIDS=$LAB/pids   # our own pid files: slurmctld/slurmd/slurmdbd delete theirs when they exit
 LOGS=$LAB/log
@@ -34,10 +35,10 @@ if [ "$LAB" = "$DEFAULT_LAB" ]; then
   NODE=$(hostname -s)
 else
   suffix=$(basename "$LAB" | tr 'A-Z' 'a-z'); suffix=${suffix#evalrun-slurm-}
-  CLUSTER=${SLURM_CLUSTER_NAME:-evalrun-$(printf '%s' "$suffix" | tr -c 'a-z0-9_-' '-')}
-  CLUSTER=${CLUSTER:0:40}
+  CLUSTER=evalrun-$(printf '%s' "$suffix" | tr -c 'a-z0-9_-' '-')
+  CLUSTER=${SLURM_CLUSTER_NAME:-${CLUSTER:0:40}}
   # Slurm lower-cases cluster names and makes table names of them in the accounting database
-  if ! [[ $CLUSTER =~ ^[a-z][a-z0-9_-]*$ ]]; then
+  if ! [[ $CLUSTER =~ ^[a-z][a-z0-9_-]{0,39}$ ]]; then
     echo "slurm: cluster name '$CLUSTER' is not valid: lower-case letters, digits, '-' and '_', a letter first," \
       "at most 40 (set SLURM_CLUSTER_NAME)" >&2
     exit 2

@@ -143,12 +143,12 @@ fi
 
 # --- MariaDB in its own datadir, TCP on 127.0.0.1 only
 if ! alive mariadbd; then
+  port_free $((PORT_BASE + 3)) mariadbd
   if [ ! -d "$LAB/mysql/data/mysql" ]; then
     rm -rf "$LAB/mysql/data"
     mariadb-install-db --no-defaults --datadir="$LAB/mysql/data" --user=root --auth-root-authentication-method=normal \
       --skip-test-db >"$LOGS/mariadb-install.log" 2>&1 || die "mariadb-install-db failed" "$LOGS/mariadb-install.log"
   fi
-  port_free $((PORT_BASE + 3)) mariadbd
   # the innodb settings silence slurmdbd's warnings about them
   start mariadbd /usr/sbin/mariadbd --no-defaults --datadir="$LAB/mysql/data" --user=root \
     --bind-address=127.0.0.1 --port=$((PORT_BASE + 3)) --socket="$LAB/mysql/mysqld.sock" \

@@ -170,7 +170,7 @@ def slurm_env() -> dict[str, str]:
 @pytest.fixture(autouse=True)
 def _slurm_labs_locked(request: pytest.FixtureRequest) -> Iterator[None]:
     """Each SLURM lab a test uses is locked for the test: alone when it stops that lab's slurmctld, else shared;
-    always the default lab first, so two tests never wait on each other's lab."""
+    the default lab always first, so two tests that take both never deadlock."""
     with contextlib.ExitStack() as locks:
         for lab, used, alone in ((SLURM_LAB, "slurm_env", "slurm_lab_alone"),
                                  (SLURM_LAB_B["SLURM_LAB"], "slurm_lab_b", "slurm_lab_b_alone")):

@@ -4,7 +4,8 @@
 # Idempotent: starts only what is not running; returns at once when everything is already up.
 #
 # Usage: scripts/slurm-up.sh          then: source "$SLURM_LAB/env.sh"   (exports SLURM_CONF)
-# Env:   see scripts/slurm-lib.sh (SLURM_LAB default /tmp/evalrun-slurm, SLURM_PORT_BASE default 6817)
+# Env:   see scripts/slurm-lib.sh (SLURM_LAB default /tmp/evalrun-slurm, SLURM_PORT_BASE default 6817,
+#        SLURM_CLUSTER_NAME). A second lab: SLURM_LAB=/tmp/evalrun-slurm-b SLURM_PORT_BASE=6917 scripts/slurm-up.sh
 # Stop:  scripts/slurm-down.sh [--purge];  only the controller: scripts/slurmctld.sh stop|start
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/slurm-lib.sh"
@@ -36,15 +37,17 @@ if [ -n "$need" ]; then
 fi
 
 mkdir -p "$LAB"/{etc,state,spool,log,run,pids,mysql,dev}
-NODE=$(hostname -s)
-# Describe the node exactly as slurmd sees it (RealMemory a bit lower so the node is never drained for it).
+# Describe the node exactly as slurmd sees it (RealMemory a bit lower so the node is never drained for it). Every lab
+# on this host offers all its CPUs: labs side by side share them as their jobs' processes share any CPU (task/none).
 eval "$(slurmd -C | head -1 | tr ' ' '\n' | grep -E '^(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore|RealMemory)=')"
 MEM=$(( RealMemory * 95 / 100 ))
 LAB_GPUS=4  # fake GPUs the node offers: jobs that ask --gres gpu:N are allocated and accounted N GPUs
+NODE_HOSTNAME=""  # a node not named after this host (another lab's) says which host it is
+[ "$NODE" = "$(hostname -s)" ] || NODE_HOSTNAME=" NodeHostname=$(hostname -s)"
 
 cat >"$LAB/etc/slurm.conf.new" <<CONF
-ClusterName=evalrun
-SlurmctldHost=${NODE}(127.0.0.1)
+ClusterName=$CLUSTER
+SlurmctldHost=$(hostname -s)(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -86,7 +89,7 @@ JobCompLoc=$LOGS/jobcomp.txt
 # Fake GPUs (gres.conf below): jobs asking --gres gpu:N run, and sacct's AllocTRES shows gres/gpu=N
 GresTypes=gpu
 AccountingStorageTRES=gres/gpu
-NodeName=${NODE} NodeAddr=127.0.0.1 Gres=gpu:${LAB_GPUS} CPUs=${CPUs} Boards=${Boards} SocketsPerBoard=${SocketsPerBoard} CoresPerSocket=${CoresPerSocket} ThreadsPerCore=${ThreadsPerCore} RealMemory=${MEM} State=UNKNOWN
+NodeName=${NODE}${NODE_HOSTNAME} NodeAddr=127.0.0.1 Gres=gpu:${LAB_GPUS} CPUs=${CPUs} Boards=${Boards} SocketsPerBoard=${SocketsPerBoard} CoresPerSocket=${CoresPerSocket} ThreadsPerCore=${ThreadsPerCore} RealMemory=${MEM} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
 # slurmd drops GPUs without device files, so each fake GPU is a file: a symlink to /dev/null
@@ -140,6 +143,7 @@ fi
 
 # --- MariaDB in its own datadir, TCP on 127.0.0.1 only
 if ! alive mariadbd; then
+  port_free $((PORT_BASE + 3)) mariadbd
   if [ ! -d "$LAB/mysql/data/mysql" ]; then
     rm -rf "$LAB/mysql/data"
     mariadb-install-db --no-defaults --datadir="$LAB/mysql/data" --user=root --auth-root-authentication-method=normal \
@@ -161,14 +165,18 @@ mariadb --socket="$LAB/mysql/mysqld.sock" -uroot -e "
   FLUSH PRIVILEGES;"
 
 # --- slurmdbd, then register the cluster (before slurmctld first connects)
-alive slurmdbd || start slurmdbd /usr/sbin/slurmdbd -D
+if ! alive slurmdbd; then
+  port_free $((PORT_BASE + 2)) slurmdbd
+  start slurmdbd /usr/sbin/slurmdbd -D
+fi
 poll 120 slurmdbd sacctmgr -n list cluster || die "slurmdbd did not answer within 120 s" "$LOGS/slurmdbd.log" "$LOGS/slurmdbd.stdout"
-sacctmgr -n -P list cluster format=Cluster | grep -qx evalrun || sacctmgr -i add cluster evalrun >/dev/null
+sacctmgr -n -P list cluster format=Cluster | grep -qx "$CLUSTER" || sacctmgr -i add cluster "$CLUSTER" >/dev/null
 
 # --- slurmctld + slurmd
 start_slurmctld
 if ! alive slurmd; then
-  start slurmd /usr/sbin/slurmd -D
+  port_free $((PORT_BASE + 1)) slurmd
+  if [ "$NODE" = "$(hostname -s)" ]; then start slurmd /usr/sbin/slurmd -D; else start slurmd /usr/sbin/slurmd -D -N "$NODE"; fi
 fi
 # a node a start before the fake GPUs drained for them (its state outlives restarts) is usable now
 if sinfo -h -n "$NODE" -o '%E' 2>/dev/null | grep -q 'gres/gpu count reported lower'; then
@@ -177,4 +185,4 @@ fi
 wait_node_ready
 # plain sacct answers once slurmctld has registered with slurmdbd
 poll 30 - sacct -n -X || die "sacct does not work" "$LOGS/slurmdbd.log" "$LOGS/slurmctld.log"
-echo "slurm-up: up in $(elapsed)s (SLURM_CONF=$SLURM_CONF; source $LAB/env.sh)"
+echo "slurm-up: cluster $CLUSTER up in $(elapsed)s (SLURM_CONF=$SLURM_CONF; source $LAB/env.sh)"

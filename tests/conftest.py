@@ -2,7 +2,8 @@
 a real single-node SLURM cluster and the Harbor eval env.
 
 Both are brought up by the repo's own scripts (idempotent; fast when already up):
-  scripts/slurm-up.sh   -> cluster state in $SLURM_LAB (default /tmp/evalrun-slurm), left running afterwards
+  scripts/slurm-up.sh   -> cluster state in $SLURM_LAB (default /tmp/evalrun-slurm), left running afterwards;
+                           a second cluster (`slurm_lab_b`) in /tmp/evalrun-slurm-b, only for the tests that ask
   scripts/eval-env.sh   -> Harbor venv in $EVAL_ENV (default /tmp/evalrun-eval-env), reused across runs
 Needs root (apt-get, daemons, mount namespaces for Harbor's host environment); skipped otherwise.
 
@@ -50,7 +51,7 @@ LAB_GROUPS = {
     "kube": ("tests/kube/",),
     "slurm": ("tests/slurm/", "tests/infra/", "tests/ssh_e2e/", "tests/scheduler/test_slurm_live.py"),
 }
-LAB_FIXTURES = {"kube": "kube", "slurm": "slurm_env"}
+LAB_FIXTURES = {"kube": ("kube",), "slurm": ("slurm_env", "slurm_lab_b")}
 
 
 def lab_of(nodeid: str) -> str | None:
@@ -71,7 +72,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    strays = [item.nodeid for item in items for fixture in LAB_FIXTURES.values()
+    strays = [item.nodeid for item in items for fixtures in LAB_FIXTURES.values() for fixture in fixtures
               if fixture in getattr(item, "fixturenames", ()) and lab_of(item.nodeid) is None]
     if strays:
         raise pytest.UsageError("tests of a shared lab outside its group's paths (tests/conftest.py LAB_GROUPS): "
@@ -143,13 +144,15 @@ def _run_script(script: str, timeout: float, env: dict[str, str] | None = None) 
 
 
 SLURM_LAB = os.environ.get("SLURM_LAB", "/tmp/evalrun-slurm")
+# A second, independent cluster (its own ClusterName, daemons, ports and accounting) for multi-cluster tests.
+SLURM_LAB_B = {"SLURM_LAB": "/tmp/evalrun-slurm-b", "SLURM_PORT_BASE": "6917"}
 
 
 @contextlib.contextmanager
-def _slurm_lab(exclusive: bool) -> Iterator[None]:
+def _slurm_lab(exclusive: bool, lab: str = SLURM_LAB) -> Iterator[None]:
     """A reader-writer lock on the SLURM lab across xdist workers: tests share it, one that stops slurmctld
     (or a worker starting the lab, which would start a stopped slurmctld) waits until it has it alone."""
-    with open(f"{SLURM_LAB}.tests.lock", "a") as lock:
+    with open(f"{lab}.tests.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         yield
 
@@ -165,19 +168,39 @@ def slurm_env() -> dict[str, str]:
 
 
 @pytest.fixture(autouse=True)
-def _slurm_lab_shared(request: pytest.FixtureRequest) -> Iterator[None]:
-    if "slurm_env" in request.fixturenames and "slurm_lab_alone" not in request.fixturenames:
-        with _slurm_lab(exclusive=False):
-            yield
-    else:
+def _slurm_labs_locked(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each SLURM lab a test uses is locked for the test: alone when it stops that lab's slurmctld, else shared;
+    the default lab always first, so two tests that take both never deadlock."""
+    with contextlib.ExitStack() as locks:
+        for lab, used, alone in ((SLURM_LAB, "slurm_env", "slurm_lab_alone"),
+                                 (SLURM_LAB_B["SLURM_LAB"], "slurm_lab_b", "slurm_lab_b_alone")):
+            if used in request.fixturenames:
+                locks.enter_context(_slurm_lab(exclusive=alone in request.fixturenames, lab=lab))
         yield
 
 
 @pytest.fixture
-def slurm_lab_alone(slurm_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """`slurm_env` for a test that stops slurmctld: no other test uses the lab meanwhile."""
-    with _slurm_lab(exclusive=True):
-        yield slurm_env
+def slurm_lab_alone(slurm_env: dict[str, str]) -> dict[str, str]:
+    """`slurm_env` for a test that stops slurmctld: no other test uses the lab meanwhile (`_slurm_labs_locked`)."""
+    return slurm_env
+
+
+@pytest.fixture(scope="session")
+def slurm_lab_b() -> dict[str, str]:
+    """Environment (SLURM_LAB, SLURM_PORT_BASE, SLURM_CONF) of the second cluster, `evalrun-b`; starts it if needed
+    and leaves it running, as `slurm_env` does (stop it: SLURM_LAB=/tmp/evalrun-slurm-b scripts/slurm-down.sh)."""
+    if os.geteuid() != 0:
+        pytest.skip("the SLURM test cluster needs root")
+    env = {**os.environ, **SLURM_LAB_B, "SLURM_CONF": f"{SLURM_LAB_B['SLURM_LAB']}/etc/slurm.conf"}
+    with _slurm_lab(exclusive=False, lab=SLURM_LAB_B["SLURM_LAB"]):
+        _run_script("slurm-up.sh", timeout=600, env=env)
+    return env
+
+
+@pytest.fixture
+def slurm_lab_b_alone(slurm_lab_b: dict[str, str]) -> dict[str, str]:
+    """`slurm_lab_b` for a test that stops its slurmctld: no other test uses it meanwhile (`_slurm_labs_locked`)."""
+    return slurm_lab_b
 
 
 @pytest.fixture(scope="session")

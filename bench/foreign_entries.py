@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from controller.adapters.rundirs.harbor import HarborRunDirs  # noqa: E402
-from controller.core.reconcile import own_run_dir  # noqa: E402
+from controller.core.cluster_view import own_run_dir  # noqa: E402
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_synthetic_run_dir  # noqa: E402
 
 OWN_STEM = "ev_org__bench-8B__tiny__0123456789ab__a"

@@ -65,6 +65,10 @@ CAPABILITIES: dict[str, Capability] = {
     "EvalCluster.spec.scheduler.python": Capability(
         kind="command", check="none", allowed="any, run over `scheduler.ssh` as the tenant's own login",
         refused="without ssh it is not run"),
+    "EvalCluster.spec.scheduler.slurmConf": Capability(
+        kind="path", check="ssh", allowed="over `scheduler.ssh`: a path on the login node, read as the tenant's own "
+        "login", refused="on the operator's host: a slurm.conf names plugins the SLURM commands load, run as the "
+        "operator"),
     "EvalCluster.spec.jobsDir": _LOGIN_PATH,
     "EvalCluster.spec.logsDir": _LOGIN_PATH,
     "EvalCluster.spec.jobScript": _LOGIN_PATH.model_copy(update={"kind": "command"}),

@@ -57,11 +57,18 @@ class SchedulerSpec(SpecModel):
                                                                        "counted from the queue's own submit times.")
     python: PathText = Field("python3", description="The login node's Python (3.9 or later) that runs the run-dir "
                                                     "probe (ssh only): a name on its PATH or an absolute path.")
+    slurm_conf: PathText | None = Field(None, description="The slurm.conf its SLURM commands read (SLURM_CONF), where "
+                                                          "one host reaches several clusters; default: the host's "
+                                                          "own. Relative to the spec file; over ssh, a path on the "
+                                                          "login node.")
 
     @model_validator(mode="after")
     def _ssh_needs_slurm(self) -> SchedulerSpec:
         if self.ssh and self.type != "slurm":
             raise entry_error(("ssh", "[key]"), "ssh_needs_slurm", "ssh is only supported with type: slurm")
+        if self.slurm_conf and self.type != "slurm":
+            raise entry_error(("slurmConf", "[key]"), "slurm_conf_needs_slurm", "slurmConf is only valid with "
+                                                                               "type: slurm")
         if self.ssh_config and not self.ssh:
             raise entry_error(("sshConfig", "[key]"), "ssh_config_needs_ssh", "sshConfig is only valid with ssh")
         for field, ref in (("sshKeySecretRef", self.ssh_key_secret_ref), ("knownHostsSecretRef",

@@ -77,6 +77,10 @@ def cluster_refusals(cluster: EvalCluster | ClusterEvalCluster, directory: Path,
                       "ClusterEvalCluster of the admin, or start the operator with --allow-local-scheduler"))
     if spec.scheduler.ssh:
         found += _ssh_refusals(cluster, policy)
+    elif spec.scheduler.slurm_conf is not None:
+        found.append((("spec", "scheduler", "slurmConf"), "operator policy: slurmConf on the operator's host is "
+                      "refused: a slurm.conf names plugins the SLURM commands load, run as the operator; name it "
+                      "over scheduler.ssh (read on the login node) or use the admin's ClusterEvalCluster"))
     data = cluster.model_dump(by_alias=True)
     for at, value in _values(data, "EvalCluster", "env-name"):
         for name in value if isinstance(value, Mapping) else [value]:

@@ -15,50 +15,37 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 from pydantic import Field
 
-from controller.core.actor import Actor, kill_point
-from controller.core.gpu_hours import estimates
+from controller.core.actor import kill_point
+from controller.core.cluster_view import FIXES, ClusterPorts, ClusterView, Source, Unobserved, read_source
+from controller.core.gpu_hours import GpuEstimate, estimates
 from controller.core.intake import Selection
+from controller.core.lanes import ClusterLane, LaneSeen, LaneSlots, Planned, merged, plan_lane, plan_lanes
 from controller.core.match import join_cells
 from controller.core.notify import DeliveryState, NotifyEvent, facts, undelivered_note
 from controller.core.observed import JobState, Observation, ObservedJob
 from controller.core.placement import PlacementPolicy
-from controller.core.planner import OVER_BUDGET, Policy, launch_of, plan, plan_deletion
+from controller.core.planner import Policy, plan_deletion
 from controller.core.ports import (
     JobsDirMissing,
     ObservationError,
     OutputCursor,
-    RunDirs,
     Scheduler,
     StoreUnavailable,
     WriteRefused,
 )
-from controller.core.preflight import Preflight
 from controller.core.records import StoreSnapshot
 from controller.core.status import RunStatus, summarize
 from controller.core.store import CELL_OWNER_TTL, Store
-from controller.core.types import RUN_TAG_PREFIX, Cell, ClusterRef, EvalRunRef, Frozen, stem_of
+from controller.core.types import RUN_TAG_PREFIX, Cell, ClusterRef, EvalRunRef, Frozen
 from controller.core.vocabulary import Outcome, PassNotes, Plan, Rule
 
 log = logging.getLogger("evalctl.reconcile")
 T = TypeVar("T")
 LEASE_TTL = timedelta(minutes=10)
-RATE_WINDOW = timedelta(minutes=1)
-
-
-class ClusterLane(Frozen):
-    """One of a multi-cluster EvalRun's clusters: its resolution of the cells that may run there, with its policy
-    (RULES §15). The cells' keys are the EvalRun's: a cell is the same cell on every cluster."""
-
-    cluster: ClusterRef
-    cells: tuple[Cell, ...] = Field(description="this cluster's resolution of every cell eligible there, spec order")
-    policy: Policy
-    ineligible: dict[str, str] = Field(default_factory=dict, description="cell key → why it cannot run here, e.g. "
-                                                                         "'pinned to a' or 'needs 48:00:00; b allows "
-                                                                         "at most 24:00:00'")
 
 
 class RunTarget(Frozen):
@@ -90,32 +77,6 @@ def launch_lease_name(cluster: ClusterRef) -> str:
     return f"launch/{cluster}"
 
 
-Source = Literal["store", "queue", "run dirs"]
-FIXES: dict[Source, str] = {
-    "store": "check that the store (--store, $EVALCTL_STORE) is reachable and readable from here",
-    "queue": "check that squeue and sacct answer here: on PATH, with the cluster's SLURM config, or through "
-             "scheduler.ssh on its login node",
-    "run dirs": "check that the cluster's jobsDir is mounted and readable from here",
-}
-
-
-class Unobserved(Frozen):
-    """A source a pass could not read (RULES §12): the cells it holds are Unknown, and `evalctl` exits 3 saying so."""
-
-    source: Source
-    cluster: str = Field("", description="the cluster whose queue or run dirs it is; empty for the store")
-    cause: str
-    fix: str
-
-    @classmethod
-    def of(cls, source: Source, cause: ObservationError, cluster: ClusterRef | None = None) -> Unobserved:
-        return cls(source=source, cluster=str(cluster or ""), cause=" ".join(str(cause).split()), fix=FIXES[source])
-
-    def line(self) -> str:
-        where = f"cluster {self.cluster}: " if self.cluster else ""
-        return f"{where}{self.source} not observed: {self.cause}; {self.fix}"
-
-
 class PassResult(Frozen):
     evalrun: EvalRunRef
     plan: Plan = Field(description="the planner's output, as it planned it")
@@ -128,67 +89,6 @@ class PassResult(Frozen):
     blocked: bool = Field(False, description="it should have acted but the store refused (a pass that failed)")
     unobserved: tuple[Unobserved, ...] = Field((), description="the sources this pass could not read")
     run_tags: tuple[str, ...] = Field((), description="the run tags of its cells' own run dirs this pass saw")
-
-
-class ClusterPorts:
-    """The adapters of one cluster, how to build an Actor for a run on it, its submission rate, and its preflight
-    (RULES §12: raises ObservationError when it cannot run; None: the cluster has none)."""
-
-    def __init__(self, scheduler: Scheduler, run_dirs: RunDirs, actor_for: Callable[[RunTarget], Actor],
-                 submissions_per_minute: int, preflight: Callable[[], Preflight] | None = None):
-        self.scheduler, self.run_dirs, self.actor_for = scheduler, run_dirs, actor_for
-        self.submissions_per_minute = submissions_per_minute
-        self.preflight = preflight
-
-
-class ClusterView:
-    """One pass's reads of a cluster (queue and accounting, run dirs, the nodes its jobs may run on, its preflight),
-    and the launches it still allows: the pass's cap and the cluster's rate, and room under `maxLiveJobs` (our
-    queued + running jobs, from the queue).
-
-    `launching`: whether this pass may launch there at all (it holds the cluster's launch lease, taken BEFORE the
-    queue is read: another process that launched meanwhile has released it, and its jobs are in this read)."""
-
-    def __init__(self, ports: ClusterPorts, policy: Policy, now: datetime, stems: frozenset[str],
-                 launching: str | None = None):
-        self.jobs = _read(ports.scheduler.observe)
-        self.dirs = _read(functools.partial(ports.run_dirs.observe, functools.partial(own_run_dir, stems)))
-        self.nodes = _read(ports.scheduler.usable_nodes)
-        self.preflight = _preflight(ports, policy.cluster) if not isinstance(self.jobs, ObservationError) else None
-        self.paced = min(rate_budget(self.jobs, ports.submissions_per_minute, now), policy.max_submissions_per_pass)
-        self.max_live = policy.max_live_jobs
-        self.live = 0 if isinstance(self.jobs, ObservationError) else sum(1 for job in self.jobs if job.state.active)
-        self.not_launching = launching  # why this pass launches nothing on the cluster, when it does not
-
-    @property
-    def budget(self) -> int:
-        return 0 if self.not_launching else max(min(self.paced, self.max_live - self.live), 0)
-
-    @property
-    def budget_note(self) -> str:
-        """Why cells past the budget wait."""
-        if self.not_launching:
-            return self.not_launching
-        if self.max_live - self.live <= self.paced:  # the ceiling binds: once this budget is spent, it is reached
-            return f"cluster at maxLiveJobs ({self.max_live} live)"
-        return OVER_BUDGET
-
-    @property
-    def live_job_names(self) -> frozenset[str] | None:
-        """Every queued or running job on the cluster; None when the queue could not be read."""
-        if isinstance(self.jobs, ObservationError):
-            return None
-        return frozenset(job.name for job in self.jobs if job.state.active)
-
-    @property
-    def usable_nodes(self) -> frozenset[str] | None:
-        """The nodes the cluster's jobs may run on; None when not known (a read that failed is never "no nodes")."""
-        return None if isinstance(self.nodes, ObservationError) else frozenset(self.nodes or ()) or None
-
-    def spend(self, the_plan: Plan) -> None:
-        launched = sum(1 for cell in the_plan.cells if launch_of(cell) is not None)
-        self.paced -= launched
-        self.live += launched
 
 
 class Observed(Frozen):
@@ -234,7 +134,8 @@ def reconcile_pass(
     views: dict[ClusterRef, ClusterView] = {}
     stems: dict[ClusterRef, set[str]] = defaultdict(set)  # the run dirs a cluster's EvalRuns here can own
     for target in targets:
-        stems[target.cluster].update(stem for cell in target.cells for stem in cell.tag_stems)
+        for lane in lanes_of(target):  # a cell's run dir may be on any cluster of its EvalRun
+            stems[lane.cluster].update(stem for cell in target.cells for stem in cell.tag_stems)
     launcher = f"{holder}#{uuid.uuid4().hex[:12]}"  # this pass: another pass of this process is another launcher
     launch_leases: list[str] = []
     with _LAUNCHERS_GUARD:
@@ -242,18 +143,17 @@ def reconcile_pass(
     results = []
     try:
         for target in targets:
-            ports = clusters[target.cluster]
-            if target.cluster not in views:  # the caps are cluster fields: the same for every run on it
-                not_launching = None
-                if act and target.policy.may_launch:
-                    launch_lease = launch_lease_name(target.cluster)
-                    not_launching = _launch_lease(store, launch_lease, launcher, holder_is_dead, lease_ttl)
-                    if not_launching is None:
-                        launch_leases.append(launch_lease)
-                views[target.cluster] = ClusterView(ports, target.policy, now, frozenset(stems[target.cluster]),
-                                                    not_launching)
-            results.append(_target_pass(target, store, ports, views[target.cluster], now, act, holder,
-                                        holder_is_dead, lease_ttl))
+            for lane in lanes_of(target):
+                if lane.cluster not in views:  # the caps are cluster fields: the same for every run on it
+                    not_launching = None
+                    if act and lane.policy.may_launch:
+                        launch_lease = launch_lease_name(lane.cluster)
+                        not_launching = _launch_lease(store, launch_lease, launcher, holder_is_dead, lease_ttl)
+                        if not_launching is None:
+                            launch_leases.append(launch_lease)
+                    views[lane.cluster] = ClusterView(clusters[lane.cluster], lane.policy, now,
+                                                      frozenset(stems[lane.cluster]), not_launching)
+            results.append(_target_pass(target, store, clusters, views, now, act, holder, holder_is_dead, lease_ttl))
     finally:
         for launch_lease in launch_leases:
             _release(store, launch_lease, launcher)
@@ -262,41 +162,71 @@ def reconcile_pass(
     return results
 
 
-def _target_pass(target: RunTarget, store: Store, ports: ClusterPorts, view: ClusterView, now: datetime, act: bool,
-                 holder: str, holder_is_dead: Callable[[str], bool], lease_ttl: timedelta) -> PassResult:
-    """One EvalRun's share of the pass: observe, take its lease, plan within the cluster's budget, act."""
-    observed = observe(target, store, view, ports.scheduler)
-    acting = _acting(target, store, observed, act, holder, holder_is_dead, lease_ttl)
+def lanes_of(target: RunTarget) -> tuple[ClusterLane, ...]:
+    """Its clusters' lanes; a one-cluster EvalRun is one lane of its own cells."""
+    return target.lanes or (ClusterLane.model_construct(cluster=target.cluster, cells=target.cells,
+                                                        policy=target.policy, ineligible={}),)
+
+
+def _target_pass(target: RunTarget, store: Store, clusters: dict[ClusterRef, ClusterPorts],
+                 views: dict[ClusterRef, ClusterView], now: datetime, act: bool, holder: str,
+                 holder_is_dead: Callable[[str], bool], lease_ttl: timedelta) -> PassResult:
+    """One EvalRun's share of the pass: observe, take its lease, plan each lane within its cluster's budget, act."""
+    read = _store_read(target, store)
+    snapshot = None if isinstance(read, ObservationError) else read
+    seen = [_lane_seen(lane, read, views[lane.cluster], clusters[lane.cluster].scheduler) for lane in lanes_of(target)]
+    acting = _acting(target, store, snapshot, act, holder, holder_is_dead, lease_ttl)
     lease = evalrun_lease_name(target.evalrun)
     try:
-        snapshot = observed.snapshot
-        policy = target.policy
-        estimated = estimates(target.cells, snapshot.gpu_history if snapshot else (),
-                              () if isinstance(view.dirs, ObservationError) else view.dirs, policy.size_bands,
-                              policy.gpus_per_job)
-        the_plan = plan(target.evalrun, target.cells, observed.cells, policy, now, budget=view.budget,
-                        budget_note=view.budget_note, tunnel_leases=snapshot.tunnel_leases if snapshot else (),
-                        live_job_names=view.live_job_names, owners=acting.owners,
-                        quarantined=snapshot.quarantined if snapshot else (), estimates=estimated,
-                        usable_nodes=view.usable_nodes, preflight=view.preflight)
-        view.spend(the_plan)
-        outcomes = tuple(ports.actor_for(target).act(the_plan)) if acting.granted else ()
+        estimated = {key: estimate for lane, _ in seen for key, estimate in _estimates(
+            lane.lane, snapshot, views[lane.lane.cluster]).items()}
+        if target.lanes and target.placement is not None:
+            planned = plan_lanes(target.evalrun, target.cells, target.placement, [lane for lane, _ in seen], snapshot,
+                                 acting.owners, estimated, now)
+        else:
+            planned = [Planned(lane=lane.lane, plan=plan_lane(target.evalrun, lane, snapshot, acting.owners, estimated,
+                                                              now)) for lane, _ in seen]
+        for part in planned:
+            views[part.lane.cluster].spend(part.plan)
+        outcomes = tuple(outcome for part in planned for outcome in clusters[part.lane.cluster].actor_for(
+            _lane_target(target, part.lane)).act(part.plan)) if acting.granted else ()
+        the_plan = planned[0].plan if len(planned) == 1 else merged(target.evalrun, target.cells,
+                                                                      [part.plan for part in planned])
         notes = PassNotes(selections=target.selections, intake=target.intake,
                           notifications=_notifications(target, store, the_plan, outcomes, acting.granted))
     finally:
         if acting.granted:
             _release(store, lease, holder)
+    store_unobserved = (Unobserved.of("store", read),) if isinstance(read, ObservationError) else ()
     return PassResult(evalrun=target.evalrun, plan=the_plan, notes=notes, outcomes=outcomes, acted=acting.granted,
                       status=summarize(the_plan, outcomes, target.generation, notes), note=acting.note,
-                      blocked=acting.blocked, unobserved=(*observed.unobserved, *_unreadable(target, the_plan)),
-                      run_tags=tuple(sorted({d.run_tag for o in observed.cells for d in o.run_dirs or ()
-                                             if d.run_tag.startswith(RUN_TAG_PREFIX)})))
+                      blocked=acting.blocked,
+                      unobserved=(*store_unobserved, *(u for _, lane_unobserved in seen for u in lane_unobserved),
+                                  *(u for part in planned for u in _unreadable(part))),
+                      run_tags=tuple(sorted({d.run_tag for lane, _ in seen for o in lane.observations
+                                             for d in o.run_dirs or () if d.run_tag.startswith(RUN_TAG_PREFIX)})))
 
 
-def _unreadable(target: RunTarget, the_plan: Plan) -> tuple[Unobserved, ...]:
+def _lane_target(target: RunTarget, lane: ClusterLane) -> RunTarget:
+    """The EvalRun as one lane's Actor sees it: that cluster, its cells and policy."""
+    if not target.lanes:
+        return target
+    return target.model_copy(update={"cluster": lane.cluster, "cells": lane.cells, "policy": lane.policy,
+                                     "lanes": ()})
+
+
+def _estimates(lane: ClusterLane, snapshot: StoreSnapshot | None, view: ClusterView) -> dict[str, GpuEstimate]:
+    policy = lane.policy
+    return estimates(lane.cells, snapshot.gpu_history if snapshot else (),
+                     () if isinstance(view.dirs, ObservationError) else view.dirs, policy.size_bands,
+                     policy.gpus_per_job)
+
+
+def _unreadable(part: Planned) -> tuple[Unobserved, ...]:
     """The run dirs that could not be read, each a cause (rule RunDirUnreadable: its cell is Unknown)."""
-    return tuple(Unobserved(source="run dirs", cluster=str(target.cluster), cause=c.reason.removeprefix("not observed: "),
-                            fix=FIXES["run dirs"]) for c in the_plan.cells if c.rule == Rule.RUN_DIR_UNREADABLE)
+    return tuple(Unobserved(source="run dirs", cluster=str(part.lane.cluster),
+                            cause=c.reason.removeprefix("not observed: "), fix=FIXES["run dirs"])
+                 for c in part.plan.cells if c.rule == Rule.RUN_DIR_UNREADABLE)
 
 
 def _notifications(target: RunTarget, store: Store, the_plan: Plan, outcomes: Sequence[Outcome], acting: bool) -> str:
@@ -318,12 +248,6 @@ def _notifications(target: RunTarget, store: Store, the_plan: Plan, outcomes: Se
         log.warning("notifications not recorded", extra={"evalrun": str(target.evalrun), "error": str(exc)})
         return f"notifications not recorded this pass: {exc}"
     return undelivered_note(undelivered)
-
-
-def own_run_dir(stems: frozenset[str], run_tag: str) -> bool:
-    """A run dir some cell of the pass can own: one of its own tags, or a dir not of ours (the old listener's,
-    matched by its config)."""
-    return not run_tag.startswith(RUN_TAG_PREFIX) or stem_of(run_tag) in stems
 
 
 def release_pass(target: RunTarget, store: Store, ports: ClusterPorts) -> list[Outcome]:
@@ -351,24 +275,43 @@ def release_pass(target: RunTarget, store: Store, ports: ClusterPorts) -> list[O
 def observe(target: RunTarget, store: Store, view: ClusterView, scheduler: Scheduler) -> Observed:
     """The store (one read for the EvalRun) joined with its cluster's reads: one Observation per cell, with what
     its running jobs printed since the last pass (one more read, from the offsets the cells remember)."""
-    read = ObservationError(target.unknown) if target.unknown else _read(functools.partial(
+    read = _store_read(target, store)
+    lane, unobserved = _lane_seen(lanes_of(target)[0], read, view, scheduler)
+    store_unobserved = (Unobserved.of("store", read),) if isinstance(read, ObservationError) else ()
+    return Observed(snapshot=None if isinstance(read, ObservationError) else read, cells=lane.observations,
+                    unobserved=(*store_unobserved, *unobserved))
+
+
+def _store_read(target: RunTarget, store: Store) -> StoreSnapshot | ObservationError:
+    """The store's one read for the EvalRun (its selections could not be read: Unknown, as a failed read)."""
+    return ObservationError(target.unknown) if target.unknown else read_source(functools.partial(
         store.observe, target.evalrun, _models(target), _benchmarks(target), _read_keys(target)))
+
+
+def _lane_seen(lane: ClusterLane, read: StoreSnapshot | ObservationError, view: ClusterView,
+               scheduler: Scheduler) -> tuple[LaneSeen, tuple[Unobserved, ...]]:
+    """The store's read joined with one cluster's reads, and the cluster's sources that could not be read."""
     snapshot = None if isinstance(read, ObservationError) else read
     missing = str(view.dirs) if isinstance(view.dirs, JobsDirMissing) else ""
     failures = [str(x) for x in (read, view.jobs, view.dirs) if isinstance(x, ObservationError) and str(x) != missing]
     cells = join_cells(
-        target.cells,
+        lane.cells,
         snapshot,
         None if isinstance(view.jobs, ObservationError) else view.jobs,
         () if missing else None if isinstance(view.dirs, ObservationError) else view.dirs,
         unknown_reason="; ".join(failures),
         jobs_dir_missing=missing,
     )
-    sources: tuple[tuple[Source, object], ...] = (("store", read), ("queue", view.jobs), ("run dirs", view.dirs))
-    unobserved = [Unobserved.of(source, error, None if source == "store" else target.cluster)  # a missing jobs dir
-                  for source, error in sources  # was seen missing: its cells say so, it is no source that failed
-                  if isinstance(error, ObservationError) and not isinstance(error, JobsDirMissing)]
-    return Observed(snapshot=snapshot, cells=_with_outputs(cells, scheduler), unobserved=tuple(unobserved))
+    sources: tuple[tuple[Source, object], ...] = (("queue", view.jobs), ("run dirs", view.dirs))
+    unobserved = tuple(Unobserved.of(source, error, lane.cluster)  # a missing jobs dir was seen missing: its cells
+                       for source, error in sources  # say so, it is no source that failed
+                       if isinstance(error, ObservationError) and not isinstance(error, JobsDirMissing))
+    cluster_failures = "; ".join(str(x) for x in (view.jobs, view.dirs)
+                                 if isinstance(x, ObservationError) and str(x) != missing)
+    slots = LaneSlots(budget=view.budget, budget_note=view.budget_note, observed=cluster_failures,
+                      live_job_names=view.live_job_names, usable_nodes=view.usable_nodes, preflight=view.preflight,
+                      jobs=() if isinstance(view.jobs, ObservationError) else view.jobs)
+    return LaneSeen.model_construct(lane=lane, observations=_with_outputs(cells, scheduler), slots=slots), unobserved
 
 
 def _with_outputs(cells: Sequence[Observation], scheduler: Scheduler) -> tuple[Observation, ...]:
@@ -377,7 +320,7 @@ def _with_outputs(cells: Sequence[Observation], scheduler: Scheduler) -> tuple[O
                for obs in cells for job in obs.jobs or () if job.state == JobState.RUNNING]
     if not cursors:
         return tuple(cells)
-    read = _read(functools.partial(scheduler.read_output, cursors))
+    read = read_source(functools.partial(scheduler.read_output, cursors))
     if isinstance(read, ObservationError):  # the health rules that need output wait; the others go on
         return tuple(obs.model_copy(update={"outputs": None}) for obs in cells)
     by_job = {output.job_id: output for output in read}
@@ -390,30 +333,10 @@ def _offset(obs: Observation, job: ObservedJob) -> int:
     return reading.offset if reading is not None and reading.job_id == job.job_id else 0
 
 
-def _preflight(ports: ClusterPorts, cluster: str) -> Preflight | None:
-    """The cluster's preflight (RULES §12), for every EvalRun on it; one that could not run says why (its launches
-    wait). Not read when the queue was not: every cell is Unknown then, nothing launches anyway."""
-    if ports.preflight is None:
-        return None
-    found = _read(ports.preflight)
-    return Preflight(cluster=cluster, unobserved=str(found)) if isinstance(found, ObservationError) else found
-
-
-def rate_budget(jobs: tuple[ObservedJob, ...] | ObservationError, per_minute: int, now: datetime) -> int:
-    """Submissions the cluster's rate still allows: its cap minus our jobs submitted in the last minute.
-
-    The queue itself remembers what was submitted, so the rate holds across passes and processes.
-    """
-    if isinstance(jobs, ObservationError):
-        return 0  # its cells are Unknown: nothing is launched anyway
-    recent = sum(1 for job in jobs if job.submitted_at is not None and now - job.submitted_at < RATE_WINDOW)
-    return max(per_minute - recent, 0)
-
-
-def _acting(target: RunTarget, store: Store, observed: Observed, act: bool, holder: str,
+def _acting(target: RunTarget, store: Store, snapshot: StoreSnapshot | None, act: bool, holder: str,
             holder_is_dead: Callable[[str], bool], lease_ttl: timedelta) -> Acting:
     """Take the EvalRun's lease and claim its cells, or say why this pass only plans."""
-    watching = observed.other_owners(target.evalrun)
+    watching = Observed(snapshot=snapshot, cells=()).other_owners(target.evalrun)
     if not act:
         return Acting(granted=False, owners=watching, note="plan")
     if not target.policy.may_launch:
@@ -478,14 +401,6 @@ def _release(store: Store, lease: str, holder: str) -> None:
         store.state.release_lease(lease, holder)
     except StoreUnavailable as exc:  # it expires after LEASE_TTL, or this holder renews it next pass
         log.warning("could not release the lease", extra={"lease": lease, "error": str(exc)})
-
-
-def _read(observe: Callable[[], T]) -> T | ObservationError:
-    try:
-        return observe()
-    except ObservationError as exc:  # a missing jobs dir is also how every fresh cluster starts: not a warning
-        (log.info if isinstance(exc, JobsDirMissing) else log.warning)("observation failed", extra={"error": str(exc)})
-        return exc
 
 
 def _keys(target: RunTarget) -> list[str]:

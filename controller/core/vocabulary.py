@@ -59,6 +59,11 @@ class Rule(StrEnum):
                        "RULES §12: deletionPolicy Cancel → cancel the live jobs of the cells this EvalRun owns")
     PREFLIGHT_FAILED = ("PreflightFailed", "RULES §12: the cluster's preflight failed → hold its launches until "
                                            "fixed (could not run → wait); its jobs are still watched")
+    # RULES §15: several clusters
+    NO_FREE_CLUSTER = ("NoFreeCluster", "RULES §15: no cluster the cell may run on has a free slot (or may be "
+                                        "used) this pass → wait; placed when one has")
+    NO_ELIGIBLE_CLUSTER = ("NoEligibleCluster", "RULES §15: none of the EvalRun's clusters may run the cell (pins, "
+                                                "maxTimeLimit) → hold until the spec changes")
     # RULES §13: a job that failed needs a human
     JOB_FAILED_DIR_UNSEEN = ("JobFailedRunDirUnseen",
                              "RULES §13: FAILED / OUT_OF_MEMORY, run dir not visible → hold for a human "
@@ -396,6 +401,8 @@ class Plan(Frozen):
                                                         "quarantines, locked pairs, refires waiting")
     preflight: str = Field("", description="why its cluster's launches are held: the preflight failed (RULES §12); "
                                            "'' when none was held")
+    clusters: dict[str, str] = Field(default_factory=dict, description="several clusters (RULES §15): cell key → "
+                                                                       "the cluster it ran on or is placed on now")
 
     def estimate(self, cell: CellPlan) -> GpuEstimate | None:
         """A cell's estimate when it has not run yet (no GPU-hours of its own, not done): what `plan` shows."""

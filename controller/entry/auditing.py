@@ -9,8 +9,9 @@ from datetime import datetime
 from controller.api.catalog import Catalog
 from controller.api.loader import SpecSet
 from controller.core.audit import AuditReport, audit_cells, merge
+from controller.core.cluster_view import ClusterView
 from controller.core.ports import ObservationError
-from controller.core.reconcile import ClusterView, observe
+from controller.core.reconcile import observe
 from controller.core.store import Store
 from controller.core.types import ClusterRef
 from controller.entry.passes import pass_targets

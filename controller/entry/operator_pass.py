@@ -26,8 +26,9 @@ from controller.api.evalrun import asks_to_cancel
 from controller.api.grants import grant_refusal, unloadable_refusal
 from controller.api.loader import SpecSet, load_objects, object_label, parse_resource
 from controller.api.tenancy import NamespaceQuota, OperatorPolicy
+from controller.core.cluster_view import ClusterPorts
 from controller.core.ports import ObservationError
-from controller.core.reconcile import ClusterPorts, release_pass
+from controller.core.reconcile import release_pass
 from controller.core.status import RunStatus
 from controller.core.store import CELL_OWNER_TTL, Store
 from controller.core.types import ClusterRef, EvalRunRef, Frozen

@@ -9,7 +9,8 @@ from datetime import datetime
 
 from controller.api.catalog import Catalog, load_catalog
 from controller.api.loader import SpecSet
-from controller.core.reconcile import ClusterPorts, PassResult, RunTarget, reconcile_pass
+from controller.core.cluster_view import ClusterPorts
+from controller.core.reconcile import PassResult, RunTarget, reconcile_pass
 from controller.core.store import Store
 from controller.core.types import ClusterRef
 from controller.entry.selection import intakes

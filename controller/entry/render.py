@@ -54,6 +54,7 @@ def _cell_json(cell: CellPlan, plan: Plan, spec_args: Sequence[str] = ()) -> dic
         "model": cell.cell.model,
         "benchmark": cell.cell.benchmark,
         "dataset": cell.cell.dataset,
+        "cluster": plan.clusters.get(cell.cell.key) if plan.clusters else cell.cell.cluster,
         "phase": cell.phase.value,
         "actions": [{"kind": a.kind.value, "reason": a.reason} for a in cell.actions],
         "reason": cell.reason,
@@ -83,11 +84,13 @@ def plan_table(result: PassResult, console: Console) -> None:
         selections(result.notes, console)
         return
     table = Table(title=title, expand=False)
-    for column in ("model", "benchmark", "phase", "est. GPU-h", "actions", "reason"):
+    where = ("cluster",) if plan.clusters else ()  # several clusters: where each cell ran or goes (RULES §15)
+    for column in ("model", "benchmark", *where, "phase", "est. GPU-h", "actions", "reason"):
         table.add_column(column, overflow="fold")
     for cell in plan.cells:
-        table.add_row(cell.cell.model, cell.cell.benchmark, _phase(cell.phase), _gpu_cell(cell, plan), _actions(cell),
-                      cell.reason)
+        placed = (plan.clusters.get(cell.cell.key, "—"),) if where else ()
+        table.add_row(cell.cell.model, cell.cell.benchmark, *placed, _phase(cell.phase), _gpu_cell(cell, plan),
+                      _actions(cell), cell.reason)
     console.print(table)
     console.print(gpu_line(gpu_summary(plan)), highlight=False)
     effects(plan, console)
@@ -171,7 +174,7 @@ def status_grid(result: PassResult, console: Console, spec_args: Sequence[str] =
         table.add_column(bench, justify="center")
     for model in models:
         cells = [by_key.get((model, bench)) for bench in benchmarks]
-        table.add_row(model, *(_grid_cell(c) for c in cells))
+        table.add_row(model, *(_grid_cell(c) + _where(c, plan) for c in cells))
     console.print(table)
     console.print(gpu_line(gpu_summary(plan)), highlight=False)
     effects(plan, console)
@@ -181,6 +184,12 @@ def status_grid(result: PassResult, console: Console, spec_args: Sequence[str] =
     selections(result.notes, console)
     for source in result.unobserved:
         console.print(f"  {source.line()}", markup=False, highlight=False)
+
+
+def _where(cell: CellPlan | None, plan: Plan) -> str:
+    """Several clusters (RULES §15): ` @ lab-b`, the cluster the cell ran on or goes to."""
+    placed = plan.clusters.get(cell.cell.key) if cell is not None else None
+    return f" @ {placed}" if placed else ""
 
 
 def held(plan: Plan, console: Console, spec_args: Sequence[str]) -> None:

@@ -19,7 +19,7 @@ from fsspec import AbstractFileSystem
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.post_eval import post_eval_analysis, write_post_eval_report
 from controller.adapters.rundirs.remote import RunDirProbe
-from controller.adapters.scheduler.commands import CommandFailed, CommandResult, CommandRunner, LocalCommands
+from controller.adapters.scheduler.commands import CommandFailed, CommandResult, CommandRunner, EnvCommands, LocalCommands
 from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
 from controller.adapters.secrets import SecretMask
@@ -30,6 +30,7 @@ from controller.api.loader import LoadedCluster, LoadedRun, SpecSet
 from controller.api.resolve import resolution_notes, resolve, walltime_warnings
 from controller.core.actor import Actor, JobLauncher
 from controller.core.admission import GatePolicy
+from controller.core.cluster_view import ClusterPorts
 from controller.core.health import HealthLimits
 from controller.core.job_env import JobSecrets, JobSettings
 from controller.core.metrics import RunMetrics
@@ -37,7 +38,7 @@ from controller.core.notify import NotifyEvent
 from controller.core.observed import RunDirFacts
 from controller.core.planner import Policy
 from controller.core.ports import ObservationError, Scheduler, StoreUnavailable, TrackedRun, Tracker, TrackerRecord
-from controller.core.reconcile import ClusterPorts, RunTarget
+from controller.core.reconcile import RunTarget
 from controller.core.store import Store
 from controller.core.tracking import Analysis
 from controller.core.types import ClusterRef, EvalRunRef
@@ -290,17 +291,21 @@ def scheduler_for(cluster: LoadedCluster, logs_dir: str, mask: SecretMask, secre
         return LocalScheduler(os.path.join(logs_dir, ".local-scheduler"), mask, gpus_per_job=cspec.gpus_per_job)
     options = SlurmOptions(partition=cspec.partition, account=cspec.account, reservation=cspec.reservation,
                            qos=cspec.qos, gpus_per_job=cspec.gpus_per_job)
-    if cspec.scheduler.ssh:  # commands run on the login node, as its login user (asked there: `id -un`)
-        commands = ssh_commands(cluster, cspec.scheduler.ssh, secrets, public_errors=public_errors)
-        return SlurmScheduler(commands, options, logs_dir=logs_dir, user=None, mask=mask)
-    return SlurmScheduler(LocalCommands(), options, logs_dir=logs_dir, user=getpass.getuser(), mask=mask)
+    commands = cluster_commands(cluster, secrets, public_errors=public_errors)
+    # over ssh, commands run on the login node as its login user (asked there: `id -un`)
+    user = None if cspec.scheduler.ssh else getpass.getuser()
+    return SlurmScheduler(commands, options, logs_dir=logs_dir, user=user, mask=mask)
 
 
 def cluster_commands(cluster: LoadedCluster, secrets: SecretSource | None = None, *,
                      public_errors: bool = False) -> CommandRunner:
-    """Where the cluster's commands run: its login node over ssh, else this host."""
-    ssh = cluster.cluster.spec.scheduler.ssh
-    return ssh_commands(cluster, ssh, secrets, public_errors=public_errors) if ssh else LocalCommands()
+    """Where the cluster's commands run: its login node over ssh, else this host; with its slurm.conf, if named."""
+    scheduler = cluster.cluster.spec.scheduler
+    ssh = scheduler.ssh
+    commands = ssh_commands(cluster, ssh, secrets, public_errors=public_errors) if ssh else LocalCommands()
+    if scheduler.slurm_conf is None:
+        return commands
+    return EnvCommands(commands, {"SLURM_CONF": scheduler.slurm_conf if ssh else cluster.path(scheduler.slurm_conf)})
 
 
 def ssh_commands(cluster: LoadedCluster, host: str, secrets: SecretSource | None, *,

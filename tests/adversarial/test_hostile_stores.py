@@ -12,8 +12,9 @@ import pytest
 
 from controller.adapters.store import open_store
 from controller.adapters.store.sqlite import SqliteStore
+from controller.core.cluster_view import ClusterPorts
 from controller.core.ports import ObservationError, StoreUnavailable
-from controller.core.reconcile import ClusterPorts, RunTarget, reconcile_pass
+from controller.core.reconcile import RunTarget, reconcile_pass
 from controller.core.store import Store
 from controller.core.types import ClusterRef
 from controller.core.vocabulary import Phase

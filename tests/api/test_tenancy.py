@@ -72,6 +72,17 @@ def test_the_operators_ssh_identity_and_config_are_never_a_tenants(scheduler, sa
     assert any(says in why for why in refusals(cluster(scheduler=scheduler), run()))
 
 
+def test_a_tenants_slurm_conf_is_read_on_its_login_node_never_by_the_operators_commands():
+    local = POLICY.model_copy(update={"allow_local_scheduler": True})
+    here = cluster(scheduler={"type": "slurm", "slurmConf": "/tmp/evil/slurm.conf"}, jobsDir="jobs", logsDir="logs",
+                   jobScript="eval.sh")
+
+    [refused] = refusals(here, run(), policy=local)
+
+    assert "slurmConf on the operator's host is refused" in refused and "plugins" in refused
+    assert refusals(cluster(scheduler=SSH_OK | {"slurmConf": "/etc/slurm-b/slurm.conf"}), run()) == []
+
+
 @pytest.mark.parametrize("name", ["BASH_ENV", "ENV", "PYTHONPATH", "PYTHONSTARTUP", "LD_PRELOAD", "PATH",
                                   "NODE_OPTIONS", "PERL5OPT", "RUBYOPT"])
 def test_loader_and_shell_hooks_are_refused_in_env_and_secret_env(name):

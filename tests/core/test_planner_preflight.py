@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 
 from controller.adapters.store.sqlite import SqliteStore
-from controller.core import reconcile
+from controller.core import lanes
+from controller.core.cluster_view import ClusterPorts
 from controller.core.observed import JobState
 from controller.core.planner import plan
 from controller.core.ports import ObservationError
 from controller.core.preflight import Preflight, PreflightFailure
-from controller.core.reconcile import ClusterPorts, RunTarget, reconcile_pass
+from controller.core.reconcile import RunTarget, reconcile_pass
 from controller.core.status import summarize
 from controller.core.store import Store
 from controller.core.types import ClusterRef, submission_name
@@ -141,8 +142,8 @@ def test_a_pass_reads_the_preflight_once_per_cluster_and_not_without_a_queue(
         seen.append(kwargs["preflight"])
         return real(*args, **kwargs)
 
-    real = reconcile.plan
-    monkeypatch.setattr(reconcile, "plan", planning)
+    real = lanes.plan
+    monkeypatch.setattr(lanes, "plan", planning)
     cluster = Cluster(answer, queue)
     ports = ClusterPorts(scheduler=cluster, run_dirs=cluster, actor_for=None,  # type: ignore[arg-type]
                          submissions_per_minute=6, preflight=cluster.preflight)

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from controller.adapters.store.sqlite import SqliteStore
-from controller.core import reconcile
+from controller.core import lanes
+from controller.core.cluster_view import ClusterPorts
 from controller.core.ports import ObservationError
-from controller.core.reconcile import ClusterPorts, RunTarget, reconcile_pass
+from controller.core.reconcile import RunTarget, reconcile_pass
 from controller.core.store import Store
 from controller.core.types import ClusterRef
 from tests.core.builders import NOW, POLICY, cell
@@ -47,8 +48,8 @@ def test_each_cluster_is_asked_once_and_the_planner_gets_its_nodes_or_none(
         seen.append(kwargs["usable_nodes"])
         return plan(*args, **kwargs)
 
-    plan = reconcile.plan
-    monkeypatch.setattr(reconcile, "plan", planning)
+    plan = lanes.plan
+    monkeypatch.setattr(lanes, "plan", planning)
     cluster = Nodes(answer)
     ports = ClusterPorts(scheduler=cluster, run_dirs=cluster, actor_for=None,  # type: ignore[arg-type]
                          submissions_per_minute=6)

@@ -9,8 +9,8 @@ import pytest
 
 from controller.adapters.rundirs import harbor
 from controller.adapters.rundirs.harbor import HarborRunDirs
+from controller.core.cluster_view import own_run_dir
 from controller.core.ports import ObservationError
-from controller.core.reconcile import own_run_dir
 from controller.core.types import stem_of
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_config, write_job_result
 

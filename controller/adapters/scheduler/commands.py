@@ -97,6 +97,17 @@ class LocalCommands:
             raise CommandFailed(f"{argv[0]}: {exc.strerror or exc}") from exc
 
 
+class EnvCommands:
+    """A cluster's commands with its own variables (its SLURM_CONF), wherever they run."""
+
+    def __init__(self, inner: CommandRunner, env: Mapping[str, str]):
+        self.inner, self.env = inner, dict(env)
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float,
+            stdin: str | None = None) -> CommandResult:
+        return self.inner.run(argv, env={**self.env, **(env or {})}, timeout=timeout, stdin=stdin)
+
+
 def capture(argv: list[str], *, env: Mapping[str, str] | None = None, stdin: str | None, timeout: float,
             caps: tuple[int, int]) -> CommandResult:
     """Run argv, its stdout and stderr read as they come, each up to its cap (stdout, stderr).

@@ -1,0 +1,107 @@
+"""One EvalRun over two clusters, planned lane by lane (RULES §15): bound cells stay, fresh ones are placed within
+each cluster's slots, an unobserved cluster gets nothing new, a cell that may run nowhere is held. Pure."""
+
+from __future__ import annotations
+
+from controller.core.lanes import ClusterLane, LaneSeen, LaneSlots, Planned, merged, plan_lanes
+from controller.core.observed import JobState, Observation
+from controller.core.placement import PlacementPolicy
+from controller.core.planner import launch_of
+from controller.core.types import Cell, ClusterRef
+from controller.core.vocabulary import Hold, Phase, Rule, Submit, Wait
+from tests.core.builders import NOW, RUN, SCORED, cell, job, obs, row, spec_policy, sub
+
+A, B = ClusterRef(name="a"), ClusterRef(name="b")
+SOONEST = PlacementPolicy(strategy="soonest")
+UNKNOWN = Observation(rows=None, submissions=None, jobs=None, run_dirs=None, unknown_reason="squeue exited 1")
+
+
+def cells(n: int) -> list[Cell]:
+    return [cell(model=f"org/M{i}-8B") for i in range(n)]
+
+
+def lane(ref: ClusterRef, on: list[Cell], seen: list[Observation] | None = None, *, budget: int = 2,
+         observed: str = "", ineligible: dict[str, str] | None = None) -> LaneSeen:
+    here = [c.model_copy(update={"cluster": ref.name}) for c in on]
+    return LaneSeen(lane=ClusterLane(cluster=ref, cells=tuple(here), policy=spec_policy(cluster=str(ref)),
+                                     ineligible=ineligible or {}),
+                    observations=tuple(seen or [obs() for _ in on]),
+                    slots=LaneSlots(budget=budget, budget_note=f"cluster {ref} at maxLiveJobs", observed=observed,
+                                    live_job_names=frozenset(), usable_nodes=None, preflight=None))
+
+
+def planned(fleet: list[Cell], *lanes: LaneSeen) -> list[Planned]:
+    return plan_lanes(RUN, fleet, SOONEST, list(lanes), None, {}, {}, NOW)
+
+
+def launched(part: Planned) -> list[str]:
+    return [c.cell.model for c in part.plan.cells if launch_of(c) is not None]
+
+
+def test_eight_fresh_cells_over_two_clusters_of_two_slots_launch_four_two_on_each() -> None:
+    fleet = cells(8)
+
+    on_a, on_b = planned(fleet, lane(A, fleet), lane(B, fleet))
+
+    assert launched(on_a) == ["org/M0-8B", "org/M2-8B"] and launched(on_b) == ["org/M1-8B", "org/M3-8B"]
+    assert all(c.cell.cluster == "b" for c in on_b.plan.cells if launch_of(c))
+    first = next(c for c in on_a.plan.cells if launch_of(c))
+    assert "placed on a: 2 free slots, est. start now (soonest start); b: 2 free slots, est. start now" in first.reason
+    whole = merged(RUN, fleet, [on_a.plan, on_b.plan])
+    assert [c.cell.model for c in whole.cells] == [c.model for c in fleet]  # one plan per cell, spec order
+    assert whole.clusters == {fleet[0].key: "a", fleet[2].key: "a", fleet[1].key: "b", fleet[3].key: "b"}
+    waiting = [c for c in whole.cells if not launch_of(c)]
+    assert len(waiting) == 4 and {c.rule for c in waiting} == {Rule.NO_FREE_CLUSTER}
+    assert waiting[0].actions == (Wait(reason="no free slot on any cluster: a: cluster a at maxLiveJobs; "
+                                              "b: cluster b at maxLiveJobs"),)
+
+
+def test_a_cell_bound_by_its_submission_stays_on_its_cluster_even_unobserved() -> None:
+    fleet = cells(2)
+    bound = sub(fleet[0]).model_copy(update={"cluster": str(B)})
+    seen_a = [obs(subs=(bound,)), obs()]
+
+    on_a, on_b = planned(fleet, lane(A, fleet, seen_a), lane(B, fleet, [UNKNOWN, UNKNOWN], observed="squeue exited 1"))
+
+    assert [c.cell.model for c in on_b.plan.cells] == ["org/M0-8B"]
+    assert on_b.plan.cells[0].phase == Phase.UNKNOWN and not launch_of(on_b.plan.cells[0])
+    assert launched(on_a) == ["org/M1-8B"]  # the fresh one goes where it can be seen
+    assert merged(RUN, fleet, [on_a.plan, on_b.plan]).clusters == {fleet[0].key: "b", fleet[1].key: "a"}
+
+
+def test_a_job_in_a_clusters_queue_binds_its_cell_there_without_a_submission_record() -> None:
+    fleet = cells(1)
+    queued = job(fleet[0].run_tag(1), JobState.QUEUED)
+
+    on_a, on_b = planned(fleet, lane(A, fleet), lane(B, fleet, [obs(jobs=(queued,))]))
+
+    assert on_a.plan.cells == () and on_b.plan.cells[0].rule == Rule.QUEUED
+
+
+def test_a_finished_row_counts_on_every_cluster_and_takes_no_slot() -> None:
+    fleet = cells(3)
+    done = obs(rows=(row("Finished", metrics=SCORED),))
+
+    on_a, on_b = planned(fleet, lane(A, fleet, [done, obs(), obs()], budget=1), lane(B, fleet, budget=1))
+
+    whole = merged(RUN, fleet, [on_a.plan, on_b.plan])
+    assert whole.cells[0].phase == Phase.COMPLETED
+    assert sorted(launched(on_a) + launched(on_b)) == ["org/M1-8B", "org/M2-8B"]
+
+
+def test_a_cell_eligible_nowhere_is_held_and_one_eligible_only_on_b_waits_for_b() -> None:
+    fleet = cells(2)
+    nowhere, only_b = fleet[0].key, fleet[1].key
+    reasons = {nowhere: "pinned to c"}
+
+    on_a, on_b = planned(fleet, lane(A, fleet, ineligible={**reasons, only_b: "pinned to b"}),
+                         lane(B, fleet, budget=0, ineligible=reasons))
+
+    held = next(c for c in on_a.plan.cells if c.cell.key == nowhere)
+    assert held.rule == Rule.NO_ELIGIBLE_CLUSTER
+    assert held.actions == (Hold(reason="fix spec.clusters or spec.placement.pin: may run on none of the EvalRun's "
+                                        "clusters (a: pinned to c; b: pinned to c)"),)
+    waiting = next(c for p in (on_a, on_b) for c in p.plan.cells if c.cell.key == only_b)
+    assert waiting.rule == Rule.NO_FREE_CLUSTER
+    assert waiting.actions == (Wait(reason="no free slot on any cluster: b: cluster b at maxLiveJobs"),)
+    assert not any(isinstance(a, Submit) for p in (on_a, on_b) for c in p.plan.cells for a in c.actions)

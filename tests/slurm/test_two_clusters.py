@@ -1,0 +1,139 @@
+"""One EvalRun over two real SLURM clusters (RULES §15): the default lab and a second one (`slurm_lab_b`), each with
+its own controller, node, accounting and `maxLiveJobs: 2`, reached from one host through `scheduler.slurmConf`.
+
+Every cell runs once, on one cluster, and the submission record says which; a cluster whose controller is down
+keeps its cells Unknown (none moved, no duplicate once it is back) while new cells go to the other."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from tests.slurm.conftest import SlurmCluster, ensure_slurmctld_up, slurm, slurmctld, wait_until
+
+pytestmark = pytest.mark.slurm
+FAST = {"FAKE_HARBOR_TASKS": "2", "FAKE_HARBOR_TRIAL_SECONDS": "0.2"}
+LAB_A, LAB_B = "lab-a", "lab-b"
+
+
+def write(cluster: SlurmCluster, lab_b: dict[str, str], models: list[str], *, held: bool = False) -> None:
+    script = cluster.held_script() if held else cluster.fake_harbor_script()
+    env = "".join(f"\n    {k}: {json.dumps(v)}" for k, v in FAST.items())
+    clusters = ""
+    for name, conf in ((LAB_A, cluster.env["SLURM_CONF"]), (LAB_B, lab_b["SLURM_CONF"])):
+        clusters += f"""
+apiVersion: evalrun.io/v1alpha1
+kind: EvalCluster
+metadata: {{name: {name}}}
+spec:
+  scheduler: {{type: slurm, submissionsPerMinute: 600, slurmConf: {conf}}}
+  partition: debug
+  jobsDir: {cluster.root / name / "jobs"}
+  logsDir: {cluster.root / name / "logs"}
+  jobScript: {script}
+  timeLimit: "10"
+  maxLiveJobs: 2
+  env:{env}
+---"""
+    cluster.spec.write_text(f"""{clusters}
+apiVersion: evalrun.io/v1alpha1
+kind: EvalRun
+metadata: {{name: two-clusters}}
+spec:
+  clusters: [{LAB_A}, {LAB_B}]
+  models: {json.dumps(models)}
+  datasets: [DCAgent/twobench]
+  agent: oracle
+  nAttempts: 1
+  monitor: {{settleMinutes: 0}}
+""")
+
+
+def ours(cluster: SlurmCluster, env: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(id, name, state) of this test's jobs in one cluster's queue (squeue --states=all lists ended ones a while)."""
+    out = slurm(["squeue", "-h", "--states=all", "-o", "%i|%j|%T"], env).stdout
+    return [tuple(line.split("|")) for line in out.splitlines() if cluster.uid in line]  # type: ignore[misc]
+
+
+def live(cluster: SlurmCluster, env: dict[str, str]) -> int:
+    return sum(1 for _, _, state in ours(cluster, env) if state in ("PENDING", "RUNNING", "CONFIGURING"))
+
+
+def per_cluster(cluster: SlurmCluster) -> Counter[str]:
+    return Counter(r["cluster"] for r in cluster._query("SELECT cluster FROM evalrun_submissions"))
+
+
+@pytest.fixture
+def both(cluster: SlurmCluster, slurm_lab_b: dict[str, str]):
+    yield cluster, slurm_lab_b
+    for job_id, _, _ in ours(cluster, slurm_lab_b):
+        slurm(["scancel", job_id], slurm_lab_b, check=False)
+
+
+def test_eight_cells_over_two_clusters_run_four_at_a_time_each_once(both) -> None:
+    cluster, lab_b = both
+    models = [cluster.model(i) for i in range(8)]
+    write(cluster, lab_b, models)
+
+    first = cluster.reconcile()
+    assert "4 action(s) done" in first.stdout, first.stdout
+    assert per_cluster(cluster) == {LAB_A: 2, LAB_B: 2}
+    assert len(ours(cluster, cluster.env)) == 2 and len(ours(cluster, lab_b)) == 2
+    explained = cluster.evalctl("explain", models[0], "twobench").stdout
+    assert "placed on lab-a: 2 free slots, est. start now (soonest start); lab-b: 2 free slots" in explained \
+        or "lab-a @" in explained, explained
+
+    seen: list[tuple[int, int]] = []
+
+    def converged() -> bool:
+        seen.append((live(cluster, cluster.env), live(cluster, lab_b)))
+        assert max(seen[-1]) <= 2, f"live jobs per cluster at each observation: {seen}"
+        cluster.reconcile()
+        return cluster.status()["counts"] == {"Completed": 8}
+
+    wait_until(converged, "all 8 cells Completed", timeout_s=600, step_s=1.0)
+
+    rows = cluster.rows()
+    assert len(rows) == 8 and len({r["job_name"] for r in rows}) == 8, "one row per cell"
+    assert all(r["job_status"] == "Finished" for r in rows)
+    subs = cluster._query("SELECT run_tag, job_id, cluster FROM evalrun_submissions")
+    assert len(subs) == 8 and {s["cluster"] for s in subs} == {LAB_A, LAB_B}
+    for sub in subs:  # each job is in the accounting of the cluster its record names, and only there
+        home, other = (cluster.env, lab_b) if sub["cluster"].endswith(LAB_A) else (lab_b, cluster.env)
+        assert [j for j in ours(cluster, home) if j[1] == sub["run_tag"]] or slurm(
+            ["sacct", "-n", "-X", "-j", sub["job_id"], "-o", "JobName%80"], home).stdout.strip() == sub["run_tag"]
+        assert sub["run_tag"] not in slurm(["sacct", "-n", "-X", "-S", "now-1hour", "-o", "JobName%80"],
+                                           other).stdout
+    assert "0 action(s) done" in cluster.reconcile().stdout
+
+
+def test_a_cluster_whose_controller_is_down_keeps_its_cells_unknown_and_new_ones_go_elsewhere(
+        cluster: SlurmCluster, slurm_lab_b_alone: dict[str, str]) -> None:
+    lab_b = slurm_lab_b_alone
+    models = [cluster.model(i) for i in range(4)]
+    write(cluster, lab_b, models[:2], held=True)  # held jobs: queued, never running, never done
+    try:
+        assert "2 action(s) done" in cluster.reconcile().stdout
+        assert per_cluster(cluster) == {LAB_A: 1, LAB_B: 1}
+        on_b = [name for _, name, _ in ours(cluster, lab_b)]
+        stopped = slurmctld("stop", lab_b)
+        assert stopped.returncode == 0, stopped.stderr
+        write(cluster, lab_b, models, held=True)
+
+        blind = cluster.reconcile(check=False)
+
+        assert blind.returncode == 3, blind.stderr  # a source not observed
+        assert "lab-b" in blind.stderr and "queue not observed" in blind.stderr
+        assert per_cluster(cluster) == {LAB_A: 3, LAB_B: 1}, \
+            "both new cells went to lab-a; the one on lab-b was not moved"
+        phases = {c["model"]: c["phase"] for c in cluster.status(code=3)["cells"]}
+        [job_on_b] = on_b
+        assert [m for m, phase in phases.items() if phase == "Unknown"] == \
+            [m for m in models if f"{m.split('/')[1]}__" in job_on_b], phases
+    finally:
+        ensure_slurmctld_up(lab_b)
+    cluster.reconcile()
+    assert per_cluster(cluster) == {LAB_A: 3, LAB_B: 1}, "no duplicate once back"
+    assert [name for _, name, _ in ours(cluster, lab_b)] == on_b

@@ -115,8 +115,8 @@ PLAIN = frozenset({
     "EvalCluster.spec.reservation", "EvalCluster.spec.qos", "EvalCluster.spec.timeLimit",
     "EvalCluster.spec.maxTimeLimit", "EvalCluster.spec.hardwareProfile", "EvalCluster.spec.failureCatalog[].name",
     "EvalCluster.spec.failureCatalog[].advice", "EvalRun.spec.models[]", "EvalRun.spec.modelSelector.createdWithin",
-    "EvalRun.spec.modelSelector.exclude[]", "EvalRun.spec.presets[]",
-    "EvalRun.spec.datasets[]", "EvalRun.spec.placement.pin[].models[]", "EvalRun.spec.agent", "EvalRun.spec.agentKwargs[]",
+    "EvalRun.spec.modelSelector.exclude[]", "EvalRun.spec.presets[]", "EvalRun.spec.placement.pin[].models[]",
+    "EvalRun.spec.datasets[]", "EvalRun.spec.agent", "EvalRun.spec.agentKwargs[]",
     "EvalRun.spec.upload.mlflowExperiment", "EvalRun.spec.pinggy.pairs[].name", "EvalRun.spec.notify.webhooks[].name",
 })
 

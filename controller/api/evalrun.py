@@ -1,5 +1,5 @@
-"""`EvalRun`: what must be evaluated — models × benchmarks on one cluster or several — and how the reconciler treats its jobs
-(apiVersion evalrun.io/v1alpha1)."""
+"""`EvalRun`: what must be evaluated — models × benchmarks on one cluster or several — and how the reconciler
+treats its jobs (apiVersion evalrun.io/v1alpha1)."""
 
 from __future__ import annotations
 

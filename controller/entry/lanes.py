@@ -30,9 +30,10 @@ def lanes_for(run: LoadedRun, clusters: Sequence[LoadedCluster], catalog: Catalo
         chosen = resolved[eligible[0] if eligible else 0][index]
         for lane in eligible[1:]:
             if resolved[lane][index].key != chosen.key:
+                profile = clusters[lane].cluster.spec.hardware_profile
                 why[lane][index] = (f"resolves to another configuration on {clusters[lane].cluster.metadata.name} "
-                                    f"(hardwareProfile {clusters[lane].cluster.spec.hardware_profile}): it runs as "
-                                    f"{chosen.cluster} resolves it")
+                                    f"({f'hardwareProfile {profile}' if profile else 'no hardwareProfile'}): it runs "
+                                    f"as {chosen.cluster} resolves it")
         cells.append(chosen)
     lanes = tuple(
         ClusterLane(cluster=cluster.ref, policy=policy_of(cluster),

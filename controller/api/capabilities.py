@@ -88,6 +88,12 @@ CAPABILITIES: dict[str, Capability] = {
     "EvalRun.spec.clusterRef.name": Capability(
         kind="object", check="none", allowed="an EvalCluster of its namespace, or a ClusterEvalCluster",
         refused="another namespace's EvalCluster"),
+    "EvalRun.spec.clusters[]": Capability(
+        kind="object", check="none", allowed="each an EvalCluster of the EvalRun's namespace, or a ClusterEvalCluster "
+        "(`{kind: ClusterEvalCluster, name: N}`)", refused="another namespace's EvalCluster (a name is looked up "
+        "in the EvalRun's own)"),
+    "EvalRun.spec.placement.pin[].cluster": Capability(
+        kind="object", check="none", allowed="the name of one of `clusters`", refused="any other"),
     "EvalRun.spec.harborConfig": Capability(
         kind="path", check="none", allowed="any: it is read by the job, with the cluster's identity",
         refused="nothing the operator opens"),
@@ -113,7 +119,7 @@ PLAIN = frozenset({
     "EvalCluster.spec.reservation", "EvalCluster.spec.qos", "EvalCluster.spec.timeLimit",
     "EvalCluster.spec.maxTimeLimit", "EvalCluster.spec.hardwareProfile", "EvalCluster.spec.failureCatalog[].name",
     "EvalCluster.spec.failureCatalog[].advice", "EvalRun.spec.models[]", "EvalRun.spec.modelSelector.createdWithin",
-    "EvalRun.spec.modelSelector.exclude[]", "EvalRun.spec.presets[]",
+    "EvalRun.spec.modelSelector.exclude[]", "EvalRun.spec.presets[]", "EvalRun.spec.placement.pin[].models[]",
     "EvalRun.spec.datasets[]", "EvalRun.spec.agent", "EvalRun.spec.agentKwargs[]",
     "EvalRun.spec.upload.mlflowExperiment", "EvalRun.spec.pinggy.pairs[].name", "EvalRun.spec.notify.webhooks[].name",
 })

@@ -1,14 +1,15 @@
-"""`EvalRun`: what must be evaluated — models × benchmarks on one cluster — and how the reconciler treats its jobs
-(apiVersion evalrun.io/v1alpha1)."""
+"""`EvalRun`: what must be evaluated — models × benchmarks on one cluster or several — and how the reconciler
+treats its jobs (apiVersion evalrun.io/v1alpha1)."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema, field_validator, model_validator
 
 from controller.api.evalcluster import (
     MLFLOW_CREDENTIALS,
@@ -230,6 +231,19 @@ class ClusterReference(SpecModel):
     name: Name = Field(description="Its name.")
 
 
+def _named(value: Any) -> Any:
+    """A plain name in `clusters` is an EvalCluster of the EvalRun's namespace, as `cluster: NAME` is."""
+    return {"kind": "EvalCluster", "name": value} if isinstance(value, str) else value
+
+
+# The API server takes either shape (a structural schema has no string-or-object type); the loader validates it.
+ClusterItem = Annotated[ClusterReference, BeforeValidator(_named), WithJsonSchema({
+    "description": "NAME (an EvalCluster of the EvalRun's namespace) or {kind: EvalCluster|ClusterEvalCluster, "
+                   "name: NAME}.",
+    "x-kubernetes-preserve-unknown-fields": True})]
+CLUSTERS_MIN, CLUSTERS_MAX = 2, 8
+
+
 DURATION = re.compile(r"(\d+(?:\.\d+)?)([hdw])")
 DURATION_UNITS = {"h": 1, "d": 24, "w": 24 * 7}  # hours
 PATTERNS_MAX = 100
@@ -282,6 +296,37 @@ class ModelSelector(SpecModel):
                                                                   "(raise it to take more).")
 
 
+class Pin(SpecModel):
+    """Models that run on one cluster of `clusters` only."""
+
+    models: list[Glob] = Field(min_length=1, max_length=PATTERNS_MAX,
+                               description="Shell globs over model names (as modelSelector's namePatterns), e.g. "
+                                           "laion/*-32B*.")
+    cluster: Name = Field(description="The cluster they run on: the name of one of clusters.")
+
+
+class PlacementSpec(SpecModel):
+    """Where the cells of an EvalRun with several clusters run (RULES §15)."""
+
+    strategy: Literal["soonest", "ordered"] = Field(
+        "soonest", description="Where a cell that has run nowhere yet is launched: soonest, on the cluster where "
+                               "its job is expected to start first; ordered, on the first cluster of clusters that "
+                               "can take it. A cell that ran somewhere stays there.")
+    pin: list[Pin] = Field(default_factory=list, max_length=CLUSTERS_MAX * 4,
+                           description="Models bound to one cluster; a model no pin matches may run on any. A listed "
+                                       "model two pins send to different clusters is refused; a model the "
+                                       "selector adds goes where the first pin matching it says.")
+
+
+def pin_matches(pin: Pin, model: str) -> bool:
+    return any(glob_matches(glob, model) for glob in pin.models)
+
+
+def glob_matches(glob: str, model: str) -> bool:
+    """As modelSelector's namePatterns match: the whole name, case-insensitively."""
+    return fnmatch.fnmatchcase(model.lower(), glob.lower())
+
+
 class ReportSpec(SpecModel):
     """How `evalctl report` shows this EvalRun's results."""
 
@@ -301,10 +346,18 @@ def asks_to_cancel(raw: Mapping[str, Any]) -> bool:
 
 
 class EvalRunSpec(SpecModel):
-    """What must be evaluated: models × benchmarks on one cluster, and how the reconciler treats the jobs."""
+    """What must be evaluated: models × benchmarks on one cluster or several, and how the reconciler treats the
+    jobs."""
 
     cluster: Name | None = Field(None, description="Name of an EvalCluster in the EvalRun's namespace (or clusterRef).")
     cluster_ref: ClusterReference | None = Field(None, description="The cluster, by kind and name (or cluster).")
+    clusters: list[ClusterItem] | None = Field(
+        None, json_schema_extra={"minItems": CLUSTERS_MIN, "maxItems": CLUSTERS_MAX},
+        description="Several clusters (2 to 8, instead of cluster or clusterRef), each NAME (an EvalCluster of the "
+                    "EvalRun's namespace) or {kind: ClusterEvalCluster, name: NAME}: each cell runs on one of them, "
+                    "chosen by placement, and stays where it ran; a cell runs only where its preset's walltime fits "
+                    "(maxTimeLimit), never cut to a shorter one.")
+    placement: PlacementSpec | None = Field(None, description="With clusters: where each cell runs.")
     models: list[Model] = Field(default_factory=list, max_length=MODELS_MAX,
                                 description="Models to evaluate: Hugging Face repo ids (Org/Name, e.g. "
                                             "laion/Qwen3-8B-sft-v3) or absolute paths to local checkpoints; the "
@@ -358,21 +411,77 @@ class EvalRunSpec(SpecModel):
 
     @model_validator(mode="after")
     def _one_cluster(self) -> EvalRunSpec:
-        if (self.cluster is None) == (self.cluster_ref is None):
-            raise entry_error(("cluster",) if self.cluster else (), "one_cluster",
-                              "name the cluster once: cluster: NAME (an EvalCluster of this namespace) or clusterRef: "
-                              "{kind: ClusterEvalCluster, name: NAME}")
+        given = [name for name, value in (("cluster", self.cluster), ("clusterRef", self.cluster_ref),
+                                          ("clusters", self.clusters)) if value is not None]
+        if len(given) != 1:
+            raise entry_error(tuple(given[1:2]), "one_cluster",
+                              "name the cluster one way: cluster: NAME (an EvalCluster of this namespace), "
+                              "clusterRef: {kind: ClusterEvalCluster, name: NAME}, or clusters: [NAME, NAME] "
+                              "(several)")
+        return self
+
+    @field_validator("clusters")
+    @classmethod
+    def _clusters_listed(cls, value: list[ClusterReference] | None) -> list[ClusterReference] | None:
+        if value is None:
+            return None
+        if not CLUSTERS_MIN <= len(value) <= CLUSTERS_MAX:
+            raise entry_error((), "clusters_count", f"list {CLUSTERS_MIN} to {CLUSTERS_MAX} clusters, not "
+                              f"{len(value)}; one cluster is written cluster: NAME")
+        index = first_duplicate([item.name for item in value])
+        if index is not None:  # by name: cells, pins and the results DB know a cluster by its name
+            raise entry_error((index,), "duplicate", "cluster {name} is listed twice (pins and cells name a "
+                              "cluster by its name); list each once", name=value[index].name)
+        return value
+
+    @model_validator(mode="after")
+    def _placement_fits(self) -> EvalRunSpec:
+        if self.placement is None:
+            return self
+        if self.clusters is None:
+            raise entry_error(("placement",), "placement_without_clusters", "placement chooses among several "
+                              "clusters: list them in clusters: [NAME, NAME] (instead of cluster or clusterRef), "
+                              "or remove placement")
+        names = [item.name for item in self.clusters]
+        for index, pin in enumerate(self.placement.pin):
+            if pin.cluster not in names:
+                raise entry_error(("placement", "pin", index, "cluster"), "pin_cluster", "pin cluster {cluster} is "
+                                  f"not one of clusters; name one of: {', '.join(names)}", cluster=pin.cluster)
+        for model in self.models:
+            matching = [(index, pin) for index, pin in enumerate(self.placement.pin) if pin_matches(pin, model)]
+            clash = next(((index, pin) for index, pin in matching if pin.cluster != matching[0][1].cluster), None)
+            if clash is not None:
+                index, pin = clash
+                at = next(at for at, glob in enumerate(pin.models) if glob_matches(glob, model))
+                raise entry_error(("placement", "pin", index, "models", at), "pin_conflict",
+                                  f"model {model} is pinned to {matching[0][1].cluster} (pin {matching[0][0]}) and "
+                                  f"to {pin.cluster} (pin {index}): a model runs on one cluster; narrow a glob")
         return self
 
     @property
+    def cluster_refs(self) -> list[ClusterReference]:
+        """Every cluster it names, spec order (one for cluster or clusterRef)."""
+        if self.clusters is not None:
+            return list(self.clusters)
+        if self.cluster_ref is not None:
+            return [self.cluster_ref]
+        assert self.cluster is not None  # _one_cluster
+        return [ClusterReference(kind="EvalCluster", name=self.cluster)]
+
+    @property
     def cluster_kind(self) -> Literal["EvalCluster", "ClusterEvalCluster"]:
-        return self.cluster_ref.kind if self.cluster_ref is not None else "EvalCluster"
+        """The first cluster's kind."""
+        return self.cluster_refs[0].kind
 
     @property
     def cluster_name(self) -> str:
-        name = self.cluster_ref.name if self.cluster_ref is not None else self.cluster
-        assert name is not None  # _one_cluster
-        return name
+        """The first cluster's name."""
+        return self.cluster_refs[0].name
+
+    def pinned_to(self, model: str) -> str | None:
+        """The cluster name the first pin matching `model` sends it to; None: any cluster."""
+        pins = self.placement.pin if self.placement is not None else []
+        return next((pin.cluster for pin in pins if pin_matches(pin, model)), None)
 
     @model_validator(mode="after")
     def _some_models(self) -> EvalRunSpec:

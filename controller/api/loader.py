@@ -20,7 +20,7 @@ from controller.api.catalog import Catalog, load_catalog
 from controller.api.diagnose import validate
 from controller.api.errors import SpecError, SpecErrors, clip, format_errors
 from controller.api.evalcluster import AnyCluster, ClusterEvalCluster, EvalCluster
-from controller.api.evalrun import EvalRun
+from controller.api.evalrun import ClusterReference, EvalRun
 from controller.api.identity import identity_collisions
 from controller.api.resolve import benchmarks
 from controller.api.tenancy import OperatorPolicy, cluster_refusals, run_refusals
@@ -88,8 +88,13 @@ class LoadedRun(Loaded):
     @property
     def cluster_ref(self) -> ClusterRef:
         """`spec.cluster` names an EvalCluster in the EvalRun's own namespace (as Kubernetes references do);
-        `clusterRef` may name a cluster-scoped ClusterEvalCluster instead."""
+        `clusterRef` may name a cluster-scoped ClusterEvalCluster instead. With `clusters`: the first."""
         return cluster_named(self.run)
+
+    @property
+    def cluster_refs(self) -> list[ClusterRef]:
+        """Every cluster it names, spec order (one unless `clusters`)."""
+        return clusters_named(self.run)
 
 
 class SpecSet(BaseModel):
@@ -101,13 +106,22 @@ class SpecSet(BaseModel):
     evalruns: list[LoadedRun]
 
     def cluster_of(self, run: LoadedRun) -> LoadedCluster:
+        """Its (first) cluster."""
         return self.clusters[run.cluster_ref]
+
+    def clusters_of(self, run: LoadedRun) -> list[LoadedCluster]:
+        """Every cluster it names, spec order."""
+        return [self.clusters[ref] for ref in run.cluster_refs]
 
 
 def cluster_named(run: EvalRun) -> ClusterRef:
-    if run.spec.cluster_kind == "ClusterEvalCluster":
-        return ClusterRef(name=run.spec.cluster_name, cluster_scoped=True)
-    return ClusterRef(namespace=run.metadata.namespace, name=run.spec.cluster_name)
+    return clusters_named(run)[0]
+
+
+def clusters_named(run: EvalRun) -> list[ClusterRef]:
+    """A ClusterEvalCluster by its name; an EvalCluster in the EvalRun's own namespace."""
+    return [ClusterRef(name=item.name, cluster_scoped=True) if item.kind == "ClusterEvalCluster"
+            else ClusterRef(namespace=run.metadata.namespace, name=item.name) for item in run.spec.cluster_refs]
 
 
 def _ref_of(cluster: AnyCluster) -> ClusterRef:
@@ -266,10 +280,10 @@ def _cross_check(
     for resource, document, _ in parsed:
         if isinstance(resource, EvalRun):
             errors += _check_run(resource, document, declared, catalog)
-            cluster = clusters.get(cluster_named(resource))
-            if cluster is not None:
+            found = [clusters[ref] for ref in clusters_named(resource) if ref in clusters]
+            for cluster in found:
                 errors += _check_walltime(resource, document, cluster, catalog)
-                errors += _check_cells(resource, document, cluster, catalog)
+            errors += _check_cells(resource, document, found[0], catalog) if found else []
             errors += _check_serving(resource, document, catalog)
     errors += identity_collisions([(r, d) for r, d, _ in parsed if isinstance(r, EvalRun)], catalog)
     return errors
@@ -340,9 +354,11 @@ def _check_serving(run: EvalRun, document: Document, catalog: Catalog) -> list[S
 def _check_run(run: EvalRun, document: Document, declared: set[ClusterRef] | None,
                catalog: Catalog) -> list[SpecError]:
     errors: list[SpecError] = []
-    if declared is not None and cluster_named(run) not in declared:
-        at = ("spec", "cluster") if run.spec.cluster is not None else ("spec", "clusterRef", "name")
-        errors.append(document.error(at, _missing_cluster(run, declared)))
+    for index, (item, ref) in enumerate(zip(run.spec.cluster_refs, clusters_named(run), strict=True)):
+        if declared is not None and ref not in declared:
+            at = (("spec", "clusters", index, "name") if run.spec.clusters is not None
+                  else ("spec", "cluster") if run.spec.cluster is not None else ("spec", "clusterRef", "name"))
+            errors.append(document.error(at, _missing_cluster(run, item, declared)))
     seen: dict[str, str] = {}
     for index, name in enumerate(run.spec.presets or []):
         expanded = catalog.presets.expand(name)
@@ -363,15 +379,15 @@ def _check_run(run: EvalRun, document: Document, declared: set[ClusterRef] | Non
     return errors
 
 
-def _missing_cluster(run: EvalRun, declared: set[ClusterRef]) -> str:
-    if run.spec.cluster_kind == "ClusterEvalCluster":
+def _missing_cluster(run: EvalRun, item: ClusterReference, declared: set[ClusterRef]) -> str:
+    if item.kind == "ClusterEvalCluster":
         scoped = sorted(ref.name for ref in declared if ref.cluster_scoped)
-        return (f"ClusterEvalCluster {run.spec.cluster_name} is not defined by any loaded file"
-                f"{_suggest(run.spec.cluster_name, scoped)}; ask the operator's admin, or name an EvalCluster of "
+        return (f"ClusterEvalCluster {item.name} is not defined by any loaded file"
+                f"{_suggest(item.name, scoped)}; ask the operator's admin, or name an EvalCluster of "
                 "this namespace (cluster: NAME)")
     namespace = run.metadata.namespace
     where = f" in namespace {namespace}" if namespace else ""
-    name = run.spec.cluster_name
+    name = item.name
     here = sorted(ref.name for ref in declared if ref.namespace == namespace and not ref.cluster_scoped)
     elsewhere = sorted(str(ref) if ref.namespace or ref.cluster_scoped else f"{ref.name} (no namespace)"
                        for ref in declared if ref.name == name and ref.namespace != namespace)

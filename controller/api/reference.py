@@ -97,6 +97,8 @@ def type_of(prop: Schema) -> str:
     """`string (1–64 chars)`, `integer (1–100)`, `` `hold` \\| `upload` ``, `list of string, ≤ 32 items`, …"""
     if "enum" in prop:
         return " \\| ".join(f"`{value}`" for value in prop["enum"])
+    if "type" not in prop and prop.get("x-kubernetes-preserve-unknown-fields"):
+        return "string or object"  # e.g. a cluster: NAME or {kind, name}; the loader validates which
     kind = prop.get("type", "object")
     if kind == "array":
         items = _bounds(prop, "minItems", "maxItems")

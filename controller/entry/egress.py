@@ -28,7 +28,7 @@ Resolver = Callable[[str], list[str]]  # a host's addresses; raises OSError when
 
 def egress_refusals(specs: SpecSet, secrets: SecretSource, policy: OperatorPolicy,
                     resolve: Resolver | None = None) -> list[SpecError]:
-    """One error per URL of a namespaced EvalRun (and its namespaced cluster) the operator must not dial."""
+    """One error per URL of a namespaced EvalRun (and its namespaced clusters) the operator must not dial."""
     resolve = resolve or resolve_host
     errors = []
     for run in specs.evalruns:
@@ -52,11 +52,10 @@ def _tenant_urls(specs: SpecSet, run: LoadedRun, secrets: SecretSource,
     for hook in run.run.spec.notify.webhooks:
         if url := secrets.get(hook.secret_ref):
             yield f"webhook {hook.name}", url, policy.allowed_webhook_urls, "--allowed-webhook-url"
-    cluster = specs.cluster_of(run)
     tracking = [run.run.spec.upload.mlflow_tracking_uri]
-    if not cluster.cluster_scoped:
-        tracking.append(cluster.cluster.spec.mlflow_tracking_uri)
-    for uri in filter(None, tracking):
+    tracking += [cluster.cluster.spec.mlflow_tracking_uri for cluster in specs.clusters_of(run)
+                 if not cluster.cluster_scoped]  # each cluster its run may upload from
+    for uri in dict.fromkeys(filter(None, tracking)):
         yield "mlflowTrackingUri", uri, policy.allowed_mlflow_uris, "--allowed-mlflow-uri"
 
 

@@ -35,5 +35,5 @@ def specs_holding(specs: SpecSet, catalog: Catalog, model: str, benchmark: str) 
     if not holding:
         raise UsageError(f"no cell {model} × {benchmark} in these specs"
                          + nearest_cells([c for cells in listed.values() for c in cells], model, benchmark))
-    clusters = {run.cluster_ref for run in holding}
+    clusters = {ref for run in holding for ref in run.cluster_refs}
     return SpecSet(clusters={ref: c for ref, c in specs.clusters.items() if ref in clusters}, evalruns=holding)

@@ -24,7 +24,7 @@ from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.scheduler.slurm import SlurmOptions, SlurmScheduler
 from controller.adapters.secrets import SecretMask
 from controller.api.catalog import Catalog
-from controller.api.evalrun import CANCEL_ON_DELETE
+from controller.api.evalrun import CANCEL_ON_DELETE, PlacementSpec
 from controller.api.fields import SecretRef
 from controller.api.loader import LoadedCluster, LoadedRun, SpecSet
 from controller.api.resolve import resolution_notes, resolve, walltime_warnings
@@ -36,6 +36,7 @@ from controller.core.job_env import JobSecrets, JobSettings
 from controller.core.metrics import RunMetrics
 from controller.core.notify import NotifyEvent
 from controller.core.observed import RunDirFacts
+from controller.core.placement import PlacementPolicy
 from controller.core.planner import Policy
 from controller.core.ports import ObservationError, Scheduler, StoreUnavailable, TrackedRun, Tracker, TrackerRecord
 from controller.core.reconcile import RunTarget
@@ -43,6 +44,7 @@ from controller.core.store import Store
 from controller.core.tracking import Analysis
 from controller.core.types import ClusterRef, EvalRunRef
 from controller.core.vocabulary import Launch
+from controller.entry.lanes import lanes_for
 from controller.entry.preflight import remembered_preflight
 from controller.entry.secrets import EnvironmentSecrets, SecretSource
 from controller.entry.selection import Intake
@@ -116,20 +118,28 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog) -> Poli
 
 def targets_for(specs: SpecSet, catalog: Catalog, intakes: Mapping[EvalRunRef, Intake] | None = None) -> list[RunTarget]:
     """Each EvalRun's target, its cells resolved once: the listed models, and those its modelSelector's `intakes`
-    took (entry/passes.py reads them first)."""
+    took (entry/passes.py reads them first). An EvalRun with several clusters gets one lane per cluster."""
     targets = []
     for run in specs.evalruns:
-        cluster = specs.cluster_of(run)
+        clusters = specs.clusters_of(run)
+        cluster = clusters[0]
         intake = (intakes or {}).get(run.ref) or Intake(models=None)
-        cells = resolve(run.run, cluster.cluster, catalog, intake.models)
-        for note in resolution_notes(run.run, cluster.cluster, catalog):  # RULES §6: a size-rule fallback is said
-            log.info("resolved with a fallback", extra={"evalrun": str(run.ref), "note": note})
-        for warning in walltime_warnings(run.run, cluster.cluster, catalog):
-            log.warning("walltime clamped", extra={"evalrun": str(run.ref), "note": warning})
-        targets.append(RunTarget(evalrun=run.ref, cluster=cluster.ref, cells=tuple(cells),
-                                 policy=policy_for(run, cluster, catalog), generation=run.run.metadata.generation,
-                                 notify=notify_routes(run), selections=intake.selections, intake=intake.note,
-                                 unknown=intake.unknown))
+        for each in clusters:
+            for note in resolution_notes(run.run, each.cluster, catalog):  # RULES §6: a size-rule fallback is said
+                log.info("resolved with a fallback", extra={"evalrun": str(run.ref), "note": note})
+        if len(clusters) > 1:
+            lanes, cells = lanes_for(run, clusters, catalog, intake.models,
+                                     functools.partial(policy_for, run, catalog=catalog))
+        else:
+            lanes, cells = (), resolve(run.run, cluster.cluster, catalog, intake.models)
+            for warning in walltime_warnings(run.run, cluster.cluster, catalog):
+                log.warning("walltime clamped", extra={"evalrun": str(run.ref), "note": warning})
+        strategy = (run.run.spec.placement or PlacementSpec()).strategy
+        targets.append(RunTarget(evalrun=run.ref, cluster=cluster.ref, cells=cells,
+                                 policy=lanes[0].policy if lanes else policy_for(run, cluster, catalog),
+                                 generation=run.run.metadata.generation, notify=notify_routes(run),
+                                 selections=intake.selections, intake=intake.note, unknown=intake.unknown,
+                                 lanes=lanes, placement=PlacementPolicy(strategy=strategy) if lanes else None))
     return targets
 
 
@@ -424,7 +434,7 @@ def secret_mask(cluster: LoadedCluster, specs: SpecSet, secrets: SecretSource,
     as everywhere, with this process's own secrets and every token shape (adapters/secrets.py)."""
     run_secrets = run_secrets or secrets
     found = [(secrets, item.secret_ref) for item in cluster.cluster.spec.secret_env]
-    found += [(run_secrets, pair.secret_ref) for run in specs.evalruns if run.cluster_ref == cluster.ref
+    found += [(run_secrets, pair.secret_ref) for run in specs.evalruns if cluster.ref in run.cluster_refs
               for pair in run.run.spec.pinggy.pairs]
     values = {source.where(ref): source.get(ref) for source, ref in found}
     return SecretMask(values=[v for v in values.values() if v is not None],

@@ -20,7 +20,8 @@ def string_fields(node: dict[str, Any], path: str) -> Iterator[str]:
     """Every string a schema admits, closed enums aside; a map of strings is one field (its keys and values)."""
     if "enum" in node:
         return
-    if node.get("type") == "string" or isinstance(node.get("additionalProperties"), dict):
+    untyped = "type" not in node and node.get("x-kubernetes-preserve-unknown-fields")  # a string among others
+    if node.get("type") == "string" or untyped or isinstance(node.get("additionalProperties"), dict):
         yield path
     for name, child in (node.get("properties") or {}).items():
         yield from string_fields(child, f"{path}.{name}")

@@ -241,3 +241,62 @@ def test_a_job_script_on_the_login_node_is_not_looked_for_here(tmp_path: Path) -
     spec = tmp_path / "spec.yaml"
     spec.write_text(MISSING_SCRIPT.format(scheduler="{type: slurm, ssh: alice@login}", script="/home/alice/x.sbatch"))
     assert load_specs([spec], preflight=True).evalruns
+
+
+TWO_CLUSTERS = """\
+apiVersion: evalrun.io/v1alpha1
+kind: EvalCluster
+metadata: {name: a}
+spec: {scheduler: {type: slurm}, jobsDir: /j, logsDir: /l, jobScript: s.sbatch}
+---
+apiVersion: evalrun.io/v1alpha1
+kind: ClusterEvalCluster
+metadata: {name: b}
+spec: {scheduler: {type: slurm}, jobsDir: /j, logsDir: /l, jobScript: s.sbatch}
+---
+apiVersion: evalrun.io/v1alpha1
+kind: EvalRun
+metadata: {name: run}
+spec:
+  clusters: [a, {kind: ClusterEvalCluster, name: b}]
+  models: [laion/Qwen3-8B-sft-v3]
+  presets: [tb2]
+  placement: {strategy: ordered, pin: [{models: ["laion/*"], cluster: b}]}
+"""
+
+
+def test_an_evalrun_may_name_several_clusters_in_spec_order(tmp_path: Path) -> None:
+    path = tmp_path / "two.yaml"
+    path.write_text(TWO_CLUSTERS)
+    (tmp_path / "s.sbatch").write_text("#!/bin/bash\n")
+    specs = load_specs([path], preflight=True)
+    [run] = specs.evalruns
+    a, b = ClusterRef(name="a"), ClusterRef(name="b", cluster_scoped=True)
+    assert run.cluster_refs == [a, b]
+    assert run.cluster_ref == a, "the first stays the run's cluster for single-cluster callers"
+    assert [c.ref for c in specs.clusters_of(run)] == [a, b]
+    assert specs.cluster_of(run).ref == a
+    spec = run.run.spec
+    assert (spec.cluster_kind, spec.cluster_name) == ("EvalCluster", "a")
+    assert spec.placement is not None and spec.placement.strategy == "ordered"
+    assert spec.pinned_to("LAION/Qwen3-8B-sft-v3") == "b", "globs match as namePatterns do: any case"
+    assert spec.pinned_to("other/m") is None
+
+
+def test_a_cluster_spec_with_one_cluster_keeps_its_single_list(tmp_path: Path) -> None:
+    path = tmp_path / "one.yaml"
+    path.write_text(TWO_CLUSTERS.replace("clusters: [a, {kind: ClusterEvalCluster, name: b}]", "cluster: a")
+                    .replace("  placement: {strategy: ordered, pin: [{models: [\"laion/*\"], cluster: b}]}\n", ""))
+    [run] = load_specs([path]).evalruns
+    assert run.cluster_refs == [ClusterRef(name="a")] and run.run.spec.placement is None
+
+
+def test_the_walltime_margin_is_checked_against_every_listed_cluster(tmp_path: Path) -> None:
+    path = tmp_path / "two.yaml"
+    short_b = "kind: ClusterEvalCluster\nmetadata: {name: b}\nspec: {timeLimit: '00:10:00', "
+    path.write_text(TWO_CLUSTERS.replace("kind: ClusterEvalCluster\nmetadata: {name: b}\nspec: {", short_b))
+    with pytest.raises(SpecErrors) as caught:
+        load_specs([path])
+    [error] = caught.value.errors
+    assert (error.line, error.col) == (15, 3), str(error)
+    assert "cluster b's timeLimit (00:10:00 = 10 min)" in error.message, str(error)

@@ -236,3 +236,15 @@ def test_a_model_selector_reads_every_namespaces_models_so_the_admin_grants_it()
     [why] = refusals(cluster(), run(**selector))
     assert "modelSelector" in why and "--allow-model-selector" in why, why
     assert refusals(cluster(), run(**selector), policy=POLICY.model_copy(update={"allow_model_selector": True})) == []
+
+
+def test_each_of_several_clusters_is_looked_up_in_the_evalruns_own_namespace():
+    elsewhere = cluster() | {"metadata": {"name": "gpu", "namespace": "team-b"}}
+    ours = cluster()
+    scoped = cluster("ClusterEvalCluster") | {"metadata": {"name": "shared"}}
+
+    assert refusals(ours, scoped, run(cluster=None, clusters=["hpc", {"kind": "ClusterEvalCluster",
+                                                                      "name": "shared"}])) == []
+    [refused] = refusals(ours, elsewhere, run(cluster=None, clusters=["hpc", "gpu"]))
+    assert refused.startswith("cluster gpu is not defined in namespace team-a by any loaded file, only team-b/gpu")
+

@@ -107,3 +107,18 @@ def test_a_name_that_does_not_answer_in_time_is_not_waited_for(monkeypatch: pyte
     with pytest.raises(OSError, match=r"no answer in 0\.1s"):
         resolve_host("slow.example", timeout_s=0.1)
     answer.set()
+
+
+def test_the_tracking_server_of_every_listed_cluster_is_checked():
+    def cluster(name: str, uri: str) -> dict[str, Any]:
+        return {"apiVersion": "evalrun.io/v1alpha1", "kind": "EvalCluster",
+                "metadata": {"name": name, "namespace": "team-a"},
+                "spec": {"scheduler": {"type": "local"}, "jobsDir": "j", "logsDir": "l", "jobScript": "s",
+                         "mlflowTrackingUri": uri}}
+    run = {"apiVersion": "evalrun.io/v1alpha1", "kind": "EvalRun", "metadata": {"name": "r", "namespace": "team-a"},
+           "spec": {"clusters": ["a", "b"], "models": ["org/m"], "datasets": ["a/b"]}}
+    specs = load_objects([cluster("a", "https://mlflow.example.com/"), cluster("b", "http://mlflow.team-b/"), run],
+                         Path("/b"))
+
+    [why] = [error.message for error in egress_refusals(specs, Secrets({}), DEFAULT, resolve=table)]
+    assert "mlflowTrackingUri names mlflow.team-b, which" in why, "the second cluster's private server"

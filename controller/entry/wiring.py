@@ -44,7 +44,7 @@ from controller.core.store import Store
 from controller.core.tracking import Analysis
 from controller.core.types import ClusterRef, EvalRunRef
 from controller.core.vocabulary import Launch
-from controller.entry.lanes import lanes_for
+from controller.entry.lane_resolution import lanes_for
 from controller.entry.preflight import remembered_preflight
 from controller.entry.secrets import EnvironmentSecrets, SecretSource
 from controller.entry.selection import Intake

@@ -9,24 +9,27 @@ from collections.abc import Callable, Sequence
 from controller.api.catalog import Catalog
 from controller.api.loader import LoadedCluster, LoadedRun
 from controller.api.resolve import benchmarks, resolve
+from controller.core.lanes import ClusterLane
 from controller.core.planner import Policy
-from controller.core.reconcile import ClusterLane
 from controller.core.types import Cell
 
 
 def lanes_for(run: LoadedRun, clusters: Sequence[LoadedCluster], catalog: Catalog, models: Sequence[str] | None,
               policy_of: Callable[[LoadedCluster], Policy]) -> tuple[tuple[ClusterLane, ...], tuple[Cell, ...]]:
     """One lane per cluster, spec order, and the EvalRun's cells: one per (model, benchmark) in spec order, as the
-    first cluster that may run it resolves it (the first cluster's resolution when none may: the planner holds it,
-    with every lane's reason).
+    first cluster that may run it resolves it (the first cluster's resolution when none may: the first lane lists it, every
+    lane gives its reason, and the planner holds it).
 
     A cell is one cell wherever it runs, so its key must be the same on each cluster it may run on: a cluster
     whose hardwareProfile resolves it to another configuration (another fingerprint) may not run it."""
     resolved = [resolve(run.run, cluster.cluster, catalog, models) for cluster in clusters]
     why = [_reasons(run, cluster, cells, catalog) for cluster, cells in zip(clusters, resolved, strict=True)]
     cells: list[Cell] = []
+    nowhere = set()  # the first lane lists them too: the planner holds them there, saying why
     for index in range(len(resolved[0])):  # every cluster resolves the same (model, benchmark)s in the same order
         eligible = [lane for lane in range(len(clusters)) if not why[lane][index]]
+        if not eligible:
+            nowhere.add(index)
         chosen = resolved[eligible[0] if eligible else 0][index]
         for lane in eligible[1:]:
             if resolved[lane][index].key != chosen.key:
@@ -37,7 +40,8 @@ def lanes_for(run: LoadedRun, clusters: Sequence[LoadedCluster], catalog: Catalo
         cells.append(chosen)
     lanes = tuple(
         ClusterLane(cluster=cluster.ref, policy=policy_of(cluster),
-                    cells=tuple(cell for cell, reason in zip(resolved[lane], why[lane], strict=True) if not reason),
+                    cells=tuple(cell for index, (cell, reason) in enumerate(zip(resolved[lane], why[lane], strict=True))
+                                if not reason or (lane == 0 and index in nowhere)),
                     ineligible={cells[index].key: reason for index, reason in enumerate(why[lane]) if reason})
         for lane, cluster in enumerate(clusters))
     return lanes, tuple(cells)

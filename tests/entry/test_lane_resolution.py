@@ -72,7 +72,7 @@ def test_a_cell_no_cluster_can_run_stays_a_cell_with_every_lanes_reason(tmp_path
                              "  placement: {pin: [{models: ['org/*'], cluster: b}]}\n", b="maxTimeLimit: '30:00:00'")
     [cell] = found.cells
 
-    assert [lane.cells for lane in found.lanes] == [(), ()]
+    assert [lane.cells for lane in found.lanes] == [(cell,), ()], "the first lane lists it: the planner holds it there"
     assert [lane.ineligible for lane in found.lanes] == [{cell.key: "pinned to b"},
                                                          {cell.key: "needs 48:00:00; b allows at most 30:00:00"}]
     assert (cell.cluster, cell.time_limit) == ("a", "48:00:00"), "the first cluster's resolution, for the planner"

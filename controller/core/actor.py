@@ -19,6 +19,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, assert_never
 
+from pydantic import Field
+
 from controller.core.admission import Admitted, admission_record
 from controller.core.job_env import JobSecrets, JobSettings, job_environment
 from controller.core.metrics import RunMetrics, run_metrics, same_metrics
@@ -50,8 +52,10 @@ ROW_NAMESPACE = uuid.UUID("6f1c4b0e-9d59-4d8e-8a53-6f0d1f1f5e42")
 
 
 class JobLauncher(Frozen):
-    """What a submission needs beyond the cell: where the script is and what every job receives."""
+    """What a submission needs beyond the cell: the cluster it goes to, where the script is and what every job
+    receives."""
 
+    cluster: str = Field(description="the ClusterRef (as text) its jobs are submitted to, recorded on each submission")
     script: str
     logs_dir: str
     settings: JobSettings
@@ -207,7 +211,7 @@ class Actor:
         submission = Submission(name=name, run_tag=launch.run_tag, evalrun=cell.evalrun, cell_key=cell.key,
                                 attempt=launch.attempt, fire=launch.fire, row_id=row_id,
                                 created_at=launch.intent_at or now,  # a repair keeps the recorded intent's time
-                                model=cell.model, benchmark=cell.benchmark_name)
+                                model=cell.model, benchmark=cell.benchmark_name, cluster=self.launcher.cluster)
         # Intent first, then its row: a crash in between leaves an intent without a row, which the next pass
         # finishes; the reverse would leave a row that looks like a run to resume. The row is written every
         # time (an existing one is left as it is), so a repair also restores a row that was never written.

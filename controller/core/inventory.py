@@ -29,7 +29,9 @@ class CellRecord(Frozen):
     cell_key: str
     model: str | None = Field(description="None in records before 0.4, which kept only the cell key")
     benchmark: str | None = Field(description="`benchmarks.name` of the cell (its dataset after the last '/')")
-    cluster: str | None = Field(description="the EvalCluster its rows name (`config.env`); None: no row read")
+    cluster: str | None = Field(description="the cluster its newest job was submitted to (its ClusterRef), else for a "
+                                            "record before that was kept the EvalCluster its rows name (`config.env`); "
+                                            "None: neither")
     status: str = Field(description="the newest attempt's row status (Pending, Started, Finished), Submitted or "
                                     "Unknown")
     attempts: int
@@ -90,7 +92,7 @@ def _cell(evalrun: str, subs: list[Submission], rows: dict[str, SandboxJobRow],
     n_valid = _metric(scored, "n_valid_trials") if scored is not None else None
     return CellRecord(
         evalrun=evalrun, cell_key=newest.cell_key, model=newest.model, benchmark=newest.benchmark,
-        cluster=str(config["env"]) if config.get("env") else None,
+        cluster=newest.cluster or (str(config["env"]) if config.get("env") else None),
         status=_status(newest, newest_row),
         attempts=max(s.attempt for s in subs), run_tag=newest.run_tag,
         job_id=next((s.job_id for s in reversed(ordered) if s.job_id), None),

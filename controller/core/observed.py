@@ -168,6 +168,8 @@ class Submission(Frozen):
                                                 "grouped by (None in records before 0.4)")
     benchmark: str | None = None
     gpu_hours: float | None = Field(None, description="its job's actual GPU-hours, recorded once the job ended")
+    cluster: str | None = Field(None, description="the ClusterRef (as text) its job was submitted to: where the cell "
+                                                  "is bound (None in records before several clusters per EvalRun)")
 
     def may_have_launched(self, job: ObservedJob) -> bool:
         """Could `job`, found by this submission's name, be the one it launched (the crash repair)?

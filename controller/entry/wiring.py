@@ -182,7 +182,7 @@ def cluster_ports(specs: SpecSet, store: Store, catalog: Catalog, secrets: Secre
             settings = JobSettings(jobs_dir=jobs_dir, username=username_of(cluster),
                                    gpu_memory_util=cspec.gpu_memory_util,
                                    infra_error_threshold=run.run.spec.resume.infra_error_threshold, env=dict(cspec.env))
-            launcher = JobLauncher(script=cluster.job_script, logs_dir=logs_dir,
+            launcher = JobLauncher(cluster=str(cluster.ref), script=cluster.job_script, logs_dir=logs_dir,
                                    settings=settings)
 
             def job_secrets(launch: Launch) -> JobSecrets:

@@ -49,3 +49,17 @@ def test_a_score_without_the_gates_record_of_it_is_not_called_trusted_or_provisi
     [record] = cell_records(StateSnapshot(submissions=(scored,)), (stored_row("r1", C.run_tag(1), "Finished", SCORED),))
 
     assert (record.status, record.score, record.n_scored, record.provisional) == ("Finished", 0.25, 40, None)
+
+
+def test_a_cell_shows_the_cluster_its_newest_job_was_submitted_to_before_the_one_its_rows_name() -> None:
+    first = sub(C, 1, row_id="r1", created=ago(hours=3)).model_copy(update={"cluster": "lab/hpc"})
+    second = sub(C, 2, row_id="r2", created=ago(hours=1)).model_copy(update={"cluster": "lab/gpu-b"})
+    rows = (stored_row("r1", C.run_tag(1), "Finished", SCORED), stored_row("r2", C.run_tag(2), "Started"))
+    intent = sub(OTHER, row_id="r9").model_copy(update={"model": OTHER.model, "benchmark": OTHER.benchmark_name,
+                                                        "cluster": "ClusterEvalCluster/shared"})
+
+    records = cell_records(StateSnapshot(submissions=(first, second, intent)), rows)
+
+    assert {r.cell_key: r.cluster for r in records} == {C.key: "lab/gpu-b", OTHER.key: "ClusterEvalCluster/shared"}
+    [run] = evalrun_records(records)
+    assert run.clusters == ("ClusterEvalCluster/shared", "lab/gpu-b")

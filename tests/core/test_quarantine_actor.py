@@ -27,7 +27,7 @@ def actor(store: SqliteStore) -> Actor:
     def unused(*_: Any) -> Any:
         raise AssertionError("a quarantine launches and analyses nothing")
 
-    launcher = JobLauncher(script="run.sh", logs_dir="logs",
+    launcher = JobLauncher(cluster="lab", script="run.sh", logs_dir="logs",
                            settings=JobSettings(jobs_dir="jobs", username="alice", gpu_memory_util=0.9,
                                                 infra_error_threshold=10))
     return Actor(Store(store, store), unused, launcher, unused, unused,  # type: ignore[arg-type]

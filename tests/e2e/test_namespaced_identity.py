@@ -48,6 +48,8 @@ def test_a_namespaced_evalrun_with_one_pinggy_pair_runs_its_installed_agent_cell
 
     assert status["name"] == "lab/agents" and status["counts"] == {"Completed": 2}
     assert state(cluster, "SELECT DISTINCT evalrun FROM evalrun_submissions") == [("lab/agents",)]
+    assert state(cluster, "SELECT DISTINCT cluster FROM evalrun_submissions") == [("lab/local",)], \
+        "each intent names the cluster it went to, namespaced like the EvalRun"
     first, second = sorted(cluster.scheduler.observe(), key=lambda job: int(job.job_id))
     assert first.ended_at is not None and second.submitted_at is not None
     assert second.submitted_at >= first.ended_at, "one pair serves one job at a time"

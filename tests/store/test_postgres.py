@@ -44,7 +44,7 @@ OWN_TABLES = {"evalrun_submissions", "evalrun_leases", "evalrun_cell_owners", "e
 QWEN = EvalRunRef(name="qwen-evals")
 # (version, name) of migrations/*.sql
 SHIPPED = [(1, "controller_tables"), (2, "quarantine"), (3, "model_selections"), (4, "gpu_hours"), (5, "notifications"),
-           (6, "row_audit"), (7, "quarantine_owner"), (8, "retry_requests")]
+           (6, "row_audit"), (7, "quarantine_owner"), (8, "retry_requests"), (9, "submission_cluster")]
 OT_AGENT_TABLES = {"models", "benchmarks", "sandbox_jobs"}
 RESULT = ResultUpload(metrics=(Metric(name="accuracy", value=0.42), Metric(name="accuracy_stderr", value=0.03)),
                       stats={"n_trials": 290, "n_infra_errors": 10}, n_trials=300, ended_at=T0)
@@ -252,6 +252,30 @@ def test_a_database_migrated_before_gpu_hours_is_read_as_it_is_then_gets_the_col
 
     assert (before.name, before.gpu_hours) == (after.name, None)
     assert after.gpu_hours == 1.25, "the reader notices the columns once the migration ran"
+    assert [(version, name) for version, name, _ in migration_rows(pg_url)] == SHIPPED
+
+
+def test_a_database_migrated_before_submission_clusters_is_read_as_it_is_then_gets_the_column_on_a_writable_open(
+        pg_url: str) -> None:
+    with opened(pg_url) as store:
+        store.record_submission(submission("ev_x__a1").model_copy(update={"model": MODEL, "benchmark": BENCHMARK}))
+        store.record_gpu_hours("ev_x__a1", 2.5)
+        store.finish_attempt("ev_x__a1")
+    run_sql(pg_url, "ALTER TABLE evalrun_submissions DROP COLUMN cluster")
+    run_sql(pg_url, "DELETE FROM evalrun_schema_migrations WHERE name = 'submission_cluster'")
+
+    with opened(pg_url, readonly=True) as reader:
+        before = reader.read_state(QWEN, [], 60, [BENCHMARK])
+        inventory = reader.read_inventory()
+        with opened(pg_url) as writer:
+            writer.record_submission(submission("ev_y__a1").model_copy(update={"cluster": "lab/hpc"}))
+        after = {s.name: s.cluster for s in reader.read_state(QWEN, [], 60).submissions}
+
+    (old,) = before.submissions
+    assert (old.gpu_hours, old.cluster) == (2.5, None), "what the database has, and no cluster"
+    assert [a.run_tag for a in before.gpu_history] == ["ev_x__a1"], "a column it lacks costs no GPU history"
+    assert inventory is not None and [s.cluster for s in inventory.submissions] == [None]
+    assert after == {"ev_x__a1": None, "ev_y__a1": "lab/hpc"}, "the reader notices the column once the migration ran"
     assert [(version, name) for version, name, _ in migration_rows(pg_url)] == SHIPPED
 
 

@@ -12,6 +12,7 @@ from controller.core.ports import ObservationError
 from controller.core.remedies import QuarantineKind
 from controller.core.types import EvalRunRef
 from tests.fixtures.legacy_db import Families, LegacyDB
+from tests.store.builders import submission
 
 ALL_TABLES = {"models", "benchmarks", "sandbox_jobs", "evalrun_submissions", "evalrun_leases",
               "evalrun_tunnel_leases", "evalrun_cell_owners", "evalrun_cell_memory", "evalrun_quarantine",
@@ -153,4 +154,41 @@ def test_a_store_made_before_gpu_hours_is_read_as_it_is_and_gets_the_columns_whe
     assert (upgraded.job_id, upgraded.gpu_hours) == ("77", 1.25)
     with sqlite3.connect(db_path) as conn:
         columns = [name for (name,) in conn.execute("SELECT name FROM pragma_table_info('evalrun_submissions')")]
-    assert columns[-4:] == ["model", "benchmark", "gpu_hours", "finished_at"]
+    assert columns[-5:] == ["model", "benchmark", "gpu_hours", "finished_at", "cluster"]
+
+
+PRE_CLUSTER_SUBMISSIONS = """
+CREATE TABLE evalrun_submissions (
+    name TEXT PRIMARY KEY, run_tag TEXT NOT NULL, evalrun TEXT NOT NULL, cell_key TEXT NOT NULL,
+    attempt INTEGER NOT NULL, fire INTEGER NOT NULL, row_id TEXT, job_id TEXT, created_at TEXT NOT NULL,
+    model TEXT, benchmark TEXT, gpu_hours REAL, finished_at TEXT);
+INSERT INTO evalrun_submissions VALUES ('ev_x__a1', 'ev_x__a1', 'qwen-evals', 'cell-x', 1, 1, NULL, '77',
+                                        '2025-06-01T12:00:00+00:00', 'org/x-8B', 'tb2', 2.5,
+                                        '2025-06-01T14:00:00+00:00');
+"""
+
+
+def test_a_store_made_before_submission_clusters_is_read_as_it_is_and_gets_the_column_when_opened_writable(
+    db_path: Path,
+) -> None:
+    with sqlite3.connect(db_path) as conn:
+        conn.executescript(PRE_CLUSTER_SUBMISSIONS)
+    reader = SqliteStore(db_path, readonly=True)
+    before = reader.read_state(EvalRunRef(name="qwen-evals"), [], 60, ["tb2"])
+    (old,) = before.submissions
+    assert (old.job_id, old.gpu_hours, old.cluster) == ("77", 2.5, None), "what the file has, and no cluster"
+    assert [a.run_tag for a in before.gpu_history] == ["ev_x__a1"], "a column the file lacks costs no GPU history"
+    inventory = reader.read_inventory()
+    assert inventory is not None and [s.cluster for s in inventory.submissions] == [None]
+
+    writer = SqliteStore(db_path)
+    writer.record_submission(submission("ev_y__a1").model_copy(update={"cluster": "lab/hpc"}))
+    SqliteStore(db_path).close()  # a second writable open finds nothing left to add
+    after = {s.name: s.cluster for s in reader.read_state(EvalRunRef(name="qwen-evals"), [], 60).submissions}
+    reader.close()
+    writer.close()
+
+    assert after == {"ev_x__a1": None, "ev_y__a1": "lab/hpc"}
+    with sqlite3.connect(db_path) as conn:
+        columns = [name for (name,) in conn.execute("SELECT name FROM pragma_table_info('evalrun_submissions')")]
+    assert columns[-1] == "cluster"

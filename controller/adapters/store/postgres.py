@@ -207,7 +207,7 @@ class PostgresStore:
         named = {"evalrun": str(evalrun), "cell_keys": list(cell_keys), "owner_ttl_s": float(owner_ttl_s),
                  "benchmarks": list(benchmarks), "history_max": GPU_HISTORY_MAX}
         wanted = {
-            "evalrun_submissions": sql.SUBMISSIONS_OF_EVALRUN_AND_CELLS,
+            "evalrun_submissions": sql.SUBMISSIONS_OF.format(columns=sql.SUBMISSION_COLUMNS),
             "evalrun_cell_owners": sql.LIVE_OWNERS_OF_CELLS,
             "evalrun_tunnel_leases": sql.TUNNEL_LEASES,
             "evalrun_cell_memory": sql.MEMORY_OF_CELLS,
@@ -217,13 +217,14 @@ class PostgresStore:
         with self._db.reading() as conn:
             self._db.have(conn, tuple(wanted))
             tables = [table for table in wanted if table in self._db.present]
-            if "evalrun_quarantine" in tables and not self._db.has_added_columns(conn, "evalrun_quarantine"):
+            if "evalrun_quarantine" in tables and self._db.lacking_columns(conn, "evalrun_quarantine"):
                 wanted["evalrun_quarantine"] = sql.LEGACY_LIVE_QUARANTINES
-            if "evalrun_submissions" in tables and not self._db.has_added_columns(conn, "evalrun_submissions"):
-                wanted["evalrun_submissions"] = sql.LEGACY_SUBMISSIONS_OF_EVALRUN_AND_CELLS
-            elif "evalrun_submissions" in tables and benchmarks:
-                wanted["gpu_history"] = sql.GPU_HISTORY
-                tables.append("gpu_history")
+            if "evalrun_submissions" in tables:
+                lacking = self._db.lacking_columns(conn, "evalrun_submissions")
+                wanted["evalrun_submissions"] = sql.SUBMISSIONS_OF.format(columns=sql.submission_columns(lacking))
+                if benchmarks and sql.GPU_HISTORY_COLUMNS.isdisjoint(lacking):
+                    wanted["gpu_history"] = sql.GPU_HISTORY
+                    tables.append("gpu_history")
             if not tables:
                 return StateSnapshot()
             cursors = self._db.round(conn, (BEGIN_READ, None),
@@ -235,13 +236,13 @@ class PostgresStore:
                 raise ObservationError(f"store {self.name}: controller state: {first_line(error)}") from None
 
     def read_inventory(self) -> StateSnapshot | None:
-        wanted = {"evalrun_submissions": sql.EVERY_SUBMISSION, "evalrun_cell_memory": sql.EVERY_MEMORY}
         with self._db.reading() as conn:
-            self._db.have(conn, tuple(wanted))
+            self._db.have(conn, ("evalrun_submissions", "evalrun_cell_memory"))
             if "evalrun_submissions" not in self._db.present:
                 return None
-            if not self._db.has_added_columns(conn, "evalrun_submissions"):
-                wanted["evalrun_submissions"] = sql.LEGACY_EVERY_SUBMISSION
+            lacking = self._db.lacking_columns(conn, "evalrun_submissions")
+            wanted = {"evalrun_submissions": sql.EVERY_SUBMISSION.format(columns=sql.submission_columns(lacking)),
+                      "evalrun_cell_memory": sql.EVERY_MEMORY}
             tables = [table for table in wanted if table in self._db.present]
             cursors = self._db.round(conn, (BEGIN_READ, None), *((wanted[table], None) for table in tables),
                                      (COMMIT, None))[1:-1]
@@ -255,8 +256,8 @@ class PostgresStore:
         with self._db.reading() as conn:
             if not self._db.have(conn, ("evalrun_quarantine",)):
                 return ()
-            statement = sql.LIVE_QUARANTINES if self._db.has_added_columns(conn, "evalrun_quarantine") \
-                else sql.LEGACY_LIVE_QUARANTINES
+            statement = sql.LEGACY_LIVE_QUARANTINES if self._db.lacking_columns(conn, "evalrun_quarantine") \
+                else sql.LIVE_QUARANTINES
             (cursor,) = self._db.round(conn, (statement, None))
             records = dicts(cursor)
         try:

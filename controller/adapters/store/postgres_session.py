@@ -164,14 +164,17 @@ class PostgresSession:
         self.present = frozenset(name for (name,) in cursor)
         return self.present.issuperset(tables)
 
-    def has_added_columns(self, conn: Connection, table: str) -> bool:
-        """Have the migrations that add columns to `table` (sql.ADDED_COLUMNS) reached this database? Asked only
-        until they have (columns are never dropped)."""
-        if table not in self._upgraded:
-            (cursor,) = self.round(conn, (sql.HAS_COLUMNS, {"table": table, "columns": list(sql.ADDED_COLUMNS[table])}))
-            if one(cursor)[0]:
-                self._upgraded.add(table)
-        return table in self._upgraded
+    def lacking_columns(self, conn: Connection, table: str) -> frozenset[str]:
+        """The columns migrations add to `table` (sql.ADDED_COLUMNS) that have not reached this database. Asked
+        only until they all have (columns are never dropped)."""
+        if table in self._upgraded:
+            return frozenset()
+        added = sql.ADDED_COLUMNS[table]
+        (cursor,) = self.round(conn, (sql.PRESENT_COLUMNS, {"table": table, "columns": list(added)}))
+        lacking = frozenset(added) - {name for (name,) in cursor}
+        if not lacking:
+            self._upgraded.add(table)
+        return lacking
 
     def _set_up(self, conn: Connection) -> None:
         """Create the missing OT-Agent tables and apply the missing migrations, under an advisory lock.

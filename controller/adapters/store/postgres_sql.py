@@ -14,6 +14,8 @@ undecodable instead of failing the whole read.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 # Arbitrary but fixed keys of the advisory locks (pg_advisory_xact_lock(key)): schema setup, and the
 # look-up-or-register of model and benchmark rows (models.name is not unique, so only a lock keeps two
 # writers from registering the same new model twice).
@@ -144,28 +146,33 @@ SELECT {ROW_COLUMNS} FROM sandbox_jobs
 
 ROW_BY_ID = f"SELECT {ROW_COLUMNS} FROM sandbox_jobs WHERE id = %s"
 
-LEGACY_SUBMISSION_COLUMNS = "name, run_tag, evalrun, cell_key, attempt, fire, row_id, job_id, created_at"
-SUBMISSION_COLUMNS = f"{LEGACY_SUBMISSION_COLUMNS}, model, benchmark, gpu_hours"
+SUBMISSION_FIELDS = ("name", "run_tag", "evalrun", "cell_key", "attempt", "fire", "row_id", "job_id", "created_at",
+                     "model", "benchmark", "gpu_hours", "cluster")
+SUBMISSION_COLUMNS = ", ".join(SUBMISSION_FIELDS)
+GPU_HISTORY_COLUMNS = frozenset(("model", "benchmark", "gpu_hours", "finished_at"))
+
+
+def submission_columns(lacking: Collection[str] = ()) -> str:
+    """The record's columns but those `lacking`: a read-only store reads a database that later migrations have not
+    reached as it is, its records without what they add."""
+    return ", ".join(field for field in SUBMISSION_FIELDS if field not in lacking)
+
 
 SUBMISSIONS_OF = """
 SELECT {columns} FROM evalrun_submissions
  WHERE evalrun = %(evalrun)s OR cell_key = ANY(%(cell_keys)s::text[])
  ORDER BY created_at, name
 """
-SUBMISSIONS_OF_EVALRUN_AND_CELLS = SUBMISSIONS_OF.format(columns=SUBMISSION_COLUMNS)
-# a read-only store on a database migration 0004 has not reached: the records without GPU-hours
-LEGACY_SUBMISSIONS_OF_EVALRUN_AND_CELLS = SUBMISSIONS_OF.format(columns=LEGACY_SUBMISSION_COLUMNS)
 # every EvalRun's (`evalctl get`)
-EVERY_SUBMISSION = f"SELECT {SUBMISSION_COLUMNS} FROM evalrun_submissions ORDER BY created_at, name"
-LEGACY_EVERY_SUBMISSION = f"SELECT {LEGACY_SUBMISSION_COLUMNS} FROM evalrun_submissions ORDER BY created_at, name"
+EVERY_SUBMISSION = "SELECT {columns} FROM evalrun_submissions ORDER BY created_at, name"
 EVERY_MEMORY = "SELECT cell_key, memory FROM evalrun_cell_memory"
 
-# Columns later migrations added to a table (0004: GPU-hours; 0007: a quarantine's start, owner and release): a
-# read-only store on a database they have not reached reads the table without them.
-ADDED_COLUMNS = {"evalrun_submissions": ("model", "benchmark", "gpu_hours", "finished_at"),
+# Columns later migrations added to a table (0004: GPU-hours; 0007: a quarantine's start, owner and release; 0009: a
+# submission's cluster): a read-only store on a database they have not reached reads the table without them.
+ADDED_COLUMNS = {"evalrun_submissions": ("model", "benchmark", "gpu_hours", "finished_at", "cluster"),
                  "evalrun_quarantine": ("since", "owner", "released_at")}
-HAS_COLUMNS = """
-SELECT count(*) = cardinality(%(columns)s::text[]) FROM pg_attribute
+PRESENT_COLUMNS = """
+SELECT attname::text FROM pg_attribute
  WHERE attrelid = to_regclass(%(table)s) AND attname = ANY(%(columns)s::text[]) AND NOT attisdropped
 """
 
@@ -283,7 +290,7 @@ UPDATE sandbox_jobs
 INSERT_SUBMISSION = f"""
 INSERT INTO evalrun_submissions ({SUBMISSION_COLUMNS})
 VALUES (%(name)s, %(run_tag)s, %(evalrun)s, %(cell_key)s, %(attempt)s, %(fire)s, %(row_id)s, %(job_id)s,
-        %(created_at)s, %(model)s, %(benchmark)s, %(gpu_hours)s)
+        %(created_at)s, %(model)s, %(benchmark)s, %(gpu_hours)s, %(cluster)s)
     ON CONFLICT (name) DO NOTHING
 """
 

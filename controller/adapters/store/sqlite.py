@@ -173,10 +173,11 @@ class SqliteStore:
 
                 # a writable store upgraded the file when it opened it; a reader never alters it
                 stale = missing_columns(conn) if self.readonly else {}
-                upgraded = "evalrun_submissions" not in stale
-                submissions = select("evalrun_submissions", sql.SUBMISSIONS_OF_EVALRUN_AND_CELLS if upgraded
-                                     else sql.LEGACY_SUBMISSIONS_OF_EVALRUN_AND_CELLS, named)
-                history = select("evalrun_submissions", sql.GPU_HISTORY, named) if upgraded and benchmarks else []
+                lacking = stale.get("evalrun_submissions", {})
+                submissions = select("evalrun_submissions",
+                                     sql.SUBMISSIONS_OF.format(columns=sql.submission_columns(lacking)), named)
+                history = select("evalrun_submissions", sql.GPU_HISTORY, named) \
+                    if benchmarks and sql.GPU_HISTORY_COLUMNS.isdisjoint(lacking) else []
                 owners = select("evalrun_cell_owners", sql.OWNERS_OF_CELLS, named)
                 tunnels = select("evalrun_tunnel_leases", sql.TUNNEL_LEASES)
                 memory = select("evalrun_cell_memory", sql.MEMORY_OF_CELLS, named)
@@ -200,7 +201,7 @@ class SqliteStore:
                 if "evalrun_submissions" not in tables:
                     return None
                 stale = missing_columns(conn) if self.readonly else {}
-                every = sql.LEGACY_EVERY_SUBMISSION if "evalrun_submissions" in stale else sql.EVERY_SUBMISSION
+                every = sql.EVERY_SUBMISSION.format(columns=sql.submission_columns(stale.get("evalrun_submissions", {})))
                 submissions = self._db.run(conn, every).fetchall()
                 memory = self._db.run(conn, sql.EVERY_MEMORY).fetchall() if "evalrun_cell_memory" in tables else []
             return state_snapshot({"evalrun_submissions": map(dict, submissions),

@@ -6,6 +6,8 @@ Name lists travel as ONE JSON parameter (`json_each`), so a pass costs the same 
 whether an EvalRun names ten models or five hundred.
 """
 
+from collections.abc import Collection
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
     id               TEXT PRIMARY KEY,
@@ -62,7 +64,8 @@ CREATE TABLE IF NOT EXISTS evalrun_submissions (
     model       TEXT,
     benchmark   TEXT,
     gpu_hours   REAL,
-    finished_at TEXT
+    finished_at TEXT,
+    cluster     TEXT
 );
 CREATE INDEX IF NOT EXISTS evalrun_submissions_evalrun ON evalrun_submissions(evalrun);
 CREATE INDEX IF NOT EXISTS evalrun_submissions_cell ON evalrun_submissions(cell_key);
@@ -168,9 +171,10 @@ CREATE TABLE IF NOT EXISTS evalrun_row_audit (
 # Columns added after a file may have been made (its CREATE TABLE IF NOT EXISTS leaves an old table as it was):
 # added by ALTER TABLE when a writable store opens a file without them, each once (SQLite has no ADD COLUMN IF
 # NOT EXISTS). 0.4: what GPU-hours are recorded and estimated from (PostgreSQL: migration 0004); then when a
-# quarantine began, whose pass decided it and when a human lifted it (migration 0007).
+# quarantine began, whose pass decided it and when a human lifted it (migration 0007); then the cluster a
+# submission's job went to (migration 0009).
 ADDED_COLUMNS = {"evalrun_submissions": {"model": "TEXT", "benchmark": "TEXT", "gpu_hours": "REAL",
-                                         "finished_at": "TEXT"},
+                                         "finished_at": "TEXT", "cluster": "TEXT"},
                  "evalrun_quarantine": {"since": "TEXT", "owner": "TEXT NOT NULL DEFAULT ''", "released_at": "TEXT"}}
 TABLE_COLUMNS = "SELECT name FROM pragma_table_info(?)"
 # after the columns exist: an index on a column an old file lacks would fail the whole SCHEMA script
@@ -219,20 +223,25 @@ SELECT {ROW_COLUMNS} FROM sandbox_jobs
  ORDER BY id
 """
 
-LEGACY_SUBMISSION_COLUMNS = "name, run_tag, evalrun, cell_key, attempt, fire, row_id, job_id, created_at"
-SUBMISSION_COLUMNS = f"{LEGACY_SUBMISSION_COLUMNS}, model, benchmark, gpu_hours"
+SUBMISSION_FIELDS = ("name", "run_tag", "evalrun", "cell_key", "attempt", "fire", "row_id", "job_id", "created_at",
+                     "model", "benchmark", "gpu_hours", "cluster")
+SUBMISSION_COLUMNS = ", ".join(SUBMISSION_FIELDS)
+GPU_HISTORY_COLUMNS = frozenset(("model", "benchmark", "gpu_hours", "finished_at"))
+
+
+def submission_columns(lacking: Collection[str] = ()) -> str:
+    """The record's columns but those `lacking`: a read-only store reads a file made by an earlier version (which a
+    reader never alters) as it is, its records without what was added since."""
+    return ", ".join(field for field in SUBMISSION_FIELDS if field not in lacking)
+
 
 SUBMISSIONS_OF = """
 SELECT {columns} FROM evalrun_submissions
  WHERE evalrun = :evalrun OR cell_key IN (SELECT value FROM json_each(:cell_keys))
  ORDER BY created_at, name
 """
-SUBMISSIONS_OF_EVALRUN_AND_CELLS = SUBMISSIONS_OF.format(columns=SUBMISSION_COLUMNS)
-# a read-only store on a file made before 0.4 (never altered by a reader): the records without GPU-hours
-LEGACY_SUBMISSIONS_OF_EVALRUN_AND_CELLS = SUBMISSIONS_OF.format(columns=LEGACY_SUBMISSION_COLUMNS)
 # every EvalRun's (`evalctl get`)
-EVERY_SUBMISSION = f"SELECT {SUBMISSION_COLUMNS} FROM evalrun_submissions ORDER BY created_at, name"
-LEGACY_EVERY_SUBMISSION = f"SELECT {LEGACY_SUBMISSION_COLUMNS} FROM evalrun_submissions ORDER BY created_at, name"
+EVERY_SUBMISSION = "SELECT {columns} FROM evalrun_submissions ORDER BY created_at, name"
 EVERY_MEMORY = "SELECT cell_key, memory FROM evalrun_cell_memory"
 
 # Finished attempts of the named benchmarks whose every job's GPU-hours are recorded, newest first.
@@ -274,7 +283,7 @@ ROW_BY_ID = f"SELECT {ROW_COLUMNS} FROM sandbox_jobs WHERE id = ?"
 INSERT_SUBMISSION = f"""
 INSERT OR IGNORE INTO evalrun_submissions ({SUBMISSION_COLUMNS})
 VALUES (:name, :run_tag, :evalrun, :cell_key, :attempt, :fire, :row_id, :job_id, :created_at, :model, :benchmark,
-        :gpu_hours)
+        :gpu_hours, :cluster)
 """
 
 SET_SUBMISSION_JOB_ID = "UPDATE evalrun_submissions SET job_id = ? WHERE name = ?"

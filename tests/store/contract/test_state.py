@@ -50,6 +50,19 @@ def test_job_ids_and_offset_times_read_back_as_recorded(state_backend: Controlle
     assert sub.created_at.utcoffset() == timedelta(0)
 
 
+def test_the_cluster_a_submission_went_to_reads_back_for_its_evalrun_and_for_get(state_backend: ControllerState) -> None:
+    state_backend.record_submission(submission("on-a").model_copy(update={"cluster": "lab/cluster-a"}))
+    state_backend.record_submission(submission("on-shared", cell_key="cell-b").model_copy(
+        update={"cluster": "ClusterEvalCluster/shared"}))
+    state_backend.record_submission(submission("before-clusters", cell_key="cell-c"))
+
+    read = {s.name: s.cluster for s in state_backend.read_state(QWEN, [], HOUR).submissions}
+    inventory = state_backend.read_inventory()
+
+    assert read == {"on-a": "lab/cluster-a", "on-shared": "ClusterEvalCluster/shared", "before-clusters": None}
+    assert inventory is not None and {s.name: s.cluster for s in inventory.submissions} == read
+
+
 def test_a_lease_is_held_until_it_expires_by_the_stores_clock(state_backend: ControllerState) -> None:
     assert state_backend.try_lease("evalrun/a", "operator", HOUR)
     assert not state_backend.try_lease("evalrun/a", "cli", HOUR)

@@ -18,7 +18,8 @@ FAST = {"FAKE_HARBOR_TASKS": "2", "FAKE_HARBOR_TRIAL_SECONDS": "0.2"}
 LAB_A, LAB_B = "lab-a", "lab-b"
 
 
-def write(cluster: SlurmCluster, lab_b: dict[str, str], models: list[str], *, held: bool = False) -> None:
+def write(cluster: SlurmCluster, lab_b: dict[str, str], models: list[str], *, held: bool = False,
+          pins: str = "") -> None:
     script = cluster.held_script() if held else cluster.fake_harbor_script()
     env = "".join(f"\n    {k}: {json.dumps(v)}" for k, v in FAST.items())
     clusters = ""
@@ -47,8 +48,8 @@ spec:
   datasets: [DCAgent/twobench]
   agent: oracle
   nAttempts: 1
-  monitor: {{settleMinutes: 0}}
-""")
+  monitor: {{settleMinutes: 0, preWalltimeMinutes: 1}}
+{pins}""")
 
 
 def ours(cluster: SlurmCluster, env: dict[str, str]) -> list[tuple[str, str, str]]:
@@ -65,11 +66,15 @@ def per_cluster(cluster: SlurmCluster) -> Counter[str]:
     return Counter(r["cluster"] for r in cluster._query("SELECT cluster FROM evalrun_submissions"))
 
 
+def cancel_ours(cluster: SlurmCluster, env: dict[str, str]) -> None:
+    for job_id, _, _ in ours(cluster, env):
+        slurm(["scancel", job_id], env, check=False)
+
+
 @pytest.fixture
 def both(cluster: SlurmCluster, slurm_lab_b: dict[str, str]):
     yield cluster, slurm_lab_b
-    for job_id, _, _ in ours(cluster, slurm_lab_b):
-        slurm(["scancel", job_id], slurm_lab_b, check=False)
+    cancel_ours(cluster, slurm_lab_b)
 
 
 def test_eight_cells_over_two_clusters_run_four_at_a_time_each_once(both) -> None:
@@ -77,13 +82,17 @@ def test_eight_cells_over_two_clusters_run_four_at_a_time_each_once(both) -> Non
     models = [cluster.model(i) for i in range(8)]
     write(cluster, lab_b, models)
 
+    planned = cluster.plan_cells()
+    placed = [c for c in planned if "; placed on lab-" in c["reason"]]
+    assert Counter(c["cluster"] for c in placed) == {LAB_A: 2, LAB_B: 2}, planned
+    assert [c["rule"] for c in planned if c not in placed] == ["NoFreeCluster"] * 4
+    assert all(c["cluster"] is None and "no free slot on any cluster: lab-a: " in c["actions"][0]["reason"]
+               for c in planned if c not in placed)
+
     first = cluster.reconcile()
     assert "4 action(s) done" in first.stdout, first.stdout
     assert per_cluster(cluster) == {LAB_A: 2, LAB_B: 2}
     assert len(ours(cluster, cluster.env)) == 2 and len(ours(cluster, lab_b)) == 2
-    explained = cluster.evalctl("explain", models[0], "twobench").stdout
-    assert "placed on lab-a: 2 free slots, est. start now (soonest start); lab-b: 2 free slots" in explained \
-        or "lab-a @" in explained, explained
 
     seen: list[tuple[int, int]] = []
 
@@ -113,27 +122,34 @@ def test_a_cluster_whose_controller_is_down_keeps_its_cells_unknown_and_new_ones
         cluster: SlurmCluster, slurm_lab_b_alone: dict[str, str]) -> None:
     lab_b = slurm_lab_b_alone
     models = [cluster.model(i) for i in range(4)]
-    write(cluster, lab_b, models[:2], held=True)  # held jobs: queued, never running, never done
+    pins = f"  placement: {{pin: [{{models: [{models[0]}], cluster: {LAB_A}}}, {{models: [{models[1]}], cluster: {LAB_B}}}]}}\n"
+    write(cluster, lab_b, models[:2], held=True, pins=pins)  # held jobs: queued, never running, never done
     try:
         assert "2 action(s) done" in cluster.reconcile().stdout
         assert per_cluster(cluster) == {LAB_A: 1, LAB_B: 1}
         on_b = [name for _, name, _ in ours(cluster, lab_b)]
         stopped = slurmctld("stop", lab_b)
         assert stopped.returncode == 0, stopped.stderr
-        write(cluster, lab_b, models, held=True)
+        write(cluster, lab_b, models, held=True, pins=pins)
 
         blind = cluster.reconcile(check=False)
 
         assert blind.returncode == 3, blind.stderr  # a source not observed
         assert "lab-b" in blind.stderr and "queue not observed" in blind.stderr
-        assert per_cluster(cluster) == {LAB_A: 3, LAB_B: 1}, \
-            "both new cells went to lab-a; the one on lab-b was not moved"
-        phases = {c["model"]: c["phase"] for c in cluster.status(code=3)["cells"]}
+        assert per_cluster(cluster) == {LAB_A: 2, LAB_B: 1}, \
+            "a new cell took lab-a's last slot; the one on lab-b was not moved"
+        cells = {c["model"]: c for c in cluster.status(code=3)["cells"]}
         [job_on_b] = on_b
-        assert [m for m, phase in phases.items() if phase == "Unknown"] == \
-            [m for m in models if f"{m.split('/')[1]}__" in job_on_b], phases
+        assert [m for m, c in cells.items() if c["phase"] == "Unknown"] == \
+            [m for m in models if f"{m.split('/')[1]}__" in job_on_b], cells
+        assert cells[models[3]]["rule"] == "NoFreeCluster"
+        assert "lab-b: not observed (" in cells[models[3]]["actions"][0]["reason"], cells[models[3]]
     finally:
         ensure_slurmctld_up(lab_b)
-    cluster.reconcile()
-    assert per_cluster(cluster) == {LAB_A: 3, LAB_B: 1}, "no duplicate once back"
-    assert [name for _, name, _ in ours(cluster, lab_b)] == on_b
+    try:
+        back = cluster.reconcile()
+        assert per_cluster(cluster) == {LAB_A: 2, LAB_B: 2}, f"once back, lab-b takes the waiting cell: {back}"
+        names_on_b = [name for _, name, _ in ours(cluster, lab_b)]
+        assert len(names_on_b) == 2 and names_on_b.count(job_on_b) == 1, "no duplicate of the job it kept"
+    finally:
+        cancel_ours(cluster, lab_b)

@@ -312,6 +312,11 @@ class PlacementSpec(SpecModel):
         "soonest", description="Where a cell that has run nowhere yet is launched: soonest, on the cluster where "
                                "its job is expected to start first; ordered, on the first cluster of clusters that "
                                "can take it. A cell that ran somewhere stays there.")
+    spill_after_minutes: int | None = Field(
+        60, ge=1, le=7 * 24 * 60, description="A job still queued this long, never started, while another cluster the "
+                                              "cell may run on has a free slot, is cancelled and the cell placed "
+                                              "anew once accounting shows it never started; null: never. A job that "
+                                              "started is never moved.")
     pin: list[Pin] = Field(default_factory=list, max_length=CLUSTERS_MAX * 4,
                            description="Models bound to one cluster; a model no pin matches may run on any. A listed "
                                        "model two pins send to different clusters is refused; a model the "

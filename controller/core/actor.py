@@ -137,6 +137,7 @@ class Actor:
             self._bookkeeping(cell_plan)
             if cell_plan.remember is not None:  # before acting: a cancel to upload as is must never look unexplained
                 self.state.remember(cell_plan.cell.key, cell_plan.remember)
+                kill_point("after-remember")
         except Exception as exc:  # the store failed: this cell does nothing more this pass
             log.warning("bookkeeping failed", extra={"cell": label, "error": str(exc)})
             return [Outcome(cell=label, key=key, action=Step.BOOKKEEPING, ok=False, message=str(exc))]
@@ -168,6 +169,7 @@ class Actor:
         match action:
             case Cancel(job_id=job_id):
                 self.scheduler.cancel(job_id)
+                kill_point("after-cancel")
                 return f"cancelled job {job_id}: {action.reason}"
             case Submit() | Resume():
                 return self._launch(work.cell, action)

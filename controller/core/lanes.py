@@ -12,20 +12,20 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pydantic import Field
 
 from controller.core.gpu_hours import GpuBudget, GpuEstimate
-from controller.core.observed import Observation, ObservedJob
+from controller.core.observed import JobState, Observation, ObservedJob, Submission
 from controller.core.placement import ClusterOffer, PlacementPolicy, place, queue_facts
 from controller.core.planner import Policy, launch_of, plan
 from controller.core.planner.allocation import noted, without_launch
 from controller.core.preflight import Preflight
 from controller.core.records import StoreSnapshot
-from controller.core.remedies import QuarantineKind
+from controller.core.remedies import QuarantineKind, Spill
 from controller.core.types import Cell, ClusterRef, EvalRunRef, Frozen
-from controller.core.vocabulary import CellPlan, Hold, Plan, Rule, Wait
+from controller.core.vocabulary import Cancel, CellPlan, Hold, Plan, Rule, Wait
 
 
 class ClusterLane(Frozen):
@@ -38,6 +38,9 @@ class ClusterLane(Frozen):
     ineligible: dict[str, str] = Field(default_factory=dict, description="cell key → why it cannot run here, e.g. "
                                                                          "'pinned to a' or 'needs 48:00:00; b allows "
                                                                          "at most 24:00:00'")
+
+
+PARTITION_DOWN = frozenset({"PartitionDown", "PartitionInactive"})  # squeue reasons: nothing starts there now
 
 
 class LaneSlots(Frozen):
@@ -70,22 +73,32 @@ class Planned(Frozen):
 def plan_lanes(evalrun: EvalRunRef, cells: Sequence[Cell], placement: PlacementPolicy, seen: Sequence[LaneSeen],
                snapshot: StoreSnapshot | None, owners: Mapping[str, EvalRunRef],
                estimates: Mapping[str, GpuEstimate], now: datetime) -> list[Planned]:
-    """Each lane's plan: its bound cells, the cells placed on it this pass, and the cells it probed for. A cell
-    eligible nowhere is in the first lane's cells, with its reason in every lane's `ineligible`."""
+    """Each lane's plan: its bound cells (a queued one spilling), the cells placed on it this pass, and the cells it
+    probed for. A cell eligible nowhere is in the first lane's cells, with its reason in every lane's `ineligible`."""
     at = [{cell.key: i for i, cell in enumerate(lane.lane.cells)} for lane in seen]
     eligible = {cell.key: [index for index, lane in enumerate(seen)
                            if cell.key in at[index] and cell.key not in lane.lane.ineligible] for cell in cells}
-    where = {cell.key: _bound(cell.key, seen, at) for cell in cells}
+    where: dict[str, int | None] = {}
+    moved: dict[str, tuple[int, ObservedJob]] = {}  # spilled, never started: the lane it left, its job
+    for cell in cells:
+        where[cell.key], left = _bound(cell.key, seen, at)
+        if left is not None:
+            moved[cell.key] = left
+            eligible[cell.key] = [i for i in eligible[cell.key] if i != left[0]] or eligible[cell.key]
+    lanes = [_Lane(lane, at[index], moved) for index, lane in enumerate(seen)]
     parts: list[list[Plan]] = [[] for _ in seen]
     remaining = []
-    for index, lane in enumerate(seen):
-        first = _plan(evalrun, lane, [at[index][k] for k, bound in where.items() if bound == index], lane.slots.budget,
-                      snapshot, owners, estimates, now)
+    for index, lane in enumerate(lanes):
+        first = lane.plan(evalrun, [k for k, bound in where.items() if bound == index], lane.seen.slots.budget,
+                          snapshot, owners, estimates, now)
         parts[index].append(first)
-        remaining.append(lane.slots.budget - sum(1 for c in first.cells if launch_of(c) is not None))
-    probes = _probes(evalrun, cells, seen, at, eligible, where, owners, now)
+        remaining.append(lane.seen.slots.budget - sum(1 for c in first.cells if launch_of(c) is not None))
     offers = [_offer(lane, remaining[index], snapshot, now) for index, lane in enumerate(seen)]
-    order = {cell.key: index for index, cell in enumerate(cells)}
+    if placement.spill_after is not None:
+        parts = [[_spilling(part, lanes[index], index, offers, eligible, placement.spill_after, now)
+                  for part in plans] for index, plans in enumerate(parts)]
+    probes = _probes(evalrun, cells, lanes, eligible, where, owners, now)
+    order = {cell.key: (cell.key not in moved, index) for index, cell in enumerate(cells)}  # a moved cell first
     wanting = sorted((c.cell.key for probe in probes.values() for c in probe.cells
                       if launch_of(c) is not None and eligible[c.cell.key]), key=order.__getitem__)
     placed = place([(key, [offers[i].cluster for i in eligible[key]]) for key in wanting], offers, placement, now)
@@ -95,10 +108,9 @@ def plan_lanes(evalrun: EvalRunRef, cells: Sequence[Cell], placement: PlacementP
         chosen = placed[key].cluster
         if chosen is not None:
             going[names[chosen]][key] = placed[key].reason
-    for index, lane in enumerate(seen):
+    for index, lane in enumerate(lanes):
         if going[index]:
-            then = _plan(evalrun, lane, [at[index][key] for key in going[index]], remaining[index], snapshot, owners,
-                         estimates, now)
+            then = lane.plan(evalrun, list(going[index]), remaining[index], snapshot, owners, estimates, now)
             parts[index].append(then.model_copy(update={"cells": tuple(
                 noted(c, going[index][c.cell.key]) if launch_of(c) is not None else c for c in then.cells)}))
     for index, probe in probes.items():
@@ -111,10 +123,31 @@ def plan_lanes(evalrun: EvalRunRef, cells: Sequence[Cell], placement: PlacementP
                      **{key: str(lane.lane.cluster) for key in going[index]}}})) for index, lane in enumerate(seen)]
 
 
+class _Lane:
+    """A lane's cells and observations by cell key; a moved cell's never-started job travels with it, so the
+    cluster it goes to plans it as the cell it is (a run cut before it began: started afresh, RULES §4)."""
+
+    def __init__(self, seen: LaneSeen, at: Mapping[str, int], moved: Mapping[str, tuple[int, ObservedJob]]):
+        self.seen, self.at, self.moved = seen, at, moved
+
+    def observation(self, key: str) -> Observation:
+        obs = self.seen.observations[self.at[key]]
+        if key not in self.moved or obs.jobs is None:
+            return obs
+        return obs.model_copy(update={"jobs": (*obs.jobs, self.moved[key][1])})
+
+    def plan(self, evalrun: EvalRunRef, keys: Sequence[str], budget: int, snapshot: StoreSnapshot | None,
+             owners: Mapping[str, EvalRunRef], estimates: Mapping[str, GpuEstimate], now: datetime) -> Plan:
+        cells = self.seen.lane.cells
+        return _plan(evalrun, self.seen, [cells[self.at[k]] for k in keys], [self.observation(k) for k in keys],
+                     budget, snapshot, owners, estimates, now)
+
+
 def plan_lane(evalrun: EvalRunRef, lane: LaneSeen, snapshot: StoreSnapshot | None, owners: Mapping[str, EvalRunRef],
               estimates: Mapping[str, GpuEstimate], now: datetime) -> Plan:
     """A one-cluster EvalRun's plan: every cell on its cluster, with its slots."""
-    return _plan(evalrun, lane, None, lane.slots.budget, snapshot, owners, estimates, now)
+    return _plan(evalrun, lane, lane.lane.cells, lane.observations, lane.slots.budget, snapshot, owners, estimates,
+                 now)
 
 
 def merged(evalrun: EvalRunRef, cells: Sequence[Cell], plans: Sequence[Plan]) -> Plan:
@@ -131,37 +164,84 @@ def merged(evalrun: EvalRunRef, cells: Sequence[Cell], plans: Sequence[Plan]) ->
                 clusters={key: name for p in plans for key, name in p.clusters.items()})
 
 
-def _bound(key: str, seen: Sequence[LaneSeen], at: Sequence[Mapping[str, int]]) -> int | None:
+def _bound(key: str, seen: Sequence[LaneSeen], at: Sequence[Mapping[str, int]]
+           ) -> tuple[int | None, tuple[int, ObservedJob] | None]:
     """The lane a cell has run on: its newest submission's cluster, else where a job or run dir of it is; a
-    submission from before clusters were recorded binds it to the first. None: it has run nowhere yet."""
+    submission from before clusters were recorded binds it to the first. None: it has run nowhere yet, or its
+    newest job was spilled and accounting shows it ended without starting (then: the lane it left, that job)."""
     found = [(index, lane.observations[at[index][key]]) for index, lane in enumerate(seen) if key in at[index]]
     submissions = next((obs.submissions for _, obs in found if obs.submissions), ())
     if submissions:
-        newest = max(submissions, key=lambda s: s.created_at).cluster
-        by_name = next((index for index, lane in enumerate(seen) if str(lane.lane.cluster) == newest), None)
+        newest = max(submissions, key=lambda s: s.created_at)
+        by_name = next((index for index, lane in enumerate(seen) if str(lane.lane.cluster) == newest.cluster), None)
         if by_name is not None:
-            return by_name
+            job = _spilled(newest, dict(found).get(by_name))
+            return (None, (by_name, job)) if job is not None else (by_name, None)
     evidence = next((index for index, obs in found if obs.jobs or obs.run_dirs), None)
-    return evidence if evidence is not None or not submissions else 0
+    return (evidence if evidence is not None or not submissions else 0), None
 
 
-def _probes(evalrun: EvalRunRef, cells: Sequence[Cell], seen: Sequence[LaneSeen], at: Sequence[Mapping[str, int]],
-            eligible: Mapping[str, list[int]], where: Mapping[str, int | None], owners: Mapping[str, EvalRunRef],
-            now: datetime) -> dict[int, Plan]:
+def _spilled(newest: Submission, obs: Observation | None) -> ObservedJob | None:
+    """The newest submission's job when it was spilled and has ended without starting (accounting says so)."""
+    spill = obs.memory.spill if obs is not None else None
+    if obs is None or spill is None or spill.job_id != newest.job_id or spill.run_tag != newest.run_tag:
+        return None
+    job = next((j for j in obs.jobs or () if j.job_id == spill.job_id), None)
+    return job if job is not None and not job.state.active and job.started_at is None else None
+
+
+def _spilling(part: Plan, lane: _Lane, index: int, offers: Sequence[ClusterOffer],
+              eligible: Mapping[str, list[int]], after: timedelta, now: datetime) -> Plan:
+    """Its bound cells whose job is still queued past `after`, never started, with a free slot on another cluster
+    the cell may run on: cancelled, the move remembered first (RULES §15). A job that started is never moved."""
+    cells = []
+    for cell_plan in part.cells:
+        spill = _spill(cell_plan, lane.observation(cell_plan.cell.key), lane, index, offers,
+                       eligible[cell_plan.cell.key], after, now) if cell_plan.rule == Rule.QUEUED else None
+        cells.append(spill or cell_plan)
+    return part.model_copy(update={"cells": tuple(cells)})
+
+
+def _spill(cell_plan: CellPlan, obs: Observation, lane: _Lane, index: int, offers: Sequence[ClusterOffer],
+           eligible: Sequence[int], after: timedelta, now: datetime) -> CellPlan | None:
+    job = next((j for j in obs.jobs or () if j.state == JobState.QUEUED), None)
+    if job is None or job.started_at is not None or job.submitted_at is None or now - job.submitted_at < after \
+            or obs.run_dirs or not obs.submissions:
+        return None
+    newest = max(obs.submissions, key=lambda s: s.created_at)
+    free = [offers[i].cluster for i in eligible if i != index and offers[i].free > 0 and not offers[i].held]
+    if newest.job_id != job.job_id or not free:
+        return None
+    here = str(lane.seen.lane.cluster)
+    reason = (f"spill: job {job.job_id} queued {_minutes(now - job.submitted_at)} on {here} without starting "
+              f"(placement.spillAfterMinutes {_minutes(after)}); a free slot on {', '.join(free)}: cancel, then "
+              "placed anew once accounting shows it never started")
+    memory = (cell_plan.remember or cell_plan.memory).model_copy(update={"spill": Spill(
+        run_tag=newest.run_tag, job_id=job.job_id, cluster=here, at=now)})
+    return cell_plan.model_copy(update={"actions": (Cancel(job_id=job.job_id, reason=reason),), "reason": reason,
+                                        "rule": Rule.SPILL, "remember": memory})
+
+
+def _minutes(span: timedelta) -> str:
+    return f"{span.total_seconds() / 60:.0f} min"
+
+
+def _probes(evalrun: EvalRunRef, cells: Sequence[Cell], lanes: Sequence[_Lane], eligible: Mapping[str, list[int]],
+            where: Mapping[str, int | None], owners: Mapping[str, EvalRunRef], now: datetime) -> dict[int, Plan]:
     """Each unbound cell planned as if slots were no object, on the first cluster it may run on that was observed
     (else the first it may run on: it is Unknown there; eligible nowhere: the first cluster, which lists it)."""
-    chosen: dict[int, list[int]] = {}
+    chosen: dict[int, list[str]] = {}
     for cell in cells:
         if where[cell.key] is not None:
             continue
         options = eligible[cell.key] or [0]
-        index = next((i for i in options if not seen[i].slots.observed), options[0])
-        if cell.key in at[index]:
-            chosen.setdefault(index, []).append(at[index][cell.key])
-    return {index: plan(evalrun, [seen[index].lane.cells[i] for i in positions],
-                        [seen[index].observations[i] for i in positions], seen[index].lane.policy, now,
-                        budget=len(positions), owners=owners)
-            for index, positions in chosen.items()}
+        index = next((i for i in options if not lanes[i].seen.slots.observed), options[0])
+        if cell.key in lanes[index].at:
+            chosen.setdefault(index, []).append(cell.key)
+    return {index: plan(evalrun, [lanes[index].seen.lane.cells[lanes[index].at[k]] for k in keys],
+                        [lanes[index].observation(k) for k in keys], lanes[index].seen.lane.policy, now,
+                        budget=len(keys), owners=owners)
+            for index, keys in chosen.items()}
 
 
 def _waiting(cell_plan: CellPlan, reason: str, eligible: bool) -> CellPlan:
@@ -193,21 +273,22 @@ def _held(lane: LaneSeen, snapshot: StoreSnapshot | None, now: datetime) -> str:
         return f"not observed ({lane.slots.observed})"
     if lane.slots.preflight is not None and not lane.slots.preflight.ok:
         return "preflight not passed"
+    blocked = next((job.reason for job in lane.slots.jobs if job.state == JobState.QUEUED
+                    and job.reason in PARTITION_DOWN), None)
+    if blocked is not None:
+        return f"partition not taking jobs (our queued jobs there wait: {blocked})"
     name = lane.lane.policy.cluster
     pause = next((q for q in snapshot.quarantined if q.kind == QuarantineKind.CLUSTER and q.scope == name
                   and q.until > now), None) if snapshot else None
     return f"launches backing off until {pause.until:%H:%M} UTC" if pause else ""
 
 
-def _plan(evalrun: EvalRunRef, lane: LaneSeen, positions: Sequence[int] | None, budget: int,
-          snapshot: StoreSnapshot | None, owners: Mapping[str, EvalRunRef], estimates: Mapping[str, GpuEstimate],
-          now: datetime) -> Plan:
-    """The lane's cells at `positions` (None: all of them) planned with its slots and `budget` launches."""
+def _plan(evalrun: EvalRunRef, lane: LaneSeen, cells: Sequence[Cell], observations: Sequence[Observation],
+          budget: int, snapshot: StoreSnapshot | None, owners: Mapping[str, EvalRunRef],
+          estimates: Mapping[str, GpuEstimate], now: datetime) -> Plan:
+    """`cells` of the lane planned with its slots and `budget` launches."""
     slots = lane.slots
-    cells = lane.lane.cells if positions is None else [lane.lane.cells[i] for i in positions]
-    observations = lane.observations if positions is None else [lane.observations[i] for i in positions]
-    return plan(evalrun, cells, observations,
-                lane.lane.policy, now, budget=budget, budget_note=slots.budget_note,
+    return plan(evalrun, cells, observations, lane.lane.policy, now, budget=budget, budget_note=slots.budget_note,
                 tunnel_leases=snapshot.tunnel_leases if snapshot else (), live_job_names=slots.live_job_names,
                 owners=owners, quarantined=snapshot.quarantined if snapshot else (), estimates=estimates,
                 usable_nodes=slots.usable_nodes, preflight=slots.preflight)

@@ -29,6 +29,8 @@ class PlacementPolicy(Frozen):
 
     strategy: Strategy = Field(description="soonest: where the job is expected to start first; ordered: the first "
                                            "eligible cluster in the spec's order")
+    spill_after: timedelta | None = Field(None, description="a job still queued this long, with a free slot on "
+                                                           "another cluster, is moved there; None: never")
 
 
 class ClusterOffer(Frozen):

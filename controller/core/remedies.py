@@ -118,6 +118,18 @@ class AdmissionRecord(Frozen):
     evidence: str = Field(description="the gate's evidence in words: trials by class, expected vs seen, traffic")
 
 
+class Spill(BaseModel):
+    """A queued job cancelled to run elsewhere (RULES §15), remembered before the cancel is sent: once accounting
+    shows the job ended without starting, the cell is placed anew, never on `cluster` again for this move."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_tag: str
+    job_id: str
+    cluster: str = Field(description="the cluster it left")
+    at: datetime
+
+
 class CellMemory(BaseModel):
     """What the rules remember about a cell between passes (kept in the controller state, per cell key).
 
@@ -136,6 +148,7 @@ class CellMemory(BaseModel):
     remedies: tuple[Remedy, ...] = Field((), description="one per failed attempt the health rules diagnosed")
     output: OutputReading | None = Field(None, description="the running job's output, read so far")
     admitted: AdmissionRecord | None = Field(None, description="the last upload the admission gate admitted")
+    spill: Spill | None = Field(None, description="its queued job cancelled to run on another cluster (RULES §15)")
 
     def stored(self) -> dict[str, Any]:
         """The JSON the controller state keeps (the key names of every earlier version)."""

@@ -62,6 +62,8 @@ class Rule(StrEnum):
     # RULES §15: several clusters
     NO_FREE_CLUSTER = ("NoFreeCluster", "RULES §15: no cluster the cell may run on has a free slot (or may be "
                                         "used) this pass → wait; placed when one has")
+    SPILL = ("Spill", "RULES §15: queued past placement.spillAfterMinutes, never started, another cluster has a free "
+                      "slot → cancel; placed anew once accounting shows it never started")
     NO_ELIGIBLE_CLUSTER = ("NoEligibleCluster", "RULES §15: none of the EvalRun's clusters may run the cell (pins, "
                                                 "maxTimeLimit) → hold until the spec changes")
     # RULES §13: a job that failed needs a human

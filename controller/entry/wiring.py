@@ -134,13 +134,19 @@ def targets_for(specs: SpecSet, catalog: Catalog, intakes: Mapping[EvalRunRef, I
             lanes, cells = (), resolve(run.run, cluster.cluster, catalog, intake.models)
             for warning in walltime_warnings(run.run, cluster.cluster, catalog):
                 log.warning("walltime clamped", extra={"evalrun": str(run.ref), "note": warning})
-        strategy = (run.run.spec.placement or PlacementSpec()).strategy
         targets.append(RunTarget(evalrun=run.ref, cluster=cluster.ref, cells=cells,
                                  policy=lanes[0].policy if lanes else policy_for(run, cluster, catalog),
                                  generation=run.run.metadata.generation, notify=notify_routes(run),
                                  selections=intake.selections, intake=intake.note, unknown=intake.unknown,
-                                 lanes=lanes, placement=PlacementPolicy(strategy=strategy) if lanes else None))
+                                 lanes=lanes, placement=placement_of(run) if lanes else None))
     return targets
+
+
+def placement_of(run: LoadedRun) -> PlacementPolicy:
+    """spec.placement in the units the pass uses (RULES §15)."""
+    spec = run.run.spec.placement or PlacementSpec()
+    spill = spec.spill_after_minutes
+    return PlacementPolicy(strategy=spec.strategy, spill_after=None if spill is None else timedelta(minutes=spill))
 
 
 def notify_routes(run: LoadedRun) -> dict[NotifyEvent, tuple[str, ...]]:

@@ -3,13 +3,18 @@ each cluster's slots, an unobserved cluster gets nothing new, a cell that may ru
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
+import pytest
+
 from controller.core.lanes import ClusterLane, LaneSeen, LaneSlots, Planned, merged, plan_lanes
 from controller.core.observed import JobState, Observation
 from controller.core.placement import PlacementPolicy
 from controller.core.planner import launch_of
+from controller.core.remedies import CellMemory, Spill
 from controller.core.types import Cell, ClusterRef
-from controller.core.vocabulary import Hold, Phase, Rule, Submit, Wait
-from tests.core.builders import NOW, RUN, SCORED, cell, job, obs, row, spec_policy, sub
+from controller.core.vocabulary import Cancel, Hold, Phase, Resume, Rule, Submit, Wait
+from tests.core.builders import NOW, RUN, SCORED, ago, cell, job, obs, row, spec_policy, sub
 
 A, B = ClusterRef(name="a"), ClusterRef(name="b")
 SOONEST = PlacementPolicy(strategy="soonest")
@@ -105,3 +110,72 @@ def test_a_cell_eligible_nowhere_is_held_and_one_eligible_only_on_b_waits_for_b(
     assert waiting.rule == Rule.NO_FREE_CLUSTER
     assert waiting.actions == (Wait(reason="no free slot on any cluster: b: cluster b at maxLiveJobs"),)
     assert not any(isinstance(a, Submit) for p in (on_a, on_b) for c in p.plan.cells for a in c.actions)
+
+
+SPILLING = PlacementPolicy(strategy="soonest", spill_after=timedelta(hours=1))
+
+
+def queued_on_a(c: Cell, minutes: float, state: JobState = JobState.QUEUED, *,
+                started: datetime | None = None) -> Observation:
+    """A cell whose one job went to cluster a `minutes` ago (its intent, its Pending row)."""
+    record = sub(c, created=ago(minutes=minutes)).model_copy(update={"cluster": str(A)})
+    found = job(c.run_tag(1), state, started=started).model_copy(update={"submitted_at": ago(minutes=minutes)})
+    return obs(rows=(row("Pending", job_name=c.run_tag(1)),), subs=(record,), jobs=(found,))
+
+
+def test_a_job_queued_past_spill_after_with_a_free_slot_elsewhere_is_cancelled_the_move_remembered_first() -> None:
+    fleet = cells(1)
+    on_a, on_b = plan_lanes(RUN, fleet, SPILLING, [lane(A, fleet, [queued_on_a(fleet[0], 90)]),
+                                                   lane(B, fleet, [obs()])], None, {}, {}, NOW)
+
+    [spilled] = on_a.plan.cells
+    assert spilled.rule == Rule.SPILL and on_b.plan.cells == ()
+    assert spilled.actions == (Cancel(job_id="100", reason=spilled.reason),)
+    assert "job 100 queued 90 min on a without starting" in spilled.reason and "a free slot on b" in spilled.reason
+    assert spilled.remember is not None and spilled.remember.spill == Spill(
+        run_tag=fleet[0].run_tag(1), job_id="100", cluster="a", at=NOW)
+
+
+@pytest.mark.parametrize(("minutes", "state", "b_slots"), [
+    (30, JobState.QUEUED, 2),     # not queued long enough
+    (90, JobState.RUNNING, 2),    # it started: never moved
+    (90, JobState.QUEUED, 0),     # nowhere to go
+])
+def test_no_spill_too_soon_once_started_or_without_a_free_slot(minutes: float, state: JobState, b_slots: int) -> None:
+    fleet = cells(1)
+    started = ago(minutes=5) if state == JobState.RUNNING else None
+    on_a, _ = plan_lanes(RUN, fleet, SPILLING, [lane(A, fleet, [queued_on_a(fleet[0], minutes, state, started=started)]),
+                                                lane(B, fleet, [obs()], budget=b_slots)], None, {}, {}, NOW)
+
+    assert on_a.plan.cells[0].rule != Rule.SPILL
+    assert not any(isinstance(a, Cancel) for a in on_a.plan.cells[0].actions)
+
+
+def test_a_spilled_job_that_ended_without_starting_moves_its_cell_to_another_cluster_once() -> None:
+    fleet = cells(1)
+    left = queued_on_a(fleet[0], 90, JobState.CANCELLED)
+    left = left.model_copy(update={"memory": CellMemory(spill=Spill(run_tag=fleet[0].run_tag(1), job_id="100",
+                                                                    cluster="a", at=ago(minutes=2)))})
+
+    store_only = left.model_copy(update={"jobs": ()})  # b's queue has no job of it; the store is the same
+
+    on_a, on_b = plan_lanes(RUN, fleet, SPILLING, [lane(A, fleet, [left], budget=5),
+                                                   lane(B, fleet, [store_only], budget=1)], None, {}, {}, NOW)
+
+    assert on_a.plan.cells == (), "never placed back on the cluster it left, free slots or not"
+    [moved] = on_b.plan.cells
+    launch = launch_of(moved)
+    assert isinstance(launch, Resume) and (launch.attempt, launch.fire) == (1, 2), "the run cut before it began"
+    assert "placed on b" in moved.reason
+    assert merged(RUN, fleet, [on_a.plan, on_b.plan]).clusters == {fleet[0].key: "b"}
+
+
+def test_a_spilled_job_that_started_after_all_keeps_its_cell_where_it_ran() -> None:
+    fleet = cells(1)
+    ran = queued_on_a(fleet[0], 90, JobState.CANCELLED, started=ago(minutes=10))
+    ran = ran.model_copy(update={"memory": CellMemory(spill=Spill(run_tag=fleet[0].run_tag(1), job_id="100",
+                                                                  cluster="a", at=ago(minutes=11)))})
+
+    on_a, on_b = plan_lanes(RUN, fleet, SPILLING, [lane(A, fleet, [ran]), lane(B, fleet, [obs()])], None, {}, {}, NOW)
+
+    assert [c.cell.key for c in on_a.plan.cells] == [fleet[0].key] and on_b.plan.cells == ()

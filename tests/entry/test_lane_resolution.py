@@ -3,6 +3,7 @@ cells it may run and why it may not run the others; a single-cluster EvalRun's t
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,7 @@ def test_one_lane_per_cluster_in_spec_order_each_with_its_own_policy(tmp_path: P
     assert [[c.cluster for c in lane.cells] for lane in found.lanes] == [["b", "b"], ["a", "a"]]
     assert [c.key for c in found.lanes[0].cells] == [c.key for c in found.lanes[1].cells], "one cell everywhere"
     assert found.cells == found.lanes[0].cells
-    assert found.placement == PlacementPolicy(strategy="soonest"), "the default strategy"
+    assert found.placement == PlacementPolicy(strategy="soonest", spill_after=timedelta(hours=1)), "the defaults"
     assert all(lane.ineligible == {} for lane in found.lanes)
 
 
@@ -64,7 +65,7 @@ def test_a_cluster_that_cannot_give_the_whole_walltime_does_not_run_the_cell(tmp
     assert [(c.cluster, c.time_limit) for c in found.cells] == [("b", "24:00:00"), ("a", "48:00:00")], \
         "each cell as the first lane that lists it resolves it"
     assert tb2.key == b_lane.cells[0].key
-    assert found.placement == PlacementPolicy(strategy="ordered")
+    assert found.placement == PlacementPolicy(strategy="ordered", spill_after=timedelta(hours=1))
 
 
 def test_a_cell_no_cluster_can_run_stays_a_cell_with_every_lanes_reason(tmp_path: Path) -> None:

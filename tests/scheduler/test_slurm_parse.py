@@ -95,6 +95,14 @@ def test_a_pending_jobs_start_that_is_no_time_is_no_estimate(start: str) -> None
     assert job is not None and job.expected_start is None and job.started_at is None
 
 
+def test_a_job_cancelled_while_pending_never_started_whatever_squeue_prints_as_its_start() -> None:
+    """squeue shows the cancel time as %S of a job cancelled while pending (sacct: Start None): it never ran."""
+    job = parse_squeue_line("27|ev_m__b__a1|CANCELLED|2026-12-03T05:49:18|2026-12-03T05:50:24|2026-12-03T05:50:24|"
+                            "0:00||PartitionDown")
+    assert job is not None and job.state == JobState.CANCELLED and job.started_at is None
+    assert job.ended_at == datetime(2026, 12, 3, 5, 50, 24, tzinfo=UTC)
+
+
 def test_squeue_line_of_a_job_that_just_ended_is_over_with_its_end_time() -> None:
     """squeue --states=all still lists it while accounting may not have it yet."""
     job = parse_squeue_line("44|ev_m__b__a1|CANCELLED|2026-11-29T14:15:12|2026-11-29T14:15:13|2026-11-29T14:16:00|"

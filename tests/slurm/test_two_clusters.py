@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -152,4 +153,61 @@ def test_a_cluster_whose_controller_is_down_keeps_its_cells_unknown_and_new_ones
         names_on_b = [name for _, name, _ in ours(cluster, lab_b)]
         assert len(names_on_b) == 2 and names_on_b.count(job_on_b) == 1, "no duplicate of the job it kept"
     finally:
+        cancel_ours(cluster, lab_b)
+
+
+def partition(env: dict[str, str], state: str) -> None:
+    slurm(["scontrol", "update", "PartitionName=debug", f"State={state}"], env)
+
+
+def test_a_down_partition_gets_no_new_cell_and_its_queued_job_spills_once_whatever_step_is_killed(
+        cluster: SlurmCluster, slurm_lab_b_alone: dict[str, str]) -> None:
+    lab_b = slurm_lab_b_alone
+    models = [cluster.model(i) for i in range(2)]
+    ordered = "  placement: {strategy: ordered, spillAfterMinutes: 1}\n"
+
+    def spec(names: list[str]) -> None:
+        write(cluster, lab_b, names, pins=ordered)
+        text = cluster.spec.read_text()  # lab-b first: where `ordered` sends a cell while it takes jobs
+        cluster.spec.write_text(text.replace(f"clusters: [{LAB_A}, {LAB_B}]", f"clusters: [{LAB_B}, {LAB_A}]"))
+
+    partition(lab_b, "DOWN")
+    try:
+        spec(models[:1])
+        assert "1 action(s) done" in cluster.reconcile().stdout
+        [(stuck, stuck_name, _)] = ours(cluster, lab_b)
+        wait_until(lambda: "PartitionDown" in slurm(["squeue", "-h", "-j", stuck, "-o", "%r"], lab_b).stdout,
+                   "lab-b's scheduler to say why the job waits")
+
+        spec(models)  # a new cell: lab-b first in the order, but its partition takes nothing
+        cluster.reconcile()
+        assert per_cluster(cluster) == {LAB_B: 1, LAB_A: 1}
+        moved = next(c for c in cluster.plan_cells() if c["model"] == models[1])
+        assert moved["cluster"] == LAB_A
+
+        queued_since = datetime.now(UTC)  # the job was submitted before this: a minute from now it is overdue
+        wait_until(lambda: datetime.now(UTC) - queued_since > timedelta(seconds=61), "spillAfterMinutes to pass",
+                   timeout_s=120, step_s=1.0)
+        for step in ("after-remember", "after-cancel", "after-intent", "after-submit"):
+            cluster.evalctl("reconcile", "--once", kill_at=step)
+        cluster.reconcile()
+
+        accounted = slurm(["sacct", "-n", "-P", "-X", "-j", stuck, "-o", "State,Start"], lab_b).stdout.split("|")
+        assert accounted[0].startswith("CANCELLED") and accounted[1].strip() in ("None", "Unknown"), accounted
+        names_a = [name for _, name, _ in ours(cluster, cluster.env)]
+        assert sorted(names_a) == sorted(set(names_a)), f"one job per name on lab-a: {names_a}"
+        assert f"{stuck_name}-r1" in names_a, "the spilled run went to lab-a as its next fire"
+        assert [name for _, name, _ in ours(cluster, lab_b)] == [stuck_name], "nothing new on lab-b"
+        records = cluster._query("SELECT name, cluster FROM evalrun_submissions ORDER BY created_at")
+        assert [(r["name"], r["cluster"]) for r in records if r["name"].startswith(stuck_name)] == \
+            [(stuck_name, LAB_B), (f"{stuck_name}-r1", LAB_A)]
+
+        def converged() -> bool:
+            cluster.reconcile()
+            return cluster.status()["counts"] == {"Completed": 2}
+
+        wait_until(converged, "both cells Completed on lab-a", timeout_s=300, step_s=1.0)
+        assert len(cluster.rows()) == 2
+    finally:
+        partition(lab_b, "UP")
         cancel_ours(cluster, lab_b)

@@ -62,8 +62,9 @@ def parse_squeue_line(line: str) -> ObservedJob | None:
     job_id, name, state, submit, start, end, left, nodes, reason = parts
     job_state = slurm_state(state)
     queued = job_state == JobState.QUEUED
+    never_ran = not job_state.active and not _nodes(nodes)  # cancelled while pending: %S is when it was cancelled
     return ObservedJob(job_id=job_id, name=name, state=job_state, submitted_at=parse_time(submit),
-                       started_at=None if queued else parse_time(start),
+                       started_at=None if queued or never_ran else parse_time(start),
                        expected_start=parse_time(start) if queued else None,
                        ended_at=None if job_state.active else parse_time(end),
                        time_left_s=parse_duration(left) if job_state == JobState.RUNNING else None,

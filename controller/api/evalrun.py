@@ -463,6 +463,22 @@ class EvalRunSpec(SpecModel):
                                   f"to {pin.cluster} (pin {index}): a model runs on one cluster; narrow a glob")
         return self
 
+    @model_validator(mode="after")
+    def _shared_pools_on_one_cluster(self) -> EvalRunSpec:
+        """What an EvalRun shares across its jobs is planned per cluster: with several, one lane could spend what
+        another just took (RULES §15)."""
+        if self.clusters is None:
+            return self
+        if self.budget.max_gpu_hours is not None:
+            raise entry_error(("budget", "maxGpuHours"), "budget_with_clusters", "budget.maxGpuHours is not "
+                              "supported with several clusters yet (each cluster's launches are planned apart, so "
+                              "one could spend what another took): remove it, or split the EvalRun per cluster")
+        if self.pinggy.pairs:
+            raise entry_error(("pinggy", "pairs"), "pinggy_with_clusters", "pinggy pairs are not supported with "
+                              "several clusters yet (a pair could be handed to two jobs on two clusters in one "
+                              "pass): remove them, or split the EvalRun per cluster")
+        return self
+
     @property
     def cluster_refs(self) -> list[ClusterReference]:
         """Every cluster it names, spec order (one for cluster or clusterRef)."""

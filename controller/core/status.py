@@ -47,6 +47,8 @@ class GpuSummary(Frozen):
     not_yet_run: int = Field(0, description="cells not yet run")
     by_source: dict[str, int] = Field(default_factory=dict, description="of those, how many each source estimated "
                                                                         "(history, run dirs, unknown)")
+    by_cluster: dict[str, float] = Field(default_factory=dict, description="several clusters (RULES §15): spent "
+                                                                           "on each")
     max_hours: float | None = Field(None, description="spec.budget.maxGpuHours")
     held: int = Field(0, description="launches the budget held this pass")
 
@@ -55,8 +57,14 @@ def gpu_summary(plan: Plan) -> GpuSummary:
     spent = sum(c.gpu_hours for c in plan.cells if c.gpu_hours is not None)
     waiting = [e for c in plan.cells if (e := plan.estimate(c)) is not None]
     sources = Counter(e.source.value for e in waiting)
+    by_cluster: dict[str, float] = {}
+    for c in plan.cells:
+        if c.gpu_hours is not None and c.cell.key in plan.clusters:
+            where = plan.clusters[c.cell.key]
+            by_cluster[where] = by_cluster.get(where, 0.0) + c.gpu_hours
     return GpuSummary(spent=spent, estimated=sum(e.hours for e in waiting if e.hours is not None),
                       not_yet_run=len(waiting), by_source=dict(sorted(sources.items())),
+                      by_cluster=dict(sorted(by_cluster.items())),
                       max_hours=plan.gpu_budget.max_hours, held=plan.gpu_budget.held)
 
 

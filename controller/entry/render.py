@@ -121,6 +121,8 @@ def gpu_line(gpu: GpuSummary) -> str:
     sources = ", ".join(f"{source} {n}" for source, n in gpu.by_source.items())
     line = (f"est. GPU-h: {gpu.estimated:.2f} for {gpu.not_yet_run} cell(s) not yet run"
             + (f" ({sources})" if sources else "") + f"; {gpu.spent:.2f} spent")
+    if gpu.by_cluster:
+        line += " (" + ", ".join(f"{name} {hours:.2f}" for name, hours in gpu.by_cluster.items()) + ")"
     if gpu.max_hours is not None:
         line += f"; budget {gpu.max_hours:g} GPU-h (spec.budget.maxGpuHours)"
         line += f", {gpu.held} launch(es) held" if gpu.held else ""

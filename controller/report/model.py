@@ -28,6 +28,7 @@ class Attempt(Frozen):
     attempt: int
     fire: int
     job_id: str | None
+    cluster: str | None = Field(None, description="where the job was submitted (None: recorded before 0.6)")
     submitted_at: datetime
     refire_reason: str = Field("", description="the health rules' diagnosis that made the next attempt")
 
@@ -151,7 +152,7 @@ def _cell(cell_plan: CellPlan, obs: Observation, errors: ErrorClasses, trust_thr
 
 def _attempts(obs: Observation, remedies: dict[str, Remedy]) -> list[Attempt]:
     subs = sorted(obs.submissions or (), key=lambda s: (s.attempt, s.fire), reverse=True)
-    return [Attempt(attempt=s.attempt, fire=s.fire, job_id=s.job_id, submitted_at=s.created_at,
+    return [Attempt(attempt=s.attempt, fire=s.fire, job_id=s.job_id, cluster=s.cluster, submitted_at=s.created_at,
                     refire_reason=r.diagnosis if (r := remedies.get(s.run_tag)) else "") for s in subs]
 
 

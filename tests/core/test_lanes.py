@@ -12,6 +12,7 @@ from controller.core.observed import JobState, Observation
 from controller.core.placement import PlacementPolicy
 from controller.core.planner import launch_of
 from controller.core.remedies import CellMemory, Spill
+from controller.core.status import gpu_summary
 from controller.core.types import Cell, ClusterRef
 from controller.core.vocabulary import Cancel, Hold, Phase, Resume, Rule, Submit, Wait
 from tests.core.builders import NOW, RUN, SCORED, ago, cell, job, obs, row, spec_policy, sub
@@ -179,3 +180,15 @@ def test_a_spilled_job_that_started_after_all_keeps_its_cell_where_it_ran() -> N
     on_a, on_b = plan_lanes(RUN, fleet, SPILLING, [lane(A, fleet, [ran]), lane(B, fleet, [obs()])], None, {}, {}, NOW)
 
     assert [c.cell.key for c in on_a.plan.cells] == [fleet[0].key] and on_b.plan.cells == ()
+
+
+def test_gpu_hours_are_summed_per_cluster_where_each_cell_ran() -> None:
+    fleet = cells(3)
+    on_a, on_b = planned(fleet, lane(A, fleet, budget=2), lane(B, fleet, budget=1))
+    whole = merged(RUN, fleet, [on_a.plan, on_b.plan])
+    spent = whole.model_copy(update={"cells": tuple(c.model_copy(update={"gpu_hours": hours})
+                                                     for c, hours in zip(whole.cells, (1.5, 2.0, 0.25), strict=True))})
+
+    assert [whole.clusters[c.key] for c in fleet] == ["a", "a", "b"]
+    assert gpu_summary(spent).by_cluster == {"a": 3.5, "b": 0.25}
+    assert gpu_summary(spent).spent == 3.75

@@ -341,7 +341,8 @@ def explain(
         if not matches:
             raise UsageError(f"no cell {model} × {benchmark} in these specs")
         for cell, its_plan in matches:
-            render.explain(cell, out, utc_now(), its_plan.effects, retrying.spec_args(files, urls))
+            render.explain(cell, out, utc_now(), its_plan.effects, retrying.spec_args(files, urls),
+                           where=its_plan.clusters.get(cell.cell.key, "not placed yet") if its_plan.clusters else "")
         code = tell_unobserved(results)
     raise typer.Exit(code)
 

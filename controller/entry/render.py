@@ -287,14 +287,17 @@ def _outcomes(result: PassResult, console: Console) -> None:
 
 
 def explain(cell: CellPlan, console: Console, now: datetime, in_force: Sequence[Effect] = (),
-            spec_args: Sequence[str] = ()) -> None:
+            spec_args: Sequence[str] = (), where: str = "") -> None:
     """Every value as a person reads it (humanize): no enum or datetime repr reaches the screen. `in_force`: the
-    plan's effects; the cluster's and this cell's are shown. A held cell: the command that releases it."""
+    plan's effects; the cluster's and this cell's are shown. A held cell: the command that releases it. `where`:
+    several clusters, the one it ran on or goes to (RULES §15)."""
     c = cell.cell
     console.print(f"[bold]{c.model} × {c.benchmark}[/] (EvalRun {c.evalrun})", highlight=False)
     console.print(f"  dataset {c.dataset}, agent {c.agent}, harbor config {c.harbor_config}, "
                   f"timeout ×{c.timeout_multiplier:g}, n_concurrent {c.n_concurrent}", highlight=False)
     console.print(f"  cell key {c.key}", highlight=False)
+    if where:
+        console.print(f"  cluster: {where}", highlight=False)
     trials = f" {progress_text(cell.progress)}" if cell.progress is not None else ""
     console.print(f"  phase:  {_phase(cell.phase)}{trials}")
     console.print(f"  score:  {value_text(cell.score, now)}" + (_trust_flags(cell) if cell.score is not None

@@ -90,6 +90,9 @@ def test_eight_cells_over_two_clusters_run_four_at_a_time_each_once(both) -> Non
     assert all(c["cluster"] is None and "no free slot on any cluster: lab-a: " in c["actions"][0]["reason"]
                for c in planned if c not in placed)
 
+    explained = cluster.evalctl("explain", models[0], "DCAgent/twobench").stdout
+    assert f"cluster: {next(c['cluster'] for c in planned if c['model'] == models[0])}\n" in explained, explained
+
     first = cluster.reconcile()
     assert "4 action(s) done" in first.stdout, first.stdout
     assert per_cluster(cluster) == {LAB_A: 2, LAB_B: 2}

@@ -23,9 +23,9 @@ from controller.core.planner import Policy, launch_of, plan
 from controller.core.planner.allocation import noted, without_launch
 from controller.core.preflight import Preflight
 from controller.core.records import StoreSnapshot
-from controller.core.remedies import QuarantineKind, Spill
+from controller.core.remedies import CellMemory, QuarantineKind, Spill
 from controller.core.types import Cell, ClusterRef, EvalRunRef, Frozen
-from controller.core.vocabulary import Cancel, CellPlan, Hold, Plan, Rule, Wait
+from controller.core.vocabulary import Cancel, CellPlan, Hold, Phase, Plan, Rule, Wait
 
 
 class ClusterLane(Frozen):
@@ -80,13 +80,19 @@ def plan_lanes(evalrun: EvalRunRef, cells: Sequence[Cell], placement: PlacementP
                            if cell.key in at[index] and cell.key not in lane.lane.ineligible] for cell in cells}
     where: dict[str, int | None] = {}
     moved: dict[str, tuple[int, ObservedJob]] = {}  # spilled, never started: the lane it left, its job
+    unlisted: dict[str, str] = {}  # its newest job went to a cluster the EvalRun no longer lists
     for cell in cells:
-        where[cell.key], left = _bound(cell.key, seen, at)
-        if left is not None:
-            moved[cell.key] = left
-            eligible[cell.key] = [i for i in eligible[cell.key] if i != left[0]] or eligible[cell.key]
+        binding = _bound(cell.key, seen, at)
+        where[cell.key] = binding.lane
+        if binding.moved is not None:
+            moved[cell.key] = binding.moved
+            eligible[cell.key] = [i for i in eligible[cell.key] if i != binding.moved[0]] or eligible[cell.key]
+        if binding.unlisted:
+            unlisted[cell.key] = binding.unlisted
     lanes = [_Lane(lane, at[index], moved) for index, lane in enumerate(seen)]
     parts: list[list[Plan]] = [[] for _ in seen]
+    if unlisted:
+        parts[0].append(_unlisted(evalrun, cells, unlisted, lanes[0]))
     remaining = []
     for index, lane in enumerate(lanes):
         first = lane.plan(evalrun, [k for k, bound in where.items() if bound == index], lane.seen.slots.budget,
@@ -119,7 +125,8 @@ def plan_lanes(evalrun: EvalRunRef, cells: Sequence[Cell], placement: PlacementP
                      bool(eligible[c.cell.key]))
             for c in probe.cells if c.cell.key not in placed or placed[c.cell.key].cluster is None)}))
     return [Planned(lane=lane.lane, plan=merged(evalrun, lane.lane.cells, parts[index]).model_copy(update={
-        "clusters": {**{key: str(lane.lane.cluster) for key, bound in where.items() if bound == index},
+        "clusters": {**(unlisted if index == 0 else {}),
+                     **{key: str(lane.lane.cluster) for key, bound in where.items() if bound == index},
                      **{key: str(lane.lane.cluster) for key in going[index]}}})) for index, lane in enumerate(seen)]
 
 
@@ -164,21 +171,43 @@ def merged(evalrun: EvalRunRef, cells: Sequence[Cell], plans: Sequence[Plan]) ->
                 clusters={key: name for p in plans for key, name in p.clusters.items()})
 
 
-def _bound(key: str, seen: Sequence[LaneSeen], at: Sequence[Mapping[str, int]]
-           ) -> tuple[int | None, tuple[int, ObservedJob] | None]:
+class _Binding(Frozen):
+    lane: int | None = Field(description="the lane it ran on; None: it has run nowhere yet, or moves now")
+    moved: tuple[int, ObservedJob] | None = Field(None, description="spilled, never started: the lane it left, its "
+                                                                    "job")
+    unlisted: str = Field("", description="its newest job went to this cluster, which the EvalRun no longer lists")
+
+
+def _bound(key: str, seen: Sequence[LaneSeen], at: Sequence[Mapping[str, int]]) -> _Binding:
     """The lane a cell has run on: its newest submission's cluster, else where a job or run dir of it is; a
-    submission from before clusters were recorded binds it to the first. None: it has run nowhere yet, or its
-    newest job was spilled and accounting shows it ended without starting (then: the lane it left, that job)."""
+    submission from before clusters were recorded binds it there, else to the first. None: it has run nowhere yet,
+    or its newest job was spilled and accounting shows it ended without starting."""
     found = [(index, lane.observations[at[index][key]]) for index, lane in enumerate(seen) if key in at[index]]
     submissions = next((obs.submissions for _, obs in found if obs.submissions), ())
-    if submissions:
-        newest = max(submissions, key=lambda s: s.created_at)
+    newest = max(submissions, key=lambda s: s.created_at) if submissions else None
+    if newest is not None and newest.cluster is not None:
         by_name = next((index for index, lane in enumerate(seen) if str(lane.lane.cluster) == newest.cluster), None)
-        if by_name is not None:
-            job = _spilled(newest, dict(found).get(by_name))
-            return (None, (by_name, job)) if job is not None else (by_name, None)
+        if by_name is None:
+            return _Binding(lane=None, unlisted=newest.cluster)
+        job = _spilled(newest, dict(found).get(by_name))
+        return _Binding(lane=None, moved=(by_name, job)) if job is not None else _Binding(lane=by_name)
     evidence = next((index for index, obs in found if obs.jobs or obs.run_dirs), None)
-    return (evidence if evidence is not None or not submissions else 0), None
+    return _Binding(lane=evidence if evidence is not None or newest is None else 0)
+
+
+def _unlisted(evalrun: EvalRunRef, cells: Sequence[Cell], unlisted: Mapping[str, str], first: _Lane) -> Plan:
+    """Cells whose newest job went to a cluster the EvalRun no longer lists: not observed (RULES §12), never
+    started again elsewhere while that job may still run."""
+    planned = []
+    for cell in cells:
+        if cell.key not in unlisted:
+            continue
+        obs = first.observation(cell.key) if cell.key in first.at else None
+        reason = (f"not observed: its newest job went to cluster {unlisted[cell.key]}, which spec.clusters no longer "
+                  "lists; add it back to follow that job, or cancel the job there")
+        planned.append(CellPlan(cell=cell, phase=Phase.UNKNOWN, actions=(), reason=reason,
+                                rule=Rule.OBSERVATION_FAILED, memory=obs.memory if obs else CellMemory()))
+    return Plan(evalrun=evalrun, cells=tuple(planned))
 
 
 def _spilled(newest: Submission, obs: Observation | None) -> ObservedJob | None:

@@ -192,3 +192,16 @@ def test_gpu_hours_are_summed_per_cluster_where_each_cell_ran() -> None:
     assert [whole.clusters[c.key] for c in fleet] == ["a", "a", "b"]
     assert gpu_summary(spent).by_cluster == {"a": 3.5, "b": 0.25}
     assert gpu_summary(spent).spent == 3.75
+
+
+def test_a_cell_whose_job_went_to_a_cluster_no_longer_listed_is_unknown_never_started_again() -> None:
+    fleet = cells(1)
+    gone = sub(fleet[0]).model_copy(update={"cluster": "c"})
+    seen = obs(rows=(row("Started", job_name=fleet[0].run_tag(1)),), subs=(gone,))
+
+    on_a, on_b = planned(fleet, lane(A, fleet, [seen]), lane(B, fleet, [seen]))
+
+    [unknown] = on_a.plan.cells
+    assert unknown.phase == Phase.UNKNOWN and unknown.actions == () and on_b.plan.cells == ()
+    assert "its newest job went to cluster c, which spec.clusters no longer lists" in unknown.reason
+    assert merged(RUN, fleet, [on_a.plan, on_b.plan]).clusters == {fleet[0].key: "c"}

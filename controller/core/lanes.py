@@ -103,7 +103,7 @@ def plan_lanes(evalrun: EvalRunRef, cells: Sequence[Cell], placement: PlacementP
     if placement.spill_after is not None:
         parts = [[_spilling(part, lanes[index], index, offers, eligible, placement.spill_after, now)
                   for part in plans] for index, plans in enumerate(parts)]
-    probes = _probes(evalrun, cells, lanes, eligible, where, owners, now)
+    probes = _probes(evalrun, [c for c in cells if c.key not in unlisted], lanes, eligible, where, owners, now)
     order = {cell.key: (cell.key not in moved, index) for index, cell in enumerate(cells)}  # a moved cell first
     wanting = sorted((c.cell.key for probe in probes.values() for c in probe.cells
                       if launch_of(c) is not None and eligible[c.cell.key]), key=order.__getitem__)

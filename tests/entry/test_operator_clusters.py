@@ -149,13 +149,13 @@ def test_cells_go_to_both_clusters_and_deleting_cancels_the_jobs_on_each(
 
     assert report.status["summary"]["clusters"] == {f"{NAMESPACE}/a": 1, f"{NAMESPACE}/b": 1}, report.status
     assert {name: len(list(s.observe())) for name, s in schedulers.items()} == {"a": 1, "b": 1}
-    assert {p for p in api.patched} <= {("evalclusters", NAMESPACE, "a"), ("evalclusters", NAMESPACE, "b")}
+    assert set(api.patched) == {("evalclusters", NAMESPACE, "a"), ("evalclusters", NAMESPACE, "b")}, "nodes of each"
 
     events = release_object(cast(KubeApi, api), config, stores, body)
 
     assert [note.reason for note in events] == ["Cancel"], events
     assert "2 cell(s)" in events[0].message
     for name, scheduler in schedulers.items():
-        wait_until(lambda s=scheduler: all(not job.state.active for job in s.observe()),  # type: ignore[misc]
+        wait_until(lambda s=scheduler: all(not job.state.active for job in s.observe()),
                    f"the job on {name} to be cancelled", timeout_s=30)
     stores.close()

@@ -35,6 +35,7 @@ EVALRUN_COLUMNS: list[Schema] = [
     {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason', "priority": 1},
     {"name": "Cluster", "type": "string", "jsonPath": ".spec.cluster", "priority": 1},
     {"name": "Cluster-Ref", "type": "string", "jsonPath": ".spec.clusterRef.name", "priority": 1},
+    {"name": "Clusters", "type": "string", "jsonPath": ".spec.clusters", "priority": 1},  # as JSON: ["a","b"]
     {"name": "Suspended", "type": "boolean", "jsonPath": ".spec.suspend", "priority": 1},
     {"name": "Last-Pass", "type": "date", "jsonPath": ".status.lastPass.at", "priority": 1},
 ]

@@ -13,7 +13,7 @@ import logging
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TypeVar
 
@@ -250,24 +250,24 @@ def _notifications(target: RunTarget, store: Store, the_plan: Plan, outcomes: Se
     return undelivered_note(undelivered)
 
 
-def release_pass(target: RunTarget, store: Store, ports: ClusterPorts) -> list[Outcome]:
+def release_pass(target: RunTarget, store: Store, clusters: Mapping[ClusterRef, ClusterPorts]) -> list[Outcome]:
     """The EvalRun is being deleted. With `policy.cancels_on_delete`, cancel the live jobs of the cells it owns, as
-    a plan the Actor executes; then drop its claims on its cells.
+    a plan each of its clusters' Actor executes there; then drop its claims on its cells.
 
-    Raises ObservationError when the queue or the store cannot be read (never "no jobs" by default) and
-    RuntimeError when a cancel failed, so the caller tries again before letting the EvalRun go.
+    Raises ObservationError when a queue or the store cannot be read (never "no jobs" by default; every queue is read
+    before any cancel) and RuntimeError when a cancel failed, so the caller tries again before letting the EvalRun go.
     """
+    outcomes: list[Outcome] = []
     if target.policy.cancels_on_delete:
-        jobs = ports.scheduler.observe()
+        jobs = [(lane, clusters[lane.cluster].scheduler.observe()) for lane in lanes_of(target)]
         snapshot = store.observe(target.evalrun, _models(target), _benchmarks(target), _read_keys(target))
-        observed = Observed(snapshot=snapshot, cells=tuple(join_cells(target.cells, snapshot, jobs, ())))
-        the_plan = plan_deletion(target.evalrun, target.cells, observed.cells, observed.other_owners(target.evalrun))
-        outcomes = ports.actor_for(target).act(the_plan)
+        others = Observed(snapshot=snapshot, cells=()).other_owners(target.evalrun)
+        for lane, queue in jobs:
+            the_plan = plan_deletion(target.evalrun, lane.cells, join_cells(lane.cells, snapshot, queue, ()), others)
+            outcomes += clusters[lane.cluster].actor_for(_lane_target(target, lane)).act(the_plan)
         failed = [f"{o.cell}: {o.message}" for o in outcomes if not o.ok]
         if failed:
             raise RuntimeError(f"could not cancel every job: {'; '.join(failed)}")
-    else:
-        outcomes = []
     store.state.claim_cells(target.evalrun, [], CELL_OWNER_TTL.total_seconds())
     return outcomes
 

@@ -37,6 +37,7 @@ class AttentionItem(Frozen):
     benchmark: str
     phase: Phase
     reason: str
+    cluster: str | None = Field(None, description="several clusters (RULES §15): where it ran or is placed")
 
 
 class GpuSummary(Frozen):
@@ -83,6 +84,8 @@ class RunStatus(Frozen):
     gpu_hours: GpuSummary = GpuSummary()
     notifications: str = Field("", description="its webhook messages not delivered (yet), in words")
     effects: tuple[Effect, ...] = Field((), description="remedies in force: back-offs, quarantines, refires waiting")
+    clusters: dict[str, int] = Field(default_factory=dict, description="several clusters (RULES §15): cluster → its "
+                                                                       "cells that ran or are placed there")
 
     @property
     def done(self) -> int:
@@ -111,7 +114,7 @@ def summarize(plan: Plan, outcomes: Sequence[Outcome] = (), generation: int | No
     all_counts = {phase: counts.get(phase, 0) for phase in Phase}
     failed_actions = [o for o in outcomes if not o.ok]
     failures = {o.key: f"{o.action} failed: {o.message}" for o in failed_actions if o.key}
-    attention = [_attention(c, failures.get(c.cell.key)) for c in plan.cells
+    attention = [_attention(c, failures.get(c.cell.key), plan.clusters.get(c.cell.key)) for c in plan.cells
                  if c.phase in NEEDS_A_HUMAN | {Phase.UNKNOWN} or c.cell.key in failures
                  or c.rule == Rule.OWNED_ELSEWHERE]  # another EvalRun acts for it: this one will not, a human asks why
     return RunStatus(
@@ -129,6 +132,7 @@ def summarize(plan: Plan, outcomes: Sequence[Outcome] = (), generation: int | No
         gpu_hours=gpu_summary(plan),
         notifications=notes.notifications,
         effects=plan.effects,
+        clusters=dict(sorted(Counter(plan.clusters.values()).items())),
     )
 
 
@@ -185,7 +189,7 @@ def _breakdown(counts: dict[Phase, int], phases: frozenset[Phase]) -> str:
     return ", ".join(f"{counts[p]} {p.value}" for p in Phase if p in phases and counts[p])
 
 
-def _attention(cell: CellPlan, failure: str | None) -> AttentionItem:
-    """What a human needs to read: the action that failed, else why the planner stopped."""
+def _attention(cell: CellPlan, failure: str | None, cluster: str | None) -> AttentionItem:
+    """What a human needs to read: the action that failed, else why the planner stopped (and where)."""
     return AttentionItem(model=cell.cell.model, benchmark=cell.cell.benchmark, phase=cell.phase,
-                         reason=failure or cell.reason)
+                         reason=failure or cell.reason, cluster=cluster)

@@ -36,8 +36,9 @@ def status_patch(summary: RunStatus, previous: Mapping[str, Any] | None, now: da
         "summary": {
             "total": summary.total, "done": summary.done, "running": summary.running, "failed": summary.failed,
             "phases": {phase.value: n for phase, n in summary.counts.items()},  # zeros too: a merge patch keeps keys
+            "clusters": summary.clusters or None,  # several clusters: cells per cluster; null drops the key
         },
-        "attention": [item.model_dump(mode="json") for item in summary.attention],
+        "attention": [item.model_dump(mode="json", exclude_none=True) for item in summary.attention],
         "attentionOmitted": summary.attention_omitted,
         "lastPass": {"at": _timestamp(now), "failedActions": summary.failed_actions, "note": note},
         "lastHandledReconcileAt": requested_at,

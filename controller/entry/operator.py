@@ -1,6 +1,6 @@
 """`evalctl operator`: the kopf shell. Handlers take the event, call operator_pass, write status and Events.
 
-Every EvalRun change (apply, spec edit, `evalrun.io/requestedAt`, its EvalCluster changing) runs a pass at
+Every EvalRun change (apply, spec edit, `evalrun.io/requestedAt`, one of its EvalClusters changing) runs a pass at
 once; a timer runs one every `interval` seconds in between. Passes run on workers of their own, fairly across
 namespaces and with a deadline (pass_queue.py); passes on one EvalRun never overlap in this process; kopf
 peering keeps a second replica idle, and the store's lease keeps a CLI on the same store out.
@@ -31,7 +31,7 @@ from controller.entry.operator_pass import (
     OperatorConfig,
     PassReport,
     Stores,
-    cluster_of,
+    clusters_of,
     operator_notifier,
     reconcile_object,
     release_object,
@@ -177,9 +177,9 @@ def build_registry(interval_s: float) -> kopf.OperatorRegistry:
 
 
 async def _queued(memo: Memo, body: kopf.Body, kwargs: dict[str, Any], work: Callable[[], T]) -> T:
-    """`work` for this EvalRun on the pass queue, within the pass timeout, in the lane of its cluster's ssh host
-    (or of the cluster itself): a lane holds a bounded number of workers."""
-    plural, namespace, name = cluster_of(body)
+    """`work` for this EvalRun on the pass queue, within the pass timeout, in the lane of its (first) cluster's ssh
+    host (or of the cluster itself): a lane holds a bounded number of workers."""
+    plural, namespace, name = next(iter(clusters_of(body)), ("evalclusters", body.metadata.namespace, None))
     cluster = f"{plural}/{namespace}/{name}"
     lanes = cast("kopf.Index[str, str]", kwargs["hosts"])
     lane = next(iter(lanes.get(cluster, ())), cluster)
@@ -197,9 +197,10 @@ def pass_lane(plural: str, namespace: str | None, name: str, spec: Mapping[str, 
 
 
 def _rerun_evalruns_on(api: KubeApi, cluster: tuple[str, str | None, str], revision: str) -> None:
-    """Annotate the EvalRuns on `cluster` (plural, namespace, name; a ClusterEvalCluster's in every namespace)."""
+    """Annotate the EvalRuns that name `cluster` (plural, namespace, name; a ClusterEvalCluster's in every
+    namespace), among their `clusters` too."""
     for run in api.list("evalruns", cluster[1]):
-        if cluster_of(run) == cluster:
+        if cluster in clusters_of(run):
             api.annotate("evalruns", run["metadata"]["namespace"], run["metadata"]["name"], {CLUSTER_REVISION: revision})
 
 

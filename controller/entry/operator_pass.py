@@ -1,6 +1,6 @@
 """One operator pass for one EvalRun object: the SAME reconcile_pass as `evalctl reconcile`, fed from the API.
 
-Specs come from the EvalRun and the EvalCluster it names (the loader's checks run on them as on files);
+Specs come from the EvalRun and the EvalCluster(s) it names (the loader's checks run on them as on files);
 secrets from the namespace's Secrets; status from core/status.py's summarize(). A spec the loader refuses
 becomes a Stalled status, never an exception: a crash loop helps nobody.
 """
@@ -42,6 +42,7 @@ from controller.entry.webhooks import Notifier, webhooks_of
 from controller.entry.wiring import cluster_ports
 
 REQUESTED_AT = "evalrun.io/requestedAt"
+Named = tuple[str, str | None, str]  # a cluster as the API names it: (plural, namespace or None, name)
 
 
 class OperatorConfig(Frozen):
@@ -106,11 +107,11 @@ def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body:
     meta = body.get("metadata", {})
     generation = meta.get("generation")
     previous = body.get("status")
-    cluster = _cluster(api, body)
+    clusters = _clusters(api, body)
     secrets = KubernetesSecrets(api, meta["namespace"])
     try:
-        _check_grant(api, body, cluster)
-        specs = _specs(config, body, cluster)
+        _check_grants(api, body, clusters)
+        specs = _specs(config, body, clusters)
         if refused := egress_refusals(specs, secrets, config.policy):
             raise SpecErrors(refused)
     except SpecErrors as exc:
@@ -122,7 +123,8 @@ def reconcile_object(api: KubeApi, config: OperatorConfig, stores: Stores, body:
         [result] = run_pass(specs, store, now, act=True, catalog=catalog,
                             ports=_ports(api, config, specs, store, catalog, meta["namespace"]),
                             holder=config.holder, holder_is_dead=identity_is_dead)
-        publish_nodes(api, store, specs.cluster_of(specs.evalruns[0]).ref, (cluster or {}).get("status"))
+        for ref in specs.evalruns[0].cluster_refs:
+            publish_nodes(api, store, ref, (clusters.get(_named(ref)) or {}).get("status"))
         retried = annotated_retry(store, body, result.plan.cells, now)  # released by the next pass
     if notifier is not None:  # the sender's thread delivers what the pass queued; the URLs are the namespace's
         notifier.offer(webhooks_of(specs, secrets, config.policy))
@@ -149,15 +151,16 @@ def release_object(api: KubeApi, config: OperatorConfig, stores: Stores, body: M
     and for a spec that no longer loads only when its jobs are to be cancelled (which cluster is then unknown):
     orphaned, its cells are given up at once (a policy refusal or typo never holds a deletion). On a
     ClusterEvalCluster that does not grant its namespace nothing is cancelled there: its cells are given up.
+    With several clusters, each one's live jobs are cancelled on it.
     """
-    cluster = _cluster(api, body)
+    clusters = _clusters(api, body)
     try:
-        _check_grant(api, body, cluster)
+        _check_grants(api, body, clusters)
     except SpecErrors as exc:
         _give_up_cells(stores, body)
         return [EventNote(type="Warning", reason="NotCancelled", message=exc.errors[0].message[:1000])]
     try:
-        specs = _specs(config, body, cluster)
+        specs = _specs(config, body, clusters)
     except SpecErrors:
         if asks_to_cancel(body):
             raise
@@ -169,7 +172,7 @@ def release_object(api: KubeApi, config: OperatorConfig, stores: Stores, body: M
         if target.unknown:  # which jobs are its own is not known: retry rather than cancel too few
             raise ObservationError(target.unknown)
         ports = _ports(api, config, specs, store, catalog, body["metadata"]["namespace"])
-        return aggregate_events(release_pass(target, store, ports[target.cluster]))
+        return aggregate_events(release_pass(target, store, ports))
 
 
 def _give_up_cells(stores: Stores, body: Mapping[str, Any]) -> None:
@@ -179,22 +182,26 @@ def _give_up_cells(stores: Stores, body: Mapping[str, Any]) -> None:
                                 CELL_OWNER_TTL.total_seconds())
 
 
-def _check_grant(api: KubeApi, body: Mapping[str, Any], cluster: Mapping[str, Any] | None) -> None:
-    """Raise SpecErrors when the EvalRun names a ClusterEvalCluster that does not grant its namespace: checked
-    before anything of the cluster is used, so none of the admin's Secrets is read for it. A ClusterEvalCluster
-    that does not load is left to the loader to report to the namespaces it names, and unusable to the others."""
-    if cluster is None or cluster_of(body)[0] != "clusterevalclusters":
-        return
+def _check_grants(api: KubeApi, body: Mapping[str, Any], clusters: Mapping[Named, Mapping[str, Any]]) -> None:
+    """Raise SpecErrors when the EvalRun names a ClusterEvalCluster that does not grant its namespace (one error per
+    such cluster): checked before anything of the clusters is used, so none of the admin's Secrets is read for them.
+    A ClusterEvalCluster that does not load is left to the loader to report to the namespaces it names, and unusable
+    to the others."""
     namespace = body["metadata"]["namespace"]
+    refused = [why for named, cluster in clusters.items()
+               if named[0] == "clusterevalclusters" and (why := _grant_refusal(api, cluster, namespace))]
+    if refused:
+        raise SpecErrors([SpecError(object_label(body), 1, 1, why) for why in refused])
+
+
+def _grant_refusal(api: KubeApi, cluster: Mapping[str, Any], namespace: str) -> str:
     try:
         parsed = parse_resource(cluster, object_label(cluster))
     except SpecErrors:
-        if why := unloadable_refusal(cluster, namespace):
-            raise SpecErrors([SpecError(object_label(body), 1, 1, why)]) from None
-        return
-    if isinstance(parsed, ClusterEvalCluster) and (
-            why := grant_refusal(parsed, namespace, lambda: api.namespace_labels(namespace))):
-        raise SpecErrors([SpecError(object_label(body), 1, 1, why)])
+        return unloadable_refusal(cluster, namespace)
+    if not isinstance(parsed, ClusterEvalCluster):
+        return ""
+    return grant_refusal(parsed, namespace, lambda: api.namespace_labels(namespace))
 
 
 def _ports(api: KubeApi, config: OperatorConfig, specs: SpecSet, store: Store, catalog: Catalog,
@@ -206,23 +213,40 @@ def _ports(api: KubeApi, config: OperatorConfig, specs: SpecSet, store: Store, c
                          allowed_mlflow_uri=config.policy.ambient_mlflow_login)
 
 
-def _cluster(api: KubeApi, body: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The cluster an EvalRun names, as the API has it (None: it does not exist, or none is named)."""
-    plural, namespace, name = cluster_of(body)
-    return api.get(plural, namespace, name) if name is not None else None
+def _clusters(api: KubeApi, body: Mapping[str, Any]) -> dict[Named, dict[str, Any]]:
+    """The clusters an EvalRun names that exist, as the API has them; the loader names each one missing."""
+    found = {named: api.get(*named) for named in clusters_of(body)}
+    return {named: cluster for named, cluster in found.items() if cluster is not None}
 
 
-def _specs(config: OperatorConfig, body: Mapping[str, Any], cluster: Mapping[str, Any] | None) -> SpecSet:
-    """The EvalRun and the cluster it names: an EvalCluster of its namespace, or the admin's ClusterEvalCluster."""
-    return load_objects([body, *([cluster] if cluster else [])], config.base_dir, load_catalog(), config.policy)
+def _specs(config: OperatorConfig, body: Mapping[str, Any], clusters: Mapping[Named, Mapping[str, Any]]) -> SpecSet:
+    """The EvalRun and the clusters it names: EvalClusters of its namespace, or the admin's ClusterEvalClusters."""
+    return load_objects([body, *clusters.values()], config.base_dir, load_catalog(), config.policy)
 
 
-def cluster_of(body: Mapping[str, Any]) -> tuple[str, str | None, str | None]:
-    """(plural, namespace or None for cluster-scoped, name) of the cluster an EvalRun's spec names, as written."""
+def clusters_of(body: Mapping[str, Any]) -> list[Named]:
+    """Every cluster an EvalRun's spec names, as written, spec order (`clusters`, else `cluster` or `clusterRef`);
+    a name that is no string is left to the loader."""
     spec = body.get("spec") or {}
-    found = spec.get("clusterRef")
-    ref: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-    name = spec.get("cluster") or ref.get("name")
-    if ref.get("kind") == "ClusterEvalCluster":
-        return "clusterevalclusters", None, name if isinstance(name, str) else None
-    return "evalclusters", body["metadata"]["namespace"], name if isinstance(name, str) else None
+    listed = spec.get("clusters")
+    if isinstance(listed, list):
+        items = listed
+    else:
+        found = spec.get("clusterRef")
+        ref: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+        items = [{**ref, "name": spec.get("cluster") or ref.get("name")}]
+    namespace = body["metadata"]["namespace"]
+    return list(dict.fromkeys(named for item in items if (named := _item(item, namespace)) is not None))
+
+
+def _item(item: object, namespace: str) -> Named | None:
+    ref: Mapping[str, Any] = item if isinstance(item, Mapping) else {"name": item}
+    name = ref.get("name")
+    if not isinstance(name, str):
+        return None
+    return ("clusterevalclusters", None, name) if ref.get("kind") == "ClusterEvalCluster" else (
+        "evalclusters", namespace, name)
+
+
+def _named(ref: ClusterRef) -> Named:
+    return ("clusterevalclusters", None, ref.name) if ref.cluster_scoped else ("evalclusters", ref.namespace, ref.name)

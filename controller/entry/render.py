@@ -222,7 +222,7 @@ def _status_json(plan: Plan, summary: RunStatus, notes: PassNotes, spec_args: Se
         "name": str(plan.evalrun),
         "counts": {phase.value: n for phase, n in summary.counts.items() if n},
         "conditions": [c.model_dump(mode="json", exclude_none=True) for c in summary.conditions],
-        "attention": [a.model_dump(mode="json") for a in summary.attention],
+        "attention": [a.model_dump(mode="json", exclude_none=True) for a in summary.attention],
         "cells": [_cell_json(c, plan, spec_args) for c in plan.cells],
         "gpu_hours": summary.gpu_hours.model_dump(mode="json"),
         "quarantined": [q.model_dump(mode="json") for q in plan.quarantined],

@@ -63,8 +63,9 @@ def test_evalrun_printer_columns() -> None:
         ("Failed", ".status.summary.failed"),
         ("Age", ".metadata.creationTimestamp"),
     ]
-    assert [c["name"] for c in columns if c.get("priority") == 1] == ["Reason", "Cluster", "Cluster-Ref", "Suspended",
-                                                                    "Last-Pass"]
+    wide = [(c["name"], c["jsonPath"]) for c in columns if c.get("priority") == 1]
+    assert [name for name, _ in wide] == ["Reason", "Cluster", "Cluster-Ref", "Clusters", "Suspended", "Last-Pass"]
+    assert ("Clusters", ".spec.clusters") in wide, "a multi-cluster EvalRun shows its clusters (-o wide)"
 
 
 def walk(node: dict[str, Any], path: str = "") -> list[str]:

@@ -11,9 +11,10 @@ from controller.core.intake import Selection
 from controller.core.planner import plan
 from controller.core.remedies import Quarantined, QuarantineKind
 from controller.core.status import Condition, summarize
-from controller.core.vocabulary import PassNotes
+from controller.core.vocabulary import PassNotes, Phase
 from controller.entry.kube_status import conditions_patch, status_patch
 from tests.core.builders import POLICY, RUN, cell, obs
+from tests.core.test_status import plan_of
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 READY = Condition(type="Ready", status="True", reason="AllCellsCompleted", message="", observed_generation=1)
@@ -61,3 +62,17 @@ def test_the_status_lists_every_effect_in_force_with_its_cause_start_end_and_own
     assert patched["effects"] == [{"kind": "back-off", "subject": "c1", "cause": "hf-hub-rate-limit: …",
                                    "since": "2026-12-01T12:00:00Z", "until": "2026-12-01T12:10:00Z",
                                    "owner": "team-a/sweep"}]
+
+
+def test_a_multi_cluster_status_counts_cells_per_cluster_and_says_where_an_attention_cell_is() -> None:
+    the_plan = plan_of(Phase.COMPLETED, Phase.FAILED, Phase.COMPLETED)
+    keys = [c.cell.key for c in the_plan.cells]
+    placed = the_plan.model_copy(update={"clusters": {keys[0]: "ns/a", keys[1]: "ns/b", keys[2]: "ns/b"}})
+
+    status = status_patch(summarize(placed), None, NOW)
+    alone = status_patch(summarize(the_plan), None, NOW)
+
+    assert status["summary"]["clusters"] == {"ns/a": 1, "ns/b": 2}
+    assert [(a["model"], a["cluster"]) for a in status["attention"]] == [("org/m1", "ns/b")]
+    assert alone["summary"]["clusters"] is None, "one cluster: the key is dropped (a merge patch's null)"
+    assert "cluster" not in alone["attention"][0], "one cluster: its items are as before"

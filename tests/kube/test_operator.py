@@ -31,7 +31,7 @@ def test_apply_drives_the_evalrun_to_ready_and_kubectl_shows_the_counts(lab: Lab
     assert header.split()[:5] == ["NAME", "READY", "DONE", "TOTAL", "RUNNING"]
     assert row.split()[:5] == ["demo", "True", "2", "2", "0"], table
     wide = lab.kube.kubectl("get", "evalruns", "-n", lab.namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split()[-5:] == ["REASON", "CLUSTER", "CLUSTER-REF", "SUSPENDED", "LAST-PASS"], wide
+    assert wide[0].split()[-6:] == ["REASON", "CLUSTER", "CLUSTER-REF", "CLUSTERS", "SUSPENDED", "LAST-PASS"], wide
     assert "AllCellsCompleted" in wide[1] and " local " in wide[1]
     explained = lab.kube.kubectl("explain", "evalrun.spec.monitor").stdout
     assert "When a running job is judged stuck" in explained and "preWalltimeMinutes" in explained

@@ -6,7 +6,8 @@ the scheduler's start estimate, the wait our recent jobs saw): fresh (nothing ob
 one wanting its first job) and steady (nine cells in ten bound by a submission recorded on one of the five: most
 finished, some running, some queued; the tenth fresh). For each: (a) the placement decision alone, binding every
 cell to the cluster it ran on plus `place()` for the cells that want a first launch; (b) the whole `plan_lanes()`
-beside the one-cluster `plan()` over the same cells, so what several clusters add shows. Prints figures; asserts
+beside the one-cluster `plan()` over the same cells, so what several clusters add shows. The first of the five
+runs of the decision also computes each lane cell's key (cached on the cell): its max. Prints figures; asserts
 nothing.
 """
 

@@ -1,5 +1,5 @@
 # The two commands of the README, and a few helpers. Every target installs what it needs itself.
-.PHONY: demo slurm-demo test bench bench-slurm bench-operator bench-store bench-incremental bench-output bench-catalog bench-foreign bench-fairness bench-remote bench-planner bench-selector crds clean-demo kube-up kube-down
+.PHONY: demo slurm-demo test bench bench-slurm bench-operator bench-store bench-incremental bench-output bench-catalog bench-foreign bench-fairness bench-remote bench-planner bench-placement bench-selector crds clean-demo kube-up kube-down
 
 # Set up, then converge the local demo (3 models × 2 benchmarks) and print the grid.
 demo:
@@ -51,6 +51,11 @@ bench-selector:
 bench-planner:
 	./scripts/bootstrap.sh
 	.venv/bin/python bench/planner.py
+
+# Placement over 5 clusters, 10,000 cells (fresh and steady): the decision alone, and plan_lanes() beside plan().
+bench-placement:
+	./scripts/bootstrap.sh
+	.venv/bin/python bench/placement.py
 
 # read_output over 500 running jobs' output files (growing, idle, a backlog), via SLURM's one command and locally.
 bench-output:

@@ -12,7 +12,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from itertools import compress
+from operator import attrgetter
 
 from pydantic import Field
 
@@ -21,6 +24,7 @@ from controller.core.observed import JobState, Observation, ObservedJob, Submiss
 from controller.core.placement import ClusterOffer, PlacementPolicy, place, queue_facts
 from controller.core.planner import Policy, launch_of, plan
 from controller.core.planner.allocation import noted, without_launch
+from controller.core.planner.gc_pause import cyclic_gc_paused
 from controller.core.preflight import Preflight
 from controller.core.records import StoreSnapshot
 from controller.core.remedies import CellMemory, QuarantineKind, Spill
@@ -75,20 +79,15 @@ def plan_lanes(evalrun: EvalRunRef, cells: Sequence[Cell], placement: PlacementP
                estimates: Mapping[str, GpuEstimate], now: datetime) -> list[Planned]:
     """Each lane's plan: its bound cells (a queued one spilling), the cells placed on it this pass, and the cells it
     probed for. A cell eligible nowhere is in the first lane's cells, with its reason in every lane's `ineligible`."""
-    at = [{cell.key: i for i, cell in enumerate(lane.lane.cells)} for lane in seen]
-    eligible = {cell.key: [index for index, lane in enumerate(seen)
-                           if cell.key in at[index] and cell.key not in lane.lane.ineligible] for cell in cells}
-    where: dict[str, int | None] = {}
-    moved: dict[str, tuple[int, ObservedJob]] = {}  # spilled, never started: the lane it left, its job
-    unlisted: dict[str, str] = {}  # its newest job went to a cluster the EvalRun no longer lists
-    for cell in cells:
-        binding = _bound(cell.key, seen, at)
-        where[cell.key] = binding.lane
-        if binding.moved is not None:
-            moved[cell.key] = binding.moved
-            eligible[cell.key] = [i for i in eligible[cell.key] if i != binding.moved[0]] or eligible[cell.key]
-        if binding.unlisted:
-            unlisted[cell.key] = binding.unlisted
+    with cyclic_gc_paused():  # as plan(): its lanes' plans, copies and indexes make no cycles (see gc_pause)
+        return _plan_lanes(evalrun, cells, placement, seen, snapshot, owners, estimates, now)
+
+
+def _plan_lanes(evalrun: EvalRunRef, cells: Sequence[Cell], placement: PlacementPolicy, seen: Sequence[LaneSeen],
+                snapshot: StoreSnapshot | None, owners: Mapping[str, EvalRunRef],
+                estimates: Mapping[str, GpuEstimate], now: datetime) -> list[Planned]:
+    bound = bind(cells, seen)
+    at, eligible, where, moved, unlisted = bound.at, bound.eligible, bound.where, bound.moved, bound.unlisted
     lanes = [_Lane(lane, at[index], moved) for index, lane in enumerate(seen)]
     parts: list[list[Plan]] = [[] for _ in seen]
     if unlisted:
@@ -99,7 +98,7 @@ def plan_lanes(evalrun: EvalRunRef, cells: Sequence[Cell], placement: PlacementP
                           snapshot, owners, estimates, now)
         parts[index].append(first)
         remaining.append(lane.seen.slots.budget - sum(1 for c in first.cells if launch_of(c) is not None))
-    offers = [_offer(lane, remaining[index], snapshot, now) for index, lane in enumerate(seen)]
+    offers = cluster_offers(seen, remaining, snapshot, now)
     if placement.spill_after is not None:
         parts = [[_spilling(part, lanes[index], index, offers, eligible, placement.spill_after, now)
                   for part in plans] for index, plans in enumerate(parts)]
@@ -107,7 +106,8 @@ def plan_lanes(evalrun: EvalRunRef, cells: Sequence[Cell], placement: PlacementP
     order = {cell.key: (cell.key not in moved, index) for index, cell in enumerate(cells)}  # a moved cell first
     wanting = sorted((c.cell.key for probe in probes.values() for c in probe.cells
                       if launch_of(c) is not None and eligible[c.cell.key]), key=order.__getitem__)
-    placed = place([(key, [offers[i].cluster for i in eligible[key]]) for key in wanting], offers, placement, now)
+    named = {lanes: tuple(offers[i].cluster for i in lanes) for lanes in set(eligible.values())}
+    placed = place([(key, named[eligible[key]]) for key in wanting], offers, placement, now)
     names = {offer.cluster: index for index, offer in enumerate(offers)}
     going: list[dict[str, str]] = [{} for _ in seen]
     for key in wanting:
@@ -171,28 +171,85 @@ def merged(evalrun: EvalRunRef, cells: Sequence[Cell], plans: Sequence[Plan]) ->
                 clusters={key: name for p in plans for key, name in p.clusters.items()})
 
 
-class _Binding(Frozen):
-    lane: int | None = Field(description="the lane it ran on; None: it has run nowhere yet, or moves now")
-    moved: tuple[int, ObservedJob] | None = Field(None, description="spilled, never started: the lane it left, its "
-                                                                    "job")
-    unlisted: str = Field("", description="its newest job went to this cluster, which the EvalRun no longer lists")
+@dataclass(frozen=True)
+class Binding:
+    """Where each of an EvalRun's cells stands before anything is planned: the lanes it may run on and the one it
+    is bound to."""
+
+    at: list[dict[str, int]]  # per lane: cell key → its index in the lane's cells and observations
+    eligible: dict[str, tuple[int, ...]]  # cell key → the lanes it may run on, in order
+    where: dict[str, int | None]  # cell key → the lane it is bound to (None: unbound), in the EvalRun's order
+    moved: dict[str, tuple[int, ObservedJob]]  # spilled, never started: the lane it left, its job
+    unlisted: dict[str, str]  # its newest job went to this cluster, which the EvalRun no longer lists
 
 
-def _bound(key: str, seen: Sequence[LaneSeen], at: Sequence[Mapping[str, int]]) -> _Binding:
-    """The lane a cell has run on: its newest submission's cluster, else where a job or run dir of it is; a
-    submission from before clusters were recorded binds it there, else to the first. None: it has run nowhere yet,
-    or its newest job was spilled and accounting shows it ended without starting."""
-    found = [(index, lane.observations[at[index][key]]) for index, lane in enumerate(seen) if key in at[index]]
-    submissions = next((obs.submissions for _, obs in found if obs.submissions), ())
-    newest = max(submissions, key=lambda s: s.created_at) if submissions else None
-    if newest is not None and newest.cluster is not None:
-        by_name = next((index for index, lane in enumerate(seen) if str(lane.lane.cluster) == newest.cluster), None)
+def bind(cells: Sequence[Cell], seen: Sequence[LaneSeen]) -> Binding:
+    """Each cell's eligible lanes and the lane it is bound to (`_bound`). Memory, not arithmetic, is the cost at
+    10,000 cells × 5 lanes: each lane's cells and observations are read once, in order, and a cell nothing was
+    observed of on any lane is not looked up again (`make bench-placement`)."""
+    keys = [cell.key for cell in cells]
+    lane_keys = [list(map(_KEY, lane.lane.cells)) for lane in seen]
+    at = [dict(zip(here, range(len(here)), strict=True)) for here in lane_keys]
+    allowed = [here.keys() - lane.lane.ineligible.keys() for here, lane in zip(at, seen, strict=True)]
+    everywhere, every_lane = set.intersection(*allowed) if allowed else set(), tuple(range(len(seen)))
+    eligible = {key: every_lane if key in everywhere else
+                tuple(index for index, here in enumerate(allowed) if key in here) for key in keys}
+    names: dict[str, int] = {}
+    for index, lane in enumerate(seen):
+        names.setdefault(str(lane.lane.cluster), index)
+    observed = [_binding_facts(here, lane.observations) for here, lane in zip(lane_keys, seen, strict=True)]
+    where: dict[str, int | None] = dict.fromkeys(keys)
+    moved: dict[str, tuple[int, ObservedJob]] = {}
+    unlisted: dict[str, str] = {}
+    for key in where.keys() & set().union(*observed):  # nothing observed of the others: unbound
+        where[key], left, gone = _bound(key, observed, names)
+        if gone:
+            unlisted[key] = gone
+        if left is not None:
+            moved[key] = left
+            eligible[key] = tuple(i for i in eligible[key] if i != left[0]) or eligible[key]
+    return Binding(at=at, eligible=eligible, where=where, moved=moved, unlisted=unlisted)
+
+
+_KEY = attrgetter("key")
+_FACTS = attrgetter("submissions", "jobs", "run_dirs")
+
+
+def _binding_facts(keys: Sequence[str], observations: Sequence[Observation]) -> dict[str, Observation]:
+    """A lane's observations that can bind a cell (a submission, a job or a run dir of it), by cell key; a cell
+    with none on any lane is unbound without another look. Picked out at C speed (`map`, `compress`): 10,000
+    fresh cells on a lane cost a few milliseconds."""
+    something = list(map(any, map(_FACTS, observations)))
+    return dict(zip(compress(keys, something), compress(observations, something), strict=True))
+
+
+def _bound(key: str, observed: Sequence[Mapping[str, Observation]], names: Mapping[str, int]
+           ) -> tuple[int | None, tuple[int, ObservedJob] | None, str]:
+    """The lane a cell has run on (`observed`: each lane's `_binding_facts`; `names`: cluster → lane): its newest
+    submission's cluster, else where a job or run dir of it is; a submission from before clusters were recorded
+    binds it to the first. None: it has run nowhere yet, or its newest job was spilled and accounting shows it
+    ended without starting (then: the lane it left, that job), or its newest job went to a cluster the EvalRun no
+    longer lists (then: that cluster). A cell bound by its submission reads one lane or two, not all."""
+    submissions: tuple[Submission, ...] = ()
+    evidence = None
+    for index, facts in enumerate(observed):
+        if (obs := facts.get(key)) is None:
+            continue
+        if submissions := obs.submissions or ():
+            break
+        if evidence is None and (obs.jobs or obs.run_dirs):
+            evidence = index
+    if not submissions:
+        return evidence, None, ""  # every lane read
+    newest = max(submissions, key=lambda s: s.created_at)
+    if newest.cluster is not None:
+        by_name = names.get(newest.cluster)
         if by_name is None:
-            return _Binding(lane=None, unlisted=newest.cluster)
-        job = _spilled(newest, dict(found).get(by_name))
-        return _Binding(lane=None, moved=(by_name, job)) if job is not None else _Binding(lane=by_name)
-    evidence = next((index for index, obs in found if obs.jobs or obs.run_dirs), None)
-    return _Binding(lane=evidence if evidence is not None or newest is None else 0)
+            return None, None, newest.cluster
+        job = _spilled(newest, observed[by_name].get(key))
+        return (None, (by_name, job), "") if job is not None else (by_name, None, "")
+    return next((index for index, facts in enumerate(observed)
+                 if (obs := facts.get(key)) is not None and (obs.jobs or obs.run_dirs)), 0), None, ""
 
 
 def _unlisted(evalrun: EvalRunRef, cells: Sequence[Cell], unlisted: Mapping[str, str], first: _Lane) -> Plan:
@@ -220,7 +277,7 @@ def _spilled(newest: Submission, obs: Observation | None) -> ObservedJob | None:
 
 
 def _spilling(part: Plan, lane: _Lane, index: int, offers: Sequence[ClusterOffer],
-              eligible: Mapping[str, list[int]], after: timedelta, now: datetime) -> Plan:
+              eligible: Mapping[str, Sequence[int]], after: timedelta, now: datetime) -> Plan:
     """Its bound cells whose job is still queued past `after`, never started, with a free slot on another cluster
     the cell may run on: cancelled, the move remembered first (RULES §15). A job that started is never moved."""
     cells = []
@@ -255,7 +312,7 @@ def _minutes(span: timedelta) -> str:
     return f"{span.total_seconds() / 60:.0f} min"
 
 
-def _probes(evalrun: EvalRunRef, cells: Sequence[Cell], lanes: Sequence[_Lane], eligible: Mapping[str, list[int]],
+def _probes(evalrun: EvalRunRef, cells: Sequence[Cell], lanes: Sequence[_Lane], eligible: Mapping[str, Sequence[int]],
             where: Mapping[str, int | None], owners: Mapping[str, EvalRunRef], now: datetime) -> dict[int, Plan]:
     """Each unbound cell planned as if slots were no object, on the first cluster it may run on that was observed
     (else the first it may run on: it is Unknown there; eligible nowhere: the first cluster, which lists it)."""
@@ -263,7 +320,7 @@ def _probes(evalrun: EvalRunRef, cells: Sequence[Cell], lanes: Sequence[_Lane], 
     for cell in cells:
         if where[cell.key] is not None:
             continue
-        options = eligible[cell.key] or [0]
+        options = eligible[cell.key] or (0,)
         index = next((i for i in options if not lanes[i].seen.slots.observed), options[0])
         if cell.key in lanes[index].at:
             chosen.setdefault(index, []).append(cell.key)
@@ -287,6 +344,12 @@ def _waiting(cell_plan: CellPlan, reason: str, eligible: bool) -> CellPlan:
 def _nowhere(key: str, seen: Sequence[LaneSeen]) -> str:
     why = "; ".join(f"{lane.lane.cluster}: {lane.lane.ineligible.get(key, 'not resolved there')}" for lane in seen)
     return f"may run on none of the EvalRun's clusters ({why})"
+
+
+def cluster_offers(seen: Sequence[LaneSeen], free: Sequence[int], snapshot: StoreSnapshot | None,
+                   now: datetime) -> list[ClusterOffer]:
+    """Each lane's cluster as placement sees it, with `free` launches left after its bound cells'."""
+    return [_offer(lane, slots, snapshot, now) for lane, slots in zip(seen, free, strict=True)]
 
 
 def _offer(lane: LaneSeen, free: int, snapshot: StoreSnapshot | None, now: datetime) -> ClusterOffer:

@@ -74,12 +74,13 @@ def place(wanting: Sequence[tuple[str, Sequence[str]]], offers: Sequence[Cluster
     placed: dict[str, Placement] = {}
     waiting: dict[tuple[str, ...], Placement] = {}
     for key, eligible in wanting:
-        open_ = [name for name in eligible if free.get(name, 0) > 0]
-        if not open_:
-            names = tuple(eligible)
-            if names not in waiting:
-                waiting[names] = Placement(cluster=None, reason=_nowhere(names, by_name))
+        names = tuple(eligible)
+        if names in waiting:  # none of them had a free slot, and slots are only ever taken
             placed[key] = waiting[names]
+            continue
+        open_ = [name for name in names if free.get(name, 0) > 0]
+        if not open_:
+            placed[key] = waiting[names] = Placement(cluster=None, reason=_nowhere(names, by_name))
             continue
         if policy.strategy == "ordered":
             chosen = min(open_, key=order.__getitem__)

@@ -84,6 +84,17 @@ def test_a_job_in_a_clusters_queue_binds_its_cell_there_without_a_submission_rec
     assert on_a.plan.cells == () and on_b.plan.cells[0].rule == Rule.QUEUED
 
 
+def test_a_submission_from_before_clusters_were_recorded_binds_its_cell_where_its_job_is_else_to_the_first() -> None:
+    fleet = cells(2)
+    legacy = [obs(subs=(sub(c),)) for c in fleet]  # the store's record, read on every lane: no cluster in it
+    queued = legacy[0].model_copy(update={"jobs": (job(fleet[0].run_tag(1), JobState.QUEUED),)})
+
+    on_a, on_b = planned(fleet, lane(A, fleet, legacy), lane(B, fleet, [queued, legacy[1]]))
+
+    assert merged(RUN, fleet, [on_a.plan, on_b.plan]).clusters == {fleet[0].key: "b", fleet[1].key: "a"}
+    assert [c.rule for c in on_b.plan.cells] == [Rule.QUEUED]
+
+
 def test_a_finished_row_counts_on_every_cluster_and_takes_no_slot() -> None:
     fleet = cells(3)
     done = obs(rows=(row("Finished", metrics=SCORED),))

@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 
 from controller.api.catalog import CATALOG_DIR_ENV, load_catalog
-from controller.api.fields import SecretRef
 from controller.api.loader import SpecSet, load_specs
 from controller.core.placement import PlacementPolicy
 from controller.core.reconcile import RunTarget
 from controller.core.types import ClusterRef
 from controller.entry.explaining import specs_holding
-from controller.entry.wiring import secret_mask, targets_for
+from controller.entry.wiring import targets_for
 
 A, B = ClusterRef(name="a"), ClusterRef(name="b")
 
@@ -132,32 +131,8 @@ spec:
   clusters: [a, b]
   models: [org/m1-8B]
   presets: [tb2]
-  pinggy: {pairs: [{name: p1, url: https://x.pinggy.link, secretRef: {name: pinggy-p1}}]}
 """)
     return load_specs([spec])
-
-
-class Secrets:
-    """A namespace's Secrets as the operator reads them: not in this process's environment."""
-
-    def __init__(self, values: dict[str, str]) -> None:
-        self.values = values
-
-    def get(self, ref: SecretRef) -> str | None:
-        return self.values.get(ref.name)
-
-    def where(self, ref: SecretRef) -> str:
-        return f"Secret {ref.name}"
-
-
-def test_the_jobs_of_every_listed_cluster_are_masked_with_the_runs_secrets(tmp_path: Path) -> None:
-    token = "tunnel-token-0123456789abcdef"
-    specs = two_cluster_specs(tmp_path)
-
-    for ref in (A, B):
-        mask = secret_mask(specs.clusters[ref], specs, Secrets({"pinggy-p1": token}))
-        assert mask(f"tunnel up with {token}") != f"tunnel up with {token}", f"{ref}'s jobs may lease the pair"
-        assert token not in mask(f"tunnel up with {token}")
 
 
 def test_explain_keeps_every_cluster_of_the_evalrun_holding_the_cell(tmp_path: Path) -> None:

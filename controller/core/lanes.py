@@ -212,6 +212,7 @@ def bind(cells: Sequence[Cell], seen: Sequence[LaneSeen]) -> Binding:
 
 
 _KEY = attrgetter("key")
+_CREATED = attrgetter("created_at")
 _FACTS = attrgetter("submissions", "jobs", "run_dirs")
 
 
@@ -241,11 +242,13 @@ def _bound(key: str, observed: Sequence[Mapping[str, Observation]], names: Mappi
             evidence = index
     if not submissions:
         return evidence, None, ""  # every lane read
-    newest = max(submissions, key=lambda s: s.created_at)
+    newest = submissions[0] if len(submissions) == 1 else max(submissions, key=_CREATED)
     if newest.cluster is not None:
         by_name = names.get(newest.cluster)
         if by_name is None:
             return None, None, newest.cluster
+        if obs is None or obs.memory.spill is None:  # the memory is the store's: the same on every lane
+            return by_name, None, ""
         job = _spilled(newest, observed[by_name].get(key))
         return (None, (by_name, job), "") if job is not None else (by_name, None, "")
     return next((index for index, facts in enumerate(observed)

@@ -68,6 +68,6 @@ def row_case(
 
 def newest(rows: tuple[ObservedRow, ...]) -> ObservedRow | None:
     """The row that decides: the newest by `created_at` (rows without one count as oldest)."""
-    if not rows:
-        return None
+    if len(rows) <= 1:
+        return rows[0] if rows else None
     return max(rows, key=lambda r: (r.created_at is not None, r.created_at or datetime.min, r.id))

@@ -193,7 +193,8 @@ def verdict(reading: OutputReading | None, facts: RunDirFacts | None, job_starte
     if is_dead_launch(facts):
         return HealthState.STALLED, (f"suspect: {no_output_summary(facts)} and no real trial yet "
                                      f"(a dead launch at {health.dead_launch_trials}){traffic}")
-    since = f", last result {_minutes(now - facts.last_progress_at)} ago" if facts.last_progress_at else ""
+    last = facts.last_progress_at
+    since = f", last result {_minutes(now - last)} ago" if last else ""
     return HealthState.ALIVE, f"alive: {facts.n_scored} trials scored{since}{traffic}"
 
 

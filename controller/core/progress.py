@@ -27,13 +27,14 @@ class Progress(Frozen):
 
 def eta_minutes(facts: RunDirFacts, now: datetime) -> int | None:
     """Remaining trials at the rate completed trials came in since the run started, in whole minutes (≥ 1)."""
-    if facts.n_total is None or facts.started_at is None or facts.n_completed <= 0:
+    total, started, completed = facts.n_total, facts.started_at, facts.n_completed
+    if total is None or started is None or completed <= 0:
         return None
-    remaining = facts.n_total - facts.n_completed
-    elapsed_s = (now - facts.started_at).total_seconds()
+    remaining = total - completed
+    elapsed_s = (now - started).total_seconds()
     if remaining <= 0 or elapsed_s <= 0:
         return None
-    return max(1, math.ceil(remaining * elapsed_s / facts.n_completed / 60))
+    return max(1, math.ceil(remaining * elapsed_s / completed / 60))
 
 
 def progress_of(facts: RunDirFacts | None, now: datetime, *, running: bool) -> Progress | None:

@@ -242,7 +242,7 @@ _RESUBMISSION = re.compile(r"-r\d+$")
 
 def run_tag_of(job_name: str) -> str:
     """Inverse of `submission_name` up to the legacy prefix: the run tag a job works on."""
-    return _RESUBMISSION.sub("", job_name)
+    return _RESUBMISSION.sub("", job_name) if "-r" in job_name else job_name
 
 
 _SLUG_MAX = 64  # per part: the digest carries identity, the slugs only help humans; the tag stays a file name

@@ -31,7 +31,15 @@ from datetime import datetime
 
 from controller.core.gpu_hours import GpuEstimate
 from controller.core.observed import Observation, TunnelLease
-from controller.core.planner.allocation import EFFECT_KINDS, Pool, allocate, deciding, effects, within_node_cap
+from controller.core.planner.allocation import (
+    EFFECT_KINDS,
+    Pool,
+    allocate,
+    deciding,
+    effects,
+    suspended,
+    within_node_cap,
+)
 from controller.core.planner.cell import plan_cell
 from controller.core.planner.fleet import (
     UNTOUCHED,
@@ -88,7 +96,7 @@ def _plan(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Obs
     leased = {lease.holder: lease.pair for lease in tunnel_leases}
     decided: list[CellPlan | Cell] = [  # a Cell: nothing observed, decided with the budget (`allocation`)
         cell if untouched(cell, obs) and cell.key not in owners
-        else plan_cell(cell, obs, policy, now, leased=leased, quarantined=quarantined)
+        else plan_cell(cell, obs, policy, now, leased, quarantined)
         for cell, obs in zip(cells, observations, strict=True)]
     if owners:
         decided = [owned_elsewhere(c, owners[c.cell.key]) if isinstance(c, CellPlan) and c.cell.key in owners
@@ -101,6 +109,8 @@ def _plan(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Obs
                    [lease for lease in tunnel_leases if lease not in released], budget, budget_note, estimates,
                    usable_nodes, preflight)
     planned = tuple(allocate(pool, decision) for decision in decided)
+    if not policy.may_launch:
+        planned = tuple(suspended(cell_plan) for cell_plan in planned)
     held = (preflight.summary if preflight is not None and isinstance(pool.preflight, Hold)
             and any(c.rule == Rule.PREFLIGHT_FAILED for c in planned) else "")
     return Plan(evalrun=evalrun, cells=planned, suspended=policy.suspend, tunnel_releases=released, quarantined=ours,

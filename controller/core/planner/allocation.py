@@ -133,9 +133,7 @@ def allocate(pool: Pool, decision: CellPlan | Cell) -> CellPlan:
     """One cell's share: its launch through `LAUNCH_GATES`, or placed with the slots it takes."""
     cell_plan = untouched_plan(pool, decision) if isinstance(decision, Cell) else decision
     launch = launch_of(cell_plan)
-    if launch is not None:
-        cell_plan = admit_launch(pool, cell_plan, launch)
-    return cell_plan if pool.policy.may_launch else suspended(cell_plan)
+    return cell_plan if launch is None else admit_launch(pool, cell_plan, launch)
 
 
 def untouched_plan(pool: Pool, cell: Cell) -> CellPlan:
@@ -205,8 +203,7 @@ def within_node_cap(decided: list[CellPlan | Cell], live: Sequence[Quarantined],
     nodes = {q.name for q in live if q.kind == QuarantineKind.NODE and q.scope == policy.cluster}
     kept: list[CellPlan | Cell] = []
     for decision in decided:
-        if isinstance(decision, Cell) or not any(isinstance(a, Quarantine) and a.subject == QuarantineKind.NODE
-                                                 for a in decision.actions):
+        if isinstance(decision, Cell) or not quarantines_node(decision):
             kept.append(decision)
             continue
         actions: list[Action] = []
@@ -226,6 +223,13 @@ def within_node_cap(decided: list[CellPlan | Cell], live: Sequence[Quarantined],
         kept.append(decision.model_copy(update={"actions": tuple(actions)}) if not skipped else
                     noted(decision.model_copy(update={"actions": tuple(actions)}), "; ".join(skipped)))
     return kept
+
+
+def quarantines_node(cell_plan: CellPlan) -> bool:
+    for action in cell_plan.actions:
+        if isinstance(action, Quarantine) and action.subject == QuarantineKind.NODE:
+            return True
+    return False
 
 
 def no_usable_node(cluster: str, bad_nodes: Sequence[str], usable: frozenset[str] | None) -> Hold | None:
@@ -281,6 +285,7 @@ def placed(cell_plan: CellPlan, launch: Launch, pair: str | None, bad_nodes: tup
 
 
 def suspended(cell_plan: CellPlan) -> CellPlan:
+    """`spec.suspend`: the plan as it would be, every mutation a hold and no bookkeeping written."""
     held = tuple(Hold(reason=f"suspended; would {a.render()}") if isinstance(a, Mutation) else a
                  for a in cell_plan.actions)
     return cell_plan.model_copy(update={"actions": held, "row_updates": ()})

@@ -20,12 +20,13 @@ def gpu_budget(evalrun: EvalRunRef, decided: Sequence[CellPlan | Cell], observat
     spent = committed = 0.0
     unestimated = 0
     probing: set[str] = set()
+    budgeted = policy.max_gpu_hours is not None  # without a budget, what live cells still need decides nothing
     for decision, obs in zip(decided, observations, strict=True):
         if isinstance(decision, Cell):
             continue
         spent += decision.gpu_hours or 0.0
-        if policy.max_gpu_hours is None or not obs.submissions or obs.jobs is None:
-            continue  # without a budget, what live cells still need decides nothing
+        if not budgeted or not obs.submissions or obs.jobs is None:
+            continue
         live = next((job for job in obs.jobs if job.state.active), None)
         if live is None:
             continue

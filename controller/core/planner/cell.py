@@ -84,8 +84,10 @@ def dir_unreadable(s: Seen) -> CellPlan | None:
     if s.policy.force_eval:  # only the dirs of its own submissions are the cell's
         own_tags = {sub.run_tag for sub in obs.submissions or ()}
         dirs = tuple(d for d in dirs if d.run_tag in own_tags)
-    broken = next((d for d in {d.run_tag: d for d in dirs}.values() if d.unreadable), None) if dirs else None
-    if broken is None or any(job.state.active for job in obs.jobs):
+    if not dirs or not any(d.unreadable for d in dirs) or any(job.state.active for job in obs.jobs):
+        return None
+    broken = next((d for d in {d.run_tag: d for d in dirs}.values() if d.unreadable), None)
+    if broken is None:  # read again under its tag: the last reading of a tag is the one that counts
         return None
     return CellPlan(cell=s.cell, phase=Phase.UNKNOWN, actions=(),
                     reason=f"not observed: run dir {broken.run_tag} cannot be read: {broken.unreadable}",
@@ -100,14 +102,15 @@ OBSERVATION_RULES: tuple[Callable[[Seen], CellPlan | None], ...] = (
 )
 
 
-def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime, *,
+def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime,
               leased: Mapping[str, str] | None = None, quarantined: Sequence[Quarantined] = ()) -> CellPlan:
     """`leased`: submission name → the pinggy pair leased to its job."""
-    if obs.run_dirs and cell.calls_model:  # instant failures are infra whatever Harbor called them
+    # instant failures are infra whatever Harbor called them (only a quiet failure can be one)
+    if obs.run_dirs and cell.calls_model and any(d.quiet_failures for d in obs.run_dirs):
         counted = tuple(count_instant_failures(d, policy.health.instant_fail) for d in obs.run_dirs)
         if any(new is not old for new, old in zip(counted, obs.run_dirs, strict=True)):
             obs = obs.model_copy(update={"run_dirs": counted})
-    seen = Seen(cell=cell, obs=obs, policy=policy)
+    seen = Seen(cell, obs, policy)
     for rule in OBSERVATION_RULES:
         decided = rule(seen)
         if decided is not None:

@@ -21,7 +21,10 @@ def untouched(cell: Cell, obs: Observation) -> bool:
 
 
 def launch_of(cell_plan: CellPlan) -> Launch | None:
-    return next((a for a in cell_plan.actions if isinstance(a, Submit | Resume)), None)
+    for action in cell_plan.actions:
+        if isinstance(action, Submit | Resume):
+            return action
+    return None
 
 
 def owned_elsewhere(cell_plan: CellPlan, owner: EvalRunRef) -> CellPlan:

@@ -16,7 +16,15 @@ from controller.core.planner.rules_remedy import quarantines
 from controller.core.planner.rules_running import RUNNING_RULES, Running, with_advice
 from controller.core.planner.view import CellView
 from controller.core.planner.words import job_order, progress
-from controller.core.remedies import CellMemory, FailureStage, Remedy, RemedyCause, RemedyKind
+from controller.core.remedies import (
+    CellMemory,
+    FailureMode,
+    FailureStage,
+    OutputReading,
+    Remedy,
+    RemedyCause,
+    RemedyKind,
+)
 from controller.core.vocabulary import Action, Cancel, CellPlan, Phase, RowUpdate, Rule, Wait
 
 
@@ -91,9 +99,9 @@ IN_FLIGHT_RULES: tuple[Callable[[InFlight], CellPlan | None], ...] = (
 def in_flight(view: CellView, live: Sequence[ObservedJob]) -> CellPlan:
     ordered = sorted(live, key=lambda j: (job_order(j.job_id), j.job_id)) if len(live) > 1 else live
     job = ordered[0]
-    f = InFlight(view=view, job=job, actions=[
-        Cancel(reason=f"duplicate live job for one cell (keeping {job.job_id})", job_id=dup.job_id)
-        for dup in ordered[1:]], updates=bookkeeping(view, job), facts=view.dirs.get(view.dir_tag(job)))
+    duplicates = [Cancel(reason=f"duplicate live job for one cell (keeping {job.job_id})", job_id=dup.job_id)
+                  for dup in ordered[1:]] if len(ordered) > 1 else []
+    f = InFlight(view, job, duplicates, bookkeeping(view, job), view.dirs.get(view.dir_tag(job)))
     for rule in IN_FLIGHT_RULES:
         decided = rule(f)
         if decided is not None:
@@ -105,7 +113,7 @@ def bookkeeping(view: CellView, job: ObservedJob) -> list[RowUpdate]:
     """Move our Pending row to Started once its job runs."""
     if job.state != JobState.RUNNING:
         return []
-    sub = next((s for s in view.subs if s.name == job.name), None)
+    sub = view.submission_of(job)
     row = view.own_row(sub.row_id) if sub is not None else None
     if row is not None and row.job_status == RowStatus.PENDING:
         return [RowUpdate(row_id=row.id, status=RowStatus.STARTED, started_at=job.started_at or view.now)]
@@ -117,11 +125,12 @@ def running(f: InFlight) -> Running:
     its actions: whatever rule decides, the match's back-off starts (once per matched line)."""
     view, job, facts = f.view, f.job, f.facts
     learnt = learn(view, job)
-    reading = learnt.output if learnt.output is not None and learnt.output.job_id == job.job_id else None
+    output = learnt.output
+    reading = output if output is not None and output.job_id == job.job_id else None
     readable = facts if facts is not None and not facts.unreadable else None
-    mode = next((m for m in view.policy.health.failure_modes if reading is not None and m.name == reading.failure
-                 and m.when == FailureStage.RUNNING), None) if reading is not None else None
-    advice = mode if mode is not None and mode.remedy in (RemedyKind.BACK_OFF, RemedyKind.HOLD) else None
+    catalogued = running_match(view, reading) if reading is not None else None
+    advises = catalogued is not None and catalogued.remedy in (RemedyKind.BACK_OFF, RemedyKind.HOLD)
+    advice = catalogued if advises else None
     actions = f.actions
     if advice is not None and reading is not None and reading.failure_at == view.now:
         actions = [*actions, *quarantines(view, Remedy(
@@ -129,9 +138,15 @@ def running(f: InFlight) -> Running:
             backoff_minutes=advice.backoff_minutes, cause=RemedyCause.KNOWN_FAILURE), since=view.now)]
     expected = expected_trials(view.cell, readable)[0] if readable is not None else None
     last = readable.last_progress_at or job.started_at if readable is not None else None
-    return Running(view=view, job=job, facts=facts, readable=readable, reading=reading, learnt=learnt,
-                   actions=actions, updates=f.updates, expected=expected or None,
-                   quiet=view.now - last if last is not None else timedelta(0), catalogued=mode, advice=advice)
+    quiet = view.now - last if last is not None else timedelta(0)
+    return Running(view, job, facts, readable, reading, learnt, actions, f.updates, expected or None, quiet,
+                   catalogued, advice)
+
+
+def running_match(view: CellView, reading: OutputReading) -> FailureMode | None:
+    """The running catalog entry the job's output matched."""
+    return next((mode for mode in view.policy.health.failure_modes
+                 if mode.name == reading.failure and mode.when == FailureStage.RUNNING), None)
 
 
 def learn(view: CellView, job: ObservedJob) -> CellMemory:

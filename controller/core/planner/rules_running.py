@@ -111,8 +111,8 @@ def catalog_cancel(run: Running) -> CellPlan | None:
 def launch_stalled(run: Running) -> CellPlan | None:
     started, facts, view = run.job.started_at, run.readable, run.view
     launching = facts is None or (facts.n_started_trials == 0 and facts.n_completed == 0)
-    unreadable = run.facts is not None and run.facts.unreadable
-    if not launching or started is None or unreadable or view.now - started < view.policy.health.launch_grace:
+    if not launching or started is None or (run.facts is not None and run.facts.unreadable) \
+            or view.now - started < view.policy.health.launch_grace:
         return None
     return cancel_to_remedy(run, run.facts, RemedyCause.LAUNCH_STALLED, RemedyKind.REFIRE,
                             f"stalled launch: no trial started in {minutes(view.now - started)} "
@@ -144,9 +144,10 @@ def stuck_general(run: Running) -> CellPlan | None:
 
 def no_traffic(run: Running) -> CellPlan | None:
     reading, facts, view = run.reading, run.readable, run.view
-    pending = facts is None or facts.n_total is None or facts.n_completed < facts.n_total
-    if reading is None or reading.ready_at is None or not pending:
+    if reading is None or reading.ready_at is None:
         return None
+    if facts is not None and facts.n_total is not None and facts.n_completed >= facts.n_total:
+        return None  # no trial pending
     quiet = view.now - (reading.last_request_at or reading.ready_at)
     if quiet < view.policy.health.no_traffic:
         return None
@@ -155,9 +156,12 @@ def no_traffic(run: Running) -> CellPlan | None:
 
 
 def bad_requests(run: Running) -> CellPlan | None:
-    health, reading = run.view.policy.health, run.reading
+    reading = run.reading
     share = bad_request_share(reading) if reading is not None else None
-    if reading is None or share is None or share <= health.bad_request_fraction:
+    if reading is None or share is None:
+        return None
+    health = run.view.policy.health
+    if share <= health.bad_request_fraction:
         return None
     return stalled(run, Rule.BAD_REQUESTS,
                    f"{share:.0%} of {reading.requests} requests answered 400 (health.badRequestFraction "

@@ -100,7 +100,7 @@ def settled(view: CellView) -> CellPlan:
     row = newest(view.rows)
     case = row_case(row, stale_started=view.policy.stale_started, stale_pending=view.policy.stale_pending,
                     now=view.now)
-    s = Settled(view=view, row=row, case=case, dedup=DEDUP_TABLE[case])
+    s = Settled(view, row, case, DEDUP_TABLE[case])
     for rule in SETTLED_RULES:
         decided = rule(s)
         if decided is not None:

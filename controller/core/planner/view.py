@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from controller.core.admission import Admission, Admitted, Refused, distinct_trials, expected_trials
+from controller.core.admission import Admission, Admitted, distinct_trials, expected_trials
 from controller.core.gpu_hours import cell_hours, job_of
 from controller.core.observed import JobOutput, Observation, ObservedJob, ObservedRow, RunDirFacts, Submission
 from controller.core.planner.policy import Policy
@@ -28,13 +28,14 @@ class CellView:
     by tag, its jobs, its memory; and the bookkeeping every plan of it carries (adoptions, GPU-hours).
 
     Read-only by convention, as are the other views of the rules (`Settled`, `DirCase`, `InFlight`, `Running`,
-    `UploadCase`): a frozen dataclass would cost 3 µs more per cell, a third of the cheapest cell's plan."""
+    `UploadCase`): a frozen dataclass would cost 3 µs more per cell, a third of the cheapest cell's plan. The views
+    built for every cell are made with positional arguments, named as their fields: on Python 3.11 a keyword
+    argument costs more than a field read, and CellView's eighteen were 7 % of a finished cell's plan."""
 
     cell: Cell
     policy: Policy
     now: datetime
     subs: list[Submission]  # by (attempt, fire, created_at)
-    own_row_ids: frozenset[str]
     all_rows: tuple[ObservedRow, ...]
     rows: tuple[ObservedRow, ...]  # the rows that decide (with forceEval: only our own)
     dirs: dict[str, RunDirFacts]
@@ -102,14 +103,29 @@ class CellView:
         if row.username != self.policy.username:
             return False
         stem = stem_of(row.job_name or "")
-        return (row.id in self.own_row_ids or stem in self.cell.tag_stems
+        return (self.wrote(row) or stem in self.cell.tag_stems
                 or (stem is None and self.cell.evalrun.namespace is None))
 
+    def wrote(self, row: ObservedRow) -> bool:
+        """One of the cell's submissions wrote the row."""
+        return bool(row.id) and any(s.row_id == row.id for s in self.subs)
+
     def own_row(self, row_id: str | None) -> ObservedRow | None:
-        return next((r for r in self.all_rows if r.id == row_id), None) if row_id else None
+        if row_id:
+            for row in self.all_rows:
+                if row.id == row_id:
+                    return row
+        return None
+
+    def submission_of(self, job: ObservedJob) -> Submission | None:
+        """The intent of the job's name (the first, in order)."""
+        for sub in self.subs:
+            if sub.name == job.name:
+                return sub
+        return None
 
     def submitted_at(self, job: ObservedJob) -> datetime | None:
-        sub = next((s for s in self.subs if s.name == job.name), None)
+        sub = self.submission_of(job)
         return sub.created_at if sub is not None else job.submitted_at
 
     def next_attempt(self) -> int:
@@ -145,49 +161,50 @@ class CellView:
         state, note = health if health is not None else (None, "")
         if remember is not None and (remember is self.memory or remember == self.memory):
             remember = None
-        return built_plan(dict(cell=self.cell, phase=phase, actions=tuple(actions), reason=reason, rule=rule,
-                               row_updates=(*self.adoptions, *updates) if self.adoptions else tuple(updates),
-                               run_dir=facts, score=score,
-                               progress=progress_of(facts, self.now, running=phase == Phase.RUNNING),
-                               memory=self.memory, remember=remember, health=state, health_note=note,
-                               gpu_hours=self.gpu_hours, admission=admission,
-                               **self.trust(admission, facts, score, n_scored)))
+        progress = progress_of(facts, self.now, running=phase == Phase.RUNNING) if facts is not None else None
+        return built_plan({"cell": self.cell, "phase": phase, "actions": tuple(actions), "reason": reason,
+                           "rule": rule,
+                           "row_updates": (*self.adoptions, *updates) if self.adoptions else tuple(updates),
+                           "run_dir": facts, "score": score, "progress": progress,
+                           "memory": self.memory, "remember": remember, "health": state, "health_note": note,
+                           "gpu_hours": self.gpu_hours, "admission": admission,
+                           **self.trust(admission, facts, score, n_scored)})
 
     def trust(self, admission: Admission | None, facts: RunDirFacts | None, score: float | None,
               n_scored: int | None) -> dict[str, Any]:
         """How far the cell's score can be trusted (RULES §14): the gate's verdict of this pass, else what it said
         of the upload that holds the score (the controller state), else the row's own n_valid_trials."""
-        trust = self.policy.admission.trust_threshold
-        if isinstance(admission, Admitted):
+        if admission is None:
+            record = self.memory.admitted if score is not None and facts is not None else None
+            if record is not None and facts is not None and record.run_tag == facts.run_tag:
+                return {"n_scored": record.n_scored, "provisional": record.provisional, "partial": record.partial,
+                        "evidence": record.evidence}
+        elif isinstance(admission, Admitted):
             return {"n_scored": admission.n_scored, "provisional": admission.provisional,
                     "partial": admission.partial, "evidence": admission.summary()}
-        if isinstance(admission, Refused):
-            return {"n_scored": n_scored, "provisional": None if n_scored is None else n_scored < trust,
-                    "evidence": admission.summary()}
-        record = self.memory.admitted
-        if score is not None and record is not None and facts is not None and record.run_tag == facts.run_tag:
-            return {"n_scored": record.n_scored, "provisional": record.provisional, "partial": record.partial,
-                    "evidence": record.evidence}
-        return {"n_scored": n_scored, "provisional": None if n_scored is None else n_scored < trust}
+        else:
+            return {"n_scored": n_scored, "provisional": self.provisional(n_scored), "evidence": admission.summary()}
+        return {"n_scored": n_scored, "provisional": self.provisional(n_scored)}
+
+    def provisional(self, n_scored: int | None) -> bool | None:
+        return None if n_scored is None else n_scored < self.policy.admission.trust_threshold
 
 
 _PLAN_DEFAULTS = {name: field.default for name, field in CellPlan.model_fields.items() if not field.is_required()}
-_FLOATS = ("score", "gpu_hours")
-_set = object.__setattr__
+_new, _set = object.__new__, object.__setattr__
 
 
 def built_plan(values: dict[str, Any]) -> CellPlan:
     """`CellPlan(**values)` without validating again what is valid already: every value is a model the planner
     built or observed (validated when made), an enum, a str, a bool or a number of its field's type; an int in a
-    float field is made a float as validation would. What `model_construct` does, less its per-field walk: 5 µs of
-    the ~12 µs of a finished cell's plan. tests/core/test_planner_built.py holds it equal to validation."""
-    for name in _FLOATS:
-        if type(values[name]) is int:
-            values[name] = float(values[name])
-    plan = CellPlan.__new__(CellPlan)
-    fields = _PLAN_DEFAULTS.copy()
-    fields.update(values)
-    _set(plan, "__dict__", fields)
+    float field is made a float as validation would. What `model_construct` does, less its per-field walk: a
+    third of validation's cost. tests/core/conftest.py holds every plan of the core's tests equal to validation."""
+    if type(values["score"]) is int:
+        values["score"] = float(values["score"])
+    if type(values["gpu_hours"]) is int:
+        values["gpu_hours"] = float(values["gpu_hours"])
+    plan = _new(CellPlan)
+    _set(plan, "__dict__", {**_PLAN_DEFAULTS, **values})
     _set(plan, "__pydantic_fields_set__", set(values))
     _set(plan, "__pydantic_extra__", None)
     _set(plan, "__pydantic_private__", None)
@@ -197,32 +214,41 @@ def built_plan(values: dict[str, Any]) -> CellPlan:
 def spent(cell: Cell, obs: Observation) -> float | None:
     """The actual GPU-hours of the EvalRun's own jobs of the cell (another EvalRun's are its own)."""
     subs, jobs = obs.submissions or (), obs.jobs or ()
-    if all(j.gpu_hours is None for j in jobs) and all(s.gpu_hours is None for s in subs):
+    if hours_unknown(subs, jobs):
         return None  # what cell_hours answers for any subset of them: nothing is known
     return cell_hours([s for s in subs if cell.evalrun.known_as(s.evalrun)], jobs)
+
+
+def hours_unknown(subs: Sequence[Submission], jobs: Sequence[ObservedJob]) -> bool:
+    """No job or submission of the cell says its GPU-hours (a scheduler that does not say): no look-ups to make."""
+    for job in jobs:
+        if job.gpu_hours is not None:
+            return False
+    for sub in subs:
+        if sub.gpu_hours is not None:
+            return False
+    return True
 
 
 def cell_view(cell: Cell, obs: Observation, policy: Policy, now: datetime,
               leased: Mapping[str, str] | None = None, quarantined: Sequence[Quarantined] = ()) -> CellView:
     """The view of a cell whose every source was read."""
-    assert obs.rows is not None and obs.submissions is not None
-    assert obs.jobs is not None and obs.run_dirs is not None
-    subs = in_order(obs.submissions)
-    own_row_ids = frozenset(s.row_id for s in subs if s.row_id)
-    rows = obs.rows
-    dirs = {d.run_tag: d for d in obs.run_dirs}
+    all_rows, submissions, jobs, run_dirs, retries = obs.rows, obs.submissions, obs.jobs, obs.run_dirs, obs.retries
+    assert all_rows is not None and submissions is not None and jobs is not None and run_dirs is not None
+    subs = in_order(submissions)
+    rows = all_rows
+    dirs = {d.run_tag: d for d in run_dirs}
     if policy.force_eval:
-        rows = tuple(r for r in obs.rows if r.id in own_row_ids)
+        own_row_ids = {s.row_id for s in subs if s.row_id}
+        rows = tuple(r for r in all_rows if r.id in own_row_ids)
         own_tags = {s.run_tag for s in subs}
         dirs = {tag: d for tag, d in dirs.items() if tag in own_tags}
-    return CellView(
-        cell=cell, policy=policy, now=now, subs=subs, own_row_ids=own_row_ids, all_rows=obs.rows, rows=rows,
-        dirs=dirs, jobs=obs.jobs, memory=obs.memory,
-        outputs={output.job_id: output for output in obs.outputs} if obs.outputs else _NO_OUTPUTS,
-        leased=leased or {}, quarantined=quarantined, model_names=obs.model_names,
-        benchmark_names=obs.benchmark_names, adoptions=adoptions(subs, obs.jobs),
-        gpu_hours=spent(cell, obs), retry=pending_request(obs.retries) if obs.retries else None,
-        retried_from=retried_from(obs.retries) if obs.retries else 0)
+    memory, model_names, benchmark_names = obs.memory, obs.model_names, obs.benchmark_names
+    outputs = {output.job_id: output for output in obs.outputs} if obs.outputs else _NO_OUTPUTS
+    retry = pending_request(retries) if retries else None
+    return CellView(cell, policy, now, subs, all_rows, rows, dirs, jobs, memory, outputs, leased or {}, quarantined,
+                    model_names, benchmark_names, adoptions(subs, jobs), spent(cell, obs), retry,
+                    retried_from(retries) if retries else 0)
 
 
 def next_attempt(cell: Cell, subs: Sequence[Submission], run_tags: Iterable[str], rows: Sequence[ObservedRow]) -> int:
@@ -244,14 +270,14 @@ def adoptions(subs: Sequence[Submission], jobs: Sequence[ObservedJob]) -> tuple[
     outlive the scheduler's accounting window (sacct looks back 14 days)."""
     if not jobs:
         return ()
-    found = [
-        RowUpdate(submission_name=s.name, job_id=job.job_id, row_id=s.row_id)
-        for s in subs
-        if s.job_id is None
-        and (job := newest_job([j for j in jobs if j.name == s.name and s.may_have_launched(j)])) is not None
-    ]
+    found: list[RowUpdate] = []
     for sub in subs:
-        job = job_of(sub, jobs)
-        if job is not None and not job.state.active and job.gpu_hours is not None and sub.gpu_hours is None:
-            found.append(RowUpdate(submission_name=sub.name, gpu_hours=job.gpu_hours))
+        if sub.job_id is None and (job := newest_job(
+                [j for j in jobs if j.name == sub.name and sub.may_have_launched(j)])) is not None:
+            found.append(RowUpdate(submission_name=sub.name, job_id=job.job_id, row_id=sub.row_id))
+    if any(j.gpu_hours is not None and not j.state.active for j in jobs):  # else no look-ups: none to record
+        for sub in subs:
+            job = job_of(sub, jobs) if sub.gpu_hours is None else None
+            if job is not None and not job.state.active and job.gpu_hours is not None:
+                found.append(RowUpdate(submission_name=sub.name, gpu_hours=job.gpu_hours))
     return tuple(found)

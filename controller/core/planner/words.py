@@ -31,12 +31,16 @@ def progress(facts: RunDirFacts | None) -> str:
         return "no run dir yet"
     if facts.unreadable:
         return f"run dir cannot be read: {facts.unreadable}"
-    total = facts.n_total if facts.n_total is not None else "?"
-    return f"{facts.n_scored} scored, {facts.n_completed}/{total} completed, {facts.n_infra_errors} infra errors"
+    total = facts.n_total
+    return f"{facts.n_scored} scored, {facts.n_completed}/{'?' if total is None else total} completed, " \
+           f"{facts.n_infra_errors} infra errors"
 
 
 def metric(row: ObservedRow, name: str) -> float | None:
-    return next((m.value for m in row.metrics or () if m.name == name), None)
+    for m in row.metrics or ():
+        if m.name == name:
+            return m.value
+    return None
 
 
 def job_order(job_id: str) -> int:

@@ -182,6 +182,11 @@ class Binding:
     moved: dict[str, tuple[int, ObservedJob]]  # spilled, never started: the lane it left, its job
     unlisted: dict[str, str]  # its newest job went to this cluster, which the EvalRun no longer lists
 
+    def home(self, key: str) -> int:
+        """The lane a cell is bound to, else the first that lists it (every cell is listed by one)."""
+        bound = self.where[key]
+        return bound if bound is not None else next(i for i, here in enumerate(self.at) if key in here)
+
 
 def bind(cells: Sequence[Cell], seen: Sequence[LaneSeen]) -> Binding:
     """Each cell's eligible lanes and the lane it is bound to (`_bound`). Memory, not arithmetic, is the cost at

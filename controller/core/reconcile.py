@@ -23,7 +23,7 @@ from controller.core.actor import kill_point
 from controller.core.cluster_view import FIXES, ClusterPorts, ClusterView, Source, Unobserved, read_source
 from controller.core.gpu_hours import GpuEstimate, estimates
 from controller.core.intake import Selection
-from controller.core.lanes import ClusterLane, LaneSeen, LaneSlots, Planned, merged, plan_lane, plan_lanes
+from controller.core.lanes import ClusterLane, LaneSeen, LaneSlots, Planned, bind, merged, plan_lane, plan_lanes
 from controller.core.match import join_cells
 from controller.core.notify import DeliveryState, NotifyEvent, facts, undelivered_note
 from controller.core.observed import JobState, Observation, ObservedJob
@@ -98,11 +98,12 @@ class Observed(Frozen):
     cells: tuple[Observation, ...]
     unobserved: tuple[Unobserved, ...] = ()
 
-    def other_owners(self, evalrun: EvalRunRef) -> dict[str, EvalRunRef]:
-        """Cells another EvalRun claimed and still renews (by the store's clock): this one only watches them."""
-        if self.snapshot is None:
-            return {}
-        return {o.cell_key: o.evalrun for o in self.snapshot.cell_owners if o.evalrun != evalrun}
+
+def other_owners(snapshot: StoreSnapshot | None, evalrun: EvalRunRef) -> dict[str, EvalRunRef]:
+    """Cells another EvalRun claimed and still renews (by the store's clock): this one only watches them."""
+    if snapshot is None:
+        return {}
+    return {o.cell_key: o.evalrun for o in snapshot.cell_owners if o.evalrun != evalrun}
 
 
 class Acting(Frozen):
@@ -261,7 +262,7 @@ def release_pass(target: RunTarget, store: Store, clusters: Mapping[ClusterRef, 
     if target.policy.cancels_on_delete:
         jobs = [(lane, clusters[lane.cluster].scheduler.observe()) for lane in lanes_of(target)]
         snapshot = store.observe(target.evalrun, _models(target), _benchmarks(target), _read_keys(target))
-        others = Observed(snapshot=snapshot, cells=()).other_owners(target.evalrun)
+        others = other_owners(snapshot, target.evalrun)
         for lane, queue in jobs:
             the_plan = plan_deletion(target.evalrun, lane.cells, join_cells(lane.cells, snapshot, queue, ()), others)
             outcomes += clusters[lane.cluster].actor_for(_lane_target(target, lane)).act(the_plan)
@@ -272,14 +273,23 @@ def release_pass(target: RunTarget, store: Store, clusters: Mapping[ClusterRef, 
     return outcomes
 
 
-def observe(target: RunTarget, store: Store, view: ClusterView, scheduler: Scheduler) -> Observed:
-    """The store (one read for the EvalRun) joined with its cluster's reads: one Observation per cell, with what
-    its running jobs printed since the last pass (one more read, from the offsets the cells remember)."""
+def observe(target: RunTarget, store: Store, views: Mapping[ClusterRef, ClusterView],
+            clusters: Mapping[ClusterRef, ClusterPorts]) -> Observed:
+    """The store (one read for the EvalRun) joined with its clusters' reads: one Observation per cell of the target,
+    from the cluster it is bound to (several clusters, RULES §15; an unbound cell: the first that lists it), with
+    what its running jobs printed since the last pass (one more read, from the offsets the cells remember)."""
     read = _store_read(target, store)
-    lane, unobserved = _lane_seen(lanes_of(target)[0], read, view, scheduler)
+    seen = [_lane_seen(lane, read, views[lane.cluster], clusters[lane.cluster].scheduler) for lane in lanes_of(target)]
     store_unobserved = (Unobserved.of("store", read),) if isinstance(read, ObservationError) else ()
-    return Observed(snapshot=None if isinstance(read, ObservationError) else read, cells=lane.observations,
-                    unobserved=(*store_unobserved, *unobserved))
+    if target.lanes:
+        binding = bind(target.cells, [lane for lane, _ in seen])
+        homes = [binding.home(cell.key) for cell in target.cells]
+        cells = tuple(seen[home][0].observations[binding.at[home][cell.key]]
+                      for home, cell in zip(homes, target.cells, strict=True))
+    else:
+        cells = seen[0][0].observations
+    return Observed(snapshot=None if isinstance(read, ObservationError) else read, cells=cells,
+                    unobserved=(*store_unobserved, *(u for _, lane_unobserved in seen for u in lane_unobserved)))
 
 
 def _store_read(target: RunTarget, store: Store) -> StoreSnapshot | ObservationError:
@@ -336,7 +346,7 @@ def _offset(obs: Observation, job: ObservedJob) -> int:
 def _acting(target: RunTarget, store: Store, snapshot: StoreSnapshot | None, act: bool, holder: str,
             holder_is_dead: Callable[[str], bool], lease_ttl: timedelta) -> Acting:
     """Take the EvalRun's lease and claim its cells, or say why this pass only plans."""
-    watching = Observed(snapshot=snapshot, cells=()).other_owners(target.evalrun)
+    watching = other_owners(snapshot, target.evalrun)
     if not act:
         return Acting(granted=False, owners=watching, note="plan")
     if not target.policy.may_launch:

@@ -11,7 +11,7 @@ from controller.api.loader import SpecSet
 from controller.core.audit import AuditReport, audit_cells, merge
 from controller.core.cluster_view import ClusterView
 from controller.core.ports import ObservationError
-from controller.core.reconcile import observe
+from controller.core.reconcile import lanes_of, observe
 from controller.core.store import Store
 from controller.core.types import ClusterRef
 from controller.entry.passes import pass_targets
@@ -26,14 +26,16 @@ def audit_results(specs: SpecSet, store: Store, catalog: Catalog, now: datetime)
     clusters = cluster_ports(specs, store, catalog)
     stems: dict[ClusterRef, set[str]] = defaultdict(set)  # the run dirs a cluster's EvalRuns can own (as a pass)
     for target in targets:
-        stems[target.cluster].update(stem for cell in target.cells for stem in cell.tag_stems)
+        for lane in lanes_of(target):  # a cell's run dir may be on any cluster of its EvalRun
+            stems[lane.cluster].update(stem for cell in target.cells for stem in cell.tag_stems)
     views: dict[ClusterRef, ClusterView] = {}
     reports = []
     for target in targets:
-        ports = clusters[target.cluster]
-        if target.cluster not in views:
-            views[target.cluster] = ClusterView(ports, target.policy, now, frozenset(stems[target.cluster]))
-        observed = observe(target, store, views[target.cluster], ports.scheduler)
+        for lane in lanes_of(target):
+            if lane.cluster not in views:
+                views[lane.cluster] = ClusterView(clusters[lane.cluster], lane.policy, now,
+                                                  frozenset(stems[lane.cluster]))
+        observed = observe(target, store, views, clusters)
         if observed.snapshot is None:
             reason = next((o.unknown_reason for o in observed.cells if o.unknown_reason), "")
             raise ObservationError(f"EvalRun {target.evalrun}: the results DB cannot be read: "

@@ -121,6 +121,12 @@ def test_eight_cells_over_two_clusters_run_four_at_a_time_each_once(both) -> Non
                                            other).stdout
     assert "0 action(s) done" in cluster.reconcile().stdout
 
+    audit = cluster.evalctl("db", "audit", "-f", str(cluster.spec), "--store", cluster.store, "-o", "json",
+                            check=False)
+    judged = json.loads(audit.stdout)  # each row by its run dir, on whichever cluster it ran
+    assert (judged["audited"], judged["not_auditable"]) == (8, 0), audit.stdout + audit.stderr
+    assert {r["run_tag"] for r in judged["rows"]} == {s["run_tag"] for s in subs}
+
 
 def test_a_cluster_whose_controller_is_down_keeps_its_cells_unknown_and_new_ones_go_elsewhere(
         cluster: SlurmCluster, slurm_lab_b_alone: dict[str, str]) -> None:

@@ -11,11 +11,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import compress
-from operator import attrgetter
+from operator import attrgetter, not_
 
 from pydantic import Field
 
@@ -189,31 +189,83 @@ class Binding:
 
 
 def bind(cells: Sequence[Cell], seen: Sequence[LaneSeen]) -> Binding:
-    """Each cell's eligible lanes and the lane it is bound to (`_bound`). Memory, not arithmetic, is the cost at
-    10,000 cells × 5 lanes: each lane's cells and observations are read once, in order, and a cell nothing was
-    observed of on any lane is not looked up again (`make bench-placement`)."""
+    """Each cell's eligible lanes and the lane it is bound to (`_where`). Memory, not arithmetic, is the cost at
+    10,000 cells × 5 lanes (`make bench-placement`): lanes listing the same cells share one index, and each lane's
+    observations are read once, in order, and only for the cells no earlier lane settled."""
     keys = [cell.key for cell in cells]
     lane_keys = [list(map(_KEY, lane.lane.cells)) for lane in seen]
-    at = [dict(zip(here, range(len(here)), strict=True)) for here in lane_keys]
-    allowed = [here.keys() - lane.lane.ineligible.keys() for here, lane in zip(at, seen, strict=True)]
-    everywhere, every_lane = set.intersection(*allowed) if allowed else set(), tuple(range(len(seen)))
+    at = _indexes(lane_keys)
+    allowed = [here.keys() - lane.lane.ineligible.keys() if lane.lane.ineligible else here
+               for here, lane in zip(at, seen, strict=True)]
+    everywhere, every_lane = _common(allowed), tuple(range(len(seen)))
     eligible = {key: every_lane if key in everywhere else
                 tuple(index for index, here in enumerate(allowed) if key in here) for key in keys}
+    where, moved, unlisted = _where(keys, lane_keys, seen, at)
+    for key, (left, _) in moved.items():
+        eligible[key] = tuple(i for i in eligible[key] if i != left) or eligible[key]
+    return Binding(at=at, eligible=eligible, where=where, moved=moved, unlisted=unlisted)
+
+
+def _where(keys: Sequence[str], lane_keys: Sequence[list[str]], seen: Sequence[LaneSeen],
+           at: Sequence[Mapping[str, int]]
+           ) -> tuple[dict[str, int | None], dict[str, tuple[int, ObservedJob]], dict[str, str]]:
+    """The lane each cell has run on: its newest submission's cluster, else the first lane with a job or run dir
+    of it; a submission from before clusters were recorded binds it where such evidence is, else to the first lane.
+    None: it has run nowhere yet; or its newest job was spilled and accounting shows it ended without starting
+    (`moved`: the lane it left, that job); or its newest job went to a cluster the EvalRun no longer lists
+    (`unlisted`: that cluster). A cell whose submission names its cluster is settled: no later lane is read."""
     names: dict[str, int] = {}
     for index, lane in enumerate(seen):
         names.setdefault(str(lane.lane.cluster), index)
-    observed = [_binding_facts(here, lane.observations) for here, lane in zip(lane_keys, seen, strict=True)]
     where: dict[str, int | None] = dict.fromkeys(keys)
     moved: dict[str, tuple[int, ObservedJob]] = {}
     unlisted: dict[str, str] = {}
-    for key in where.keys() & set().union(*observed):  # nothing observed of the others: unbound
-        where[key], left, gone = _bound(key, observed, names)
-        if gone:
-            unlisted[key] = gone
-        if left is not None:
-            moved[key] = left
-            eligible[key] = tuple(i for i in eligible[key] if i != left[0]) or eligible[key]
-    return Binding(at=at, eligible=eligible, where=where, moved=moved, unlisted=unlisted)
+    settled: set[str] = set()
+    evidence: dict[str, int] = {}
+    undated: set[str] = set()
+    for index, (here, lane) in enumerate(zip(lane_keys, seen, strict=True)):
+        for key, obs in _binding_facts(here, lane.observations, settled).items():
+            if obs.jobs or obs.run_dirs:
+                evidence.setdefault(key, index)
+            if not obs.submissions or key in undated:
+                continue
+            newest = obs.submissions[0] if len(obs.submissions) == 1 else max(obs.submissions, key=_CREATED)
+            if newest.cluster is None:
+                undated.add(key)
+                continue
+            settled.add(key)
+            home = names.get(newest.cluster)
+            if home is None:
+                unlisted[key] = newest.cluster
+            elif obs.memory.spill is None:  # the memory is the store's: the same on every lane
+                where[key] = home
+            elif (job := _spilled(newest, _observation(seen[home], at[home], key))) is not None:
+                moved[key] = (home, job)
+            else:
+                where[key] = home
+    for key in evidence.keys() - settled:
+        where[key] = evidence[key]
+    for key in undated - evidence.keys():
+        where[key] = 0
+    return where, moved, unlisted
+
+
+def _indexes(lane_keys: Sequence[list[str]]) -> list[dict[str, int]]:
+    """Each lane's cell key → index. Lanes that list the same cells in the same order (no pin, the usual case)
+    share one index: comparing the key lists costs little against building the dict again."""
+    at: list[dict[str, int]] = []
+    for here in lane_keys:
+        same = next((at[i] for i, earlier in enumerate(lane_keys[:len(at)]) if earlier == here), None)
+        at.append(same if same is not None else dict(zip(here, range(len(here)), strict=True)))
+    return at
+
+
+def _common(allowed: Sequence[Collection[str]]) -> Collection[str]:
+    """The cells every lane allows; a shared index (`_indexes`) is intersected once, not once per lane."""
+    distinct = list({id(cells): cells for cells in allowed}.values())
+    if len(distinct) == 1:
+        return distinct[0]
+    return set(distinct[0]).intersection(*distinct[1:]) if distinct else set()
 
 
 _KEY = attrgetter("key")
@@ -221,43 +273,20 @@ _CREATED = attrgetter("created_at")
 _FACTS = attrgetter("submissions", "jobs", "run_dirs")
 
 
-def _binding_facts(keys: Sequence[str], observations: Sequence[Observation]) -> dict[str, Observation]:
-    """A lane's observations that can bind a cell (a submission, a job or a run dir of it), by cell key; a cell
-    with none on any lane is unbound without another look. Picked out at C speed (`map`, `compress`): 10,000
-    fresh cells on a lane cost a few milliseconds."""
+def _binding_facts(keys: Sequence[str], observations: Sequence[Observation], settled: set[str]
+                   ) -> dict[str, Observation]:
+    """A lane's observations that can bind a cell (a submission, a job or a run dir of it), by cell key, less the
+    cells already `settled`. Picked out at C speed (`map`, `compress`): 10,000 cells on a lane cost a few ms."""
+    if settled:
+        unsettled = list(map(not_, map(settled.__contains__, keys)))
+        keys, observations = list(compress(keys, unsettled)), list(compress(observations, unsettled))
     something = list(map(any, map(_FACTS, observations)))
     return dict(zip(compress(keys, something), compress(observations, something), strict=True))
 
 
-def _bound(key: str, observed: Sequence[Mapping[str, Observation]], names: Mapping[str, int]
-           ) -> tuple[int | None, tuple[int, ObservedJob] | None, str]:
-    """The lane a cell has run on (`observed`: each lane's `_binding_facts`; `names`: cluster → lane): its newest
-    submission's cluster, else where a job or run dir of it is; a submission from before clusters were recorded
-    binds it to the first. None: it has run nowhere yet, or its newest job was spilled and accounting shows it
-    ended without starting (then: the lane it left, that job), or its newest job went to a cluster the EvalRun no
-    longer lists (then: that cluster). A cell bound by its submission reads one lane or two, not all."""
-    submissions: tuple[Submission, ...] = ()
-    evidence = None
-    for index, facts in enumerate(observed):
-        if (obs := facts.get(key)) is None:
-            continue
-        if submissions := obs.submissions or ():
-            break
-        if evidence is None and (obs.jobs or obs.run_dirs):
-            evidence = index
-    if not submissions:
-        return evidence, None, ""  # every lane read
-    newest = submissions[0] if len(submissions) == 1 else max(submissions, key=_CREATED)
-    if newest.cluster is not None:
-        by_name = names.get(newest.cluster)
-        if by_name is None:
-            return None, None, newest.cluster
-        if obs is None or obs.memory.spill is None:  # the memory is the store's: the same on every lane
-            return by_name, None, ""
-        job = _spilled(newest, observed[by_name].get(key))
-        return (None, (by_name, job), "") if job is not None else (by_name, None, "")
-    return next((index for index, facts in enumerate(observed)
-                 if (obs := facts.get(key)) is not None and (obs.jobs or obs.run_dirs)), 0), None, ""
+def _observation(lane: LaneSeen, at: Mapping[str, int], key: str) -> Observation | None:
+    index = at.get(key)
+    return lane.observations[index] if index is not None else None
 
 
 def _unlisted(evalrun: EvalRunRef, cells: Sequence[Cell], unlisted: Mapping[str, str], first: _Lane) -> Plan:

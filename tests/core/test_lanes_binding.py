@@ -17,7 +17,8 @@ SEEN = st.sampled_from(["nothing", "submitted", "submitted before clusters", "su
                         "run dir", "spilled", "spilled and started"])
 
 
-def observation(c: Cell, seen: str, home: str) -> Observation:
+def observation(c: Cell, seen: str, home: str, memory: CellMemory) -> Observation:
+    """What one lane saw of the cell; `memory` is the store's, on every lane alike (one store per EvalRun)."""
     record = sub(c).model_copy(update={"cluster": None if seen == "submitted before clusters" else
                                        "gone" if seen == "submitted elsewhere" else home})
     ended = job(c.run_tag(1), JobState.CANCELLED, started=ago(minutes=5) if seen == "spilled and started" else None)
@@ -25,9 +26,15 @@ def observation(c: Cell, seen: str, home: str) -> Observation:
         "nothing": obs(),
         "job": obs(jobs=(job(c.run_tag(1), JobState.QUEUED),)),
         "run dir": obs(dirs=(facts(c.run_tag(1)),)),
-        "spilled": obs(subs=(record,), jobs=(ended,)).model_copy(update={"memory": CellMemory(spill=Spill(
-            run_tag=c.run_tag(1), job_id="100", cluster=home, at=ago(minutes=2)))}),
-    }.get(seen.removesuffix(" and started"), obs(subs=(record,)))
+        "spilled": obs(subs=(record,), jobs=(ended,)),
+    }.get(seen.removesuffix(" and started"), obs(subs=(record,))).model_copy(update={"memory": memory})
+
+
+def store_memory(c: Cell, lanes: list[tuple[bool, str]], home: str) -> CellMemory:
+    """The spill the store remembers for the cell when any lane saw it spilled."""
+    spilled = any(listed and seen.startswith("spilled") for listed, seen in lanes)
+    return CellMemory(spill=Spill(run_tag=c.run_tag(1), job_id="100", cluster=home, at=ago(minutes=2))) \
+        if spilled else CellMemory()
 
 
 def by_the_rule(key: str, seen: list[LaneSeen]) -> int | None:
@@ -53,10 +60,11 @@ def test_every_cell_is_bound_where_the_rule_read_lane_by_lane_binds_it(fleet: li
     cells = [cell(model=f"org/M{i}-8B") for i in range(len(fleet))]
     seen = []
     for index, name in enumerate(LANES):
-        here = [(c, lanes[index][1], home) for c, (lanes, home) in zip(cells, fleet, strict=True) if lanes[index][0]]
-        seen.append(LaneSeen(lane=ClusterLane(cluster=ClusterRef(name=name), cells=tuple(c for c, _, _ in here),
+        here = [(c, lanes[index][1], home, store_memory(c, lanes, home))
+                for c, (lanes, home) in zip(cells, fleet, strict=True) if lanes[index][0]]
+        seen.append(LaneSeen(lane=ClusterLane(cluster=ClusterRef(name=name), cells=tuple(c for c, _, _, _ in here),
                                               policy=spec_policy(cluster=name)),
-                             observations=tuple(observation(c, what, home) for c, what, home in here),
+                             observations=tuple(observation(c, what, home, memory) for c, what, home, memory in here),
                              slots=LaneSlots(budget=1, budget_note="", live_job_names=frozenset(),
                                              usable_nodes=None, preflight=None)))
 

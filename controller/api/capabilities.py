@@ -117,7 +117,8 @@ CAPABILITIES: dict[str, Capability] = {
 PLAIN = frozenset({
     "EvalCluster.spec.username", "EvalCluster.spec.partition", "EvalCluster.spec.account",
     "EvalCluster.spec.reservation", "EvalCluster.spec.qos", "EvalCluster.spec.timeLimit",
-    "EvalCluster.spec.maxTimeLimit", "EvalCluster.spec.hardwareProfile", "EvalCluster.spec.failureCatalog[].name",
+    "EvalCluster.spec.maxTimeLimit", "EvalCluster.spec.minTimeLimit", "EvalCluster.spec.hardwareProfile",
+    "EvalCluster.spec.failureCatalog[].name",
     "EvalCluster.spec.failureCatalog[].advice", "EvalRun.spec.models[]", "EvalRun.spec.modelSelector.createdWithin",
     "EvalRun.spec.modelSelector.exclude[]", "EvalRun.spec.presets[]", "EvalRun.spec.placement.pin[].models[]",
     "EvalRun.spec.datasets[]", "EvalRun.spec.agent", "EvalRun.spec.agentKwargs[]",

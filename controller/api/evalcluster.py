@@ -37,6 +37,8 @@ from controller.core.job_env import is_reserved
 from controller.core.remedies import FailureMode, FailureStage, RemedyKind
 from controller.core.types import walltime_seconds
 
+SHORTEST_SIZED = "00:30:00"  # minTimeLimit's default: a model server started and a first trial done
+
 
 class SchedulerSpec(SpecModel):
     """Which scheduler runs the jobs, and where its commands run."""
@@ -149,6 +151,11 @@ class EvalClusterSpec(SpecModel):
                                        description="The longest walltime the partition allows (its MaxTime): a "
                                                    "preset that needs more than timeLimit (swebench_full: 48 h) "
                                                    "gets its own walltime up to this. Default: timeLimit.")
+    min_time_limit: str | None = Field(None, max_length=32,
+                                       description="The shortest walltime a sized job asks for (EvalRun walltime: "
+                                                   "auto): room for the model server to start and a first trial to "
+                                                   f"finish. Default: {SHORTEST_SIZED}, or the longest walltime the "
+                                                   "cluster allows when that is shorter.")
     gpus_per_job: int = Field(0, ge=0, le=1024, description="--gres gpu:N; 0 omits --gres. Local scheduler: the GPUs "
                                                              "a job is counted in GPU-hours (wall time × N).")
     hardware_profile: Short | None = Field(None, description="Selects per-model registry variants (e.g. a100-64).")
@@ -183,6 +190,20 @@ class EvalClusterSpec(SpecModel):
     def _max_walltime(cls, value: str | None) -> str | None:
         return value if value is None else walltime_text(value, "maxTimeLimit")
 
+    @field_validator("min_time_limit")
+    @classmethod
+    def _min_walltime(cls, value: str | None) -> str | None:
+        return value if value is None else walltime_text(value, "minTimeLimit")
+
+    @model_validator(mode="after")
+    def _min_is_not_longer(self) -> EvalClusterSpec:
+        if self.min_time_limit is not None and walltime_seconds(self.min_time_limit) > walltime_seconds(
+                self.longest_walltime):
+            raise entry_error(("minTimeLimit",), "min_above_max", "minTimeLimit is longer than the longest walltime "
+                              "the cluster allows ({longest}); lower it, or raise maxTimeLimit",
+                              longest=self.longest_walltime)
+        return self
+
     @model_validator(mode="after")
     def _max_is_not_shorter(self) -> EvalClusterSpec:
         if self.max_time_limit is not None and walltime_seconds(self.max_time_limit) < walltime_seconds(
@@ -195,6 +216,13 @@ class EvalClusterSpec(SpecModel):
     def longest_walltime(self) -> str:
         """The longest time limit a preset may ask for here."""
         return self.max_time_limit or self.time_limit
+
+    @property
+    def shortest_sized_walltime(self) -> str:
+        """The shortest time limit a sized job asks for here."""
+        if self.min_time_limit is not None:
+            return self.min_time_limit
+        return min(SHORTEST_SIZED, self.longest_walltime, key=walltime_seconds)
 
     @model_validator(mode="after")
     def _login_node_paths_are_absolute(self) -> EvalClusterSpec:

@@ -401,6 +401,10 @@ class EvalRunSpec(SpecModel):
                                                        "the cell starts again (RULES §2).")
     stale_pending_hours: Hours = Field(6, description="A Pending row or queued job older than this is stale: "
                                                       "cancelled and started again (RULES §2).")
+    walltime: Literal["fixed", "auto"] = Field(
+        "fixed", description="fixed: every job asks for its preset's walltime, else the cluster's timeLimit. auto: "
+                             "each job asks for what attempts alike took (p90 × 1.25, a resume for its trials left), "
+                             "within the cluster's minTimeLimit and maxTimeLimit (RULES §16).")
     resume: ResumePolicy = Field(default_factory=ResumePolicy, description="When a run dir is resumed (RULES §4).")
     monitor: MonitorPolicy = Field(default_factory=MonitorPolicy,
                                    description="When a running job is judged stuck (RULES §5).")

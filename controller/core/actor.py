@@ -233,7 +233,7 @@ class Actor:
             name=name, comment=cell.key, script=self.launcher.script,
             args=(cell.model, cell.dataset, cell.benchmark_name, launch.run_tag),
             env=job_environment(cell, launch, row_id, self.launcher.settings, self.job_secrets(launch)),
-            logs_dir=self.launcher.logs_dir, time_limit=cell.time_limit,
+            logs_dir=self.launcher.logs_dir, time_limit=launch.time_limit or cell.time_limit,
             exclude_nodes=launch.exclude_nodes,
         )
         job_id = self.scheduler.submit(request)

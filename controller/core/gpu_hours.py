@@ -20,6 +20,7 @@ from pydantic import Field
 
 from controller.core.observed import ObservedJob, RunDirFacts, Submission
 from controller.core.types import Cell, Frozen
+from controller.core.walltime import WallEstimate, wall_estimate
 
 SECONDS_PER_HOUR = 3600.0
 
@@ -58,6 +59,8 @@ class GpuEstimate(Frozen):
     source: EstimateSource
     basis: str = Field(description="what it is the median of, for plan and explain")
     group: str = Field("", description="the benchmark and size band whose cost it is (e.g. 'tb2, 0–14B')")
+    wall: WallEstimate | None = Field(None, description="how long the attempt runs, from the same evidence: what "
+                                                        "`walltime: auto` sizes its jobs by; None: nothing to go by")
 
 
 UNKNOWN = GpuEstimate(hours=None, source=EstimateSource.UNKNOWN, basis="no finished attempt or run dir to go by")
@@ -74,13 +77,15 @@ class AttemptCost(Frozen):
 
 def estimates(cells: Sequence[Cell], history: Iterable[AttemptCost], run_dirs: Iterable[RunDirFacts],
               bands: SizeBands, gpus_per_job: int) -> dict[str, GpuEstimate]:
-    """Cell key → estimate, for every cell (a cell already run shows its actual hours instead, in the plan)."""
+    """Cell key → estimate, for every cell (a cell already run shows its actual hours instead, in the plan). The
+    wall time of an attempt in the history is its GPU-hours over gpusPerJob (with none, the history says nothing of
+    it and the run dirs do)."""
     by_history: dict[tuple[str, str], list[float]] = defaultdict(list)
     for cost in history:
         by_history[(cost.benchmark, bands.band_of(cost.model))].append(cost.gpu_hours)
-    by_dirs: dict[tuple[str, str], list[float]] = defaultdict(list)
+    by_dirs: dict[tuple[str, str], list[float]] = defaultdict(list)  # wall hours
     for facts in run_dirs:
-        hours = _dir_hours(facts, gpus_per_job)
+        hours = _dir_wall_hours(facts)
         if hours is not None and facts.benchmark_name and facts.model:
             by_dirs[(facts.benchmark_name, bands.band_of(facts.model))].append(hours)
     found: dict[tuple[str, str], GpuEstimate] = {}
@@ -91,24 +96,29 @@ def estimates(cells: Sequence[Cell], history: Iterable[AttemptCost], run_dirs: I
             band_of[cell.model] = bands.band_of(cell.model)
         group = (cell.benchmark_name, band_of[cell.model])
         if group not in found:
-            found[group] = _estimate(group, by_history.get(group), by_dirs.get(group))
+            found[group] = _estimate(group, by_history.get(group), by_dirs.get(group), gpus_per_job)
         result[cell.key] = found[group]
     return result
 
 
-def _estimate(group: tuple[str, str], history: list[float] | None, dirs: list[float] | None) -> GpuEstimate:
+def _estimate(group: tuple[str, str], history: list[float] | None, dirs: list[float] | None,
+              gpus_per_job: int) -> GpuEstimate:
+    """`history`: GPU-hours of finished attempts; `dirs`: wall hours of run dirs (extrapolated to all trials)."""
     benchmark, band = group
     name = f"{benchmark}, {band}"
+    from_dirs = wall_estimate(dirs or (), f"{len(dirs or ())} run dir(s) of {name} (trials' wall time)")
     if history:
-        return GpuEstimate(hours=statistics.median(history), source=EstimateSource.HISTORY, group=name,
+        wall = wall_estimate([h / gpus_per_job for h in history], f"{len(history)} finished attempt(s) of {name}") \
+            if gpus_per_job > 0 else from_dirs
+        return GpuEstimate(hours=statistics.median(history), source=EstimateSource.HISTORY, group=name, wall=wall,
                            basis=f"median of {len(history)} finished attempt(s) of {name}")
     if dirs:
-        return GpuEstimate(hours=statistics.median(dirs), source=EstimateSource.RUN_DIRS, group=name,
-                           basis=f"median wall time of {len(dirs)} run dir(s) of {name}, × gpusPerJob")
+        return GpuEstimate(hours=statistics.median(dirs) * gpus_per_job, source=EstimateSource.RUN_DIRS, group=name,
+                           wall=from_dirs, basis=f"median wall time of {len(dirs)} run dir(s) of {name}, × gpusPerJob")
     return UNKNOWN.model_copy(update={"group": name})
 
 
-def _dir_hours(facts: RunDirFacts, gpus_per_job: int) -> float | None:
+def _dir_wall_hours(facts: RunDirFacts) -> float | None:
     """A run dir's wall time from its first trial's start to its last result, scaled up to all its trials."""
     end = facts.finished_at or facts.last_progress_at
     if facts.started_at is None or end is None or facts.n_completed == 0 or facts.unreadable:
@@ -117,7 +127,7 @@ def _dir_hours(facts: RunDirFacts, gpus_per_job: int) -> float | None:
     if seconds <= 0:
         return None
     total = max(facts.n_total or facts.n_completed, facts.n_completed)
-    return seconds * total / facts.n_completed * gpus_per_job / SECONDS_PER_HOUR
+    return seconds * total / facts.n_completed / SECONDS_PER_HOUR
 
 
 def job_gpu_hours(started: datetime | None, ended: datetime | None, now: datetime, gpus: int) -> float | None:
@@ -164,11 +174,14 @@ class GpuBudget(Frozen):
 
 def launch_cost(estimate: GpuEstimate, facts: RunDirFacts | None, resume: bool) -> float | None:
     """What a launch is expected to add: a new attempt its cell's estimate; a resume the share of trials left."""
-    if estimate.hours is None:
-        return None
-    if resume and facts is not None and facts.n_total:
-        return estimate.hours * max(facts.n_total - facts.n_completed, 0) / facts.n_total
-    return estimate.hours
+    return None if estimate.hours is None else estimate.hours * remaining_share(facts, resume=resume)
+
+
+def remaining_share(facts: RunDirFacts | None, *, resume: bool) -> float:
+    """The share of its trials a launch has to run: all of them for a new attempt, those left for a resume."""
+    if not resume or facts is None or not facts.n_total:
+        return 1.0
+    return max(facts.n_total - facts.n_completed, 0) / facts.n_total
 
 
 def past_gpu_budget(budget: GpuBudget, cost: float) -> bool:

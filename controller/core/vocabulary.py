@@ -211,6 +211,7 @@ class _Launch(_Mutation):
     intent_at: datetime | None = Field(None, description="when the intent being repaired was recorded")
     exclude_nodes: tuple[str, ...] = Field((), description="nodes of the cluster quarantined as bad")
     job_env: dict[str, str] = Field(default_factory=dict, description="what a remedy adds to the job's environment")
+    time_limit: str | None = Field(None, description="its --time when sized (walltime auto); None: the cell's")
 
     @property
     def submission_name(self) -> str:

@@ -42,8 +42,9 @@ from controller.core.ports import ObservationError, Scheduler, StoreUnavailable,
 from controller.core.reconcile import RunTarget
 from controller.core.store import Store
 from controller.core.tracking import Analysis
-from controller.core.types import ClusterRef, EvalRunRef
+from controller.core.types import ClusterRef, EvalRunRef, walltime_seconds
 from controller.core.vocabulary import Launch
+from controller.core.walltime import WalltimePolicy
 from controller.entry.lane_resolution import lanes_for
 from controller.entry.preflight import remembered_preflight
 from controller.entry.secrets import EnvironmentSecrets, SecretSource
@@ -113,6 +114,9 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog) -> Poli
         max_gpu_hours=spec.budget.max_gpu_hours,
         gpus_per_job=cspec.gpus_per_job,
         size_bands=catalog.size_policy.bands_data(),
+        walltime=WalltimePolicy(auto=spec.walltime == "auto",
+                                minimum=timedelta(seconds=walltime_seconds(cspec.shortest_sized_walltime)),
+                                maximum=timedelta(seconds=walltime_seconds(cspec.longest_walltime))),
     )
 
 

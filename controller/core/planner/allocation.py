@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from controller.core.gpu_hours import UNKNOWN, GpuBudget, GpuEstimate, launch_cost
+from controller.core.gpu_hours import UNKNOWN, GpuBudget, GpuEstimate, launch_cost, remaining_share
 from controller.core.observed import Observation, TunnelLease
 from controller.core.planner.budget import gpu_budget, gpu_hold, prior_hours
 from controller.core.planner.cell import plan_cell
@@ -39,6 +39,7 @@ from controller.core.vocabulary import (
     Submit,
     Wait,
 )
+from controller.core.walltime import sized
 
 
 @dataclass
@@ -170,7 +171,11 @@ def admit_launch(pool: Pool, cell_plan: CellPlan, launch: Launch) -> CellPlan:
                                            "unestimated": pool.gpu.unestimated + (estimate.hours is None)})
     if ticket.pair is not None:
         pool.holders[ticket.pair] = launch.submission_name
-    return placed(cell_plan, launch, ticket.pair, pool.bad_nodes)
+    left = remaining_share(cell_plan.run_dir, resume=isinstance(launch, Resume))
+    walltime = sized(estimate.wall, left, policy.walltime, cell.time_limit)
+    if walltime is not None:
+        cell_plan = noted(cell_plan, walltime.note)
+    return placed(cell_plan, launch, ticket.pair, pool.bad_nodes, walltime.time_limit if walltime else None)
 
 
 def preflight_block(preflight: Preflight | None) -> Action | None:
@@ -277,9 +282,11 @@ def without_launch(cell_plan: CellPlan, instead: Action) -> CellPlan:
     return cell_plan.model_copy(update={"actions": (*kept, instead)})
 
 
-def placed(cell_plan: CellPlan, launch: Launch, pair: str | None, bad_nodes: tuple[str, ...]) -> CellPlan:
-    """The launch with the pinggy pair it was given and the cluster's bad nodes excluded."""
-    launched = launch.model_copy(update={"tunnel": pair or launch.tunnel, "exclude_nodes": bad_nodes})
+def placed(cell_plan: CellPlan, launch: Launch, pair: str | None, bad_nodes: tuple[str, ...],
+           time_limit: str | None) -> CellPlan:
+    """The launch with the pinggy pair it was given, the cluster's bad nodes excluded and its sized --time."""
+    launched = launch.model_copy(update={"tunnel": pair or launch.tunnel, "exclude_nodes": bad_nodes,
+                                         "time_limit": time_limit})
     actions = tuple(launched if a is launch else a for a in cell_plan.actions)
     return cell_plan.model_copy(update={"actions": actions})
 

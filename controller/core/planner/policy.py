@@ -11,6 +11,7 @@ from controller.core.admission import GatePolicy
 from controller.core.gpu_hours import SizeBands
 from controller.core.health import HealthLimits
 from controller.core.types import Frozen
+from controller.core.walltime import WalltimePolicy
 
 OVER_BUDGET = "submission budget used up (maxSubmissionsPerPass / submissionsPerMinute); next pass"
 UPLOAD_NOT_VERIFIED = "UploadNotVerified"
@@ -56,6 +57,7 @@ class Policy(Frozen):
     max_gpu_hours: float | None = Field(description="spec.budget.maxGpuHours: launches past it are held")
     gpus_per_job: int = Field(description="the cluster's gpusPerJob: what a run dir's wall time costs")
     size_bands: SizeBands = Field(description="the size policy's bands: whose GPU-hours compare")
+    walltime: WalltimePolicy = Field(description="spec.walltime: fixed, or each job's --time sized (RULES §16)")
 
     @property
     def may_launch(self) -> bool:

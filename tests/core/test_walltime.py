@@ -1,0 +1,100 @@
+"""`spec.walltime: auto` (RULES §16): each job's --time from what attempts alike took, within the cluster's bounds;
+the fixed walltime where nothing says, and always with `fixed`. Pure."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from controller.core.gpu_hours import AttemptCost, SizeBands, estimates
+from controller.core.planner import plan
+from controller.core.vocabulary import Resume, Submit
+from controller.core.walltime import WalltimePolicy, clock, sized, wall_estimate
+from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, obs, row, sub
+
+BANDS = SizeBands(bands=((0, 14),))
+AUTO = WalltimePolicy(auto=True, minimum=timedelta(minutes=30), maximum=timedelta(hours=48))
+SMALL = cell("org/a-8B")
+
+
+def attempt(hours: float, model: str = "org/x-8B") -> AttemptCost:
+    return AttemptCost(run_tag=f"ev_{model}_{hours}", model=model, benchmark="terminal_bench_2", gpu_hours=hours)
+
+
+def test_the_p90_and_median_are_read_by_nearest_rank_not_averaged_away() -> None:
+    estimate = wall_estimate([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 30.0], "10 attempts")
+
+    assert estimate is not None
+    assert (estimate.median_hours, estimate.high_hours) == (5.5, 9.0)
+    assert wall_estimate([], "none") is None
+
+
+def test_a_sized_request_is_the_p90_times_the_margin_rounded_up_to_a_quarter_hour() -> None:
+    estimate = wall_estimate([2.0, 2.5, 3.0], "3 finished attempt(s) of tb2, 0–14B")
+
+    request = sized(estimate, 1.0, AUTO, "24:00:00")
+
+    assert request is not None
+    assert request.time_limit == "3:45:00", "p90 3 h × 1.25 = 3 h 45 m"
+    assert request.note.startswith("walltime auto: 3:45:00 = p90 3 h 00 m × 1.25, est. 2 h 30 m (median) from 3 "
+                                   "finished attempt(s)")
+
+
+@pytest.mark.parametrize(("hours", "remaining", "expected", "said"), [
+    (0.1, 1.0, "0:30:00", "(minTimeLimit)"),  # 7.5 min of work still asks for room to start
+    (60.0, 1.0, "48:00:00", "(maxTimeLimit: resumed after it)"),  # never past what the partition allows
+    (8.0, 0.25, "2:30:00", "× 25% of trials left"),  # a resume asks for what is left: 8 h × 0.25 × 1.25
+])
+def test_a_request_stays_within_the_clusters_bounds_and_a_resume_asks_for_what_is_left(
+        hours: float, remaining: float, expected: str, said: str) -> None:
+    request = sized(wall_estimate([hours], "1 attempt"), remaining, AUTO, "24:00:00")
+
+    assert request is not None
+    assert request.time_limit == expected
+    assert said in request.note
+
+
+def test_fixed_asks_for_nothing_else_and_auto_without_evidence_asks_for_the_fixed_walltime_and_says_so() -> None:
+    estimate = wall_estimate([3.0], "1 attempt")
+
+    assert sized(estimate, 1.0, AUTO.model_copy(update={"auto": False}), "24:00:00") is None
+    unknown = sized(None, 1.0, AUTO, "24:00:00")
+    assert unknown is not None and unknown.time_limit == "24:00:00"
+    assert "no finished attempt alike yet" in unknown.note
+
+
+def test_clock_writes_hours_past_a_day_as_hours() -> None:
+    assert clock(30 * 3600 + 15 * 60) == "30:15:00"
+
+
+def test_the_wall_estimate_comes_from_history_over_gpus_per_job_else_from_run_dirs() -> None:
+    with_gpus = estimates([SMALL], [attempt(8.0), attempt(12.0)], [], BANDS, gpus_per_job=4)[SMALL.key]
+    assert with_gpus.wall is not None and (with_gpus.wall.median_hours, with_gpus.wall.high_hours) == (2.5, 3.0)
+
+    # started 3 h ago, last result 2 h ago: 1 h for 5 of 10 trials → 2 h for all; no GPUs: history says no wall time
+    half = facts("ev_b__a1", total=10, completed=5, finished=False, model="org/b-7B", benchmark_name="terminal_bench_2")
+    no_gpus = estimates([SMALL], [attempt(8.0)], [half], BANDS, gpus_per_job=0)[SMALL.key]
+    assert no_gpus.wall is not None and no_gpus.wall.median_hours == pytest.approx(2.0)
+    assert "1 run dir(s) of terminal_bench_2, 0–14B" in no_gpus.wall.basis
+
+
+def test_the_planner_sizes_a_first_launch_and_a_resume_and_says_how() -> None:
+    auto = POLICY.model_copy(update={"walltime": AUTO})
+    guesses = estimates([SMALL], [attempt(4.0), attempt(4.0)], [], BANDS, gpus_per_job=1)
+
+    fresh = plan(RUN, [SMALL], [obs()], auto, NOW, estimates=guesses).cells[0]
+    (submit,) = [a for a in fresh.actions if isinstance(a, Submit)]
+    assert submit.time_limit == "5:00:00"
+    assert "walltime auto: 5:00:00" in fresh.reason
+
+    cut = facts(SMALL.run_tag(1), total=10, completed=6, finished=False, last_progress=ago(hours=2))
+    interrupted = obs(rows=(row("Started", job_name=SMALL.run_tag(1), started=ago(hours=6)),), subs=(sub(SMALL),),
+                      dirs=(cut,))
+    resumed = plan(RUN, [SMALL], [interrupted], auto, NOW, estimates=guesses).cells[0]
+    (resume,) = [a for a in resumed.actions if isinstance(a, Resume)]
+    assert resume.time_limit == "2:00:00", "4 of 10 trials left: 4 h × 0.4 × 1.25"
+
+    fixed = plan(RUN, [SMALL], [obs()], POLICY, NOW, estimates=guesses).cells[0]
+    (as_before,) = [a for a in fixed.actions if isinstance(a, Submit)]
+    assert as_before.time_limit is None and "walltime" not in fixed.reason

@@ -89,6 +89,7 @@ class ObservedJob(Frozen):
                                                               "scheduler says (SLURM: its --begin or the backfill "
                                                               "estimate); None: it says nothing")
     time_left_s: int | None = None
+    time_limit_s: int | None = Field(None, description="the walltime it asked for (SLURM --time), as the queue says")
     exit_code: int | None = None
     reason: str = ""
     nodes: str = Field("", description="where it ran (SLURM NodeList), when the scheduler says")

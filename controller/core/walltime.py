@@ -62,7 +62,7 @@ def sized(estimate: WallEstimate | None, remaining: float, policy: WalltimePolic
     low, high = policy.minimum.total_seconds(), policy.maximum.total_seconds()
     clamped = int(min(max(seconds, low), high))
     share = "" if remaining >= 1 else f" × {remaining:.0%} of trials left"
-    bound = (" (minTimeLimit)" if clamped == low and seconds < low else
+    bound = (" (minTimeLimit)" if clamped == low and wanted < low else
              " (maxTimeLimit: resumed after it)" if clamped == high and seconds > high else "")
     return Sized(time_limit=clock(clamped), note=(
         f"walltime auto: {clock(clamped)}{bound} = p90 {hours_text(estimate.high_hours)}{share} × {MARGIN:g}, "
@@ -76,4 +76,6 @@ def clock(seconds: int) -> str:
 
 def hours_text(hours: float) -> str:
     minutes = round(hours * 60)
+    if minutes < 1:
+        return "under 1 m"
     return f"{minutes // 60} h {minutes % 60:02d} m" if minutes >= 60 else f"{minutes} m"

@@ -8,10 +8,11 @@ from datetime import timedelta
 import pytest
 
 from controller.core.gpu_hours import AttemptCost, SizeBands, estimates
+from controller.core.observed import JobState
 from controller.core.planner import plan
 from controller.core.vocabulary import Resume, Submit
 from controller.core.walltime import WalltimePolicy, clock, sized, wall_estimate
-from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, obs, row, sub
+from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, job, obs, row, sub
 
 BANDS = SizeBands(bands=((0, 14),))
 AUTO = WalltimePolicy(auto=True, minimum=timedelta(minutes=30), maximum=timedelta(hours=48))
@@ -98,3 +99,10 @@ def test_the_planner_sizes_a_first_launch_and_a_resume_and_says_how() -> None:
     fixed = plan(RUN, [SMALL], [obs()], POLICY, NOW, estimates=guesses).cells[0]
     (as_before,) = [a for a in fixed.actions if isinstance(a, Submit)]
     assert as_before.time_limit is None and "walltime" not in fixed.reason
+
+
+def test_a_live_job_shows_the_walltime_it_asked_for() -> None:
+    asked = job(SMALL.run_tag(1), JobState.RUNNING, started=ago(minutes=5)).model_copy(update={"time_limit_s": 13_500})
+    running = plan(RUN, [SMALL], [obs(subs=(sub(SMALL),), jobs=(asked,))], POLICY, NOW).cells[0]
+
+    assert "--time 3:45:00" in running.reason

@@ -111,7 +111,7 @@ class Accounting(Scripted):
 
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> CommandResult:
         self.calls.append(list(argv))
-        lines = {"squeue": f"7|ev_a|PENDING|2026-11-29T14:00:00|N/A|N/A|1:00:00||held: {SECRET} {self.TOKEN}",
+        lines = {"squeue": f"7|ev_a|PENDING|2026-11-29T14:00:00|N/A|N/A|1:00:00|1:00:00||held: {SECRET} {self.TOKEN}",
                  "sacct": f"6|ev_b|FAILED|1:0|2026-11-29T13:00:00|2026-11-29T13:00:01|2026-11-29T13:00:02|vm|1||"
                           f"admin note {self.TOKEN}"}
         if argv[0] in lines:

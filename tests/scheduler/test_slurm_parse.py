@@ -65,17 +65,18 @@ def test_no_slurm_state_maps_to_lost() -> None:
 
 def test_squeue_line_of_a_running_job_has_start_and_time_left() -> None:
     job = parse_squeue_line("41|ev_m__b__a1|RUNNING|2026-11-29T14:15:12|2026-11-29T14:15:20|2026-11-30T16:18:24|1-02:03:04|"
-                            "gpu[01-02]|None")
+                            "1-06:00:00|gpu[01-02]|None")
     assert job is not None
     assert (job.job_id, job.state, job.time_left_s, job.reason) == ("41", JobState.RUNNING, 93784, "")
+    assert job.time_limit_s == 30 * 3600, "the --time it asked for (%l), which status shows"
     assert job.nodes == "gpu[01-02]", "a hostlist is kept as SLURM prints it (--exclude takes it back)"
     assert job.started_at == datetime(2026, 11, 29, 14, 15, 20, tzinfo=UTC) and job.expected_start is None
 
 
 # What the lab's squeue 22.05 printed (TZ=UTC) for a job sbatch'ed with --begin, and for one with --hold.
-PENDING_WITH_START = ("2106|ev_m__b__a1|PENDING|2026-12-03T05:28:28|2026-12-03T07:10:00|2026-12-03T07:15:00|5:00||"
+PENDING_WITH_START = ("2106|ev_m__b__a1|PENDING|2026-12-03T05:28:28|2026-12-03T07:10:00|2026-12-03T07:15:00|5:00|5:00||"
                       "BeginTime")
-PENDING_WITHOUT = "2107|ev_n__b__a1|PENDING|2026-12-03T05:28:28|N/A|N/A|5:00||JobHeldUser"
+PENDING_WITHOUT = "2107|ev_n__b__a1|PENDING|2026-12-03T05:28:28|N/A|N/A|5:00|5:00||JobHeldUser"
 
 
 def test_squeue_line_of_a_pending_job_has_the_schedulers_expected_start_not_a_start() -> None:
@@ -91,14 +92,14 @@ def test_squeue_line_of_a_pending_job_has_the_schedulers_expected_start_not_a_st
 
 @pytest.mark.parametrize("start", ["Unknown", ""])
 def test_a_pending_jobs_start_that_is_no_time_is_no_estimate(start: str) -> None:
-    job = parse_squeue_line(f"42|ev_m__b__a1|PENDING|2026-11-29T14:15:12|{start}|N/A|10:00||Priority")
+    job = parse_squeue_line(f"42|ev_m__b__a1|PENDING|2026-11-29T14:15:12|{start}|N/A|10:00|10:00||Priority")
     assert job is not None and job.expected_start is None and job.started_at is None
 
 
 def test_a_job_cancelled_while_pending_never_started_whatever_squeue_prints_as_its_start() -> None:
     """squeue shows the cancel time as %S of a job cancelled while pending (sacct: Start None): it never ran."""
     job = parse_squeue_line("27|ev_m__b__a1|CANCELLED|2026-12-03T05:49:18|2026-12-03T05:50:24|2026-12-03T05:50:24|"
-                            "0:00||PartitionDown")
+                            "0:00|5:00||PartitionDown")
     assert job is not None and job.state == JobState.CANCELLED and job.started_at is None
     assert job.ended_at == datetime(2026, 12, 3, 5, 50, 24, tzinfo=UTC)
 
@@ -106,13 +107,13 @@ def test_a_job_cancelled_while_pending_never_started_whatever_squeue_prints_as_i
 def test_squeue_line_of_a_job_that_just_ended_is_over_with_its_end_time() -> None:
     """squeue --states=all still lists it while accounting may not have it yet."""
     job = parse_squeue_line("44|ev_m__b__a1|CANCELLED|2026-11-29T14:15:12|2026-11-29T14:15:13|2026-11-29T14:16:00|"
-                            "0:00|vm|None")
+                            "0:00|10:00|vm|None")
     assert job is not None and job.state == JobState.CANCELLED and job.time_left_s is None
     assert job.ended_at == datetime(2026, 11, 29, 14, 16, tzinfo=UTC)
 
 
 def test_other_peoples_job_names_are_not_ours() -> None:
-    assert parse_squeue_line("43|interactive|RUNNING|2026-11-29T14:15:12|N/A|N/A|10:00|vm|None") is None
+    assert parse_squeue_line("43|interactive|RUNNING|2026-11-29T14:15:12|N/A|N/A|10:00|10:00|vm|None") is None
     assert parse_sacct_line("43|allocation|COMPLETED|0:0|2026-11-29T14:15:12|Unknown|Unknown|vm|0||None") is None
 
 
@@ -131,7 +132,7 @@ def test_time_left(text: str, seconds: int | None) -> None:
 
 
 def test_squeue_wins_for_live_jobs_and_sacct_finds_jobs_that_left_the_queue() -> None:
-    queued = parse_squeue_line("7|ev_a|RUNNING|2026-11-29T14:00:00|2026-11-29T14:01:00|2026-11-29T14:06:00|5:00|vm|None")
+    queued = parse_squeue_line("7|ev_a|RUNNING|2026-11-29T14:00:00|2026-11-29T14:01:00|2026-11-29T14:06:00|5:00|10:00|vm|None")
     lagging = parse_sacct_line("7|ev_a|PENDING|0:0|2026-11-29T14:00:00|Unknown|Unknown|None assigned|0||None")
     ended = parse_sacct_line("6|ev_b|TIMEOUT|0:0|2026-11-29T13:00:00|2026-11-29T13:00:01|2026-11-29T14:00:01|vm|3600|"
                              "billing=1,cpu=1,gres/gpu=4,node=1|None")
@@ -155,7 +156,7 @@ def test_sacct_gpu_hours_are_elapsed_times_allocated_gpus(elapsed: str, tres: st
 
 
 def test_a_running_job_keeps_the_gpu_hours_accounting_says_so_far() -> None:
-    queued = parse_squeue_line("7|ev_a|RUNNING|2026-11-29T14:00:00|2026-11-29T14:01:00|2026-11-29T14:06:00|5:00|vm|None")
+    queued = parse_squeue_line("7|ev_a|RUNNING|2026-11-29T14:00:00|2026-11-29T14:01:00|2026-11-29T14:06:00|5:00|10:00|vm|None")
     accounted = parse_sacct_line("7|ev_a|RUNNING|0:0|2026-11-29T14:00:00|2026-11-29T14:01:00|Unknown|vm|1800|"
                                  "cpu=1,gres/gpu=2|None")
     [job] = merge([queued], [accounted])
@@ -176,7 +177,7 @@ def test_a_job_printing_a_tail_header_cannot_claim_an_earlier_jobs_tail() -> Non
 
 
 def test_observe_is_one_squeue_and_one_sacct_filtered_to_our_user_in_utc() -> None:
-    runner = Scripted({"squeue": ok("5|ev_a|PENDING|2026-11-29T14:00:00|N/A|N/A|10:00||Priority\n"),
+    runner = Scripted({"squeue": ok("5|ev_a|PENDING|2026-11-29T14:00:00|N/A|N/A|10:00|10:00||Priority\n"),
                        "sacct": ok("4|ev_b|COMPLETED|0:0|2026-11-29T13:00:00|2026-11-29T13:00:01|"
                                    "2026-11-29T13:30:00|vm|1799|cpu=1|None\n")})
     jobs = scheduler(runner).observe()
@@ -241,8 +242,8 @@ def test_cancel_of_a_job_that_already_ended_is_a_no_op_but_other_errors_are_not(
 
 def test_an_array_task_named_like_ours_does_not_break_the_pass() -> None:
     array_task = parse_squeue_line("50_3|ev_someones_array|RUNNING|2026-11-29T14:00:00|2026-11-29T14:00:01|N/A|"
-                                   "10:00|vm|None")
-    plain = parse_squeue_line("49|ev_a|RUNNING|2026-11-29T14:00:00|2026-11-29T14:00:01|N/A|10:00|vm|None")
+                                   "10:00|10:00|vm|None")
+    plain = parse_squeue_line("49|ev_a|RUNNING|2026-11-29T14:00:00|2026-11-29T14:00:01|N/A|10:00|10:00|vm|None")
     assert [j.job_id for j in merge([array_task, plain], [])] == ["49", "50_3"]
 
 

@@ -18,7 +18,7 @@ log = logging.getLogger("evalctl.slurm")
 # or the backfill scheduler's estimate; N/A while nothing says), %e end, %L time left, %N nodes, %r reason (free
 # text, last). `--states=all` also lists jobs that ended within MinJobAge: accounting can lag behind the queue, and
 # a job must never drop out of sight between leaving the queue and appearing in sacct.
-SQUEUE_FORMAT = "%i|%j|%T|%V|%S|%e|%L|%N|%r"
+SQUEUE_FORMAT = "%i|%j|%T|%V|%S|%e|%L|%l|%N|%r"  # Reason last: free text
 # ElapsedRaw (seconds) × AllocTRES' gres/gpu=N is a job's GPU-hours; Reason: free text, last
 SACCT_FIELDS = "JobID,JobName,State,ExitCode,Submit,Start,End,NodeList,ElapsedRaw,AllocTRES,Reason"
 # `gres/gpu=4`; typed ones (`gres/gpu:a100=4`) are listed besides it where the site accounts types, else alone
@@ -56,10 +56,10 @@ SLURM_STATES: Mapping[str, JobState] = {
 
 
 def parse_squeue_line(line: str) -> ObservedJob | None:
-    parts = line.split("|", 8)
-    if len(parts) != 9 or not parts[1].startswith(RUN_TAG_PREFIX):
+    parts = line.split("|", 9)
+    if len(parts) != 10 or not parts[1].startswith(RUN_TAG_PREFIX):
         return None
-    job_id, name, state, submit, start, end, left, nodes, reason = parts
+    job_id, name, state, submit, start, end, left, limit, nodes, reason = parts
     job_state = slurm_state(state)
     queued = job_state == JobState.QUEUED
     never_ran = not job_state.active and not _nodes(nodes)  # cancelled while pending: %S is when it was cancelled
@@ -68,7 +68,7 @@ def parse_squeue_line(line: str) -> ObservedJob | None:
                        expected_start=parse_time(start) if queued else None,
                        ended_at=None if job_state.active else parse_time(end),
                        time_left_s=parse_duration(left) if job_state == JobState.RUNNING else None,
-                       nodes=_nodes(nodes), reason="" if reason in ("None", "") else reason)
+                       time_limit_s=parse_duration(limit), nodes=_nodes(nodes), reason="" if reason in ("None", "") else reason)
 
 
 def parse_sacct_line(line: str) -> ObservedJob | None:

@@ -26,6 +26,7 @@ from controller.core.remedies import (
     RemedyKind,
 )
 from controller.core.vocabulary import Action, Cancel, CellPlan, Phase, RowUpdate, Rule, Wait
+from controller.core.walltime import clock
 
 
 @dataclass(slots=True)
@@ -54,12 +55,17 @@ def queued_stale(f: InFlight) -> CellPlan | None:
                        f.facts)
 
 
+def asked(job: ObservedJob) -> str:
+    """The walltime the job asked for, as the queue says (`walltime: auto` sizes it)."""
+    return f", --time {clock(job.time_limit_s)}" if job.time_limit_s is not None else ""
+
+
 def queued(f: InFlight) -> CellPlan | None:
     if f.job.state != JobState.QUEUED:
         return None
     actions = [*f.actions, Wait(reason=f"job {f.job.job_id} queued")]
-    return f.view.result(Phase.SUBMITTED, actions, f"job pending (job {f.job.job_id} queued)", Rule.QUEUED,
-                         f.updates, f.facts)
+    return f.view.result(Phase.SUBMITTED, actions, f"job pending (job {f.job.job_id} queued{asked(f.job)})",
+                         Rule.QUEUED, f.updates, f.facts)
 
 
 def pre_walltime(f: InFlight) -> CellPlan | None:
@@ -84,7 +90,7 @@ def health(f: InFlight) -> CellPlan | None:
     moving = learnt if learnt.stall_reading is None else learnt.model_copy(update={"stall_reading": None})
     state, note = verdict(run.reading, facts, job.started_at, view.policy.health, view.now)
     return view.result(Phase.RUNNING, [*run.actions, Wait(reason=f"job {job.job_id} running")],
-                       f"job running ({progress(facts)}); {note}", Rule.IN_FLIGHT, f.updates, facts,
+                       f"job running ({progress(facts)}{asked(job)}); {note}", Rule.IN_FLIGHT, f.updates, facts,
                        remember=moving, health=(state, note))
 
 

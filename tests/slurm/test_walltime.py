@@ -1,0 +1,52 @@
+"""`walltime: auto` on the lab SLURM (RULES §16): after an attempt of the benchmark has finished, a fresh EvalRun's
+job asks sbatch for the sized --time (here the cluster's minTimeLimit: the attempt took seconds), not the fixed
+timeLimit; `fixed` still asks for timeLimit. What SLURM recorded is read back with scontrol."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.slurm.conftest import SlurmCluster, slurm
+from tests.slurm.test_gpu_hours import FAST, GPUS, complete
+
+pytestmark = pytest.mark.slurm
+
+
+def write(cluster: SlurmCluster, *, name: str, model: str, extra_run: str = "") -> None:
+    """A cluster whose fixed walltime is 4 h, whose partition allows 48 h, and whose sized jobs ask for 15 min at
+    least."""
+    cluster.write(models=[model], datasets=["DCAgent/gpubench"], script=cluster.fake_harbor_script(), env=FAST,
+                  name=name, time_limit="4:00:00", extra_run=f"  monitor: {{settleMinutes: 0}}\n{extra_run}",
+                  extra_cluster=f'  gpusPerJob: {GPUS}\n  maxTimeLimit: "48:00:00"\n  minTimeLimit: "00:15:00"')
+
+
+def asked_time(cluster: SlurmCluster, job_id: str) -> str:
+    """The TimeLimit SLURM holds for the job, as `scontrol show job` prints it."""
+    out = slurm(["scontrol", "show", "job", job_id], cluster.env).stdout
+    found = re.search(r"\bTimeLimit=(\S+)", out)
+    assert found is not None, out
+    return found.group(1)
+
+
+def submitted_job(cluster: SlurmCluster, name: str) -> str:
+    cluster.reconcile()
+    rows = [r for r in cluster._query("SELECT evalrun, job_id FROM evalrun_submissions") if name in r["evalrun"]]
+    assert len(rows) == 1 and rows[0]["job_id"], rows
+    return str(rows[0]["job_id"])
+
+
+def test_with_history_a_job_asks_for_its_sized_time_and_fixed_still_asks_for_the_time_limit(
+        cluster: SlurmCluster) -> None:
+    write(cluster, name="walltime-first", model=cluster.model(1))
+    assert complete(cluster)["gpu_hours"] > 0  # the history the next EvalRun's estimate is read from
+
+    write(cluster, name="walltime-auto", model=cluster.model(2), extra_run="  walltime: auto")
+    (planned,) = cluster.plan_cells()
+    assert "walltime auto: 0:15:00 (minTimeLimit) = p90" in planned["reason"], planned["reason"]
+    assert "from 1 finished attempt(s)" in planned["reason"]
+    assert asked_time(cluster, submitted_job(cluster, "walltime-auto")) == "00:15:00"
+
+    write(cluster, name="walltime-fixed", model=cluster.model(3))
+    assert asked_time(cluster, submitted_job(cluster, "walltime-fixed")) == "04:00:00"

@@ -2,9 +2,13 @@
 
 A fixed walltime asks every job for the cluster's `timeLimit` (or its preset's): a 4 h eval waits in the queue
 as a 24 h one (backfill favours short requests), and one that needs more is cut and resumed. Sized, a job asks for
-the high quantile (p90) of the wall time of finished attempts of the same benchmark and size band, × a margin,
-rounded up to a quarter hour and kept within `[minTimeLimit, maxTimeLimit]`; a resume asks for the share of trials
-it has left. With no evidence yet, a job asks for the fixed walltime, and says so.
+the high quantile (p90) of the wall time of finished attempts of the same benchmark and size band, × a margin, for
+the share of trials it has to run (all, or those a resume has left), plus what every job pays whatever its share:
+a model server's cold start and the pre-walltime cancel (`monitor.preWalltimeMinutes`: that much of any request is
+never run); rounded up to a quarter hour and kept within `[minTimeLimit, maxTimeLimit]`. Without those fixed costs
+a resume of a few trials asked for less than its own start and cancel, and was cut again and again
+(`make bench-walltime` found a cell of 23 jobs). With no evidence yet, a job asks for the fixed walltime, and
+says so.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from controller.core.types import Frozen
 
 QUARTER_HOUR_S = 15 * 60
 MARGIN = 1.25  # over the p90: a cut job is resumed (a cold start and a queue wait), a long request only waits longer
+COLD_START = timedelta(minutes=15)  # a model server's start before the first trial (a 32B on vLLM: 12–15 min)
 
 
 class WallEstimate(Frozen):
@@ -31,6 +36,7 @@ class WallEstimate(Frozen):
 
 class WalltimePolicy(Frozen):
     auto: bool = Field(description="spec.walltime auto: size each job's --time from the estimate")
+    cancel_margin: timedelta = Field(description="monitor.preWalltimeMinutes: the end of a request never run")
     minimum: timedelta = Field(description="the cluster's minTimeLimit: no sized request asks for less")
     maximum: timedelta = Field(description="the cluster's maxTimeLimit (else timeLimit): none asks for more")
 
@@ -57,7 +63,8 @@ def sized(estimate: WallEstimate | None, remaining: float, policy: WalltimePolic
         return None
     if estimate is None:
         return Sized(time_limit=fixed, note=f"walltime auto: no finished attempt alike yet, asks the fixed {fixed}")
-    wanted = estimate.high_hours * 3600 * remaining * MARGIN
+    fixed_costs = (COLD_START + policy.cancel_margin).total_seconds()
+    wanted = estimate.high_hours * 3600 * remaining * MARGIN + fixed_costs
     seconds = math.ceil(wanted / QUARTER_HOUR_S) * QUARTER_HOUR_S
     low, high = policy.minimum.total_seconds(), policy.maximum.total_seconds()
     clamped = int(min(max(seconds, low), high))
@@ -65,8 +72,9 @@ def sized(estimate: WallEstimate | None, remaining: float, policy: WalltimePolic
     bound = (" (minTimeLimit)" if clamped == low and wanted < low else
              " (maxTimeLimit: resumed after it)" if clamped == high and seconds > high else "")
     return Sized(time_limit=clock(clamped), note=(
-        f"walltime auto: {clock(clamped)}{bound} = p90 {hours_text(estimate.high_hours)}{share} × {MARGIN:g}, "
-        f"est. {hours_text(estimate.median_hours)} (median) from {estimate.basis}"))
+        f"walltime auto: {clock(clamped)}{bound} = p90 {hours_text(estimate.high_hours)}{share} × {MARGIN:g} + "
+        f"{hours_text(fixed_costs / 3600)} start and pre-walltime cancel, est. {hours_text(estimate.median_hours)} "
+        f"(median) from {estimate.basis}"))
 
 
 def clock(seconds: int) -> str:

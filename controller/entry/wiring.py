@@ -114,7 +114,7 @@ def policy_for(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog) -> Poli
         max_gpu_hours=spec.budget.max_gpu_hours,
         gpus_per_job=cspec.gpus_per_job,
         size_bands=catalog.size_policy.bands_data(),
-        walltime=WalltimePolicy(auto=spec.walltime == "auto",
+        walltime=WalltimePolicy(auto=spec.walltime == "auto", cancel_margin=timedelta(minutes=spec.monitor.pre_walltime_minutes),
                                 minimum=timedelta(seconds=walltime_seconds(cspec.shortest_sized_walltime)),
                                 maximum=timedelta(seconds=walltime_seconds(cspec.longest_walltime))),
     )

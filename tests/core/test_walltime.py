@@ -15,7 +15,8 @@ from controller.core.walltime import WalltimePolicy, clock, sized, wall_estimate
 from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, job, obs, row, sub
 
 BANDS = SizeBands(bands=((0, 14),))
-AUTO = WalltimePolicy(auto=True, minimum=timedelta(minutes=30), maximum=timedelta(hours=48))
+AUTO = WalltimePolicy(auto=True, cancel_margin=timedelta(minutes=15), minimum=timedelta(hours=1),
+                      maximum=timedelta(hours=48))
 SMALL = cell("org/a-8B")
 
 
@@ -31,21 +32,29 @@ def test_the_p90_and_median_are_read_by_nearest_rank_not_averaged_away() -> None
     assert wall_estimate([], "none") is None
 
 
-def test_a_sized_request_is_the_p90_times_the_margin_rounded_up_to_a_quarter_hour() -> None:
+def test_a_sized_request_is_the_p90_times_the_margin_plus_a_cold_start_and_the_cancel_margin() -> None:
     estimate = wall_estimate([2.0, 2.5, 3.0], "3 finished attempt(s) of tb2, 0–14B")
 
     request = sized(estimate, 1.0, AUTO, "24:00:00")
 
     assert request is not None
-    assert request.time_limit == "3:45:00", "p90 3 h × 1.25 = 3 h 45 m"
-    assert request.note.startswith("walltime auto: 3:45:00 = p90 3 h 00 m × 1.25, est. 2 h 30 m (median) from 3 "
-                                   "finished attempt(s)")
+    assert request.time_limit == "4:15:00", "p90 3 h × 1.25 + 15 min cold start + 15 min pre-walltime cancel"
+    assert request.note.startswith("walltime auto: 4:15:00 = p90 3 h 00 m × 1.25 + 30 m start and pre-walltime "
+                                   "cancel, est. 2 h 30 m (median) from 3 finished attempt(s)")
+
+
+def test_a_resume_of_a_few_trials_still_asks_for_its_start_and_the_cancel_margin() -> None:
+    """Asked for its share alone, a resume of 1 % of a 4 h run got 2.4 min: less than its own server start, cut
+    before a trial ran, and resumed again (`make bench-walltime`: a cell of 23 jobs)."""
+    request = sized(wall_estimate([4.0], "1 attempt"), 0.01, AUTO.model_copy(update={"minimum": timedelta(0)}), "")
+
+    assert request is not None and request.time_limit == "0:45:00", "3 min of trials + 15 start + 15 cancel, ↑ 15"
 
 
 @pytest.mark.parametrize(("hours", "remaining", "expected", "said"), [
-    (0.1, 1.0, "0:30:00", "(minTimeLimit)"),  # 7.5 min of work still asks for room to start
+    (0.01, 1.0, "1:00:00", "(minTimeLimit)"),  # 31 min in all: the cluster's minimum is 1 h
     (60.0, 1.0, "48:00:00", "(maxTimeLimit: resumed after it)"),  # never past what the partition allows
-    (8.0, 0.25, "2:30:00", "× 25% of trials left"),  # a resume asks for what is left: 8 h × 0.25 × 1.25
+    (8.0, 0.25, "3:00:00", "× 25% of trials left"),  # a resume asks for what is left: 8 h × 0.25 × 1.25 + 30 min
 ])
 def test_a_request_stays_within_the_clusters_bounds_and_a_resume_asks_for_what_is_left(
         hours: float, remaining: float, expected: str, said: str) -> None:
@@ -86,15 +95,15 @@ def test_the_planner_sizes_a_first_launch_and_a_resume_and_says_how() -> None:
 
     fresh = plan(RUN, [SMALL], [obs()], auto, NOW, estimates=guesses).cells[0]
     (submit,) = [a for a in fresh.actions if isinstance(a, Submit)]
-    assert submit.time_limit == "5:00:00"
-    assert "walltime auto: 5:00:00" in fresh.reason
+    assert submit.time_limit == "5:30:00"
+    assert "walltime auto: 5:30:00" in fresh.reason
 
     cut = facts(SMALL.run_tag(1), total=10, completed=6, finished=False, last_progress=ago(hours=2))
     interrupted = obs(rows=(row("Started", job_name=SMALL.run_tag(1), started=ago(hours=6)),), subs=(sub(SMALL),),
                       dirs=(cut,))
     resumed = plan(RUN, [SMALL], [interrupted], auto, NOW, estimates=guesses).cells[0]
     (resume,) = [a for a in resumed.actions if isinstance(a, Resume)]
-    assert resume.time_limit == "2:00:00", "4 of 10 trials left: 4 h × 0.4 × 1.25"
+    assert resume.time_limit == "2:30:00", "4 of 10 trials left: 4 h × 0.4 × 1.25 + 30 min"
 
     fixed = plan(RUN, [SMALL], [obs()], POLICY, NOW, estimates=guesses).cells[0]
     (as_before,) = [a for a in fixed.actions if isinstance(a, Submit)]

@@ -1,6 +1,7 @@
 """`walltime: auto` on the lab SLURM (RULES §16): after an attempt of the benchmark has finished, a fresh EvalRun's
-job asks sbatch for the sized --time (here the cluster's minTimeLimit: the attempt took seconds), not the fixed
-timeLimit; `fixed` still asks for timeLimit. What SLURM recorded is read back with scontrol."""
+job asks sbatch for the sized --time (here 45 min: the attempt took seconds, and every job is given a cold start
+and the pre-walltime cancel), not the fixed timeLimit; `fixed` still asks for timeLimit. What SLURM recorded is
+read back with scontrol."""
 
 from __future__ import annotations
 
@@ -44,9 +45,9 @@ def test_with_history_a_job_asks_for_its_sized_time_and_fixed_still_asks_for_the
 
     write(cluster, name="walltime-auto", model=cluster.model(2), extra_run="  walltime: auto")
     (planned,) = cluster.plan_cells()
-    assert "walltime auto: 0:15:00 (minTimeLimit) = p90" in planned["reason"], planned["reason"]
+    assert "walltime auto: 0:45:00 = p90 under 1 m × 1.25 + 30 m start" in planned["reason"], planned["reason"]
     assert "from 1 finished attempt(s)" in planned["reason"]
-    assert asked_time(cluster, submitted_job(cluster, "walltime-auto")) == "00:15:00"
+    assert asked_time(cluster, submitted_job(cluster, "walltime-auto")) == "00:45:00"
 
     write(cluster, name="walltime-fixed", model=cluster.model(3))
     assert asked_time(cluster, submitted_job(cluster, "walltime-fixed")) == "04:00:00"

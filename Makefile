@@ -1,5 +1,5 @@
 # The two commands of the README, and a few helpers. Every target installs what it needs itself.
-.PHONY: demo slurm-demo test bench bench-slurm bench-operator bench-store bench-incremental bench-output bench-catalog bench-foreign bench-fairness bench-remote bench-planner bench-placement bench-selector crds clean-demo kube-up kube-down
+.PHONY: demo slurm-demo test bench bench-slurm bench-operator bench-store bench-incremental bench-output bench-catalog bench-foreign bench-fairness bench-remote bench-planner bench-placement bench-walltime bench-selector crds clean-demo kube-up kube-down
 
 # Set up, then converge the local demo (3 models × 2 benchmarks) and print the grid.
 demo:
@@ -56,6 +56,12 @@ bench-planner:
 bench-placement:
 	./scripts/bootstrap.sh
 	.venv/bin/python bench/placement.py
+
+# The fixed 24 h walltime against walltime sized per cell (+ shards past 48 h): 200 cells replayed on a simulated
+# 16-node EASY-backfill queue beside other users' jobs; prints makespan, GPU-hours, cuts and queue waits.
+bench-walltime:
+	./scripts/bootstrap.sh
+	.venv/bin/python bench/walltime.py
 
 # read_output over 500 running jobs' output files (growing, idle, a backlog), via SLURM's one command and locally.
 bench-output:

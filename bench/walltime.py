@@ -57,7 +57,8 @@ SHORTEST_H, LONGEST_H = 2.0, 40.0
 ERROR_SIGMA = 0.25
 FIXED_H = 24.0
 CANCEL_MARGIN_H = 0.25  # monitor.preWalltimeMinutes
-SIZING = WalltimePolicy(auto=True, minimum=timedelta(minutes=30), maximum=timedelta(hours=48))
+SIZING = WalltimePolicy(auto=True, cancel_margin=timedelta(hours=CANCEL_MARGIN_H), minimum=timedelta(minutes=30),
+                        maximum=timedelta(hours=48))
 UNBOUNDED = SIZING.model_copy(update={"maximum": timedelta(days=365)})  # what a cell would ask, before the 48 h cap
 OTHERS, OURS = 0, 1  # queue priority: other users' jobs first
 BACKGROUND_REQUEST_H, BACKGROUND_SHORTEST_H = 12.0, 3.0

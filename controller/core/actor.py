@@ -193,8 +193,8 @@ class Actor:
 
     def _bookkeeping(self, cell_plan: CellPlan) -> None:
         for update in cell_plan.row_updates:
-            if update.submission_name and update.gpu_hours is not None:
-                self.state.record_gpu_hours(update.submission_name, update.gpu_hours)
+            if update.submission_name and (update.gpu_hours is not None or update.elapsed_hours is not None):
+                self.state.record_job_end(update.submission_name, update.gpu_hours, update.elapsed_hours)
             if update.submission_name and update.job_id:
                 self._record_job_id(update.submission_name, update.job_id, update.row_id)
             if update.row_id and update.status:
@@ -213,7 +213,8 @@ class Actor:
         submission = Submission(name=name, run_tag=launch.run_tag, evalrun=cell.evalrun, cell_key=cell.key,
                                 attempt=launch.attempt, fire=launch.fire, row_id=row_id,
                                 created_at=launch.intent_at or now,  # a repair keeps the recorded intent's time
-                                model=cell.model, benchmark=cell.benchmark_name, cluster=self.launcher.cluster)
+                                model=cell.model, benchmark=cell.benchmark_name, cluster=self.launcher.cluster,
+                                estimated_hours=launch.estimated_hours)
         # Intent first, then its row: a crash in between leaves an intent without a row, which the next pass
         # finishes; the reverse would leave a row that looks like a run to resume. The row is written every
         # time (an existing one is left as it is), so a repair also restores a row that was never written.

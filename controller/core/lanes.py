@@ -168,6 +168,7 @@ def merged(evalrun: EvalRunRef, cells: Sequence[Cell], plans: Sequence[Plan]) ->
                 gpu_budget=plans[0].gpu_budget if plans else GpuBudget(),
                 effects=tuple(dict.fromkeys(e for p in plans for e in p.effects)),
                 preflight="; ".join(dict.fromkeys(p.preflight for p in plans if p.preflight)),
+                walltime=next((p.walltime for p in plans if p.walltime is not None), None),  # the store's: alike
                 clusters={key: name for p in plans for key, name in p.clusters.items()})
 
 

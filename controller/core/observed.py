@@ -174,6 +174,10 @@ class Submission(Frozen):
     gpu_hours: float | None = Field(None, description="its job's actual GPU-hours, recorded once the job ended")
     cluster: str | None = Field(None, description="the ClusterRef (as text) its job was submitted to: where the cell "
                                                   "is bound (None in records before several clusters per EvalRun)")
+    estimated_hours: float | None = Field(None, description="walltime auto: how long its job was expected to run "
+                                                            "(the p90 for its share, plus the fixed costs)")
+    elapsed_hours: float | None = Field(None, description="walltime auto: how long its job ran, recorded once it "
+                                                          "ended: with the estimate, what the margin learns from")
 
     def may_have_launched(self, job: ObservedJob) -> bool:
         """Could `job`, found by this submission's name, be the one it launched (the crash repair)?

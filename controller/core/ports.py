@@ -159,8 +159,9 @@ class SubmissionLedger(Protocol):
         """Step 3: remember the scheduler's id. Idempotent."""
         ...
 
-    def record_gpu_hours(self, submission_name: str, gpu_hours: float) -> None:
-        """The actual GPU-hours of the submission's ended job. Idempotent."""
+    def record_job_end(self, submission_name: str, gpu_hours: float | None, elapsed_hours: float | None) -> None:
+        """What the submission's ended job used: its GPU-hours, how long it ran (None: leave as recorded).
+        Idempotent."""
         ...
 
     def finish_attempt(self, run_tag: str) -> None:

@@ -86,6 +86,7 @@ class RunStatus(Frozen):
     effects: tuple[Effect, ...] = Field((), description="remedies in force: back-offs, quarantines, refires waiting")
     clusters: dict[str, int] = Field(default_factory=dict, description="several clusters (RULES §15): cluster → its "
                                                                        "cells that ran or are placed there")
+    walltime: str = Field("", description="walltime auto: how its sized jobs fared against their estimate (RULES §16)")
 
     @property
     def done(self) -> int:
@@ -133,6 +134,7 @@ def summarize(plan: Plan, outcomes: Sequence[Outcome] = (), generation: int | No
         notifications=notes.notifications,
         effects=plan.effects,
         clusters=dict(sorted(Counter(plan.clusters.values()).items())),
+        walltime=plan.walltime.summary() if plan.walltime is not None else "",
     )
 
 

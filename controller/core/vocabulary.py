@@ -22,6 +22,7 @@ from controller.core.progress import Progress
 from controller.core.remedies import CellMemory, Quarantined, QuarantineKind
 from controller.core.retry import RetryRequest
 from controller.core.types import Cell, EvalRunRef, Frozen, submission_name
+from controller.core.walltime import Learning
 
 
 class Phase(StrEnum):
@@ -212,6 +213,7 @@ class _Launch(_Mutation):
     exclude_nodes: tuple[str, ...] = Field((), description="nodes of the cluster quarantined as bad")
     job_env: dict[str, str] = Field(default_factory=dict, description="what a remedy adds to the job's environment")
     time_limit: str | None = Field(None, description="its --time when sized (walltime auto); None: the cell's")
+    estimated_hours: float | None = Field(None, description="when sized: how long its job is expected to run")
 
     @property
     def submission_name(self) -> str:
@@ -327,6 +329,7 @@ class RowUpdate(Frozen):
     submission_name: str | None = None
     job_id: str | None = None
     gpu_hours: float | None = Field(None, description="the actual GPU-hours of the ended job of `submission_name`")
+    elapsed_hours: float | None = Field(None, description="how long the ended job of a sized submission ran")
 
 
 class CellPlan(Frozen):
@@ -404,6 +407,8 @@ class Plan(Frozen):
                                                         "quarantines, locked pairs, refires waiting")
     preflight: str = Field("", description="why its cluster's launches are held: the preflight failed (RULES §12); "
                                            "'' when none was held")
+    walltime: Learning | None = Field(None, description="walltime auto: what its sized jobs ran against their "
+                                                        "estimate, and the margin that follows (RULES §16)")
     clusters: dict[str, str] = Field(default_factory=dict, description="several clusters (RULES §15): cell key → "
                                                                        "the cluster it ran on or is placed on now")
 

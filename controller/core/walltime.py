@@ -8,13 +8,14 @@ a model server's cold start and the pre-walltime cancel (`monitor.preWalltimeMin
 never run); rounded up to a quarter hour and kept within `[minTimeLimit, maxTimeLimit]`. Without those fixed costs
 a resume of a few trials asked for less than its own start and cancel, and was cut again and again
 (`make bench-walltime` found a cell of 23 jobs). With no evidence yet, a job asks for the fixed walltime, and
-says so.
+says so. Each sized job records its estimate with its intent and how long it ran once it ended; after five, the
+margin follows them (`learned`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 
 from pydantic import Field
@@ -23,7 +24,10 @@ from controller.core.types import Frozen
 
 QUARTER_HOUR_S = 15 * 60
 MARGIN = 1.25  # over the p90: a cut job is resumed (a cold start and a queue wait), a long request only waits longer
+MARGIN_BOUNDS = (1.1, 2.0)  # what the learnt margin may be: never the bare estimate, never four times it
+LEARN_AFTER = 5  # sized jobs ended before the margin follows what they ran
 COLD_START = timedelta(minutes=15)  # a model server's start before the first trial (a 32B on vLLM: 12–15 min)
+COLD_START_HOURS = COLD_START.total_seconds() / 3600
 
 
 class WallEstimate(Frozen):
@@ -36,6 +40,7 @@ class WallEstimate(Frozen):
 
 class WalltimePolicy(Frozen):
     auto: bool = Field(description="spec.walltime auto: size each job's --time from the estimate")
+    margin: float = Field(MARGIN, description="over the p90: the default, or what the sized jobs taught (`learned`)")
     cancel_margin: timedelta = Field(description="monitor.preWalltimeMinutes: the end of a request never run")
     minimum: timedelta = Field(description="the cluster's minTimeLimit: no sized request asks for less")
     maximum: timedelta = Field(description="the cluster's maxTimeLimit (else timeLimit): none asks for more")
@@ -44,6 +49,38 @@ class WalltimePolicy(Frozen):
 class Sized(Frozen):
     time_limit: str = Field(description="the job's --time, H:MM:SS")
     note: str = Field(description="how it was sized, for plan and explain")
+    estimated_hours: float | None = Field(description="how long the job is expected to run (the p90 for its share and "
+                                                      "a cold start), recorded with its intent; None: not estimated")
+
+
+class Learning(Frozen):
+    """What the ended sized jobs ran against their estimate, and the margin that follows from it."""
+
+    jobs: int = Field(description="sized jobs that ended with both recorded")
+    median_ratio: float | None = Field(description="ran / estimated, the median; None: no job yet")
+    high_ratio: float | None = Field(description="ran / estimated, the p90")
+    margin: float
+
+    def summary(self) -> str:
+        """For status: `walltime auto: 12 sized jobs ran 0.82× their estimate (p90 1.10×); margin 1.38 (learnt)`."""
+        if self.median_ratio is None or self.high_ratio is None:
+            return f"walltime auto: no sized job has ended yet; margin {self.margin:g}"
+        how = "learnt" if self.jobs >= LEARN_AFTER else f"the default until {LEARN_AFTER} jobs"
+        return (f"walltime auto: {self.jobs} sized job(s) ran {self.median_ratio:.2f}× their estimate (p90 "
+                f"{self.high_ratio:.2f}×); margin {self.margin:.2f} ({how})")
+
+
+def learned(estimated_and_ran: Iterable[tuple[float, float]]) -> Learning:
+    """The margin from (estimated, ran) hours of ended sized jobs: the default × their p90 ratio, so a fleet whose
+    jobs run longer than estimated asks for more and one that runs shorter for less, within `MARGIN_BOUNDS`; the
+    default until `LEARN_AFTER` jobs say."""
+    ratios = sorted(ran / estimated for estimated, ran in estimated_and_ran if estimated > 0)
+    if not ratios:
+        return Learning(jobs=0, median_ratio=None, high_ratio=None, margin=MARGIN)
+    median, high = _median(ratios), _p90(ratios)
+    low_bound, high_bound = MARGIN_BOUNDS
+    margin = min(max(MARGIN * high, low_bound), high_bound) if len(ratios) >= LEARN_AFTER else MARGIN
+    return Learning(jobs=len(ratios), median_ratio=median, high_ratio=high, margin=margin)
 
 
 def wall_estimate(hours: Sequence[float], basis: str) -> WallEstimate | None:
@@ -51,9 +88,17 @@ def wall_estimate(hours: Sequence[float], basis: str) -> WallEstimate | None:
     if not hours:
         return None
     ordered = sorted(hours)
+    return WallEstimate(median_hours=_median(ordered), high_hours=_p90(ordered), basis=basis)
+
+
+def _median(ordered: Sequence[float]) -> float:
     middle = len(ordered) // 2
-    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-    return WallEstimate(median_hours=median, high_hours=ordered[math.ceil(0.9 * len(ordered)) - 1], basis=basis)
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _p90(ordered: Sequence[float]) -> float:
+    """Nearest rank: a value that was seen, never one between two."""
+    return ordered[math.ceil(0.9 * len(ordered)) - 1]
 
 
 def sized(estimate: WallEstimate | None, remaining: float, policy: WalltimePolicy, fixed: str) -> Sized | None:
@@ -62,17 +107,18 @@ def sized(estimate: WallEstimate | None, remaining: float, policy: WalltimePolic
     if not policy.auto:
         return None
     if estimate is None:
-        return Sized(time_limit=fixed, note=f"walltime auto: no finished attempt alike yet, asks the fixed {fixed}")
+        return Sized(time_limit=fixed, note=f"walltime auto: no finished attempt alike yet, asks the fixed {fixed}",
+                     estimated_hours=None)
     fixed_costs = (COLD_START + policy.cancel_margin).total_seconds()
-    wanted = estimate.high_hours * 3600 * remaining * MARGIN + fixed_costs
+    wanted = estimate.high_hours * 3600 * remaining * policy.margin + fixed_costs
     seconds = math.ceil(wanted / QUARTER_HOUR_S) * QUARTER_HOUR_S
     low, high = policy.minimum.total_seconds(), policy.maximum.total_seconds()
     clamped = int(min(max(seconds, low), high))
     share = "" if remaining >= 1 else f" × {remaining:.0%} of trials left"
     bound = (" (minTimeLimit)" if clamped == low and wanted < low else
              " (maxTimeLimit: resumed after it)" if clamped == high and seconds > high else "")
-    return Sized(time_limit=clock(clamped), note=(
-        f"walltime auto: {clock(clamped)}{bound} = p90 {hours_text(estimate.high_hours)}{share} × {MARGIN:g} + "
+    return Sized(time_limit=clock(clamped), estimated_hours=estimate.high_hours * remaining + COLD_START_HOURS, note=(
+        f"walltime auto: {clock(clamped)}{bound} = p90 {hours_text(estimate.high_hours)}{share} × {policy.margin:.3g} + "
         f"{hours_text(fixed_costs / 3600)} start and pre-walltime cancel, est. {hours_text(estimate.median_hours)} "
         f"(median) from {estimate.basis}"))
 

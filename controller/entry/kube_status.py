@@ -45,6 +45,7 @@ def status_patch(summary: RunStatus, previous: Mapping[str, Any] | None, now: da
         "modelSelector": {"selected": summary.selected, "note": summary.selection} if summary.selection else None,
         "gpuHours": _gpu_hours(summary),
         "notifications": summary.notifications or None,  # messages not delivered (yet); null drops the key
+        "walltime": summary.walltime or None,  # walltime auto: sized jobs against their estimate, the margin
         "effects": [e.model_dump(mode="json") for e in summary.effects[:ATTENTION_LIMIT]],  # remedies in force
     }
 

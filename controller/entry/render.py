@@ -92,7 +92,7 @@ def plan_table(result: PassResult, console: Console) -> None:
         table.add_row(cell.cell.model, cell.cell.benchmark, *placed, _phase(cell.phase), _gpu_cell(cell, plan),
                       _actions(cell), cell.reason)
     console.print(table)
-    console.print(gpu_line(gpu_summary(plan)), highlight=False)
+    spending(plan, console)
     effects(plan, console)
     selections(result.notes, console)
 
@@ -114,6 +114,13 @@ def _gpu_cell(cell: CellPlan, plan: Plan) -> str:
     if estimate is not None:
         return f"? ({estimate.source.value})" if estimate.hours is None else f"{estimate.hours:.2f} ({estimate.source.value})"
     return "—" if cell.gpu_hours is None else f"{cell.gpu_hours:.2f} spent"
+
+
+def spending(plan: Plan, console: Console) -> None:
+    """What the plan's cells spent and are estimated to, and how sized walltimes fared (walltime auto)."""
+    console.print(gpu_line(gpu_summary(plan)), highlight=False)
+    if plan.walltime is not None:
+        console.print(plan.walltime.summary(), highlight=False)
 
 
 def gpu_line(gpu: GpuSummary) -> str:
@@ -154,7 +161,7 @@ def _decisions_table(plan: Plan, title: str, console: Console) -> None:
         table.add_row(str(len(cells)), _phase(phase), f"{first.cell.model} × {first.cell.benchmark}", _actions(first),
                       first.reason)
     console.print(table)
-    console.print(gpu_line(gpu_summary(plan)), highlight=False)
+    spending(plan, console)
 
 
 def _actions(cell: CellPlan) -> str:
@@ -178,7 +185,7 @@ def status_grid(result: PassResult, console: Console, spec_args: Sequence[str] =
         cells = [by_key.get((model, bench)) for bench in benchmarks]
         table.add_row(model, *(_grid_cell(c) + _where(c, plan) for c in cells))
     console.print(table)
-    console.print(gpu_line(gpu_summary(plan)), highlight=False)
+    spending(plan, console)
     effects(plan, console)
     held(plan, console, spec_args)
     if result.notes.notifications:
@@ -225,6 +232,7 @@ def _status_json(plan: Plan, summary: RunStatus, notes: PassNotes, spec_args: Se
         "attention": [a.model_dump(mode="json", exclude_none=True) for a in summary.attention],
         "cells": [_cell_json(c, plan, spec_args) for c in plan.cells],
         "gpu_hours": summary.gpu_hours.model_dump(mode="json"),
+        "walltime": None if plan.walltime is None else plan.walltime.model_dump(mode="json"),
         "quarantined": [q.model_dump(mode="json") for q in plan.quarantined],
         "effects": [e.model_dump(mode="json") for e in plan.effects],
         "notifications": notes.notifications,

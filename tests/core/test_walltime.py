@@ -11,7 +11,7 @@ from controller.core.gpu_hours import AttemptCost, SizeBands, estimates
 from controller.core.observed import JobState
 from controller.core.planner import plan
 from controller.core.vocabulary import Resume, Submit
-from controller.core.walltime import WalltimePolicy, clock, sized, wall_estimate
+from controller.core.walltime import WalltimePolicy, clock, learned, sized, wall_estimate
 from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, job, obs, row, sub
 
 BANDS = SizeBands(bands=((0, 14),))
@@ -115,3 +115,49 @@ def test_a_live_job_shows_the_walltime_it_asked_for() -> None:
     running = plan(RUN, [SMALL], [obs(subs=(sub(SMALL),), jobs=(asked,))], POLICY, NOW).cells[0]
 
     assert "--time 3:45:00" in running.reason
+
+
+# --------------------------------------------------------------------------- learning from the sized jobs
+
+
+def test_the_margin_follows_what_sized_jobs_ran_within_bounds_after_five_and_not_before() -> None:
+    assert learned([(2.0, 3.0)] * 4).margin == 1.25, "four jobs are not enough to move it"
+    long = learned([(2.0, 2.0), (2.0, 2.2), (2.0, 2.4), (2.0, 2.6), (2.0, 2.8)])
+    assert (long.jobs, long.median_ratio, long.high_ratio) == (5, 1.2, 1.4)
+    assert long.margin == pytest.approx(1.75), "1.25 × the p90 ratio: jobs ran longer, the next ones ask for more"
+    assert learned([(4.0, 1.0)] * 5).margin == 1.1, "shorter than estimated: less, never below the floor"
+    assert learned([(1.0, 9.0)] * 5).margin == 2.0, "never four times the estimate"
+    assert "5 sized job(s) ran 1.20× their estimate (p90 1.40×); margin 1.75 (learnt)" in long.summary()
+
+
+def test_a_sized_launch_records_its_estimate_and_its_ended_job_how_long_it_ran() -> None:
+    auto = POLICY.model_copy(update={"walltime": AUTO})
+    guesses = estimates([SMALL], [attempt(4.0)], [], BANDS, gpus_per_job=1)
+    (submit,) = [a for a in plan(RUN, [SMALL], [obs()], auto, NOW, estimates=guesses).cells[0].actions
+                 if isinstance(a, Submit)]
+    assert submit.estimated_hours == 4.25, "the p90 for the whole attempt and a cold start"
+
+    sized_sub = sub(SMALL).model_copy(update={"estimated_hours": 4.25})
+    ended = job(sized_sub.name, JobState.COMPLETED, started=ago(hours=5), ended=ago(hours=2))
+    recorded = plan(RUN, [SMALL], [obs(subs=(sized_sub,), jobs=(ended,), dirs=(facts(SMALL.run_tag(1)),))], auto,
+                    NOW).cells[0].row_updates
+    assert [(u.submission_name, u.elapsed_hours) for u in recorded if u.elapsed_hours is not None] == [
+        (sized_sub.name, 3.0)]
+    unsized = plan(RUN, [SMALL], [obs(subs=(sub(SMALL),), jobs=(ended,), dirs=(facts(SMALL.run_tag(1)),))], auto,
+                   NOW).cells[0].row_updates
+    assert not [u for u in unsized if u.elapsed_hours is not None], "a fixed-walltime job taught nothing"
+
+
+def test_the_plan_sizes_with_the_learnt_margin_and_says_how_its_jobs_fared() -> None:
+    auto = POLICY.model_copy(update={"walltime": AUTO})
+    done = [cell(f"org/d{i}-8B") for i in range(5)]
+    taught = [obs(subs=(sub(c).model_copy(update={"estimated_hours": 2.0, "elapsed_hours": 2.8}),),
+                  dirs=(facts(c.run_tag(1)),)) for c in done]
+    guesses = estimates([SMALL], [attempt(4.0)], [], BANDS, gpus_per_job=1)
+
+    the_plan = plan(RUN, [*done, SMALL], [*taught, obs()], auto, NOW, estimates=guesses)
+
+    assert the_plan.walltime is not None and the_plan.walltime.margin == pytest.approx(1.75)
+    (submit,) = [a for a in the_plan.cells[-1].actions if isinstance(a, Submit)]
+    assert submit.time_limit == "7:30:00", "4 h × 1.75 + 30 min"
+    assert plan(RUN, [SMALL], [obs()], POLICY, NOW).walltime is None, "fixed: nothing to learn or show"

@@ -1,15 +1,17 @@
 """`walltime: auto` on the lab SLURM (RULES §16): after an attempt of the benchmark has finished, a fresh EvalRun's
 job asks sbatch for the sized --time (here 45 min: the attempt took seconds, and every job is given a cold start
 and the pre-walltime cancel), not the fixed timeLimit; `fixed` still asks for timeLimit. What SLURM recorded is
-read back with scontrol."""
+read back with scontrol; once the job ended, how long it ran is recorded beside its estimate, and status says how
+the sized jobs fared."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
-from tests.slurm.conftest import SlurmCluster, slurm
+from tests.slurm.conftest import SlurmCluster, slurm, wait_until
 from tests.slurm.test_gpu_hours import FAST, GPUS, complete
 
 pytestmark = pytest.mark.slurm
@@ -31,6 +33,15 @@ def asked_time(cluster: SlurmCluster, job_id: str) -> str:
     return found.group(1)
 
 
+def _ran(cluster: SlurmCluster, name: str) -> tuple[float, float] | None:
+    """A pass, then the sized job's (estimated, elapsed) hours once its end is recorded."""
+    cluster.reconcile()
+    rows = [r for r in cluster._query("SELECT evalrun, estimated_hours, elapsed_hours FROM evalrun_submissions")
+            if name in r["evalrun"]]
+    ended = rows and rows[0]["elapsed_hours"] is not None
+    return (rows[0]["estimated_hours"], rows[0]["elapsed_hours"]) if ended else None
+
+
 def submitted_job(cluster: SlurmCluster, name: str) -> str:
     cluster.reconcile()
     rows = [r for r in cluster._query("SELECT evalrun, job_id FROM evalrun_submissions") if name in r["evalrun"]]
@@ -48,6 +59,10 @@ def test_with_history_a_job_asks_for_its_sized_time_and_fixed_still_asks_for_the
     assert "walltime auto: 0:45:00 = p90 under 1 m × 1.25 + 30 m start" in planned["reason"], planned["reason"]
     assert "from 1 finished attempt(s)" in planned["reason"]
     assert asked_time(cluster, submitted_job(cluster, "walltime-auto")) == "00:45:00"
+    estimated, elapsed = wait_until(lambda: _ran(cluster, "walltime-auto"), "the sized job's end recorded", step_s=1.0)
+    assert estimated == pytest.approx(0.25, abs=0.01) and 0 <= elapsed < 0.25, "seconds of trials"
+    learning = json.loads(cluster.evalctl("status", "-o", "json").stdout)["evalruns"][0]["walltime"]
+    assert (learning["jobs"], learning["margin"]) == (1, 1.25), "one job says how it fared, the margin waits for 5"
 
     write(cluster, name="walltime-fixed", model=cluster.model(3))
     assert asked_time(cluster, submitted_job(cluster, "walltime-fixed")) == "04:00:00"

@@ -44,7 +44,8 @@ OWN_TABLES = {"evalrun_submissions", "evalrun_leases", "evalrun_cell_owners", "e
 QWEN = EvalRunRef(name="qwen-evals")
 # (version, name) of migrations/*.sql
 SHIPPED = [(1, "controller_tables"), (2, "quarantine"), (3, "model_selections"), (4, "gpu_hours"), (5, "notifications"),
-           (6, "row_audit"), (7, "quarantine_owner"), (8, "retry_requests"), (9, "submission_cluster")]
+           (6, "row_audit"), (7, "quarantine_owner"), (8, "retry_requests"), (9, "submission_cluster"),
+           (10, "walltime_learning")]
 OT_AGENT_TABLES = {"models", "benchmarks", "sandbox_jobs"}
 RESULT = ResultUpload(metrics=(Metric(name="accuracy", value=0.42), Metric(name="accuracy_stderr", value=0.03)),
                       stats={"n_trials": 290, "n_infra_errors": 10}, n_trials=300, ended_at=T0)
@@ -247,7 +248,7 @@ def test_a_database_migrated_before_gpu_hours_is_read_as_it_is_then_gets_the_col
     with opened(pg_url, readonly=True) as reader:
         (before,) = reader.read_state(QWEN, [], 60, [BENCHMARK]).submissions
         with opened(pg_url) as writer:
-            writer.record_gpu_hours(before.name, 1.25)
+            writer.record_job_end(before.name, 1.25, None)
         (after,) = reader.read_state(QWEN, [], 60, [BENCHMARK]).submissions
 
     assert (before.name, before.gpu_hours) == (after.name, None)
@@ -259,7 +260,7 @@ def test_a_database_migrated_before_submission_clusters_is_read_as_it_is_then_ge
         pg_url: str) -> None:
     with opened(pg_url) as store:
         store.record_submission(submission("ev_x__a1").model_copy(update={"model": MODEL, "benchmark": BENCHMARK}))
-        store.record_gpu_hours("ev_x__a1", 2.5)
+        store.record_job_end("ev_x__a1", 2.5, None)
         store.finish_attempt("ev_x__a1")
     run_sql(pg_url, "ALTER TABLE evalrun_submissions DROP COLUMN cluster")
     run_sql(pg_url, "DELETE FROM evalrun_schema_migrations WHERE name = 'submission_cluster'")

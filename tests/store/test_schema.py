@@ -145,7 +145,7 @@ def test_a_store_made_before_gpu_hours_is_read_as_it_is_and_gets_the_columns_whe
     assert (old.job_id, old.gpu_hours) == ("77", None), "a reader never alters the file, and reads what is there"
 
     writer = SqliteStore(db_path)
-    writer.record_gpu_hours("ev_x__a1", 1.25)
+    writer.record_job_end("ev_x__a1", 1.25, None)
     SqliteStore(db_path).close()  # a second writable open finds nothing left to add
     (upgraded,) = reader.read_state(EvalRunRef(name="qwen-evals"), [], 60, ["tb2"]).submissions
     reader.close()
@@ -154,7 +154,8 @@ def test_a_store_made_before_gpu_hours_is_read_as_it_is_and_gets_the_columns_whe
     assert (upgraded.job_id, upgraded.gpu_hours) == ("77", 1.25)
     with sqlite3.connect(db_path) as conn:
         columns = [name for (name,) in conn.execute("SELECT name FROM pragma_table_info('evalrun_submissions')")]
-    assert columns[-5:] == ["model", "benchmark", "gpu_hours", "finished_at", "cluster"]
+    assert columns[-7:] == ["model", "benchmark", "gpu_hours", "finished_at", "cluster", "estimated_hours",
+                            "elapsed_hours"]
 
 
 PRE_CLUSTER_SUBMISSIONS = """
@@ -191,4 +192,4 @@ def test_a_store_made_before_submission_clusters_is_read_as_it_is_and_gets_the_c
     assert after == {"ev_x__a1": None, "ev_y__a1": "lab/hpc"}
     with sqlite3.connect(db_path) as conn:
         columns = [name for (name,) in conn.execute("SELECT name FROM pragma_table_info('evalrun_submissions')")]
-    assert columns[-1] == "cluster"
+    assert columns[-3:] == ["cluster", "estimated_hours", "elapsed_hours"]

@@ -147,7 +147,7 @@ SELECT {ROW_COLUMNS} FROM sandbox_jobs
 ROW_BY_ID = f"SELECT {ROW_COLUMNS} FROM sandbox_jobs WHERE id = %s"
 
 SUBMISSION_FIELDS = ("name", "run_tag", "evalrun", "cell_key", "attempt", "fire", "row_id", "job_id", "created_at",
-                     "model", "benchmark", "gpu_hours", "cluster")
+                     "model", "benchmark", "gpu_hours", "cluster", "estimated_hours", "elapsed_hours")
 SUBMISSION_COLUMNS = ", ".join(SUBMISSION_FIELDS)
 GPU_HISTORY_COLUMNS = frozenset(("model", "benchmark", "gpu_hours", "finished_at"))
 
@@ -168,8 +168,10 @@ EVERY_SUBMISSION = "SELECT {columns} FROM evalrun_submissions ORDER BY created_a
 EVERY_MEMORY = "SELECT cell_key, memory FROM evalrun_cell_memory"
 
 # Columns later migrations added to a table (0004: GPU-hours; 0007: a quarantine's start, owner and release; 0009: a
-# submission's cluster): a read-only store on a database they have not reached reads the table without them.
-ADDED_COLUMNS = {"evalrun_submissions": ("model", "benchmark", "gpu_hours", "finished_at", "cluster"),
+# submission's cluster; 0010: a sized job's estimate and elapsed hours): a read-only store on a database they have
+# not reached reads the table without them.
+ADDED_COLUMNS = {"evalrun_submissions": ("model", "benchmark", "gpu_hours", "finished_at", "cluster",
+                                         "estimated_hours", "elapsed_hours"),
                  "evalrun_quarantine": ("since", "owner", "released_at")}
 PRESENT_COLUMNS = """
 SELECT attname::text FROM pg_attribute
@@ -290,13 +292,17 @@ UPDATE sandbox_jobs
 INSERT_SUBMISSION = f"""
 INSERT INTO evalrun_submissions ({SUBMISSION_COLUMNS})
 VALUES (%(name)s, %(run_tag)s, %(evalrun)s, %(cell_key)s, %(attempt)s, %(fire)s, %(row_id)s, %(job_id)s,
-        %(created_at)s, %(model)s, %(benchmark)s, %(gpu_hours)s, %(cluster)s)
+        %(created_at)s, %(model)s, %(benchmark)s, %(gpu_hours)s, %(cluster)s, %(estimated_hours)s,
+        %(elapsed_hours)s)
     ON CONFLICT (name) DO NOTHING
 """
 
 SET_SUBMISSION_JOB_ID = "UPDATE evalrun_submissions SET job_id = %s WHERE name = %s"
 
-SET_SUBMISSION_GPU_HOURS = "UPDATE evalrun_submissions SET gpu_hours = %s WHERE name = %s"
+SET_SUBMISSION_JOB_END = """
+UPDATE evalrun_submissions SET gpu_hours = COALESCE(%s, gpu_hours), elapsed_hours = COALESCE(%s, elapsed_hours)
+ WHERE name = %s
+"""
 
 FINISH_ATTEMPT = "UPDATE evalrun_submissions SET finished_at = now() WHERE run_tag = %s AND finished_at IS NULL"
 

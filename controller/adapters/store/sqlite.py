@@ -253,9 +253,9 @@ class SqliteStore:
         with self._db.writing() as conn:
             self._db.run(conn, sql.SET_SUBMISSION_JOB_ID, (job_id, submission_name))
 
-    def record_gpu_hours(self, submission_name: str, gpu_hours: float) -> None:
+    def record_job_end(self, submission_name: str, gpu_hours: float | None, elapsed_hours: float | None) -> None:
         with self._db.writing() as conn:
-            self._db.run(conn, sql.SET_SUBMISSION_GPU_HOURS, (gpu_hours, submission_name))
+            self._db.run(conn, sql.SET_SUBMISSION_JOB_END, (gpu_hours, elapsed_hours, submission_name))
 
     def finish_attempt(self, run_tag: str) -> None:
         with self._db.writing() as conn:

@@ -65,7 +65,9 @@ CREATE TABLE IF NOT EXISTS evalrun_submissions (
     benchmark   TEXT,
     gpu_hours   REAL,
     finished_at TEXT,
-    cluster     TEXT
+    cluster     TEXT,
+    estimated_hours REAL,
+    elapsed_hours   REAL
 );
 CREATE INDEX IF NOT EXISTS evalrun_submissions_evalrun ON evalrun_submissions(evalrun);
 CREATE INDEX IF NOT EXISTS evalrun_submissions_cell ON evalrun_submissions(cell_key);
@@ -172,9 +174,10 @@ CREATE TABLE IF NOT EXISTS evalrun_row_audit (
 # added by ALTER TABLE when a writable store opens a file without them, each once (SQLite has no ADD COLUMN IF
 # NOT EXISTS). 0.4: what GPU-hours are recorded and estimated from (PostgreSQL: migration 0004); then when a
 # quarantine began, whose pass decided it and when a human lifted it (migration 0007); then the cluster a
-# submission's job went to (migration 0009).
+# submission's job went to (migration 0009); then a sized job's estimate and how long it ran (migration 0010).
 ADDED_COLUMNS = {"evalrun_submissions": {"model": "TEXT", "benchmark": "TEXT", "gpu_hours": "REAL",
-                                         "finished_at": "TEXT", "cluster": "TEXT"},
+                                         "finished_at": "TEXT", "cluster": "TEXT", "estimated_hours": "REAL",
+                                         "elapsed_hours": "REAL"},
                  "evalrun_quarantine": {"since": "TEXT", "owner": "TEXT NOT NULL DEFAULT ''", "released_at": "TEXT"}}
 TABLE_COLUMNS = "SELECT name FROM pragma_table_info(?)"
 # after the columns exist: an index on a column an old file lacks would fail the whole SCHEMA script
@@ -224,7 +227,7 @@ SELECT {ROW_COLUMNS} FROM sandbox_jobs
 """
 
 SUBMISSION_FIELDS = ("name", "run_tag", "evalrun", "cell_key", "attempt", "fire", "row_id", "job_id", "created_at",
-                     "model", "benchmark", "gpu_hours", "cluster")
+                     "model", "benchmark", "gpu_hours", "cluster", "estimated_hours", "elapsed_hours")
 SUBMISSION_COLUMNS = ", ".join(SUBMISSION_FIELDS)
 GPU_HISTORY_COLUMNS = frozenset(("model", "benchmark", "gpu_hours", "finished_at"))
 
@@ -283,12 +286,15 @@ ROW_BY_ID = f"SELECT {ROW_COLUMNS} FROM sandbox_jobs WHERE id = ?"
 INSERT_SUBMISSION = f"""
 INSERT OR IGNORE INTO evalrun_submissions ({SUBMISSION_COLUMNS})
 VALUES (:name, :run_tag, :evalrun, :cell_key, :attempt, :fire, :row_id, :job_id, :created_at, :model, :benchmark,
-        :gpu_hours, :cluster)
+        :gpu_hours, :cluster, :estimated_hours, :elapsed_hours)
 """
 
 SET_SUBMISSION_JOB_ID = "UPDATE evalrun_submissions SET job_id = ? WHERE name = ?"
 
-SET_SUBMISSION_GPU_HOURS = "UPDATE evalrun_submissions SET gpu_hours = ? WHERE name = ?"
+SET_SUBMISSION_JOB_END = """
+UPDATE evalrun_submissions SET gpu_hours = COALESCE(?, gpu_hours), elapsed_hours = COALESCE(?, elapsed_hours)
+ WHERE name = ?
+"""
 
 FINISH_ATTEMPT = "UPDATE evalrun_submissions SET finished_at = ? WHERE run_tag = ? AND finished_at IS NULL"
 

@@ -115,4 +115,4 @@ def _plan(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Obs
             and any(c.rule == Rule.PREFLIGHT_FAILED for c in planned) else "")
     return Plan(evalrun=evalrun, cells=planned, suspended=policy.suspend, tunnel_releases=released, quarantined=ours,
                 estimates=dict(estimates), gpu_budget=pool.gpu, effects=effects(ours, starting, planned),
-                preflight=held)
+                preflight=held, walltime=pool.walltime)

@@ -39,7 +39,7 @@ from controller.core.vocabulary import (
     Submit,
     Wait,
 )
-from controller.core.walltime import sized
+from controller.core.walltime import Learning, Sized, learned, sized
 
 
 @dataclass
@@ -59,6 +59,7 @@ class Pool:
     remaining: int  # submissions left this pass
     gpu: GpuBudget
     probing: set[str]  # groups whose cost a probe launch is measuring
+    walltime: Learning | None  # walltime auto: what the sized jobs ran against their estimate, the margin it gives
     untouched_waits: CellPlan | None = field(default=None)  # fresh cells past the budget: their one plan
 
     @classmethod
@@ -73,7 +74,13 @@ class Pool:
         bad_nodes = tuple(sorted({q.name for q in every if q.kind == QuarantineKind.NODE}))
         backing_off = next((q for q in every if q.kind == QuarantineKind.CLUSTER), None)
         gpu, probing = gpu_budget(evalrun, decided, observations, policy, estimates)
-        return cls(policy=policy, now=now, estimates=estimates,
+        walltime = learned((s.estimated_hours, s.elapsed_hours) for o in observations for s in o.submissions or ()
+                           if s.estimated_hours is not None and s.elapsed_hours is not None) \
+            if policy.walltime.auto else None
+        if walltime is not None:
+            policy = policy.model_copy(update={"walltime": policy.walltime.model_copy(
+                update={"margin": walltime.margin})})
+        return cls(policy=policy, now=now, estimates=estimates, walltime=walltime,
                    holders={lease.pair: lease.holder for lease in leases},
                    locked={q.name for q in every if q.kind == QuarantineKind.PAIR}, bad_nodes=bad_nodes,
                    preflight=preflight_block(preflight),
@@ -175,7 +182,7 @@ def admit_launch(pool: Pool, cell_plan: CellPlan, launch: Launch) -> CellPlan:
     walltime = sized(estimate.wall, left, policy.walltime, cell.time_limit)
     if walltime is not None:
         cell_plan = noted(cell_plan, walltime.note)
-    return placed(cell_plan, launch, ticket.pair, pool.bad_nodes, walltime.time_limit if walltime else None)
+    return placed(cell_plan, launch, ticket.pair, pool.bad_nodes, walltime)
 
 
 def preflight_block(preflight: Preflight | None) -> Action | None:
@@ -283,10 +290,12 @@ def without_launch(cell_plan: CellPlan, instead: Action) -> CellPlan:
 
 
 def placed(cell_plan: CellPlan, launch: Launch, pair: str | None, bad_nodes: tuple[str, ...],
-           time_limit: str | None) -> CellPlan:
+           walltime: Sized | None) -> CellPlan:
     """The launch with the pinggy pair it was given, the cluster's bad nodes excluded and its sized --time."""
-    launched = launch.model_copy(update={"tunnel": pair or launch.tunnel, "exclude_nodes": bad_nodes,
-                                         "time_limit": time_limit})
+    launched = launch.model_copy(update={
+        "tunnel": pair or launch.tunnel, "exclude_nodes": bad_nodes,
+        "time_limit": walltime.time_limit if walltime else None,
+        "estimated_hours": walltime.estimated_hours if walltime else None})
     actions = tuple(launched if a is launch else a for a in cell_plan.actions)
     return cell_plan.model_copy(update={"actions": actions})
 

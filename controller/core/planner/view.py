@@ -275,9 +275,21 @@ def adoptions(subs: Sequence[Submission], jobs: Sequence[ObservedJob]) -> tuple[
         if sub.job_id is None and (job := newest_job(
                 [j for j in jobs if j.name == sub.name and sub.may_have_launched(j)])) is not None:
             found.append(RowUpdate(submission_name=sub.name, job_id=job.job_id, row_id=sub.row_id))
-    if any(j.gpu_hours is not None and not j.state.active for j in jobs):  # else no look-ups: none to record
-        for sub in subs:
-            job = job_of(sub, jobs) if sub.gpu_hours is None else None
-            if job is not None and not job.state.active and job.gpu_hours is not None:
-                found.append(RowUpdate(submission_name=sub.name, gpu_hours=job.gpu_hours))
+    if any(not j.state.active for j in jobs):  # else no look-ups: nothing ended to record
+        found.extend(update for sub in subs if (update := job_end(sub, jobs)) is not None)
     return tuple(found)
+
+
+def job_end(sub: Submission, jobs: Sequence[ObservedJob]) -> RowUpdate | None:
+    """What a submission's ended job used, not recorded yet: its GPU-hours; how long it ran, when it was sized
+    (what `walltime: auto` learns from)."""
+    wants_hours, wants_elapsed = sub.gpu_hours is None, sub.estimated_hours is not None and sub.elapsed_hours is None
+    job = job_of(sub, jobs) if wants_hours or wants_elapsed else None
+    if job is None or job.state.active:
+        return None
+    hours = job.gpu_hours if wants_hours else None
+    ran = job.ended_at - job.started_at if wants_elapsed and job.started_at and job.ended_at else None
+    elapsed = ran.total_seconds() / 3600 if ran is not None else None
+    if hours is None and elapsed is None:
+        return None
+    return RowUpdate(submission_name=sub.name, gpu_hours=hours, elapsed_hours=elapsed)

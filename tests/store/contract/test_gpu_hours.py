@@ -24,11 +24,22 @@ def fire(run_tag: str, n: int, *, model: str = "org/a-8B", benchmark: str = "tb2
 
 def test_a_jobs_gpu_hours_are_recorded_on_its_submission(state_backend: ControllerState) -> None:
     state_backend.record_submission(fire("ev_a__a1", 1))
-    state_backend.record_gpu_hours("ev_a__a1", 2.5)
-    state_backend.record_gpu_hours("ev_a__a1", 2.5)
+    state_backend.record_job_end("ev_a__a1", 2.5, None)
+    state_backend.record_job_end("ev_a__a1", 2.5, None)
 
     (sub,) = state_backend.read_state(QWEN, [], HOUR).submissions
     assert (sub.gpu_hours, sub.model, sub.benchmark) == (2.5, "org/a-8B", "tb2")
+
+
+def test_a_sized_jobs_estimate_is_kept_from_its_intent_and_how_long_it_ran_from_its_end(
+        state_backend: ControllerState) -> None:
+    """walltime auto learns its margin from these two; recording one end leaves what the other recorded."""
+    state_backend.record_submission(fire("ev_a__a1", 1).model_copy(update={"estimated_hours": 3.25}))
+    state_backend.record_job_end("ev_a__a1", None, 2.75)
+    state_backend.record_job_end("ev_a__a1", 11.0, None)
+
+    (sub,) = state_backend.read_state(QWEN, [], HOUR).submissions
+    assert (sub.estimated_hours, sub.elapsed_hours, sub.gpu_hours) == (3.25, 2.75, 11.0)
 
 
 def test_history_is_the_finished_attempts_of_the_named_benchmarks_summed_over_their_fires(
@@ -40,7 +51,7 @@ def test_history_is_the_finished_attempts_of_the_named_benchmarks_summed_over_th
                               (fire("ev_d__a1", 2, model="org/d-8B", cell_key="cell-d"), None)]:  # a fire unknown
         state_backend.record_submission(submission)
         if hours is not None:
-            state_backend.record_gpu_hours(submission.name, hours)
+            state_backend.record_job_end(submission.name, hours, None)
     for run_tag in ("ev_a__a1", "ev_c__a1", "ev_d__a1"):
         state_backend.finish_attempt(run_tag)
         state_backend.finish_attempt(run_tag)

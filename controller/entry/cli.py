@@ -342,7 +342,8 @@ def explain(
             raise UsageError(f"no cell {model} × {benchmark} in these specs")
         for cell, its_plan in matches:
             render.explain(cell, out, utc_now(), its_plan.effects, retrying.spec_args(files, urls),
-                           where=its_plan.clusters.get(cell.cell.key, "not placed yet") if its_plan.clusters else "")
+                           where=its_plan.clusters.get(cell.cell.key, "not placed yet") if its_plan.clusters else "",
+                           estimate=its_plan.estimate(cell))
         code = tell_unobserved(results)
     raise typer.Exit(code)
 

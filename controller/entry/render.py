@@ -14,12 +14,14 @@ from rich.table import Table
 from controller.core.admission import GATE_VERSION
 from controller.core.audit import AuditReport, RowAudit
 from controller.core.db_check import Finding
+from controller.core.gpu_hours import GpuEstimate
 from controller.core.intake import Candidate
 from controller.core.progress import Progress
 from controller.core.reconcile import PassResult
 from controller.core.retry import retry_command
 from controller.core.status import GpuSummary, RunStatus, gpu_summary, summarize
 from controller.core.vocabulary import CellPlan, Effect, PassNotes, Phase, Plan, Rule
+from controller.core.walltime import hours_text
 from controller.entry.humanize import value_text
 
 TABLE_CELLS_MAX = 200  # past this many cells, `plan` shows a row per decision rather than per cell
@@ -114,6 +116,15 @@ def _gpu_cell(cell: CellPlan, plan: Plan) -> str:
     if estimate is not None:
         return f"? ({estimate.source.value})" if estimate.hours is None else f"{estimate.hours:.2f} ({estimate.source.value})"
     return "—" if cell.gpu_hours is None else f"{cell.gpu_hours:.2f} spent"
+
+
+def estimate_text(estimate: GpuEstimate) -> str:
+    """`2.10 GPU-h (median of 3 finished attempt(s) of tb2, 0–14B); est. 2 h 30 m (p90 3 h 00 m) from …`."""
+    hours = "unknown GPU-h" if estimate.hours is None else f"{estimate.hours:.2f} GPU-h"
+    wall = estimate.wall
+    took = "no wall time to go by" if wall is None else (
+        f"est. {hours_text(wall.median_hours)} (p90 {hours_text(wall.high_hours)}) from {wall.basis}")
+    return f"{hours} ({estimate.basis}); {took}"
 
 
 def spending(plan: Plan, console: Console) -> None:
@@ -295,10 +306,11 @@ def _outcomes(result: PassResult, console: Console) -> None:
 
 
 def explain(cell: CellPlan, console: Console, now: datetime, in_force: Sequence[Effect] = (),
-            spec_args: Sequence[str] = (), where: str = "") -> None:
+            spec_args: Sequence[str] = (), where: str = "", estimate: GpuEstimate | None = None) -> None:
     """Every value as a person reads it (humanize): no enum or datetime repr reaches the screen. `in_force`: the
     plan's effects; the cluster's and this cell's are shown. A held cell: the command that releases it. `where`:
-    several clusters, the one it ran on or goes to (RULES §15)."""
+    several clusters, the one it ran on or goes to (RULES §15). `estimate`: a cell not run yet, what one attempt
+    is expected to cost and take, and from what."""
     c = cell.cell
     console.print(f"[bold]{c.model} × {c.benchmark}[/] (EvalRun {c.evalrun})", highlight=False)
     console.print(f"  dataset {c.dataset}, agent {c.agent}, harbor config {c.harbor_config}, "
@@ -318,6 +330,8 @@ def explain(cell: CellPlan, console: Console, now: datetime, in_force: Sequence[
         console.print(f"  health: {cell.health_note or cell.health.value}", highlight=False)  # the note names it
     if cell.gpu_hours is not None:
         console.print(f"  GPU-hours: {cell.gpu_hours:.2f} spent (this EvalRun's jobs of the cell)", highlight=False)
+    if estimate is not None:
+        console.print(f"  estimate: {estimate_text(estimate)}", highlight=False)
     for action in cell.actions:
         console.print(f"  action: {action.render()}", highlight=False)
     if cell.retry is not None:

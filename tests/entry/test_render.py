@@ -12,12 +12,14 @@ from datetime import datetime, timedelta
 import pytest
 from rich.console import Console
 
+from controller.core.gpu_hours import EstimateSource, GpuEstimate
 from controller.core.observed import JobState, Metric, RowStatus
 from controller.core.planner import plan
 from controller.core.reconcile import PassResult
 from controller.core.remedies import CellMemory, StallReading
 from controller.core.status import summarize
 from controller.core.vocabulary import Plan
+from controller.core.walltime import WallEstimate
 from controller.entry.humanize import value_text
 from controller.entry.render import TABLE_CELLS_MAX, explain, plan_table, status_grid, status_json
 from controller.entry.watch import Watch
@@ -166,3 +168,14 @@ def test_watch_shows_a_finished_cell_as_its_score_and_n_where_a_running_one_has_
     [running_row] = [line for line in text.splitlines() if running.model in line and "done" not in line]
     assert re.search(r"│ 0\.412 \(n=89\) +│ provisional +│$", done_row), done_row
     assert "━" not in done_row and "━" in running_row and "5/18" in running_row, text
+
+
+def test_explain_of_a_cell_not_run_yet_gives_what_an_attempt_should_cost_and_take_and_from_what() -> None:
+    [the_cell] = _running_plan().cells
+    estimate = GpuEstimate(hours=10.0, source=EstimateSource.HISTORY, basis="median of 3 finished attempt(s) of tb2",
+                           wall=WallEstimate(median_hours=2.5, high_hours=3.0, basis="3 finished attempt(s) of tb2"))
+
+    text = _text(lambda console: explain(the_cell, console, NOW, estimate=estimate))
+
+    assert ("estimate: 10.00 GPU-h (median of 3 finished attempt(s) of tb2); est. 2 h 30 m (p90 3 h 00 m) from 3 "
+            "finished attempt(s) of tb2") in text, text

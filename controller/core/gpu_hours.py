@@ -76,18 +76,24 @@ class AttemptCost(Frozen):
 
 
 def estimates(cells: Sequence[Cell], history: Iterable[AttemptCost], run_dirs: Iterable[RunDirFacts],
-              bands: SizeBands, gpus_per_job: int) -> dict[str, GpuEstimate]:
+              bands: SizeBands, gpus_per_job: int, jobs: Sequence[ObservedJob] = ()) -> dict[str, GpuEstimate]:
     """Cell key → estimate, for every cell (a cell already run shows its actual hours instead, in the plan). The
     wall time of an attempt in the history is its GPU-hours over gpusPerJob (with none, the history says nothing of
-    it and the run dirs do)."""
+    it and the run dirs do). A model server's start is measured per size band on the run dirs whose first job is
+    in `jobs`: from that job's start to the dir's first trial."""
     by_history: dict[tuple[str, str], list[float]] = defaultdict(list)
     for cost in history:
         by_history[(cost.benchmark, bands.band_of(cost.model))].append(cost.gpu_hours)
     by_dirs: dict[tuple[str, str], list[float]] = defaultdict(list)  # wall hours
+    starts: dict[str, list[float]] = defaultdict(list)  # size band → server starts, hours
+    first_jobs = {job.name: job for job in jobs if job.started_at is not None}
     for facts in run_dirs:
         hours = _dir_wall_hours(facts)
-        if hours is not None and facts.benchmark_name and facts.model:
-            by_dirs[(facts.benchmark_name, bands.band_of(facts.model))].append(hours)
+        if facts.benchmark_name and facts.model:
+            if hours is not None:
+                by_dirs[(facts.benchmark_name, bands.band_of(facts.model))].append(hours)
+            if (start := _server_start(facts, first_jobs.get(facts.run_tag))) is not None:
+                starts[bands.band_of(facts.model)].append(start)
     found: dict[tuple[str, str], GpuEstimate] = {}
     band_of: dict[str, str] = {}  # a model's band is read once, however many benchmarks it has
     result = {}
@@ -96,26 +102,39 @@ def estimates(cells: Sequence[Cell], history: Iterable[AttemptCost], run_dirs: I
             band_of[cell.model] = bands.band_of(cell.model)
         group = (cell.benchmark_name, band_of[cell.model])
         if group not in found:
-            found[group] = _estimate(group, by_history.get(group), by_dirs.get(group), gpus_per_job)
+            found[group] = _estimate(group, by_history.get(group), by_dirs.get(group), starts.get(group[1], []),
+                                     gpus_per_job)
         result[cell.key] = found[group]
     return result
 
 
-def _estimate(group: tuple[str, str], history: list[float] | None, dirs: list[float] | None,
+def _estimate(group: tuple[str, str], history: list[float] | None, dirs: list[float] | None, starts: list[float],
               gpus_per_job: int) -> GpuEstimate:
-    """`history`: GPU-hours of finished attempts; `dirs`: wall hours of run dirs (extrapolated to all trials)."""
+    """`history`: GPU-hours of finished attempts; `dirs`: wall hours of run dirs (extrapolated to all trials);
+    `starts`: server starts measured on jobs of the size band, hours."""
     benchmark, band = group
     name = f"{benchmark}, {band}"
-    from_dirs = wall_estimate(dirs or (), f"{len(dirs or ())} run dir(s) of {name} (trials' wall time)")
+    measured = f"measured, median of {len(starts)} job(s) of {band}"
+    from_dirs = wall_estimate(dirs or (), f"{len(dirs or ())} run dir(s) of {name} (trials' wall time)",
+                              starts=starts, start_basis=measured)
     if history:
-        wall = wall_estimate([h / gpus_per_job for h in history], f"{len(history)} finished attempt(s) of {name}") \
-            if gpus_per_job > 0 else from_dirs
+        wall = wall_estimate([h / gpus_per_job for h in history], f"{len(history)} finished attempt(s) of {name}",
+                             with_start=True, starts=starts, start_basis=measured) if gpus_per_job > 0 else from_dirs
         return GpuEstimate(hours=statistics.median(history), source=EstimateSource.HISTORY, group=name, wall=wall,
                            basis=f"median of {len(history)} finished attempt(s) of {name}")
     if dirs:
         return GpuEstimate(hours=statistics.median(dirs) * gpus_per_job, source=EstimateSource.RUN_DIRS, group=name,
                            wall=from_dirs, basis=f"median wall time of {len(dirs)} run dir(s) of {name}, × gpusPerJob")
     return UNKNOWN.model_copy(update={"group": name})
+
+
+def _server_start(facts: RunDirFacts, first_job: ObservedJob | None) -> float | None:
+    """Hours from a run dir's first job's start to its first trial: the model server starting (a start past a
+    day is no start but a dir written again later, and is not counted)."""
+    if first_job is None or first_job.started_at is None or facts.started_at is None:
+        return None
+    hours = (facts.started_at - first_job.started_at).total_seconds() / SECONDS_PER_HOUR
+    return hours if 0 <= hours < 24 else None
 
 
 def _dir_wall_hours(facts: RunDirFacts) -> float | None:

@@ -220,7 +220,7 @@ def _estimates(lane: ClusterLane, snapshot: StoreSnapshot | None, view: ClusterV
     policy = lane.policy
     return estimates(lane.cells, snapshot.gpu_history if snapshot else (),
                      () if isinstance(view.dirs, ObservationError) else view.dirs, policy.size_bands,
-                     policy.gpus_per_job)
+                     policy.gpus_per_job, () if isinstance(view.jobs, ObservationError) else view.jobs)
 
 
 def _unreadable(part: Planned) -> tuple[Unobserved, ...]:

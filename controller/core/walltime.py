@@ -36,6 +36,11 @@ class WallEstimate(Frozen):
     median_hours: float
     high_hours: float = Field(description="the p90 (nearest rank) of the same evidence")
     basis: str = Field(description="what it is read from, for plan and explain")
+    with_start: bool = Field(False, description="its hours hold each job's model-server start (a finished attempt's "
+                                                "do; a run dir's trial time does not)")
+    start_hours: float | None = Field(None, description="a job's model-server start before its first trial, measured "
+                                                        "on jobs alike (the median); None: not measured")
+    start_basis: str = Field("", description="what the start is measured on")
 
 
 class WalltimePolicy(Frozen):
@@ -83,12 +88,16 @@ def learned(estimated_and_ran: Iterable[tuple[float, float]]) -> Learning:
     return Learning(jobs=len(ratios), median_ratio=median, high_ratio=high, margin=margin)
 
 
-def wall_estimate(hours: Sequence[float], basis: str) -> WallEstimate | None:
-    """The median and p90 of the wall hours of finished attempts (or run dirs) alike; None without any."""
+def wall_estimate(hours: Sequence[float], basis: str, *, with_start: bool = False,
+                  starts: Sequence[float] = (), start_basis: str = "") -> WallEstimate | None:
+    """The median and p90 of the wall hours of finished attempts (or run dirs) alike, with the median server start
+    measured on `starts` (hours); None without any hours."""
     if not hours:
         return None
     ordered = sorted(hours)
-    return WallEstimate(median_hours=_median(ordered), high_hours=_p90(ordered), basis=basis)
+    return WallEstimate(median_hours=_median(ordered), high_hours=_p90(ordered), basis=basis, with_start=with_start,
+                        start_hours=_median(sorted(starts)) if starts else None,
+                        start_basis=start_basis if starts else "")
 
 
 def _median(ordered: Sequence[float]) -> float:
@@ -109,7 +118,9 @@ def sized(estimate: WallEstimate | None, remaining: float, policy: WalltimePolic
     if estimate is None:
         return Sized(time_limit=fixed, note=f"walltime auto: no finished attempt alike yet, asks the fixed {fixed}",
                      estimated_hours=None)
-    fixed_costs = (COLD_START + policy.cancel_margin).total_seconds()
+    start_h = estimate.start_hours if estimate.start_hours is not None else COLD_START_HOURS
+    starting = start_h if not estimate.with_start or remaining < 1 else 0.0  # a resume starts its server again
+    fixed_costs = starting * 3600 + policy.cancel_margin.total_seconds()
     wanted = estimate.high_hours * 3600 * remaining * policy.margin + fixed_costs
     seconds = math.ceil(wanted / QUARTER_HOUR_S) * QUARTER_HOUR_S
     low, high = policy.minimum.total_seconds(), policy.maximum.total_seconds()
@@ -117,10 +128,13 @@ def sized(estimate: WallEstimate | None, remaining: float, policy: WalltimePolic
     share = "" if remaining >= 1 else f" × {remaining:.0%} of trials left"
     bound = (" (minTimeLimit)" if clamped == low and wanted < low else
              " (maxTimeLimit: resumed after it)" if clamped == high and seconds > high else "")
-    return Sized(time_limit=clock(clamped), estimated_hours=estimate.high_hours * remaining + COLD_START_HOURS, note=(
-        f"walltime auto: {clock(clamped)}{bound} = p90 {hours_text(estimate.high_hours)}{share} × {policy.margin:.3g} + "
-        f"{hours_text(fixed_costs / 3600)} start and pre-walltime cancel, est. {hours_text(estimate.median_hours)} "
-        f"(median) from {estimate.basis}"))
+    start = f" + {hours_text(start_h)} server start ({estimate.start_basis or 'assumed'})" if starting else ""
+    cancel = hours_text(policy.cancel_margin.total_seconds() / 3600)
+    within = "" if starting else " (its server start is in the estimate)"
+    return Sized(time_limit=clock(clamped), estimated_hours=estimate.high_hours * remaining + starting, note=(
+        f"walltime auto: {clock(clamped)}{bound} = p90 {hours_text(estimate.high_hours)}{share} × "
+        f"{policy.margin:.3g}{start} + {cancel} pre-walltime cancel{within}; est. "
+        f"{hours_text(estimate.median_hours)} (median) from {estimate.basis}"))
 
 
 def clock(seconds: int) -> str:

@@ -39,8 +39,8 @@ def test_a_sized_request_is_the_p90_times_the_margin_plus_a_cold_start_and_the_c
 
     assert request is not None
     assert request.time_limit == "4:15:00", "p90 3 h × 1.25 + 15 min cold start + 15 min pre-walltime cancel"
-    assert request.note.startswith("walltime auto: 4:15:00 = p90 3 h 00 m × 1.25 + 30 m start and pre-walltime "
-                                   "cancel, est. 2 h 30 m (median) from 3 finished attempt(s)")
+    assert request.note.startswith("walltime auto: 4:15:00 = p90 3 h 00 m × 1.25 + 15 m server start (assumed) + "
+                                   "15 m pre-walltime cancel; est. 2 h 30 m (median) from 3 finished attempt(s)")
 
 
 def test_a_resume_of_a_few_trials_still_asks_for_its_start_and_the_cancel_margin() -> None:
@@ -74,6 +74,21 @@ def test_fixed_asks_for_nothing_else_and_auto_without_evidence_asks_for_the_fixe
     assert "no finished attempt alike yet" in unknown.note
 
 
+def test_the_server_start_is_measured_from_a_first_jobs_start_to_its_dirs_first_trial() -> None:
+    """Run dirs say how long trials take but not the server's start: the jobs that made them do (per size band)."""
+    dirs = [facts(f"ev_d{i}__a1", total=10, completed=10, model=f"org/d{i}-8B", benchmark_name="terminal_bench_2")
+            .model_copy(update={"started_at": ago(hours=3), "finished_at": ago(hours=1)}) for i in range(3)]
+    jobs = [job(d.run_tag, JobState.COMPLETED, started=ago(hours=3, minutes=minutes), ended=ago(hours=1))
+            for d, minutes in zip(dirs, (10, 12, 40), strict=True)]
+
+    wall = estimates([SMALL], [], dirs, BANDS, gpus_per_job=0, jobs=jobs)[SMALL.key].wall
+
+    assert wall is not None and wall.start_hours == pytest.approx(0.2), "the median of 10, 12 and 40 min"
+    request = sized(wall, 1.0, AUTO, "24:00:00")
+    assert request is not None and request.time_limit == "3:00:00", "2 h × 1.25 + 12 min start + 15 min cancel"
+    assert "12 m server start (measured, median of 3 job(s) of 0–14B)" in request.note
+
+
 def test_clock_writes_hours_past_a_day_as_hours() -> None:
     assert clock(30 * 3600 + 15 * 60) == "30:15:00"
 
@@ -95,15 +110,15 @@ def test_the_planner_sizes_a_first_launch_and_a_resume_and_says_how() -> None:
 
     fresh = plan(RUN, [SMALL], [obs()], auto, NOW, estimates=guesses).cells[0]
     (submit,) = [a for a in fresh.actions if isinstance(a, Submit)]
-    assert submit.time_limit == "5:30:00"
-    assert "walltime auto: 5:30:00" in fresh.reason
+    assert submit.time_limit == "5:15:00", "4 h × 1.25 + 15 min cancel: an attempt's hours hold its server start"
+    assert "walltime auto: 5:15:00" in fresh.reason and "(its server start is in the estimate)" in fresh.reason
 
     cut = facts(SMALL.run_tag(1), total=10, completed=6, finished=False, last_progress=ago(hours=2))
     interrupted = obs(rows=(row("Started", job_name=SMALL.run_tag(1), started=ago(hours=6)),), subs=(sub(SMALL),),
                       dirs=(cut,))
     resumed = plan(RUN, [SMALL], [interrupted], auto, NOW, estimates=guesses).cells[0]
     (resume,) = [a for a in resumed.actions if isinstance(a, Resume)]
-    assert resume.time_limit == "2:30:00", "4 of 10 trials left: 4 h × 0.4 × 1.25 + 30 min"
+    assert resume.time_limit == "2:30:00", "4 of 10 trials left: 4 h × 0.4 × 1.25 + its server start again + cancel"
 
     fixed = plan(RUN, [SMALL], [obs()], POLICY, NOW, estimates=guesses).cells[0]
     (as_before,) = [a for a in fixed.actions if isinstance(a, Submit)]
@@ -135,7 +150,7 @@ def test_a_sized_launch_records_its_estimate_and_its_ended_job_how_long_it_ran()
     guesses = estimates([SMALL], [attempt(4.0)], [], BANDS, gpus_per_job=1)
     (submit,) = [a for a in plan(RUN, [SMALL], [obs()], auto, NOW, estimates=guesses).cells[0].actions
                  if isinstance(a, Submit)]
-    assert submit.estimated_hours == 4.25, "the p90 for the whole attempt and a cold start"
+    assert submit.estimated_hours == 4.0, "the p90 of whole attempts, their server starts in it"
 
     sized_sub = sub(SMALL).model_copy(update={"estimated_hours": 4.25})
     ended = job(sized_sub.name, JobState.COMPLETED, started=ago(hours=5), ended=ago(hours=2))
@@ -159,5 +174,5 @@ def test_the_plan_sizes_with_the_learnt_margin_and_says_how_its_jobs_fared() -> 
 
     assert the_plan.walltime is not None and the_plan.walltime.margin == pytest.approx(1.75)
     (submit,) = [a for a in the_plan.cells[-1].actions if isinstance(a, Submit)]
-    assert submit.time_limit == "7:30:00", "4 h × 1.75 + 30 min"
+    assert submit.time_limit == "7:15:00", "4 h × 1.75 + 15 min cancel"
     assert plan(RUN, [SMALL], [obs()], POLICY, NOW).walltime is None, "fixed: nothing to learn or show"

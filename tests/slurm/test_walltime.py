@@ -1,6 +1,6 @@
 """`walltime: auto` on the lab SLURM (RULES §16): after an attempt of the benchmark has finished, a fresh EvalRun's
-job asks sbatch for the sized --time (here 45 min: the attempt took seconds, and every job is given a cold start
-and the pre-walltime cancel), not the fixed timeLimit; `fixed` still asks for timeLimit. What SLURM recorded is
+job asks sbatch for the sized --time (here 30 min: the attempt took seconds, its server start among them, and every
+job is given the pre-walltime cancel), not the fixed timeLimit; `fixed` still asks for timeLimit. What SLURM recorded is
 read back with scontrol; once the job ended, how long it ran is recorded beside its estimate, and status says how
 the sized jobs fared."""
 
@@ -56,11 +56,12 @@ def test_with_history_a_job_asks_for_its_sized_time_and_fixed_still_asks_for_the
 
     write(cluster, name="walltime-auto", model=cluster.model(2), extra_run="  walltime: auto")
     (planned,) = cluster.plan_cells()
-    assert "walltime auto: 0:45:00 = p90 under 1 m × 1.25 + 30 m start" in planned["reason"], planned["reason"]
+    assert "walltime auto: 0:30:00 = p90 under 1 m × 1.25 + 15 m pre-walltime cancel (its server start is in the " \
+           "estimate)" in planned["reason"], planned["reason"]
     assert "from 1 finished attempt(s)" in planned["reason"]
-    assert asked_time(cluster, submitted_job(cluster, "walltime-auto")) == "00:45:00"
+    assert asked_time(cluster, submitted_job(cluster, "walltime-auto")) == "00:30:00"
     estimated, elapsed = wait_until(lambda: _ran(cluster, "walltime-auto"), "the sized job's end recorded", step_s=1.0)
-    assert estimated == pytest.approx(0.25, abs=0.01) and 0 <= elapsed < 0.25, "seconds of trials"
+    assert 0 < estimated < 0.01 and 0 <= elapsed < 0.01, "seconds, estimated and run"
     learning = json.loads(cluster.evalctl("status", "-o", "json").stdout)["evalruns"][0]["walltime"]
     assert (learning["jobs"], learning["margin"]) == (1, 1.25), "one job says how it fared, the margin waits for 5"
 

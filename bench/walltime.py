@@ -21,7 +21,8 @@ nothing. The model (the output's header repeats it with the run's parameters):
 - A, fixed: every job requests 24 h (timeLimit; maxTimeLimit 48 h unused). A cell that needs more is cut and
   resumed: a new job queued at the back (priority order), paying the cold start again, requesting 24 h again.
 - B, sized + shards: the controller's estimate of a cell's attempt is its true wall time × a log-normal error
-  (sigma 0.25): the p90 is modelled as that point estimate (`wall_estimate()` of one value: median = p90). Each
+  (sigma 0.25): the p90 is modelled as that point estimate (`wall_estimate()` of one value: median = p90), an
+  attempt's hours as the store's history gives them (its server start in it), the start measured at 13 min. Each
   request is `sized()` of it, within [30 min, 48 h]. A cell whose sized request exceeds 48 h runs as
   K = ceil(sized / 48 h) shards in parallel, each 1/K of the trials plus its own cold start, sized for 1/K. A cut
   job (an estimate too low) is resumed for what is left of its share, sized again for that share.
@@ -134,7 +135,8 @@ def fleet(n: int, seed: int) -> list[Cell]:
 
 
 def estimated(hours: float) -> WallEstimate:
-    estimate = wall_estimate([hours], basis="bench: true wall time × a log-normal error")
+    estimate = wall_estimate([hours], basis="bench: true wall time × a log-normal error", with_start=True,
+                             starts=[COLD_H], start_basis="measured")  # an attempt's hours, as history gives them
     if estimate is None:
         raise ValueError("an estimate of one value is never None")
     return estimate

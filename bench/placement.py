@@ -124,7 +124,7 @@ def timed(run: Callable[[], object]) -> str:
 def report(name: str, fleet: Fleet) -> None:
     print(f"{len(fleet.cells):,} {name} cells over {len(CLUSTERS)} clusters ({fleet.wanting:,} wanting a first job):")
     print(f"  placement decision (bind + place): {timed(lambda: decide(fleet))}")
-    whole = timed(lambda: plan_lanes(RUN, fleet.cells, PLACEMENT, fleet.seen, None, {}, {}, NOW))
+    whole = timed(lambda: plan_lanes(RUN, fleet.cells, PLACEMENT, fleet.seen, None, {}, NOW))
     print(f"  plan_lanes(), whole:               {whole}")
     one = timed(lambda: plan(RUN, fleet.cells, fleet.one, POLICY, NOW, budget=FREE * len(CLUSTERS)))
     print(f"  plan(), one cluster, same cells:   {one}")

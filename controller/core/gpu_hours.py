@@ -73,17 +73,19 @@ class AttemptCost(Frozen):
     model: str
     benchmark: str
     gpu_hours: float
+    wall_hours: float | None = Field(None, description="its jobs' elapsed hours summed (None: not all recorded)")
 
 
 def estimates(cells: Sequence[Cell], history: Iterable[AttemptCost], run_dirs: Iterable[RunDirFacts],
               bands: SizeBands, gpus_per_job: int, jobs: Sequence[ObservedJob] = ()) -> dict[str, GpuEstimate]:
     """Cell key → estimate, for every cell (a cell already run shows its actual hours instead, in the plan). The
-    wall time of an attempt in the history is its GPU-hours over gpusPerJob (with none, the history says nothing of
-    it and the run dirs do). A model server's start is measured per size band on the run dirs whose first job is
-    in `jobs`: from that job's start to the dir's first trial."""
-    by_history: dict[tuple[str, str], list[float]] = defaultdict(list)
+    wall time of an attempt in the history is its jobs' elapsed hours, else its GPU-hours over gpusPerJob (never
+    from zero: a site whose accounting does not count GPUs says 0); else the run dirs say it. A model server's start
+    is measured per size band on the run dirs whose first job is in `jobs`: from that job's start to the dir's
+    first trial."""
+    by_history: dict[tuple[str, str], list[AttemptCost]] = defaultdict(list)
     for cost in history:
-        by_history[(cost.benchmark, bands.band_of(cost.model))].append(cost.gpu_hours)
+        by_history[(cost.benchmark, bands.band_of(cost.model))].append(cost)
     by_dirs: dict[tuple[str, str], list[float]] = defaultdict(list)  # wall hours
     starts: dict[str, list[float]] = defaultdict(list)  # size band → server starts, hours
     first_jobs = {job.name: job for job in jobs if job.started_at is not None}
@@ -108,20 +110,23 @@ def estimates(cells: Sequence[Cell], history: Iterable[AttemptCost], run_dirs: I
     return result
 
 
-def _estimate(group: tuple[str, str], history: list[float] | None, dirs: list[float] | None, starts: list[float],
-              gpus_per_job: int) -> GpuEstimate:
-    """`history`: GPU-hours of finished attempts; `dirs`: wall hours of run dirs (extrapolated to all trials);
-    `starts`: server starts measured on jobs of the size band, hours."""
+def _estimate(group: tuple[str, str], history: list[AttemptCost] | None, dirs: list[float] | None,
+              starts: list[float], gpus_per_job: int) -> GpuEstimate:
+    """`history`: finished attempts; `dirs`: wall hours of run dirs (extrapolated to all trials); `starts`: server
+    starts measured on jobs of the size band, hours."""
     benchmark, band = group
     name = f"{benchmark}, {band}"
     measured = f"measured, median of {len(starts)} job(s) of {band}"
     from_dirs = wall_estimate(dirs or (), f"{len(dirs or ())} run dir(s) of {name} (trials' wall time)",
                               starts=starts, start_basis=measured)
     if history:
-        wall = wall_estimate([h / gpus_per_job for h in history], f"{len(history)} finished attempt(s) of {name}",
-                             with_start=True, starts=starts, start_basis=measured) if gpus_per_job > 0 else from_dirs
-        return GpuEstimate(hours=statistics.median(history), source=EstimateSource.HISTORY, group=name, wall=wall,
-                           basis=f"median of {len(history)} finished attempt(s) of {name}")
+        walls = [c.wall_hours for c in history if c.wall_hours] or \
+            [c.gpu_hours / gpus_per_job for c in history if c.gpu_hours > 0 and gpus_per_job > 0]
+        wall = wall_estimate(walls, f"{len(walls)} finished attempt(s) of {name}", with_start=True, starts=starts,
+                             start_basis=measured) or from_dirs
+        hours = [c.gpu_hours for c in history]
+        return GpuEstimate(hours=statistics.median(hours), source=EstimateSource.HISTORY, group=name, wall=wall,
+                           basis=f"median of {len(hours)} finished attempt(s) of {name}")
     if dirs:
         return GpuEstimate(hours=statistics.median(dirs) * gpus_per_job, source=EstimateSource.RUN_DIRS, group=name,
                            wall=from_dirs, basis=f"median wall time of {len(dirs)} run dir(s) of {name}, × gpusPerJob")
@@ -138,9 +143,12 @@ def _server_start(facts: RunDirFacts, first_job: ObservedJob | None) -> float | 
 
 
 def _dir_wall_hours(facts: RunDirFacts) -> float | None:
-    """A run dir's wall time from its first trial's start to its last result, scaled up to all its trials."""
+    """A run dir's wall time from its first trial's start to its last result, scaled up to all its trials (one
+    still running whose total nothing says cannot be: its time so far is no attempt's)."""
     end = facts.finished_at or facts.last_progress_at
     if facts.started_at is None or end is None or facts.n_completed == 0 or facts.unreadable:
+        return None
+    if facts.n_total is None and facts.finished_at is None:
         return None
     seconds = (end - facts.started_at).total_seconds()
     if seconds <= 0:
@@ -168,8 +176,8 @@ def job_of(submission: Submission, jobs: Sequence[ObservedJob]) -> ObservedJob |
     """The job a submission launched: by its recorded id, else the newest of its name it may have launched."""
     if not jobs:
         return None
-    if submission.job_id is not None:
-        return next((job for job in jobs if job.job_id == submission.job_id), None)
+    if submission.job_id is not None:  # and its name: job ids are per cluster, and a spilled cell's run on two
+        return next((job for job in jobs if job.job_id == submission.job_id and job.name == submission.name), None)
     named = [job for job in jobs if job.name == submission.name and submission.may_have_launched(job)]
     return named[-1] if named else None
 
@@ -197,10 +205,11 @@ def launch_cost(estimate: GpuEstimate, facts: RunDirFacts | None, resume: bool) 
 
 
 def remaining_share(facts: RunDirFacts | None, *, resume: bool) -> float:
-    """The share of its trials a launch has to run: all of them for a new attempt, those left for a resume."""
+    """The share of its trials a launch has to run: all of them for a new attempt; for a resume those left and
+    those that ended in an infrastructure error, which `harbor jobs resume` runs again (RULES §3)."""
     if not resume or facts is None or not facts.n_total:
         return 1.0
-    return max(facts.n_total - facts.n_completed, 0) / facts.n_total
+    return min((max(facts.n_total - facts.n_completed, 0) + facts.n_infra_errors) / facts.n_total, 1.0)
 
 
 def past_gpu_budget(budget: GpuBudget, cost: float) -> bool:

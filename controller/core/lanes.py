@@ -65,6 +65,8 @@ class LaneSeen(Frozen):
     lane: ClusterLane
     observations: tuple[Observation, ...]
     slots: LaneSlots
+    estimates: dict[str, GpuEstimate] = Field(default_factory=dict, description="cell key → what one attempt of it "
+                                                                              "costs and takes on this cluster")
 
 
 class Planned(Frozen):
@@ -75,17 +77,15 @@ class Planned(Frozen):
 
 
 def plan_lanes(evalrun: EvalRunRef, cells: Sequence[Cell], placement: PlacementPolicy, seen: Sequence[LaneSeen],
-               snapshot: StoreSnapshot | None, owners: Mapping[str, EvalRunRef],
-               estimates: Mapping[str, GpuEstimate], now: datetime) -> list[Planned]:
+               snapshot: StoreSnapshot | None, owners: Mapping[str, EvalRunRef], now: datetime) -> list[Planned]:
     """Each lane's plan: its bound cells (a queued one spilling), the cells placed on it this pass, and the cells it
     probed for. A cell eligible nowhere is in the first lane's cells, with its reason in every lane's `ineligible`."""
     with cyclic_gc_paused():  # as plan(): its lanes' plans, copies and indexes make no cycles (see gc_pause)
-        return _plan_lanes(evalrun, cells, placement, seen, snapshot, owners, estimates, now)
+        return _plan_lanes(evalrun, cells, placement, seen, snapshot, owners, now)
 
 
 def _plan_lanes(evalrun: EvalRunRef, cells: Sequence[Cell], placement: PlacementPolicy, seen: Sequence[LaneSeen],
-                snapshot: StoreSnapshot | None, owners: Mapping[str, EvalRunRef],
-                estimates: Mapping[str, GpuEstimate], now: datetime) -> list[Planned]:
+                snapshot: StoreSnapshot | None, owners: Mapping[str, EvalRunRef], now: datetime) -> list[Planned]:
     bound = bind(cells, seen)
     at, eligible, where, moved, unlisted = bound.at, bound.eligible, bound.where, bound.moved, bound.unlisted
     lanes = [_Lane(lane, at[index], moved) for index, lane in enumerate(seen)]
@@ -95,7 +95,7 @@ def _plan_lanes(evalrun: EvalRunRef, cells: Sequence[Cell], placement: Placement
     remaining = []
     for index, lane in enumerate(lanes):
         first = lane.plan(evalrun, [k for k, bound in where.items() if bound == index], lane.seen.slots.budget,
-                          snapshot, owners, estimates, now)
+                          snapshot, owners, now)
         parts[index].append(first)
         remaining.append(lane.seen.slots.budget - sum(1 for c in first.cells if launch_of(c) is not None))
     offers = cluster_offers(seen, remaining, snapshot, now)
@@ -116,7 +116,7 @@ def _plan_lanes(evalrun: EvalRunRef, cells: Sequence[Cell], placement: Placement
             going[names[chosen]][key] = placed[key].reason
     for index, lane in enumerate(lanes):
         if going[index]:
-            then = lane.plan(evalrun, list(going[index]), remaining[index], snapshot, owners, estimates, now)
+            then = lane.plan(evalrun, list(going[index]), remaining[index], snapshot, owners, now)
             parts[index].append(then.model_copy(update={"cells": tuple(
                 noted(c, going[index][c.cell.key]) if launch_of(c) is not None else c for c in then.cells)}))
     for index, probe in probes.items():
@@ -144,17 +144,16 @@ class _Lane:
         return obs.model_copy(update={"jobs": (*obs.jobs, self.moved[key][1])})
 
     def plan(self, evalrun: EvalRunRef, keys: Sequence[str], budget: int, snapshot: StoreSnapshot | None,
-             owners: Mapping[str, EvalRunRef], estimates: Mapping[str, GpuEstimate], now: datetime) -> Plan:
+             owners: Mapping[str, EvalRunRef], now: datetime) -> Plan:
         cells = self.seen.lane.cells
         return _plan(evalrun, self.seen, [cells[self.at[k]] for k in keys], [self.observation(k) for k in keys],
-                     budget, snapshot, owners, estimates, now)
+                     budget, snapshot, owners, now)
 
 
 def plan_lane(evalrun: EvalRunRef, lane: LaneSeen, snapshot: StoreSnapshot | None, owners: Mapping[str, EvalRunRef],
-              estimates: Mapping[str, GpuEstimate], now: datetime) -> Plan:
+              now: datetime) -> Plan:
     """A one-cluster EvalRun's plan: every cell on its cluster, with its slots."""
-    return _plan(evalrun, lane, lane.lane.cells, lane.observations, lane.slots.budget, snapshot, owners, estimates,
-                 now)
+    return _plan(evalrun, lane, lane.lane.cells, lane.observations, lane.slots.budget, snapshot, owners, now)
 
 
 def merged(evalrun: EvalRunRef, cells: Sequence[Cell], plans: Sequence[Plan]) -> Plan:
@@ -363,9 +362,16 @@ def _probes(evalrun: EvalRunRef, cells: Sequence[Cell], lanes: Sequence[_Lane], 
         if cell.key in lanes[index].at:
             chosen.setdefault(index, []).append(cell.key)
     return {index: plan(evalrun, [lanes[index].seen.lane.cells[lanes[index].at[k]] for k in keys],
-                        [lanes[index].observation(k) for k in keys], lanes[index].seen.lane.policy, now,
+                        [lanes[index].observation(k) for k in keys], _unsized(lanes[index].seen.lane.policy), now,
                         budget=len(keys), owners=owners)
             for index, keys in chosen.items()}
+
+
+def _unsized(policy: Policy) -> Policy:
+    """A probe asks where a cell may go, not for how long: the lane it goes to sizes its job (RULES §16)."""
+    if not policy.walltime.auto:
+        return policy
+    return policy.model_copy(update={"walltime": policy.walltime.model_copy(update={"auto": False})})
 
 
 def _waiting(cell_plan: CellPlan, reason: str, eligible: bool) -> CellPlan:
@@ -414,11 +420,10 @@ def _held(lane: LaneSeen, snapshot: StoreSnapshot | None, now: datetime) -> str:
 
 
 def _plan(evalrun: EvalRunRef, lane: LaneSeen, cells: Sequence[Cell], observations: Sequence[Observation],
-          budget: int, snapshot: StoreSnapshot | None, owners: Mapping[str, EvalRunRef],
-          estimates: Mapping[str, GpuEstimate], now: datetime) -> Plan:
-    """`cells` of the lane planned with its slots and `budget` launches."""
+          budget: int, snapshot: StoreSnapshot | None, owners: Mapping[str, EvalRunRef], now: datetime) -> Plan:
+    """`cells` of the lane planned with its slots, its estimates and `budget` launches."""
     slots = lane.slots
     return plan(evalrun, cells, observations, lane.lane.policy, now, budget=budget, budget_note=slots.budget_note,
                 tunnel_leases=snapshot.tunnel_leases if snapshot else (), live_job_names=slots.live_job_names,
-                owners=owners, quarantined=snapshot.quarantined if snapshot else (), estimates=estimates,
+                owners=owners, quarantined=snapshot.quarantined if snapshot else (), estimates=lane.estimates,
                 usable_nodes=slots.usable_nodes, preflight=slots.preflight)

@@ -176,8 +176,10 @@ class Submission(Frozen):
                                                   "is bound (None in records before several clusters per EvalRun)")
     estimated_hours: float | None = Field(None, description="walltime auto: how long its job was expected to run "
                                                             "(the p90 for its share, plus the fixed costs)")
-    elapsed_hours: float | None = Field(None, description="walltime auto: how long its job ran, recorded once it "
-                                                          "ended: with the estimate, what the margin learns from")
+    elapsed_hours: float | None = Field(None, description="how long its job ran, recorded once it ended: an "
+                                                          "attempt's wall time, and what walltime auto learns from")
+    finished_at: datetime | None = Field(None, description="when its attempt finished (its report was written): "
+                                                           "its jobs are history from then on")
 
     def may_have_launched(self, job: ObservedJob) -> bool:
         """Could `job`, found by this submission's name, be the one it launched (the crash repair)?

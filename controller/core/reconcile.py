@@ -21,7 +21,7 @@ from pydantic import Field
 
 from controller.core.actor import kill_point
 from controller.core.cluster_view import FIXES, ClusterPorts, ClusterView, Source, Unobserved, read_source
-from controller.core.gpu_hours import GpuEstimate, estimates
+from controller.core.gpu_hours import estimates
 from controller.core.intake import Selection
 from controller.core.lanes import ClusterLane, LaneSeen, LaneSlots, Planned, bind, merged, plan_lane, plan_lanes
 from controller.core.match import join_cells
@@ -42,6 +42,7 @@ from controller.core.status import RunStatus, summarize
 from controller.core.store import CELL_OWNER_TTL, Store
 from controller.core.types import RUN_TAG_PREFIX, Cell, ClusterRef, EvalRunRef, Frozen
 from controller.core.vocabulary import Outcome, PassNotes, Plan, Rule
+from controller.core.walltime import learned_from
 
 log = logging.getLogger("evalctl.reconcile")
 T = TypeVar("T")
@@ -179,14 +180,13 @@ def _target_pass(target: RunTarget, store: Store, clusters: dict[ClusterRef, Clu
     acting = _acting(target, store, snapshot, act, holder, holder_is_dead, lease_ttl)
     lease = evalrun_lease_name(target.evalrun)
     try:
-        estimated = {key: estimate for lane, _ in seen for key, estimate in _estimates(
-            lane.lane, snapshot, views[lane.lane.cluster]).items()}
+        planning = [_for_planning(lane, snapshot, views[lane.lane.cluster], target.evalrun) for lane, _ in seen]
         if target.lanes and target.placement is not None:
-            planned = plan_lanes(target.evalrun, target.cells, target.placement, [lane for lane, _ in seen], snapshot,
-                                 acting.owners, estimated, now)
+            planned = plan_lanes(target.evalrun, target.cells, target.placement, planning, snapshot, acting.owners,
+                                 now)
         else:
-            planned = [Planned(lane=lane.lane, plan=plan_lane(target.evalrun, lane, snapshot, acting.owners, estimated,
-                                                              now)) for lane, _ in seen]
+            planned = [Planned(lane=lane.lane, plan=plan_lane(target.evalrun, lane, snapshot, acting.owners, now))
+                       for lane in planning]
         for part in planned:
             views[part.lane.cluster].spend(part.plan)
         outcomes = tuple(outcome for part in planned for outcome in clusters[part.lane.cluster].actor_for(
@@ -216,11 +216,19 @@ def _lane_target(target: RunTarget, lane: ClusterLane) -> RunTarget:
                                      "lanes": ()})
 
 
-def _estimates(lane: ClusterLane, snapshot: StoreSnapshot | None, view: ClusterView) -> dict[str, GpuEstimate]:
-    policy = lane.policy
-    return estimates(lane.cells, snapshot.gpu_history if snapshot else (),
-                     () if isinstance(view.dirs, ObservationError) else view.dirs, policy.size_bands,
-                     policy.gpus_per_job, () if isinstance(view.jobs, ObservationError) else view.jobs)
+def _for_planning(seen: LaneSeen, snapshot: StoreSnapshot | None, view: ClusterView, evalrun: EvalRunRef) -> LaneSeen:
+    """A lane with what planning it needs beyond its observations: its cells' estimates from its own cluster's
+    evidence (gpusPerJob, run dirs and jobs are the cluster's), and what the EvalRun's sized jobs taught, learnt
+    once from the store's one read and the same on every lane (RULES §16)."""
+    lane, policy = seen.lane, seen.lane.policy
+    if policy.walltime.auto and snapshot is not None:
+        learnt = learned_from(snapshot.submissions, evalrun)
+        lane = lane.model_copy(update={"policy": policy.model_copy(update={
+            "walltime": policy.walltime.model_copy(update={"learnt": learnt})})})
+    found = estimates(lane.cells, snapshot.gpu_history if snapshot else (),
+                      () if isinstance(view.dirs, ObservationError) else view.dirs, policy.size_bands,
+                      policy.gpus_per_job, () if isinstance(view.jobs, ObservationError) else view.jobs)
+    return seen.model_copy(update={"lane": lane, "estimates": found})
 
 
 def _unreadable(part: Planned) -> tuple[Unobserved, ...]:

@@ -20,7 +20,8 @@ from datetime import timedelta
 
 from pydantic import Field
 
-from controller.core.types import Frozen
+from controller.core.observed import Submission
+from controller.core.types import EvalRunRef, Frozen
 
 QUARTER_HOUR_S = 15 * 60
 MARGIN = 1.25  # over the p90: a cut job is resumed (a cold start and a queue wait), a long request only waits longer
@@ -43,21 +44,6 @@ class WallEstimate(Frozen):
     start_basis: str = Field("", description="what the start is measured on")
 
 
-class WalltimePolicy(Frozen):
-    auto: bool = Field(description="spec.walltime auto: size each job's --time from the estimate")
-    margin: float = Field(MARGIN, description="over the p90: the default, or what the sized jobs taught (`learned`)")
-    cancel_margin: timedelta = Field(description="monitor.preWalltimeMinutes: the end of a request never run")
-    minimum: timedelta = Field(description="the cluster's minTimeLimit: no sized request asks for less")
-    maximum: timedelta = Field(description="the cluster's maxTimeLimit (else timeLimit): none asks for more")
-
-
-class Sized(Frozen):
-    time_limit: str = Field(description="the job's --time, H:MM:SS")
-    note: str = Field(description="how it was sized, for plan and explain")
-    estimated_hours: float | None = Field(description="how long the job is expected to run (the p90 for its share and "
-                                                      "a cold start), recorded with its intent; None: not estimated")
-
-
 class Learning(Frozen):
     """What the ended sized jobs ran against their estimate, and the margin that follows from it."""
 
@@ -75,6 +61,27 @@ class Learning(Frozen):
                 f"{self.high_ratio:.2f}×); margin {self.margin:.2f} ({how})")
 
 
+class WalltimePolicy(Frozen):
+    auto: bool = Field(description="spec.walltime auto: size each job's --time from the estimate")
+    learnt: Learning | None = Field(None, description="what the EvalRun's sized jobs taught (`learned_from`), read "
+                                                      "with the store each pass; None: not read, the default margin")
+    cancel_margin: timedelta = Field(description="monitor.preWalltimeMinutes: the end of a request never run")
+    minimum: timedelta = Field(description="the cluster's minTimeLimit: no sized request asks for less")
+    maximum: timedelta = Field(description="the cluster's maxTimeLimit (else timeLimit): none asks for more")
+
+    @property
+    def margin(self) -> float:
+        """Over the p90: what the sized jobs taught, else the default."""
+        return self.learnt.margin if self.learnt is not None else MARGIN
+
+
+class Sized(Frozen):
+    time_limit: str = Field(description="the job's --time, H:MM:SS")
+    note: str = Field(description="how it was sized, for plan and explain")
+    estimated_hours: float | None = Field(description="how long the job is expected to run (the p90 for its share and "
+                                                      "a cold start), recorded with its intent; None: not estimated")
+
+
 def learned(estimated_and_ran: Iterable[tuple[float, float]]) -> Learning:
     """The margin from (estimated, ran) hours of ended sized jobs: the default × their p90 ratio, so a fleet whose
     jobs run longer than estimated asks for more and one that runs shorter for less, within `MARGIN_BOUNDS`; the
@@ -86,6 +93,18 @@ def learned(estimated_and_ran: Iterable[tuple[float, float]]) -> Learning:
     low_bound, high_bound = MARGIN_BOUNDS
     margin = min(max(MARGIN * high, low_bound), high_bound) if len(ratios) >= LEARN_AFTER else MARGIN
     return Learning(jobs=len(ratios), median_ratio=median, high_ratio=high, margin=margin)
+
+
+def learned_from(submissions: Iterable[Submission], evalrun: EvalRunRef) -> Learning:
+    """`learned` from the EvalRun's own finished attempts, each by its last job: the one that ran its trials to the
+    end (a job cut at its walltime before it, or cancelled, says nothing of how long the work takes)."""
+    last: dict[str, Submission] = {}
+    for sub in submissions:
+        if sub.finished_at is not None and evalrun.known_as(sub.evalrun) and (
+                sub.run_tag not in last or sub.fire > last[sub.run_tag].fire):
+            last[sub.run_tag] = sub
+    return learned((sub.estimated_hours, sub.elapsed_hours) for sub in last.values()
+                   if sub.estimated_hours is not None and sub.elapsed_hours is not None)
 
 
 def wall_estimate(hours: Sequence[float], basis: str, *, with_start: bool = False,
@@ -131,7 +150,9 @@ def sized(estimate: WallEstimate | None, remaining: float, policy: WalltimePolic
     start = f" + {hours_text(start_h)} server start ({estimate.start_basis or 'assumed'})" if starting else ""
     cancel = hours_text(policy.cancel_margin.total_seconds() / 3600)
     within = "" if starting else " (its server start is in the estimate)"
-    return Sized(time_limit=clock(clamped), estimated_hours=estimate.high_hours * remaining + starting, note=(
+    cut_short = clamped == high and seconds > high  # its estimate says it cannot finish: nothing to learn from it
+    return Sized(time_limit=clock(clamped), estimated_hours=None if cut_short else
+                 estimate.high_hours * remaining + starting, note=(
         f"walltime auto: {clock(clamped)}{bound} = p90 {hours_text(estimate.high_hours)}{share} × "
         f"{policy.margin:.3g}{start} + {cancel} pre-walltime cancel{within}; est. "
         f"{hours_text(estimate.median_hours)} (median) from {estimate.basis}"))

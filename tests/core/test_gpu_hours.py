@@ -8,6 +8,7 @@ from controller.core.gpu_hours import (
     GpuEstimate,
     SizeBands,
     estimates,
+    job_of,
 )
 from controller.core.observed import JobState
 from controller.core.planner import plan
@@ -205,3 +206,12 @@ def test_no_budget_holds_nothing_whatever_the_estimate() -> None:
     the_plan = plan(RUN, [SMALL], [obs()], POLICY, NOW, estimates={SMALL.key: estimated(1e6)})
 
     assert any(isinstance(a, Submit) for a in the_plan.cells[0].actions)
+
+
+def test_a_job_of_another_name_with_the_same_id_is_not_the_submissions_job() -> None:
+    """Job ids are per cluster: after a spill, fire 1 (job 7 on a, never started) and fire 2 (job 7 on b) share an
+    id; b's job is fire 2's alone, or its hours would be counted twice."""
+    first, second = sub(SMALL, 1, 1, job_id="7"), sub(SMALL, 1, 2, job_id="7")
+    on_b = job(second.name, JobState.COMPLETED, job_id="7", started=ago(hours=3), ended=ago(hours=1))
+
+    assert job_of(first, [on_b]) is None and job_of(second, [on_b]) == on_b

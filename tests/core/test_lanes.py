@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from controller.core.gpu_hours import EstimateSource, GpuEstimate
 from controller.core.lanes import ClusterLane, LaneSeen, LaneSlots, Planned, merged, plan_lanes
 from controller.core.observed import JobState, Observation
 from controller.core.placement import PlacementPolicy
@@ -15,6 +16,7 @@ from controller.core.remedies import CellMemory, Spill
 from controller.core.status import gpu_summary
 from controller.core.types import Cell, ClusterRef
 from controller.core.vocabulary import Cancel, Hold, Phase, Resume, Rule, Submit, Wait
+from controller.core.walltime import WallEstimate, WalltimePolicy
 from tests.core.builders import NOW, RUN, SCORED, ago, cell, job, obs, row, spec_policy, sub
 
 A, B = ClusterRef(name="a"), ClusterRef(name="b")
@@ -37,7 +39,7 @@ def lane(ref: ClusterRef, on: list[Cell], seen: list[Observation] | None = None,
 
 
 def planned(fleet: list[Cell], *lanes: LaneSeen) -> list[Planned]:
-    return plan_lanes(RUN, fleet, SOONEST, list(lanes), None, {}, {}, NOW)
+    return plan_lanes(RUN, fleet, SOONEST, list(lanes), None, {}, NOW)
 
 
 def launched(part: Planned) -> list[str]:
@@ -138,7 +140,7 @@ def queued_on_a(c: Cell, minutes: float, state: JobState = JobState.QUEUED, *,
 def test_a_job_queued_past_spill_after_with_a_free_slot_elsewhere_is_cancelled_the_move_remembered_first() -> None:
     fleet = cells(1)
     on_a, on_b = plan_lanes(RUN, fleet, SPILLING, [lane(A, fleet, [queued_on_a(fleet[0], 90)]),
-                                                   lane(B, fleet, [obs()])], None, {}, {}, NOW)
+                                                   lane(B, fleet, [obs()])], None, {}, NOW)
 
     [spilled] = on_a.plan.cells
     assert spilled.rule == Rule.SPILL and on_b.plan.cells == ()
@@ -157,7 +159,7 @@ def test_no_spill_too_soon_once_started_or_without_a_free_slot(minutes: float, s
     fleet = cells(1)
     started = ago(minutes=5) if state == JobState.RUNNING else None
     on_a, _ = plan_lanes(RUN, fleet, SPILLING, [lane(A, fleet, [queued_on_a(fleet[0], minutes, state, started=started)]),
-                                                lane(B, fleet, [obs()], budget=b_slots)], None, {}, {}, NOW)
+                                                lane(B, fleet, [obs()], budget=b_slots)], None, {}, NOW)
 
     assert on_a.plan.cells[0].rule != Rule.SPILL
     assert not any(isinstance(a, Cancel) for a in on_a.plan.cells[0].actions)
@@ -172,7 +174,7 @@ def test_a_spilled_job_that_ended_without_starting_moves_its_cell_to_another_clu
     store_only = left.model_copy(update={"jobs": ()})  # b's queue has no job of it; the store is the same
 
     on_a, on_b = plan_lanes(RUN, fleet, SPILLING, [lane(A, fleet, [left], budget=5),
-                                                   lane(B, fleet, [store_only], budget=1)], None, {}, {}, NOW)
+                                                   lane(B, fleet, [store_only], budget=1)], None, {}, NOW)
 
     assert on_a.plan.cells == (), "never placed back on the cluster it left, free slots or not"
     [moved] = on_b.plan.cells
@@ -188,7 +190,7 @@ def test_a_spilled_job_that_started_after_all_keeps_its_cell_where_it_ran() -> N
     ran = ran.model_copy(update={"memory": CellMemory(spill=Spill(run_tag=fleet[0].run_tag(1), job_id="100",
                                                                   cluster="a", at=ago(minutes=11)))})
 
-    on_a, on_b = plan_lanes(RUN, fleet, SPILLING, [lane(A, fleet, [ran]), lane(B, fleet, [obs()])], None, {}, {}, NOW)
+    on_a, on_b = plan_lanes(RUN, fleet, SPILLING, [lane(A, fleet, [ran]), lane(B, fleet, [obs()])], None, {}, NOW)
 
     assert [c.cell.key for c in on_a.plan.cells] == [fleet[0].key] and on_b.plan.cells == ()
 
@@ -216,3 +218,26 @@ def test_a_cell_whose_job_went_to_a_cluster_no_longer_listed_is_unknown_never_st
     assert unknown.phase == Phase.UNKNOWN and unknown.actions == () and on_b.plan.cells == ()
     assert "its newest job went to cluster c, which spec.clusters no longer lists" in unknown.reason
     assert merged(RUN, fleet, [on_a.plan, on_b.plan]).clusters == {fleet[0].key: "c"}
+
+
+def test_each_cluster_sizes_its_launches_by_its_own_estimates_and_a_waiting_cell_names_no_walltime() -> None:
+    """walltime auto (RULES §16) over two clusters: a cell's job is sized where it goes, by that cluster's evidence
+    (its gpusPerJob, run dirs and jobs); a cell that waits for a slot launches nothing and says nothing of a size."""
+    fleet = cells(3)
+    auto = WalltimePolicy(auto=True, cancel_margin=timedelta(minutes=15), minimum=timedelta(minutes=30),
+                          maximum=timedelta(hours=48))
+
+    def sized_lane(ref: ClusterRef, hours: float) -> LaneSeen:
+        seen = lane(ref, fleet, budget=1)
+        guess = GpuEstimate(hours=hours, source=EstimateSource.HISTORY, basis="test", wall=WallEstimate(
+            median_hours=hours, high_hours=hours, basis=f"attempts on {ref}", with_start=True))
+        return seen.model_copy(update={"lane": seen.lane.model_copy(update={"policy": seen.lane.policy.model_copy(
+            update={"walltime": auto})}), "estimates": {c.key: guess for c in fleet}})
+
+    on_a, on_b = planned(fleet, sized_lane(A, 4.0), sized_lane(B, 8.0))
+
+    asked = {c.cell.model: (c.cell.cluster, launch.time_limit) for part in (on_a, on_b) for c in part.plan.cells
+             if (launch := launch_of(c)) is not None}
+    assert asked == {"org/M0-8B": ("a", "5:15:00"), "org/M1-8B": ("b", "10:15:00")}
+    (waiting,) = [c for part in (on_a, on_b) for c in part.plan.cells if launch_of(c) is None]
+    assert waiting.rule == Rule.NO_FREE_CLUSTER and "walltime" not in waiting.reason, waiting.reason

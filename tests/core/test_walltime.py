@@ -8,10 +8,11 @@ from datetime import timedelta
 import pytest
 
 from controller.core.gpu_hours import AttemptCost, SizeBands, estimates
-from controller.core.observed import JobState
+from controller.core.observed import JobState, Submission
 from controller.core.planner import plan
+from controller.core.types import Cell, EvalRunRef
 from controller.core.vocabulary import Resume, Submit
-from controller.core.walltime import WalltimePolicy, clock, learned, sized, wall_estimate
+from controller.core.walltime import WalltimePolicy, clock, learned, learned_from, sized, wall_estimate
 from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, job, obs, row, sub
 
 BANDS = SizeBands(bands=((0, 14),))
@@ -145,34 +146,75 @@ def test_the_margin_follows_what_sized_jobs_ran_within_bounds_after_five_and_not
     assert "5 sized job(s) ran 1.20× their estimate (p90 1.40×); margin 1.75 (learnt)" in long.summary()
 
 
-def test_a_sized_launch_records_its_estimate_and_its_ended_job_how_long_it_ran() -> None:
+def test_a_sized_launch_records_its_estimate_and_every_ended_job_how_long_it_ran() -> None:
     auto = POLICY.model_copy(update={"walltime": AUTO})
     guesses = estimates([SMALL], [attempt(4.0)], [], BANDS, gpus_per_job=1)
     (submit,) = [a for a in plan(RUN, [SMALL], [obs()], auto, NOW, estimates=guesses).cells[0].actions
                  if isinstance(a, Submit)]
     assert submit.estimated_hours == 4.0, "the p90 of whole attempts, their server starts in it"
 
-    sized_sub = sub(SMALL).model_copy(update={"estimated_hours": 4.25})
-    ended = job(sized_sub.name, JobState.COMPLETED, started=ago(hours=5), ended=ago(hours=2))
-    recorded = plan(RUN, [SMALL], [obs(subs=(sized_sub,), jobs=(ended,), dirs=(facts(SMALL.run_tag(1)),))], auto,
+    ended = job(sub(SMALL).name, JobState.COMPLETED, started=ago(hours=5), ended=ago(hours=2))
+    recorded = plan(RUN, [SMALL], [obs(subs=(sub(SMALL),), jobs=(ended,), dirs=(facts(SMALL.run_tag(1)),))], POLICY,
                     NOW).cells[0].row_updates
     assert [(u.submission_name, u.elapsed_hours) for u in recorded if u.elapsed_hours is not None] == [
-        (sized_sub.name, 3.0)]
-    unsized = plan(RUN, [SMALL], [obs(subs=(sub(SMALL),), jobs=(ended,), dirs=(facts(SMALL.run_tag(1)),))], auto,
-                   NOW).cells[0].row_updates
-    assert not [u for u in unsized if u.elapsed_hours is not None], "a fixed-walltime job taught nothing"
+        (sub(SMALL).name, 3.0)], "sized or not: an attempt's wall time is history"
+
+
+def test_a_request_cut_at_max_time_limit_records_no_estimate_to_learn_from() -> None:
+    request = sized(wall_estimate([60.0], "1 attempt"), 1.0, AUTO, "24:00:00")
+
+    assert request is not None and request.time_limit == "48:00:00" and request.estimated_hours is None
+
+
+def test_a_resume_asks_for_the_trials_that_ended_in_infra_errors_too() -> None:
+    """`harbor jobs resume` runs them again (RULES §3): every trial completed, 4 of 10 infra errors, is 40 % left."""
+    auto = POLICY.model_copy(update={"walltime": AUTO})
+    guesses = estimates([SMALL], [attempt(4.0)], [], BANDS, gpus_per_job=1)
+    errored = facts(SMALL.run_tag(1), total=10, completed=10, infra=4)
+    interrupted = obs(rows=(row("Started", job_name=SMALL.run_tag(1), started=ago(hours=6)),), subs=(sub(SMALL),),
+                      dirs=(errored,))
+
+    resumed = plan(RUN, [SMALL], [interrupted], auto, NOW, estimates=guesses).cells[0]
+
+    (resume,) = [a for a in resumed.actions if isinstance(a, Resume)]
+    assert resume.time_limit == "2:30:00", "4 h × 0.4 × 1.25 + its server start again + cancel"
+
+
+def own(c: Cell, **changes: object) -> Submission:
+    return sub(c).model_copy(update={"finished_at": ago(hours=1), **changes})
+
+
+def test_the_margin_is_learnt_from_the_last_job_of_each_finished_attempt_of_this_evalrun_only() -> None:
+    ran_long = [own(cell(f"org/d{i}-8B"), estimated_hours=2.0, elapsed_hours=2.8) for i in range(5)]
+    cut_before = [own(cell("org/d0-8B"), estimated_hours=2.0, elapsed_hours=0.1)]  # fire 1, cut: fire 2 is the last
+    last = [s.model_copy(update={"fire": 2, "name": f"{s.name}-r1"}) for s in ran_long[:1]]
+    unfinished = [sub(cell("org/u-8B")).model_copy(update={"estimated_hours": 2.0, "elapsed_hours": 0.1})]
+    elsewhere = [own(cell(f"org/e{i}-8B"), estimated_hours=2.0, elapsed_hours=0.1,
+                     evalrun=EvalRunRef(name="another")) for i in range(5)]
+
+    learnt = learned_from([*cut_before, *last, *ran_long[1:], *unfinished, *elsewhere], RUN)
+
+    assert (learnt.jobs, learnt.high_ratio) == (5, pytest.approx(1.4))
+    assert learnt.margin == pytest.approx(1.75)
 
 
 def test_the_plan_sizes_with_the_learnt_margin_and_says_how_its_jobs_fared() -> None:
-    auto = POLICY.model_copy(update={"walltime": AUTO})
-    done = [cell(f"org/d{i}-8B") for i in range(5)]
-    taught = [obs(subs=(sub(c).model_copy(update={"estimated_hours": 2.0, "elapsed_hours": 2.8}),),
-                  dirs=(facts(c.run_tag(1)),)) for c in done]
+    learnt = learned([(2.0, 2.8)] * 5)
+    auto = POLICY.model_copy(update={"walltime": AUTO.model_copy(update={"learnt": learnt})})
     guesses = estimates([SMALL], [attempt(4.0)], [], BANDS, gpus_per_job=1)
 
-    the_plan = plan(RUN, [*done, SMALL], [*taught, obs()], auto, NOW, estimates=guesses)
+    the_plan = plan(RUN, [SMALL], [obs()], auto, NOW, estimates=guesses)
 
-    assert the_plan.walltime is not None and the_plan.walltime.margin == pytest.approx(1.75)
+    assert the_plan.walltime == learnt
     (submit,) = [a for a in the_plan.cells[-1].actions if isinstance(a, Submit)]
     assert submit.time_limit == "7:15:00", "4 h × 1.75 + 15 min cancel"
     assert plan(RUN, [SMALL], [obs()], POLICY, NOW).walltime is None, "fixed: nothing to learn or show"
+
+
+def test_history_gives_wall_time_from_elapsed_hours_and_never_from_zero_gpu_hours() -> None:
+    """A site whose accounting counts no GPUs records 0 GPU-h: 0 h of wall time would ask every job for the minimum."""
+    counted = estimates([SMALL], [attempt(0.0).model_copy(update={"wall_hours": 3.0})], [], BANDS, gpus_per_job=4)
+    assert counted[SMALL.key].wall is not None and counted[SMALL.key].wall.high_hours == 3.0
+
+    uncounted = estimates([SMALL], [attempt(0.0), attempt(0.0)], [], BANDS, gpus_per_job=4)
+    assert uncounted[SMALL.key].wall is None, "nothing to go by: the fixed walltime, said so"

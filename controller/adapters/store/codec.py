@@ -226,7 +226,8 @@ def state_snapshot(tables: Mapping[str, Iterable[Mapping[str, Any]]]) -> StateSn
 
     try:
         return StateSnapshot(
-            submissions=tuple(Submission(**timed(r, "created_at")) for r in records("evalrun_submissions")),
+            submissions=tuple(Submission(**{**timed(r, "created_at"), "finished_at": parse_timestamp(r.get("finished_at"))})
+                              for r in records("evalrun_submissions")),
             tunnel_leases=tuple(TunnelLease(**timed(r, "leased_at")) for r in records("evalrun_tunnel_leases")),
             cell_owners=tuple(CellOwner(**timed(r, "renewed_at")) for r in records("evalrun_cell_owners")),
             cell_memory={r["cell_key"]: CellMemory.from_stored(parse_json(r["memory"]))

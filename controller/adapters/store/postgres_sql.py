@@ -155,7 +155,7 @@ GPU_HISTORY_COLUMNS = frozenset(("model", "benchmark", "gpu_hours", "finished_at
 def submission_columns(lacking: Collection[str] = ()) -> str:
     """The record's columns but those `lacking`: a read-only store reads a database that later migrations have not
     reached as it is, its records without what they add."""
-    return ", ".join(field for field in SUBMISSION_FIELDS if field not in lacking)
+    return ", ".join(field for field in (*SUBMISSION_FIELDS, "finished_at") if field not in lacking)
 
 
 SUBMISSIONS_OF = """
@@ -179,8 +179,8 @@ SELECT attname::text FROM pg_attribute
 """
 
 # Finished attempts of the named benchmarks whose every job's GPU-hours are recorded, newest first.
-GPU_HISTORY = """
-SELECT run_tag, min(model) AS model, min(benchmark) AS benchmark, sum(gpu_hours) AS gpu_hours
+GPU_HISTORY_OF = """
+SELECT run_tag, min(model) AS model, min(benchmark) AS benchmark, sum(gpu_hours) AS gpu_hours, {wall} AS wall_hours
   FROM evalrun_submissions
  WHERE finished_at IS NOT NULL AND benchmark = ANY(%(benchmarks)s::text[])
  GROUP BY run_tag
@@ -188,6 +188,9 @@ HAVING count(gpu_hours) = count(*) AND min(model) IS NOT NULL
  ORDER BY max(finished_at) DESC, run_tag
  LIMIT %(history_max)s
 """
+# an attempt's wall time: its jobs' elapsed hours summed, when every one of them is recorded (migration 0010)
+GPU_HISTORY = GPU_HISTORY_OF.format(wall="CASE WHEN count(elapsed_hours) = count(*) THEN sum(elapsed_hours) END")
+GPU_HISTORY_WITHOUT_WALL = GPU_HISTORY_OF.format(wall="NULL")  # a database 0010 has not reached
 
 # Claims renewed within the TTL by the database's clock.
 LIVE_OWNERS_OF_CELLS = """

@@ -235,7 +235,7 @@ GPU_HISTORY_COLUMNS = frozenset(("model", "benchmark", "gpu_hours", "finished_at
 def submission_columns(lacking: Collection[str] = ()) -> str:
     """The record's columns but those `lacking`: a read-only store reads a file made by an earlier version (which a
     reader never alters) as it is, its records without what was added since."""
-    return ", ".join(field for field in SUBMISSION_FIELDS if field not in lacking)
+    return ", ".join(field for field in (*SUBMISSION_FIELDS, "finished_at") if field not in lacking)
 
 
 SUBMISSIONS_OF = """
@@ -248,8 +248,8 @@ EVERY_SUBMISSION = "SELECT {columns} FROM evalrun_submissions ORDER BY created_a
 EVERY_MEMORY = "SELECT cell_key, memory FROM evalrun_cell_memory"
 
 # Finished attempts of the named benchmarks whose every job's GPU-hours are recorded, newest first.
-GPU_HISTORY = """
-SELECT run_tag, MIN(model) AS model, MIN(benchmark) AS benchmark, SUM(gpu_hours) AS gpu_hours
+GPU_HISTORY_OF = """
+SELECT run_tag, MIN(model) AS model, MIN(benchmark) AS benchmark, SUM(gpu_hours) AS gpu_hours, {wall} AS wall_hours
   FROM evalrun_submissions
  WHERE finished_at IS NOT NULL AND benchmark IN (SELECT value FROM json_each(:benchmarks))
  GROUP BY run_tag
@@ -257,6 +257,9 @@ HAVING COUNT(gpu_hours) = COUNT(*) AND MIN(model) IS NOT NULL
  ORDER BY MAX(finished_at) DESC, run_tag
  LIMIT :history_max
 """
+# an attempt's wall time: its jobs' elapsed hours summed, when every one of them is recorded (migration 0010)
+GPU_HISTORY = GPU_HISTORY_OF.format(wall="CASE WHEN COUNT(elapsed_hours) = COUNT(*) THEN SUM(elapsed_hours) END")
+GPU_HISTORY_WITHOUT_WALL = GPU_HISTORY_OF.format(wall="NULL")  # a database 0010 has not reached
 
 OWNERS_OF_CELLS = """
 SELECT cell_key, evalrun, renewed_at FROM evalrun_cell_owners

@@ -39,7 +39,7 @@ from controller.core.vocabulary import (
     Submit,
     Wait,
 )
-from controller.core.walltime import Learning, Sized, learned, sized
+from controller.core.walltime import Learning, Sized, sized
 
 
 @dataclass
@@ -74,13 +74,8 @@ class Pool:
         bad_nodes = tuple(sorted({q.name for q in every if q.kind == QuarantineKind.NODE}))
         backing_off = next((q for q in every if q.kind == QuarantineKind.CLUSTER), None)
         gpu, probing = gpu_budget(evalrun, decided, observations, policy, estimates)
-        walltime = learned((s.estimated_hours, s.elapsed_hours) for o in observations for s in o.submissions or ()
-                           if s.estimated_hours is not None and s.elapsed_hours is not None) \
-            if policy.walltime.auto else None
-        if walltime is not None:
-            policy = policy.model_copy(update={"walltime": policy.walltime.model_copy(
-                update={"margin": walltime.margin})})
-        return cls(policy=policy, now=now, estimates=estimates, walltime=walltime,
+        return cls(policy=policy, now=now, estimates=estimates,
+                   walltime=policy.walltime.learnt if policy.walltime.auto else None,
                    holders={lease.pair: lease.holder for lease in leases},
                    locked={q.name for q in every if q.kind == QuarantineKind.PAIR}, bad_nodes=bad_nodes,
                    preflight=preflight_block(preflight),

@@ -281,9 +281,9 @@ def adoptions(subs: Sequence[Submission], jobs: Sequence[ObservedJob]) -> tuple[
 
 
 def job_end(sub: Submission, jobs: Sequence[ObservedJob]) -> RowUpdate | None:
-    """What a submission's ended job used, not recorded yet: its GPU-hours; how long it ran, when it was sized
-    (what `walltime: auto` learns from)."""
-    wants_hours, wants_elapsed = sub.gpu_hours is None, sub.estimated_hours is not None and sub.elapsed_hours is None
+    """What a submission's ended job used, not recorded yet: its GPU-hours, and how long it ran (an attempt's wall
+    time, and what `walltime: auto` learns from)."""
+    wants_hours, wants_elapsed = sub.gpu_hours is None, sub.elapsed_hours is None
     job = job_of(sub, jobs) if wants_hours or wants_elapsed else None
     if job is None or job.state.active:
         return None

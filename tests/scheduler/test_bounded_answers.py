@@ -62,7 +62,7 @@ def test_a_huge_squeue_answer_makes_the_queue_unknown_never_empty(tmp_path: Path
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for command in ("squeue", "sacct"):
-        (bin_dir / command).write_text("#!/bin/sh\nexec yes '1|ev_x|RUNNING|||||n1|None'\n")
+        (bin_dir / command).write_text("#!/bin/sh\nexec yes '1|ev_x|RUNNING||||||n1|None'\n")
         (bin_dir / command).chmod(0o755)
     runner = LocalCommands({"PATH": f"{bin_dir}:{os.environ['PATH']}"}, max_answer=1 << 20)
     slurm = SlurmScheduler(runner, SlurmOptions(), logs_dir=str(tmp_path), user="alice", mask=SecretMask([]))

@@ -12,6 +12,7 @@ from controller.core.planner import plan
 from controller.core.remedies import Quarantined, QuarantineKind
 from controller.core.status import Condition, summarize
 from controller.core.vocabulary import PassNotes, Phase
+from controller.core.walltime import learned
 from controller.entry.kube_status import conditions_patch, status_patch
 from tests.core.builders import POLICY, RUN, cell, obs
 from tests.core.test_status import plan_of
@@ -76,3 +77,14 @@ def test_a_multi_cluster_status_counts_cells_per_cluster_and_says_where_an_atten
     assert [(a["model"], a["cluster"]) for a in status["attention"]] == [("org/m1", "ns/b")]
     assert alone["summary"]["clusters"] is None, "one cluster: the key is dropped (a merge patch's null)"
     assert "cluster" not in alone["attention"][0], "one cluster: its items are as before"
+
+
+def test_the_status_says_how_the_sized_jobs_fared_and_drops_the_key_with_a_fixed_walltime() -> None:
+    learnt = learned([(2.0, 2.8)] * 5)
+    auto = POLICY.model_copy(update={"walltime": POLICY.walltime.model_copy(update={"auto": True, "learnt": learnt})})
+
+    sized = status_patch(summarize(plan(RUN, [cell()], [obs()], auto, NOW)), None, NOW)
+    fixed = status_patch(summarize(plan(RUN, [cell()], [obs()], POLICY, NOW)), None, NOW)
+
+    assert sized["walltime"] == "walltime auto: 5 sized job(s) ran 1.40× their estimate (p90 1.40×); margin 1.75 (learnt)"
+    assert fixed["walltime"] is None, "a merge patch's null: fixed walltime, no key"

@@ -175,7 +175,8 @@ class Submission(Frozen):
     cluster: str | None = Field(None, description="the ClusterRef (as text) its job was submitted to: where the cell "
                                                   "is bound (None in records before several clusters per EvalRun)")
     estimated_hours: float | None = Field(None, description="walltime auto: how long its job was expected to run "
-                                                            "(the p90 for its share, plus the fixed costs)")
+                                                            "(the p90 for its share, and its server start where the "
+                                                            "estimate lacks it)")
     elapsed_hours: float | None = Field(None, description="how long its job ran, recorded once it ended: an "
                                                           "attempt's wall time, and what walltime auto learns from")
     finished_at: datetime | None = Field(None, description="when its attempt finished (its report was written): "

@@ -42,7 +42,7 @@ from controller.core.status import RunStatus, summarize
 from controller.core.store import CELL_OWNER_TTL, Store
 from controller.core.types import RUN_TAG_PREFIX, Cell, ClusterRef, EvalRunRef, Frozen
 from controller.core.vocabulary import Outcome, PassNotes, Plan, Rule
-from controller.core.walltime import learned_from
+from controller.core.walltime import Learning, learned_from
 
 log = logging.getLogger("evalctl.reconcile")
 T = TypeVar("T")
@@ -180,7 +180,9 @@ def _target_pass(target: RunTarget, store: Store, clusters: dict[ClusterRef, Clu
     acting = _acting(target, store, snapshot, act, holder, holder_is_dead, lease_ttl)
     lease = evalrun_lease_name(target.evalrun)
     try:
-        planning = [_for_planning(lane, snapshot, views[lane.lane.cluster], target.evalrun) for lane, _ in seen]
+        learnt = learned_from(snapshot.submissions, target.evalrun) \
+            if snapshot is not None and target.policy.walltime.auto else None  # once: the store's, alike on every lane
+        planning = [_for_planning(lane, snapshot, views[lane.lane.cluster], learnt) for lane, _ in seen]
         if target.lanes and target.placement is not None:
             planned = plan_lanes(target.evalrun, target.cells, target.placement, planning, snapshot, acting.owners,
                                  now)
@@ -216,13 +218,13 @@ def _lane_target(target: RunTarget, lane: ClusterLane) -> RunTarget:
                                      "lanes": ()})
 
 
-def _for_planning(seen: LaneSeen, snapshot: StoreSnapshot | None, view: ClusterView, evalrun: EvalRunRef) -> LaneSeen:
+def _for_planning(seen: LaneSeen, snapshot: StoreSnapshot | None, view: ClusterView,
+                  learnt: Learning | None) -> LaneSeen:
     """A lane with what planning it needs beyond its observations: its cells' estimates from its own cluster's
-    evidence (gpusPerJob, run dirs and jobs are the cluster's), and what the EvalRun's sized jobs taught, learnt
-    once from the store's one read and the same on every lane (RULES §16)."""
+    evidence (gpusPerJob, run dirs and jobs are the cluster's), and what the EvalRun's sized jobs taught (RULES
+    §16)."""
     lane, policy = seen.lane, seen.lane.policy
-    if policy.walltime.auto and snapshot is not None:
-        learnt = learned_from(snapshot.submissions, evalrun)
+    if learnt is not None:
         lane = lane.model_copy(update={"policy": policy.model_copy(update={
             "walltime": policy.walltime.model_copy(update={"learnt": learnt})})})
     found = estimates(lane.cells, snapshot.gpu_history if snapshot else (),

@@ -329,7 +329,7 @@ class RowUpdate(Frozen):
     submission_name: str | None = None
     job_id: str | None = None
     gpu_hours: float | None = Field(None, description="the actual GPU-hours of the ended job of `submission_name`")
-    elapsed_hours: float | None = Field(None, description="how long the ended job of a sized submission ran")
+    elapsed_hours: float | None = Field(None, description="how long the ended job of `submission_name` ran")
 
 
 class CellPlan(Frozen):

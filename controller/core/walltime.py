@@ -15,6 +15,7 @@ margin follows them (`learned`).
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 
@@ -78,8 +79,9 @@ class WalltimePolicy(Frozen):
 class Sized(Frozen):
     time_limit: str = Field(description="the job's --time, H:MM:SS")
     note: str = Field(description="how it was sized, for plan and explain")
-    estimated_hours: float | None = Field(description="how long the job is expected to run (the p90 for its share and "
-                                                      "a cold start), recorded with its intent; None: not estimated")
+    estimated_hours: float | None = Field(description="how long the job is expected to run (the p90 for its share, "
+                                                      "and its server start where the estimate lacks it), recorded "
+                                                      "with its intent; None: not estimated, or cut to maxTimeLimit")
 
 
 def learned(estimated_and_ran: Iterable[tuple[float, float]]) -> Learning:
@@ -89,7 +91,7 @@ def learned(estimated_and_ran: Iterable[tuple[float, float]]) -> Learning:
     ratios = sorted(ran / estimated for estimated, ran in estimated_and_ran if estimated > 0)
     if not ratios:
         return Learning(jobs=0, median_ratio=None, high_ratio=None, margin=MARGIN)
-    median, high = _median(ratios), _p90(ratios)
+    median, high = statistics.median(ratios), _p90(ratios)
     low_bound, high_bound = MARGIN_BOUNDS
     margin = min(max(MARGIN * high, low_bound), high_bound) if len(ratios) >= LEARN_AFTER else MARGIN
     return Learning(jobs=len(ratios), median_ratio=median, high_ratio=high, margin=margin)
@@ -114,14 +116,9 @@ def wall_estimate(hours: Sequence[float], basis: str, *, with_start: bool = Fals
     if not hours:
         return None
     ordered = sorted(hours)
-    return WallEstimate(median_hours=_median(ordered), high_hours=_p90(ordered), basis=basis, with_start=with_start,
-                        start_hours=_median(sorted(starts)) if starts else None,
+    return WallEstimate(median_hours=statistics.median(ordered), high_hours=_p90(ordered), basis=basis,
+                        with_start=with_start, start_hours=statistics.median(starts) if starts else None,
                         start_basis=start_basis if starts else "")
-
-
-def _median(ordered: Sequence[float]) -> float:
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _p90(ordered: Sequence[float]) -> float:
@@ -144,13 +141,12 @@ def sized(estimate: WallEstimate | None, remaining: float, policy: WalltimePolic
     seconds = math.ceil(wanted / QUARTER_HOUR_S) * QUARTER_HOUR_S
     low, high = policy.minimum.total_seconds(), policy.maximum.total_seconds()
     clamped = int(min(max(seconds, low), high))
+    cut_short = seconds > high  # its estimate says it cannot finish: nothing to learn from it
     share = "" if remaining >= 1 else f" × {remaining:.0%} of trials left"
-    bound = (" (minTimeLimit)" if clamped == low and wanted < low else
-             " (maxTimeLimit: resumed after it)" if clamped == high and seconds > high else "")
+    bound = " (minTimeLimit)" if seconds < low else " (maxTimeLimit: resumed after it)" if cut_short else ""
     start = f" + {hours_text(start_h)} server start ({estimate.start_basis or 'assumed'})" if starting else ""
     cancel = hours_text(policy.cancel_margin.total_seconds() / 3600)
     within = "" if starting else " (its server start is in the estimate)"
-    cut_short = clamped == high and seconds > high  # its estimate says it cannot finish: nothing to learn from it
     return Sized(time_limit=clock(clamped), estimated_hours=None if cut_short else
                  estimate.high_hours * remaining + starting, note=(
         f"walltime auto: {clock(clamped)}{bound} = p90 {hours_text(estimate.high_hours)}{share} × "

@@ -221,22 +221,21 @@ def state_snapshot(tables: Mapping[str, Iterable[Mapping[str, Any]]]) -> StateSn
     def records(table: str) -> Iterable[Mapping[str, Any]]:
         return tables.get(table, ())
 
-    def timed(record: Mapping[str, Any], column: str) -> dict[str, Any]:
-        return {**record, column: parse_timestamp(record[column])}
+    def timed(record: Mapping[str, Any], *columns: str) -> dict[str, Any]:
+        """The record with these time columns parsed (one a table's older spelling lacks reads as None)."""
+        return {**record, **{column: parse_timestamp(record.get(column)) for column in columns}}
 
     try:
         return StateSnapshot(
-            submissions=tuple(Submission(**{**timed(r, "created_at"), "finished_at": parse_timestamp(r.get("finished_at"))})
-                              for r in records("evalrun_submissions")),
+            submissions=tuple(Submission(**timed(r, "created_at", "finished_at")) for r in records("evalrun_submissions")),
             tunnel_leases=tuple(TunnelLease(**timed(r, "leased_at")) for r in records("evalrun_tunnel_leases")),
             cell_owners=tuple(CellOwner(**timed(r, "renewed_at")) for r in records("evalrun_cell_owners")),
             cell_memory={r["cell_key"]: CellMemory.from_stored(parse_json(r["memory"]))
                          for r in records("evalrun_cell_memory")},
-            quarantined=tuple(Quarantined(**{**timed(r, "until"), "since": parse_timestamp(r.get("since"))})
-                              for r in records("evalrun_quarantine")),
+            quarantined=tuple(Quarantined(**timed(r, "until", "since")) for r in records("evalrun_quarantine")),
             gpu_history=tuple(AttemptCost(**r) for r in records("gpu_history")),
-            retries=tuple(RetryRequest(**{**timed(r, "requested_at"), "consumed_at": parse_timestamp(
-                r.get("consumed_at"))}) for r in records("evalrun_retry_requests")),
+            retries=tuple(RetryRequest(**timed(r, "requested_at", "consumed_at"))
+                          for r in records("evalrun_retry_requests")),
         )
     except ValidationError as error:
         raise ValueError(_first_line(error)) from None

@@ -30,7 +30,7 @@ CONTRACT_NAMES = frozenset({
     "EVAL_MAX_OUTPUT_TOKENS", "EVAL_VLLM_TENSOR_PARALLEL_SIZE", "EVAL_VLLM_DATA_PARALLEL_SIZE",
     "EVAL_VLLM_MAX_MODEL_LEN", "EVAL_CONDA_ENV", "EVAL_PINGGY_URL", "EVAL_PINGGY_TOKEN", "EVAL_DB_JOB_ID",
     "EVAL_UPLOAD_USERNAME", "EVAL_RESUME", "EVAL_RESUME_COUNT", "EVAL_JOB_ID", "EVAL_CLEAR_COMPILE_CACHE",
-    *SERVING_NAMES,
+    "EVAL_SHARD", *SERVING_NAMES,
 })
 SCHEDULER_PREFIX = "SLURM_"  # the scheduler's own variables: a job that inherits a forged one misreads itself
 
@@ -87,6 +87,9 @@ def job_environment(cell: Cell, launch: Launch, row_id: str, settings: JobSettin
         "EVAL_DB_JOB_ID": row_id,
         "EVAL_RESUME": "1" if isinstance(launch, Resume) else "0",
         "EVAL_RESUME_COUNT": str(launch.fire - 1),
+        # every task of the dataset: one exported in the submitter's shell (jobs inherit it) must not narrow the
+        # job to a subset the cell's completeness would then be measured against
+        "EVAL_SHARD": "",
     }
     optional = {
         "EVAL_MAX_OUTPUT_TOKENS": cell.max_output_tokens,

@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """Fake Harbor: the job program of the local demo cluster (stdlib only).
 
-Same contract as our sbatch scripts: `fake_harbor.py <model> <dataset> <benchmark_id> <run_tag>`
-with EVAL_JOBS_DIR, EVAL_N_CONCURRENT, EVAL_N_ATTEMPTS, EVAL_AGENT_NAME, EVAL_TIMEOUT_MULTIPLIER,
-EVAL_RESUME ("1" = resume), EVAL_RESUME_COUNT, EVAL_DB_JOB_ID, EVAL_PINGGY_URL. It writes `$EVAL_JOBS_DIR/<run_tag>/`
-in Harbor 0.25's layout (naive ISO timestamps) so the reconciler can be tested end to end without
-GPUs, vLLM or Daytona. Like the sbatch, it points the agent's `api_base` at the leased pinggy URL when there is
-one (else at the local vLLM), so the launch-health check of a pinggy cell finds it wired.
+Same contract as our sbatch scripts: `fake_harbor.py <model> <dataset> <benchmark_id> <run_tag>` with EVAL_JOBS_DIR,
+EVAL_N_CONCURRENT, EVAL_N_ATTEMPTS, EVAL_AGENT_NAME, EVAL_TIMEOUT_MULTIPLIER, EVAL_RESUME ("1" = resume),
+EVAL_RESUME_COUNT, EVAL_DB_JOB_ID, EVAL_PINGGY_URL, EVAL_SHARD. It writes `$EVAL_JOBS_DIR/<run_tag>/` in Harbor
+0.25's layout (naive ISO timestamps) so the reconciler can be tested end to end without GPUs, vLLM or Daytona. Like
+the sbatch, it points the agent's `api_base` at the leased pinggy URL when there is one (else at the local vLLM), so
+the launch-health check of a pinggy cell finds it wired.
 
-Tasks: the subdirectories of <dataset> when it is a directory, else FAKE_HARBOR_TASKS (default 8)
-tasks task-000...; each run n_attempts times. Rewards are a deterministic hash of (model, benchmark, task,
-attempt). By default ~1 in 8 trials hit AgentTimeoutError (graded, reward 0.0) and ~1 in 12 a
-DaytonaError (no reward), capped below the default infra threshold of 10 and at 10% of the job's trials (the
-default upload.maxInfraErrorFraction), so a default run is uploaded without a resume.
+Tasks: the subdirectories of <dataset> when it is a directory, else FAKE_HARBOR_TASKS (default 8) tasks task-000...;
+each run n_attempts times. EVAL_SHARD=i/K keeps the i-th of every K of them (in byte order), as the sbatch does,
+records the subset as the dataset's task_names in config.json (a resume runs it again) and SHARD in meta.env.
+Rewards are a deterministic hash of (model, benchmark, task, attempt). By default ~1 in 8 trials hit
+AgentTimeoutError (graded, reward 0.0) and ~1 in 12 a DaytonaError (no reward), capped below the default infra
+threshold of 10 and at 10% of the job's trials (the default upload.maxInfraErrorFraction), so a default run is
+uploaded without a resume.
 
 Fault modes (env): FAKE_HARBOR_TRIAL_SECONDS (0.05 per trial), FAKE_HARBOR_HANG_AFTER=N (hang after
 N trials; N ≥ all trials: a zombie that hangs once every trial has a result), FAKE_HARBOR_EXIT_CODE=N (exit N
@@ -36,6 +38,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import string
@@ -92,6 +95,10 @@ def env_int(name: str, default: int | None = None) -> int | None:
     return int(value) if value else default
 
 
+class BadInput(Exception):
+    """The job's arguments or environment break the contract: exit 2 before anything is written."""
+
+
 class FakeJob:
     def __init__(self, model: str, dataset: str, benchmark_id: str, run_tag: str) -> None:
         self.model = model
@@ -107,6 +114,7 @@ class FakeJob:
         self.instant_fail = os.environ.get("FAKE_HARBOR_INSTANT_FAIL", "").strip() == "1"
         self.served_id = str(10000 + int(unit("served", model) * 90000))  # vLLM's numeric served name
         self.benchmark_name = dataset.rstrip("/").rsplit("/", 1)[-1]
+        self.shard = os.environ.get("EVAL_SHARD", "").strip()
         self.tasks = self._tasks()
         self.job_id = str(uuid.uuid4())
         self.results: list[dict] = []
@@ -114,8 +122,18 @@ class FakeJob:
 
     def _tasks(self) -> list[str]:
         if os.path.isdir(self.dataset):
-            return sorted(p.name for p in Path(self.dataset).iterdir() if p.is_dir() and not p.name.startswith("."))
-        return [f"task-{i:03d}" for i in range(env_int("FAKE_HARBOR_TASKS", 8))]
+            tasks = sorted(p.name for p in Path(self.dataset).iterdir() if p.is_dir() and not p.name.startswith("."))
+        else:
+            tasks = [f"task-{i:03d}" for i in range(env_int("FAKE_HARBOR_TASKS", 8))]
+        if not self.shard:
+            return tasks
+        match = re.fullmatch(r"(\d+)/(\d+)", self.shard)
+        if match is None or int(match[1]) >= int(match[2]):
+            raise BadInput(f"EVAL_SHARD must be i/K with 0 <= i < K, e.g. 0/2 (got '{self.shard}')")
+        subset = tasks[int(match[1])::int(match[2])]
+        if not subset:
+            raise BadInput(f"EVAL_SHARD={self.shard} selects no task: {self.dataset} has {len(tasks)}")
+        return subset
 
     @property
     def n_total(self) -> int:
@@ -136,7 +154,7 @@ class FakeJob:
                 "model_name": f"hosted_vllm/{self.model}",
                 "kwargs": {"api_base": api_base()},
             }],
-            "datasets": [{"path": self.dataset}],
+            "datasets": [{"path": self.dataset, "task_names": self.tasks if self.shard else None}],
         }
 
     def write_meta_env(self, resume_count: int) -> None:
@@ -145,7 +163,7 @@ class FakeJob:
             "DB_JOB_ID": os.environ.get("EVAL_DB_JOB_ID", ""), "BENCHMARK_ID": self.benchmark_id,
             "N_CONCURRENT": self.n_concurrent, "N_ATTEMPTS": self.n_attempts, "AGENT_NAME": self.agent,
             "TIMEOUT_MULTIPLIER": self.timeout_multiplier, "BENCHMARK_NAME": self.benchmark_name,
-            "RESUME_COUNT": resume_count,
+            "RESUME_COUNT": resume_count, "SHARD": self.shard,
         }
         path = self.run_dir / "meta.env"
         if path.exists():  # a resume keeps what the first fire recorded, except the fire's own facts
@@ -348,7 +366,11 @@ def main(argv: list[str]) -> int:
     if len(argv) != 4:
         print("usage: fake_harbor.py <model> <dataset> <benchmark_id> <run_tag>", file=sys.stderr)
         return 2
-    job = FakeJob(*argv)
+    try:
+        job = FakeJob(*argv)
+    except BadInput as error:
+        print(f"fake_harbor: {error}", file=sys.stderr)
+        return 2
     resume = os.environ.get("EVAL_RESUME") == "1" and (job.run_dir / "config.json").exists()
     if not resume and (job.run_dir / "config.json").exists():
         print(f"{job.run_dir} already holds a job; set EVAL_RESUME=1 to resume it", file=sys.stderr)
@@ -370,6 +392,7 @@ def main(argv: list[str]) -> int:
     if resume:
         old = json.loads((job.run_dir / "config.json").read_text())  # never rewritten on resume
         job.n_attempts = old.get("n_attempts", job.n_attempts)
+        job.tasks = old["datasets"][0].get("task_names") or job.tasks  # Harbor resumes the subset it was given
         result_path = job.run_dir / "result.json"
         previous = json.loads(result_path.read_text()) if result_path.exists() else {}
         job.job_id = previous.get("id", job.job_id)

@@ -46,6 +46,8 @@ PRECEDENCE = [
     ("EVAL_GPU_MEMORY_UTIL", SUBMIT, "0.85"),
     ("EVAL_DAYTONA_THRESHOLD", SUBMIT, "10"),
     ("EVAL_AGENT_KWARGS", SUBMIT, "[]"),
+    ("EVAL_SHARD", SUBMIT, ""),  # the whole dataset, set empty: jobs inherit their submitter's environment
+    ("EVAL_SHARD", RESUME, ""),
 ]
 
 
@@ -63,7 +65,7 @@ def test_every_contract_name_the_builder_sets_is_reserved() -> None:
 
 
 @pytest.mark.parametrize(("name", "reserved"), [
-    ("EVAL_JOBS_DIR", True), ("EVAL_JOB_ID", True), ("SLURM_JOB_ID", True), ("SLURM_ANYTHING", True),
+    ("EVAL_JOBS_DIR", True), ("EVAL_JOB_ID", True), ("EVAL_SHARD", True), ("SLURM_JOB_ID", True), ("SLURM_ANYTHING", True),
     ("EVAL_ENV", False), ("EVAL_HARBOR_CONFIG_DIR", False), ("HF_HOME", False),
 ])
 def test_reserved_names_are_the_contracts_and_the_schedulers(name: str, reserved: bool) -> None:

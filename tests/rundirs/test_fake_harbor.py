@@ -235,3 +235,36 @@ def test_write_after_kill_keeps_adding_trial_dirs(tmp_path: Path) -> None:
     facts = observe(tmp_path)["run"]
     assert facts.finished_at is None
     assert facts.n_completed > facts.n_total == 2  # the settling shape
+
+
+def test_shards_run_disjoint_task_subsets_that_cover_the_dataset_and_resume_their_own(tmp_path: Path) -> None:
+    """EVAL_SHARD=i/K (the job contract): the i-th of every K tasks, as the sbatch picks them; a resume runs the
+    subset its config.json holds, whatever EVAL_SHARD says then."""
+    jobs = tmp_path / "jobs"
+    for run_tag, shard in (("whole", ""), ("s0", "0/3"), ("s1", "1/3"), ("s2", "2/3")):  # no infra error: its cap
+        done = run_fake(jobs, run_tag, FAKE_HARBOR_TASKS=8, FAKE_HARBOR_INFRA_ERRORS=0, EVAL_SHARD=shard)  # is per job
+        assert done.returncode == 0, done.stderr
+    seen = observe(jobs)
+    shards = [set(seen[tag].tasks) for tag in ("s0", "s1", "s2")]
+    assert shards == [{"task-000", "task-003", "task-006"}, {"task-001", "task-004", "task-007"},
+                      {"task-002", "task-005"}]
+    assert set(seen["whole"].tasks) == set().union(*shards)
+    for tag in ("s0", "s1", "s2"):  # the same trials as the unsharded run: same counts and rewards per task
+        assert all(seen[tag].tasks[task] == seen["whole"].tasks[task] for task in seen[tag].tasks)
+        assert seen[tag].n_total == len(seen[tag].tasks) * 2
+    assert "SHARD=1/3\n" in (jobs / "s1" / "meta.env").read_text()
+
+    for trial in trial_dirs(jobs / "s1"):
+        if trial.startswith("task-004"):
+            (jobs / "s1" / trial / "result.json").unlink()
+    assert run_fake(jobs, "s1", FAKE_HARBOR_TASKS=8, EVAL_RESUME="1", EVAL_SHARD="").returncode == 0
+    assert set(observe(jobs)["s1"].tasks) == {"task-001", "task-004", "task-007"}
+
+
+def test_a_shard_outside_the_contract_exits_2_and_writes_nothing(tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    for shard, says in (("2/2", "EVAL_SHARD must be i/K with 0 <= i < K"), ("1/x", "EVAL_SHARD must be i/K"),
+                        ("5/9", "EVAL_SHARD=5/9 selects no task: DCAgent2/terminal_bench_2 has 4")):
+        done = run_fake(jobs, "bad", FAKE_HARBOR_TASKS=4, EVAL_SHARD=shard)
+        assert (done.returncode, says in done.stderr) == (2, True), done.stderr
+    assert not (jobs / "bad").exists()

@@ -83,7 +83,8 @@ PLAUSIBLE = {
     "DATASET": "DCAgent2/bfcl-parity", "tries": "10", "EVAL_HARBOR_CONFIG": "dcagent_eval_config.yaml",
     "EVAL_CONFIG_YAML": "/home/eval/configs/terminus2.yaml",
     "scaffold": "/home/eval/evalrun/eval/harbor/configs/terminus2_no_override.yaml",
-    "job.run_dir": "/scratch/evals/jobs/ev_qwen3-8b__tb2__0123456789ab__a1",
+    "job.run_dir": "/scratch/evals/jobs/ev_qwen3-8b__tb2__0123456789ab__a1", "EVAL_SHARD": "2/2",
+    "error": "EVAL_SHARD must be i/K with 0 <= i < K, e.g. 0/2 (got '2/2')",
 }
 # Give-ups left to the hold that shows the job's last lines (rule JobFailedAtStart), and why.
 NOT_CATALOGUED = {
@@ -95,6 +96,7 @@ NOT_CATALOGUED = {
                                   "would show its advice instead of the line",
     "eval_harbor: no host_env.py in ": "the line names the plugin dir (EVAL_HARBOR_PLUGIN_DIR): the same",
     "eval_harbor: dataset dir not found: ": "the line names the dataset the cluster lacks: the same",
+    "EVAL_SHARD": "the controller sets it: a wrong one is its bug, which no remedy fixes",
 }
 JOB_SCRIPTS = sorted([*(REPO / "eval").rglob("*.sbatch"), *(REPO / "eval").rglob("*.sh"),
                       *(REPO / "specs").rglob("*.py")])

@@ -87,9 +87,6 @@ def job_environment(cell: Cell, launch: Launch, row_id: str, settings: JobSettin
         "EVAL_DB_JOB_ID": row_id,
         "EVAL_RESUME": "1" if isinstance(launch, Resume) else "0",
         "EVAL_RESUME_COUNT": str(launch.fire - 1),
-        # every task of the dataset: one exported in the submitter's shell (jobs inherit it) must not narrow the
-        # job to a subset the cell's completeness would then be measured against
-        "EVAL_SHARD": "",
     }
     optional = {
         "EVAL_MAX_OUTPUT_TOKENS": cell.max_output_tokens,

@@ -46,8 +46,7 @@ PRECEDENCE = [
     ("EVAL_GPU_MEMORY_UTIL", SUBMIT, "0.85"),
     ("EVAL_DAYTONA_THRESHOLD", SUBMIT, "10"),
     ("EVAL_AGENT_KWARGS", SUBMIT, "[]"),
-    ("EVAL_SHARD", SUBMIT, ""),  # the whole dataset, set empty: jobs inherit their submitter's environment
-    ("EVAL_SHARD", RESUME, ""),
+    ("EVAL_SHARD", SUBMIT, None),  # not a shard: the whole dataset
 ]
 
 

@@ -1,5 +1,6 @@
-"""Jobs inherit their submitter's environment, minus the reconciler's own variables and every secret: a job gets a
-secret only through what its cluster declares. Over ssh the login shell's secrets are dropped the same way."""
+"""Jobs inherit their submitter's environment, minus the reconciler's own variables, every secret and the job
+contract's names: a job gets a secret only through what its cluster declares, and a contract setting only from its
+cell. Over ssh the login shell's secrets and contract names are dropped the same way."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ MLFLOW_PASSWORD = "mlflow-login-of-the-reconciler"
 HF_TOKEN = "hf_" + "a1B2c3D4e5" * 4  # in the reconciler's shell, meant for nobody's job
 SECRETS = {"HF_TOKEN": HF_TOKEN, "OPENAI_API_KEY": "sk-reconcilers-own-0123456789", "db_password": "hunter2",
            "KEY_COLUMN": "id"}  # a short value named like a secret is not inherited either: declare it in `env`
+# contract settings a researcher's shell may export (the old runbooks did): they would change what a cell measures
+SHELL_CONTRACT = {"EVAL_CONFIG_YAML": "shell-config.yaml", "EVAL_SHARD": "0/2", "EVAL_VLLM_MAX_MODEL_LEN": "8192"}
 SETTINGS = {"SITE_SETTING": "kept", "TOKENIZERS_PARALLELISM": "false", "MAX_TOKENS": "4096",
             "HF_TOKEN_PATH": "/"}  # named like secrets, holding a switch, a number, a path: settings
 
@@ -30,7 +33,7 @@ def reconciler_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EVALCTL_STORE", "sqlite:///secret-path.db")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", MLFLOW_PASSWORD)  # the reconciler uploads; jobs never do
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", MLFLOW_PASSWORD)
-    for name, value in {**SECRETS, **SETTINGS}.items():
+    for name, value in {**SECRETS, **SETTINGS, **SHELL_CONTRACT}.items():
         monkeypatch.setenv(name, value)
 
 
@@ -42,6 +45,7 @@ def assert_inherits_settings_not_secrets(seen: dict[str, str]) -> None:
     assert {name: seen.get(name) for name in SETTINGS} == SETTINGS and seen["PATH"] == os.environ["PATH"]
     assert not set(SECRETS) & set(seen) and not [name for name in seen if name.startswith("EVALCTL_")]
     assert HF_TOKEN not in str(seen) and OTHER_SECRET not in str(seen) and MLFLOW_PASSWORD not in str(seen)
+    assert not set(SHELL_CONTRACT) & set(seen), "a contract setting the job took from its submitter's shell"
 
 
 def test_the_inherited_environment_keeps_settings_and_drops_every_secret() -> None:
@@ -55,7 +59,8 @@ def test_a_declared_secret_reaches_the_job_whatever_its_name() -> None:
 
 def test_over_ssh_the_login_shells_own_secrets_are_dropped_there_and_declared_ones_set() -> None:
     """The script the remote `sh -s` runs, run by a real `sh` here with the login shell's environment."""
-    login = {**inherited_environment(), **SECRETS, "WEIRD_KEY": "line one\nFAKE_TOKEN=x", "SSH_KEY_FILE": "/nonexistent/id"}
+    login = {**inherited_environment(), **SECRETS, **SHELL_CONTRACT, "WEIRD_KEY": "line one\nFAKE_TOKEN=x",
+             "SSH_KEY_FILE": "/nonexistent/id"}
     script = remote_script(["env"], {"EVAL_PINGGY_TOKEN": "tok-for-this-job", "HF_TOKEN": "hf-declared"})
     out = subprocess.run(["sh", "-s"], input=script, env=login, capture_output=True, text=True, timeout=10, check=True)
     seen = printed_env(out.stdout)

@@ -17,6 +17,7 @@ import pytest
 
 from controller.adapters.remote.sftp import sftp_filesystem
 from controller.adapters.remote.ssh import (
+    DROP_CONTRACT,
     DROP_SECRETS,
     SshCommands,
     parse_host,
@@ -152,7 +153,8 @@ def test_parse_host() -> None:
     for bad in ("-oProxyCommand=touch /tmp/x", "a b", "", "host:port"):
         with pytest.raises(ValueError):
             parse_host(bad)
-    assert remote_script(["echo", "a b"], {"X": "1 2"}) == f"{DROP_SECRETS}export X='1 2'\nexec echo 'a b'\n"
+    assert remote_script(["echo", "a b"], {"X": "1 2"}) == \
+        f"{DROP_SECRETS}{DROP_CONTRACT}export X='1 2'\nexec echo 'a b'\n"
 
 
 # ---------------------------------------------------------------------- sftp

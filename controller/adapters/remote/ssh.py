@@ -4,8 +4,9 @@ Commands go through the system OpenSSH client, so the user's ~/.ssh/config (alia
 applies exactly as on their shell. Host keys are always checked: a login node whose key is unknown or changed
 is refused, never trusted on first use. Environment values may be secrets, so they travel only on the ssh
 channel's stdin, as a script the remote `sh -s` runs; no argv (local or remote) and no file ever holds them. That
-script first unsets the login shell's own secrets (`DROP_SECRETS`): a job submitted there inherits, as one submitted
-here, only the secrets its cluster declares.
+script first unsets the login shell's own secrets (`DROP_SECRETS`) and the job contract's names (`DROP_CONTRACT`): a
+job submitted there inherits, as one submitted here, only the secrets its cluster declares and the settings its cell
+names.
 
 A cluster whose key and known_hosts come from Secrets (an `SshIdentity`, see `materialize_identity`) runs with
 that identity ONLY: a config file written here instead of any ssh_config, no agent, no default keys, no other
@@ -39,6 +40,7 @@ from controller.adapters.scheduler.commands import (
     capture,
 )
 from controller.adapters.secrets import SecretMask
+from controller.core.job_env import CONTRACT_NAMES
 
 log = logging.getLogger("evalctl.ssh")
 _HOST = re.compile(r"(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]\s]+\]|[A-Za-z0-9_.%][^:@\s\[\]]*)(?::(?P<port>\d{1,5}))?")
@@ -80,12 +82,17 @@ done
 """
 
 
+# Nor do the job contract's names (`job_env.CONTRACT_NAMES`): a job gets them from its cell only, as locally.
+DROP_CONTRACT = (f"for _evalctl_name in {' '.join(sorted(CONTRACT_NAMES))}; do\n"
+                 '  (unset "$_evalctl_name") 2>/dev/null && unset "$_evalctl_name"\ndone\n')
+
+
 def remote_script(argv: Sequence[str], env: Mapping[str, str] | None, stdin: str | None = None) -> str:
-    """The stdin of the remote `sh -s`: DROP_SECRETS, exports, then exec argv (so its exit code is the command's),
+    """The stdin of the remote `sh -s`: DROP_SECRETS, DROP_CONTRACT, exports, then exec argv (so its exit code is the command's),
     its own input (`stdin`) in a quoted here-document: no expansion, and a terminator it does not contain."""
     if not argv:
         raise ValueError("empty argv")
-    lines = [DROP_SECRETS.rstrip("\n")]
+    lines = [DROP_SECRETS.rstrip("\n"), DROP_CONTRACT.rstrip("\n")]
     for name, value in (env or {}).items():
         if not _ENV_NAME.fullmatch(name):
             raise ValueError(f"invalid environment variable name: {name!r}")

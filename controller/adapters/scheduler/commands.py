@@ -7,9 +7,12 @@ so they never appear in any argv, log line or file.
 What a job inherits: its submitter's environment (`sbatch --export=ALL`, the local runner) minus every secret
 there — the reconciler's own variables (EVALCTL_*, its MLflow login) and every variable that looks like one (named
 TOKEN, KEY, SECRET or PASSWORD, holding more than a switch, a number or an existing path: `secrets.looks_secret`) —
-plus what the cluster declares (`env`, `secretEnv`, the EVAL_* settings). So a job gets a secret only because its
-cluster says so, while PATH, HOME, module and site settings still pass. Over ssh the login shell's environment is
-filtered by the same rule, there (`remote.ssh.DROP_SECRETS`): the reconciler's own never travels.
+and minus every name of the job contract (`job_env.CONTRACT_NAMES`), plus what the cluster declares (`env`,
+`secretEnv`) and the contract's values for the cell. So a job gets a secret only because its cluster says so, and
+runs under the settings its cell names (an EVAL_CONFIG_YAML or EVAL_SHARD exported in a researcher's shell would
+change what a cell measures, not its fingerprint), while PATH, HOME, module and site settings still pass. Over ssh
+the login shell's environment is filtered by the same rules, there (`remote.ssh.DROP_SECRETS`, `DROP_CONTRACT`):
+the reconciler's own never travels.
 
 What a command answers is read as it comes and capped (`capture`): a login node that answers more than
 `ANSWER_CAP` on stdout or `ERRORS_CAP` on stderr has its command killed and the read fails (`AnswerTooLarge`, a
@@ -28,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from controller.adapters.secrets import looks_secret
+from controller.core.job_env import CONTRACT_NAMES
 from controller.core.types import Frozen
 
 
@@ -67,13 +71,16 @@ OWN_CREDENTIALS = frozenset({"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWO
 
 
 def inherited_environment() -> dict[str, str]:
-    """This process's environment minus the reconciler's own variables and credentials and every other secret.
+    """This process's environment minus the reconciler's own variables and credentials, every other secret, and the
+    job contract's names.
 
     Jobs inherit what their submitter had (`sbatch --export=ALL`, the local runner): without this, every job
-    would carry every secret the reconciler can read (an HF_TOKEN in its shell), not just the ones meant for it.
+    would carry every secret the reconciler can read (an HF_TOKEN in its shell), not just the ones meant for it,
+    and a contract setting the cell leaves unset would take the shell's value.
     """
     return {name: value for name, value in os.environ.items()
-            if not name.startswith(OWN_VARIABLES) and name not in OWN_CREDENTIALS and not looks_secret(name, value)}
+            if not name.startswith(OWN_VARIABLES) and name not in OWN_CREDENTIALS and name not in CONTRACT_NAMES
+            and not looks_secret(name, value)}
 
 
 class LocalCommands:

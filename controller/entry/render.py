@@ -119,12 +119,15 @@ def _gpu_cell(cell: CellPlan, plan: Plan) -> str:
 
 
 def estimate_text(estimate: GpuEstimate) -> str:
-    """`2.10 GPU-h (median of 3 finished attempt(s) of tb2, 0–14B); est. 2 h 30 m (p90 3 h 00 m) from …`."""
+    """`2.10 GPU-h (median of 3 finished attempt(s) of tb2, 0–14B); est. 2 h 30 m (p90 3 h 00 m) from …; server
+    start 13 m (measured, median of 4 job(s) of 0–14B)`: the start a sized request adds where the estimate lacks it."""
     hours = "unknown GPU-h" if estimate.hours is None else f"{estimate.hours:.2f} GPU-h"
     wall = estimate.wall
-    took = "no wall time to go by" if wall is None else (
-        f"est. {hours_text(wall.median_hours)} (p90 {hours_text(wall.high_hours)}) from {wall.basis}")
-    return f"{hours} ({estimate.basis}); {took}"
+    if wall is None:
+        return f"{hours} ({estimate.basis}); no wall time to go by"
+    start = "" if wall.start_hours is None else f"; server start {hours_text(wall.start_hours)} ({wall.start_basis})"
+    return (f"{hours} ({estimate.basis}); est. {hours_text(wall.median_hours)} (p90 {hours_text(wall.high_hours)}) "
+            f"from {wall.basis}{start}")
 
 
 def spending(plan: Plan, console: Console) -> None:

@@ -179,3 +179,16 @@ def test_explain_of_a_cell_not_run_yet_gives_what_an_attempt_should_cost_and_tak
 
     assert ("estimate: 10.00 GPU-h (median of 3 finished attempt(s) of tb2); est. 2 h 30 m (p90 3 h 00 m) from 3 "
             "finished attempt(s) of tb2") in text, text
+    assert "server start" not in text  # none measured: the estimate says nothing of it
+
+
+def test_explain_gives_the_server_start_measured_on_jobs_alike() -> None:
+    [the_cell] = _running_plan().cells
+    wall = WallEstimate(median_hours=2.5, high_hours=3.0, basis="3 finished attempt(s) of tb2", with_start=True,
+                        start_hours=13 / 60, start_basis="measured, median of 4 job(s) of 0–14B")
+    estimate = GpuEstimate(hours=10.0, source=EstimateSource.HISTORY, basis="median of 3 finished attempt(s) of tb2",
+                           wall=wall)
+
+    text = _text(lambda console: explain(the_cell, console, NOW, estimate=estimate))
+
+    assert "from 3 finished attempt(s) of tb2; server start 13 m (measured, median of 4 job(s) of 0–14B)" in text, text

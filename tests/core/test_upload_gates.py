@@ -109,6 +109,14 @@ def test_by_default_a_run_is_overlong_when_it_outlasted_one_job_of_its_cell() ->
     assert _uploads(plan_cell(long_preset, run, POLICY, NOW)) == [False], "its jobs may run 48 h"
 
 
+def test_with_walltime_auto_overlong_is_still_the_cells_walltime_not_a_sized_request() -> None:
+    """A sized request says how long a run was expected to take; overlong says a run outlasted what one job of the
+    cell may run (RULES §16): a run a little slower than its estimate is not flagged."""
+    auto = POLICY.model_copy(update={"walltime": POLICY.walltime.model_copy(update={"auto": True})})
+    run = finished_run(started_at=ago(hours=8))  # ran 6 h: more than any request sized for a 4 h estimate
+    assert _uploads(plan_cell(C.model_copy(update={"time_limit": "10:00:00"}), run, auto, NOW)) == [False]
+
+
 def test_an_unfinished_run_is_measured_to_its_last_progress() -> None:
     decided = plan_cell(C, finished_run(started_at=ago(hours=40), finished_at=None, last_progress_at=ago(hours=3)),
                         FLAGGING.model_copy(update={"max_total_fires": 1}), NOW)

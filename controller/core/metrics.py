@@ -44,13 +44,18 @@ class RunMetrics(Frozen):
                             ended_at=ended_at, is_overlong=is_overlong)
 
 
+def admitted_metrics(admitted: Admitted) -> tuple[Metric, ...]:
+    """The row's metrics list: what an upload writes and a Finished row is compared with."""
+    return (
+        Metric(name="accuracy", value=admitted.score),
+        Metric(name="accuracy_stderr", value=admitted.stderr),
+        Metric(name="n_valid_trials", value=float(admitted.n_scored)),
+    )
+
+
 def run_metrics(admitted: Admitted, facts: RunDirFacts, errors: ErrorClasses) -> RunMetrics:
     return RunMetrics(
-        metrics=(
-            Metric(name="accuracy", value=admitted.score),
-            Metric(name="accuracy_stderr", value=admitted.stderr),
-            Metric(name="n_valid_trials", value=float(admitted.n_scored)),
-        ),
+        metrics=admitted_metrics(admitted),
         stats=UploadStats(
             n_trials=admitted.n_scored,
             n_scored=admitted.n_scored,

@@ -158,7 +158,7 @@ class ActionKind(StrEnum):
     CANCEL = "cancel"
     ANALYZE = "analyze"
     UPLOAD = "upload"  # to the results DB, then (with a tracker) to MLflow; each read back
-    TRACK = "track"  # to MLflow only, read back (upload.db off)
+    TRACK = "track"  # to MLflow only, read back (upload.db off, or its Finished row holds the same numbers)
     QUARANTINE = "quarantine"  # a node, a pinggy pair or a cluster's launches, for a while
     WAIT = "wait"
     SKIP = "skip"
@@ -265,7 +265,7 @@ class Upload(_Mutation):
 
 
 class Track(_Mutation):
-    """To MLflow only (upload.db off), read back."""
+    """To MLflow only, read back: upload.db is off, or the run's Finished row already holds these numbers."""
 
     step: ClassVar[Step] = Step.TRACK
     kind: Literal[ActionKind.TRACK] = ActionKind.TRACK

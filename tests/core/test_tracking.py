@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from controller.core.observed import Metric
 from controller.core.planner import plan_cell
 from controller.core.ports import TrackedRun
 from controller.core.remedies import CellMemory
@@ -11,13 +12,17 @@ from controller.core.vocabulary import ActionKind, Phase
 from tests.core.builders import NOW, POLICY, SCORED, cell, facts, metrics_of, obs, row, sub
 
 TRACKING = POLICY.model_copy(update={"track": True})
+ERRORS = ErrorClasses(infra=("DaytonaError", "CancelledError"), benign=("AgentTimeoutError",))
 CELL = cell()
 TAG = CELL.run_tag(1)
 
 
-def finished(memory: CellMemory | None = None, *, user: str = "alice"):
-    observed = obs(rows=(row("Finished", metrics=SCORED, job_name=TAG, user=user),), subs=(sub(CELL),),
-                   dirs=(facts(TAG),))
+def finished(memory: CellMemory | None = None, *, user: str = "alice", metrics: tuple[Metric, ...] | None = None):
+    """A Finished row holding what the gate gives its run dir (as our verified upload wrote it), unless `metrics`."""
+    run = facts(TAG)
+    uploaded = metrics_of(run, ERRORS, CELL).metrics if metrics is None else metrics
+    observed = obs(rows=(row("Finished", metrics=uploaded, job_name=TAG, user=user),), subs=(sub(CELL),),
+                   dirs=(run,))
     return observed.model_copy(update={"memory": memory or CellMemory()})
 
 
@@ -25,8 +30,17 @@ def test_a_finished_row_not_yet_read_back_from_mlflow_is_evaluated_and_logged_ag
     decided = plan_cell(CELL, finished(), TRACKING, NOW)
 
     assert decided.phase == Phase.EVALUATED
-    assert [a.kind for a in decided.actions] == [ActionKind.ANALYZE, ActionKind.UPLOAD]
+    assert [a.kind for a in decided.actions] == [ActionKind.ANALYZE, ActionKind.TRACK]  # the row is not written
     assert decided.reason.startswith("UploadNotVerified: not logged to MLflow yet")
+
+
+def test_a_finished_row_whose_dir_now_gives_another_number_is_not_logged_to_mlflow() -> None:
+    """A late trial, or an older tool's upload under our name: MLflow would publish a second number for one run,
+    and the row is history, never rewritten."""
+    decided = plan_cell(CELL, finished(metrics=SCORED), TRACKING, NOW)
+
+    assert decided.phase == Phase.COMPLETED and [a.kind for a in decided.actions] == [ActionKind.SKIP]
+    assert "not logged to MLflow: its run dir now gives" in decided.reason and "row holds 0.5" in decided.reason
 
 
 def test_the_last_failure_is_the_reason_until_a_read_back_matches() -> None:
@@ -47,7 +61,6 @@ def test_other_users_rows_and_runs_without_tracking_are_completed_as_before() ->
     assert plan_cell(CELL, finished(), POLICY, NOW).phase == Phase.COMPLETED
 
 
-ERRORS = ErrorClasses(infra=("DaytonaError", "CancelledError"), benign=("AgentTimeoutError",))
 ANALYSIS = Analysis(report="report", step_stats={"steps_mean": 12.5, "steps_median": 12.0, "steps_max": 30.0,
                                                  "n_trajectories": 10.0})
 

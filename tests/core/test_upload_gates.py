@@ -8,11 +8,12 @@ from datetime import timedelta
 
 import pytest
 
+from controller.api.catalog import load_catalog
 from controller.core.observed import JobState
 from controller.core.planner import Policy, plan_cell
 from controller.core.remedies import CellMemory
-from controller.core.vocabulary import CellPlan, Phase, Upload
-from tests.core.builders import ME, NOW, POLICY, SCORED, ago, cell, facts, job, obs, row, sub
+from controller.core.vocabulary import Analyze, CellPlan, Phase, Track, Upload
+from tests.core.builders import ME, NOW, POLICY, SCORED, ago, cell, facts, job, metrics_of, obs, row, sub
 
 C = cell()
 TAG = C.run_tag(1)
@@ -124,15 +125,17 @@ def test_an_unfinished_run_is_measured_to_its_last_progress() -> None:
     assert _uploads(decided) == [True] and "ran 37 h" in decided.reason
 
 
-def test_the_mlflow_re_upload_keeps_the_flag() -> None:
-    """A Finished row re-uploaded to reach MLflow must not write is_overlong back to false."""
+def test_the_mlflow_retry_of_a_finished_row_writes_nothing_to_it() -> None:
+    """Reaching MLflow for a Finished row logs the run only: the row, its is_overlong flag included, is history."""
     tracked = FLAGGING.model_copy(update={"track": True})
     dir_ = facts(TAG, total=100, completed=100).model_copy(update={"started_at": ago(hours=30)})
-    finished = obs(subs=(sub(C),), rows=(row("Finished", job_name=TAG, metrics=SCORED),), dirs=(dir_,))
+    uploaded = metrics_of(dir_, load_catalog().error_classes, C).metrics
+    finished = obs(subs=(sub(C),), rows=(row("Finished", job_name=TAG, metrics=uploaded),), dirs=(dir_,))
 
     decided = plan_cell(C, finished, tracked, NOW)
 
-    assert decided.phase == Phase.EVALUATED and _uploads(decided) == [True]
+    assert decided.phase == Phase.EVALUATED and _uploads(decided) == []
+    assert [type(a) for a in decided.actions] == [Analyze, Track]
 
 
 def test_a_completed_cell_shows_its_flagged_row() -> None:

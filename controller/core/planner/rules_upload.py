@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from controller.core.admission import Admission, Admitted, Refused, admit, distinct_trials, expected_trials
+from controller.core.metrics import admitted_metrics, same_metrics
 from controller.core.observed import ObservedRow, RunDirFacts
 from controller.core.planner.policy import UPLOAD_NOT_VERIFIED
 from controller.core.planner.rules_remedy import remediate
@@ -130,20 +131,47 @@ def finished(view: CellView, row: ObservedRow, rule: Rule) -> CellPlan:
             reason = f"uploaded as is: {RESUME_TABLE[cls].reason} ({progress(facts)})"
             return view.result(Phase.FAILED, [Hold(reason=reason)], reason, RESUME_TABLE[cls].rule,
                                facts=facts, score=score, n_scored=n_scored)
+    if view.memory.db_unverified is not None and view.memory.db_unverified == row.job_name and view.ours(row):
+        return unverified(view, row, facts)
     if needs_tracking(view, row, facts):
         assert facts is not None
         admission = admit_dir(view, facts, can_resume=False)
-        if isinstance(admission, Admitted):
+        if isinstance(admission, Admitted) and same_metrics(row.metrics, admitted_metrics(admission)):
             reason = not_verified(view)
-            action = upload_action(view, facts, row.id, f"{reason}: log and read back", admission)
-            return view.result(Phase.EVALUATED, [analyze(facts, admission), action], reason,
+            track = Track(facts=facts, reason=f"{reason}: log and read back", admitted=admission,
+                          gpu_hours=view.attempt_hours(facts.run_tag))
+            return view.result(Phase.EVALUATED, [analyze(facts, admission), track], reason,
                                Rule.VERIFY_UPLOAD, facts=facts, admission=admission, score=score, n_scored=n_scored)
-        reason = f"job finished; not logged to MLflow: its run dir is {admission.summary()}"
+        reason = f"job finished; not logged to MLflow: {untracked(admission, score, n_scored)}"
         return view.result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts,
                            admission=admission, score=score, n_scored=n_scored)
     reason = f"job finished{flag_note(view, row, facts)}"
     return view.result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts, score=score,
                        n_scored=n_scored)
+
+
+def unverified(view: CellView, row: ObservedRow, facts: RunDirFacts | None) -> CellPlan:
+    """Our upload to this Finished row did not read back as written (another writer, a store that rounds): its
+    metrics are not the gate's, so not a score to show. Upload again and read back, until it does (SCORES.md)."""
+    reason = f"{UPLOAD_NOT_VERIFIED}: row {row.id} does not show the metrics uploaded for {row.job_name}"
+    admission = admit_dir(view, facts, can_resume=False) if facts is not None and not facts.unreadable else None
+    if facts is None or not isinstance(admission, Admitted):
+        why = "its run dir is not there to upload again" if admission is None else \
+            f"its run dir is now {admission.summary()}"
+        return view.result(Phase.EVALUATED, [Hold(reason=f"{reason}; {why}")], f"{reason}; {why}",
+                           Rule.VERIFY_UPLOAD, facts=facts, admission=admission)
+    action = upload_action(view, facts, row.id, f"{reason}: upload again and read back", admission)
+    return view.result(Phase.EVALUATED, [analyze(facts, admission), action], reason, Rule.VERIFY_UPLOAD,
+                       facts=facts, admission=admission)
+
+
+def untracked(admission: Admission, score: float | None, n_scored: int | None) -> str:
+    """Why a finished run is not logged to MLflow: its dir is refused now, or gives another number than its row
+    holds (a late trial, an older tool's upload). One run, one number: the row is history, never rewritten."""
+    if not isinstance(admission, Admitted):
+        return f"its run dir is {admission.summary()}"
+    return f"its run dir now gives {admission.score:.4f} (n={admission.n_scored}) where its row holds {score} " \
+           f"(n={n_scored}); the row is not rewritten"
 
 
 def flag_note(view: CellView, row: ObservedRow, facts: RunDirFacts | None) -> str:

@@ -11,7 +11,7 @@ import hashlib
 import re
 from collections.abc import Mapping
 from functools import cached_property
-from typing import Any, Self
+from typing import Any, Self, final
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
@@ -104,6 +104,7 @@ class Serving(Frozen):
         return {name: value for name, value in chosen.items() if value is not None}
 
 
+@final  # never subclassed: the planner tests a decision's class exactly (planner.fleet.launch_of)
 class Cell(Frozen):
     """One (model, benchmark) of an EvalRun with every parameter resolved. Its identities are computed once (a pass
     over 10,000 cells asked for keys 110,000 times)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal, final
 
 from pydantic import Field
 
@@ -332,6 +332,7 @@ class RowUpdate(Frozen):
     elapsed_hours: float | None = Field(None, description="how long the ended job of `submission_name` ran")
 
 
+@final  # never subclassed: the planner tests a decision's class exactly (planner.fleet.launch_of)
 class CellPlan(Frozen):
     cell: Cell
     phase: Phase

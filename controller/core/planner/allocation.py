@@ -134,7 +134,7 @@ LAUNCH_GATES: tuple[Callable[[Pool, Ticket], Action | None], ...] = (
 
 def allocate(pool: Pool, decision: CellPlan | Cell) -> CellPlan:
     """One cell's share: its launch through `LAUNCH_GATES`, or placed with the slots it takes."""
-    cell_plan = untouched_plan(pool, decision) if isinstance(decision, Cell) else decision
+    cell_plan = untouched_plan(pool, decision) if type(decision) is Cell else decision  # exact: see launch_of
     launch = launch_of(cell_plan)
     return cell_plan if launch is None else admit_launch(pool, cell_plan, launch)
 
@@ -210,7 +210,7 @@ def within_node_cap(decided: list[CellPlan | Cell], live: Sequence[Quarantined],
     nodes = {q.name for q in live if q.kind == QuarantineKind.NODE and q.scope == policy.cluster}
     kept: list[CellPlan | Cell] = []
     for decision in decided:
-        if isinstance(decision, Cell) or not quarantines_node(decision):
+        if type(decision) is Cell or not quarantines_node(decision):  # exact classes: see launch_of
             kept.append(decision)
             continue
         actions: list[Action] = []
@@ -234,7 +234,7 @@ def within_node_cap(decided: list[CellPlan | Cell], live: Sequence[Quarantined],
 
 def quarantines_node(cell_plan: CellPlan) -> bool:
     for action in cell_plan.actions:
-        if isinstance(action, Quarantine) and action.subject == QuarantineKind.NODE:
+        if type(action) is Quarantine and action.subject == QuarantineKind.NODE:  # exact: see launch_of
             return True
     return False
 
@@ -250,7 +250,7 @@ def no_usable_node(cluster: str, bad_nodes: Sequence[str], usable: frozenset[str
 def deciding(evalrun: EvalRunRef, decided: Sequence[CellPlan | Cell], policy: Policy,
              now: datetime) -> list[Quarantined]:
     """The quarantines this plan starts, of this EvalRun or its cluster, as the store will hold them."""
-    return [q for c in decided if isinstance(c, CellPlan) for a in c.actions if isinstance(a, Quarantine)
+    return [q for c in decided if type(c) is CellPlan for a in c.actions if type(a) is Quarantine  # see launch_of
             if (q := as_quarantined(a, now)).scope in (str(evalrun), policy.cluster)]
 
 

@@ -22,7 +22,7 @@ def gpu_budget(evalrun: EvalRunRef, decided: Sequence[CellPlan | Cell], observat
     probing: set[str] = set()
     budgeted = policy.max_gpu_hours is not None  # without a budget, what live cells still need decides nothing
     for decision, obs in zip(decided, observations, strict=True):
-        if isinstance(decision, Cell):
+        if type(decision) is Cell:  # exact: see fleet.launch_of
             continue
         spent += decision.gpu_hours or 0.0
         if not budgeted or not obs.submissions or obs.jobs is None:

@@ -21,8 +21,11 @@ def untouched(cell: Cell, obs: Observation) -> bool:
 
 
 def launch_of(cell_plan: CellPlan) -> Launch | None:
+    """The cell's launch, if it has one. Its class is tested exactly, as in every per-cell pass of the allocation
+    (no action class, nor Cell or CellPlan, is subclassed): an isinstance() that misses a pydantic model goes through
+    its metaclass's check, 0.07 µs (0.18 µs against a union), asked several times for each of 10,000 cells."""
     for action in cell_plan.actions:
-        if isinstance(action, Submit | Resume):
+        if type(action) is Submit or type(action) is Resume:
             return action
     return None
 

@@ -4,8 +4,10 @@ earned it. Pure; the planner asks it before every upload and `plan`, `explain`, 
 
 Every completed trial is in exactly one class (the adapter counts them, `count_instant_failures` moves the ones
 that measured nothing): graded, the model's failure, infra (every other exception, known or unknown; ungraded;
-no model output) or invalid. Score = the scored trials' rewards / (graded + the model's failures). The checks,
-in order, each a named refusal with its remedy:
+no model output) or invalid. Each task weighs at most nAttempts (task, attempt) pairs, whatever a resume or a
+killed fire's sandboxes left beside them: score = Σ_task mean(its scored rewards) · w / Σ_task w, with
+w = min(its scored trials, nAttempts) (with no duplicates, the scored trials' rewards / (graded + the model's
+failures)). The checks, in order, each a named refusal with its remedy:
 
 - identity: the model, benchmark and agent the run dir records are the cell's → else hold (an incident);
 - rewards: every reward a number in [0, 1] under Harbor's `reward` key, 0 or 1 where the preset gives no partial
@@ -14,8 +16,8 @@ in order, each a named refusal with its remedy:
   → else refire (a dead launch, whatever the trials raised);
 - completeness: the distinct (task, attempt) pairs reach the expected trials (the catalog's tasks × nAttempts,
   else Harbor's total; duplicates count once) → else resume, then hold (or a partial upload);
-- infra share: at most `upload.maxInfraErrorFraction` of the classified trials → else resume, then hold (or a
-  partial upload);
+- infra share: at most `upload.maxInfraErrorFraction` of the distinct (task, attempt) pairs with a result have
+  only infra results → else resume, then hold (or a partial upload);
 - something scored → else hold.
 An admitted number with fewer than `report.trustThreshold` scored trials is provisional; its standard error is
 clustered by task (the attempts of one task are not independent).
@@ -24,7 +26,7 @@ clustered by task (the attempts of one task are not independent).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from typing import Literal
 
@@ -34,7 +36,7 @@ from controller.core.observed import RunDirFacts
 from controller.core.remedies import AdmissionRecord
 from controller.core.types import Cell, Frozen
 
-GATE_VERSION = 1  # bump when a rule changes what is admitted: a row's evidence says which gate passed it
+GATE_VERSION = 2  # bump when a rule changes what is admitted: a row's evidence says which gate passed it
 HARBOR_PROVIDERS = ("hosted_vllm/", "openai/", "vllm/")
 
 
@@ -70,20 +72,25 @@ class Evidence(Frozen):
     model_failures: int
     infra: int
     invalid: int
-    scored: int = Field(description="graded + the model's failures: the score's denominator")
+    scored: int = Field(description="(task, attempt) pairs scored, at most nAttempts a task: the score's weight "
+                                    "(graded + the model's failures where no task has more)")
     expected: int | None = Field(description="trials the run must have: tasks × nAttempts")
     expected_from: Literal["catalog", "harbor"] | None
     seen: int = Field(description="distinct (task, attempt) pairs with a result")
-    duplicates: int = Field(description="trials beyond nAttempts of their task (a resume re-ran them): counted once")
+    duplicates: int = Field(description="trials beyond nAttempts of their task (a resume re-ran them): counted once, "
+                                        "and weighed in the score as their task's mean")
     tasks: int
-    infra_share: float
+    unmeasured: int = Field(description="distinct (task, attempt) pairs with a result but none scored: only infra "
+                                        "(or invalid) results")
+    infra_share: float = Field(description="unmeasured / seen")
     identity: str = Field(description="'ok', or how the run dir differs from the cell")
     traffic: str = Field(description="what shows the model answering")
 
     def summary(self) -> str:
         expected = "?" if self.expected is None else str(self.expected)
         return (f"{self.seen}/{expected} trials, {self.graded} graded, {self.model_failures} model failures, "
-                f"{self.infra} infra ({self.infra_share:.1%})" + (f", {self.invalid} invalid" if self.invalid else "")
+                f"{self.infra} infra" + (f", {self.unmeasured} unmeasured" if self.unmeasured != self.infra else "")
+                + f" ({self.infra_share:.1%})" + (f", {self.invalid} invalid" if self.invalid else "")
                 + (f", {self.duplicates} duplicates" if self.duplicates else "")
                 + f", identity {self.identity}, {self.traffic}")
 
@@ -155,10 +162,10 @@ def admit(cell: Cell, facts: RunDirFacts, policy: GatePolicy, *, requests: int |
             if policy.partial_upload and covered < policy.min_completed_fraction:
                 why = f"; below upload.minCompletedFraction {policy.min_completed_fraction:g}"
             return refused(refusal, f"{reason}; resumes cannot complete it{why}", "hold")
-        return _admitted(facts, evidence, policy, partial_why=reason)
+        return _admitted(cell, facts, evidence, policy, partial_why=reason)
     if evidence.scored == 0:
         return refused(Refusal.NOTHING_SCORED, "no trial was graded or failed as the model's own", "hold")
-    return _admitted(facts, evidence, policy)
+    return _admitted(cell, facts, evidence, policy)
 
 
 def admission_record(run_tag: str, admitted: Admitted) -> AdmissionRecord:
@@ -182,20 +189,48 @@ def distinct_trials(facts: RunDirFacts, n_attempts: int) -> int:
     return sum(min(seen, n_attempts) for seen, _, _ in facts.tasks.values())
 
 
-def clustered_stderr(tasks: Iterable[tuple[int, int, float]]) -> float | None:
-    """Standard error of the mean reward with tasks as clusters (CR1): G/(G-1) · Σ_g (S_g − n_g·m)² / n². With one
-    trial per task it is the usual sample standard error."""
-    scored = [(n, total) for _, n, total in tasks if n > 0]
-    clusters, n = len(scored), sum(count for count, _ in scored)
-    if clusters < 2:
+def unmeasured_trials(facts: RunDirFacts, n_attempts: int) -> int:
+    """(task, attempt) pairs with a result but no scored one: a task's scored trials cover up to nAttempts of its
+    pairs, and its other pairs had only infra (or invalid) results. Which attempt a re-run stood for is not
+    recorded, so a task with one infra and one graded result of its single attempt was measured."""
+    return sum(min(seen, n_attempts) - min(scored, n_attempts) for seen, scored, _ in facts.tasks.values())
+
+
+def infra_share(facts: RunDirFacts, n_attempts: int) -> float:
+    """The share of the distinct (task, attempt) pairs with a result that measured nothing of the model: the part of
+    the benchmark the score does not cover, which duplicates of the measured tasks cannot dilute."""
+    seen = distinct_trials(facts, n_attempts)
+    return unmeasured_trials(facts, n_attempts) / seen if seen else 0.0
+
+
+def task_weights(tasks: Iterable[tuple[int, int, float]], n_attempts: int) -> list[tuple[int, float]]:
+    """(weight, weighted reward sum) of each task with a scored trial: weight min(scored, nAttempts), the sum at the
+    task's mean reward. A task's trials beyond its nAttempts (a resume re-ran it, a killed fire's sandboxes landed
+    late) weigh as their mean, never as more attempts; no duplicate has to be chosen over another."""
+    weights = []
+    for _, scored, total in tasks:
+        if scored > 0:
+            weight = min(scored, n_attempts)
+            weights.append((weight, total * weight / scored))
+    return weights
+
+
+def clustered_stderr(clusters: Sequence[tuple[int, float]]) -> float | None:
+    """Standard error of the mean reward with tasks as clusters (CR1): G/(G-1) · Σ_g (S_g − n_g·m)² / n², over the
+    (n_g, S_g) of `task_weights`. With one trial per task it is the usual sample standard error."""
+    n = sum(count for count, _ in clusters)
+    if len(clusters) < 2:
         return None
-    mean = sum(total for _, total in scored) / n
-    spread = sum((total - count * mean) ** 2 for count, total in scored)
-    return math.sqrt(clusters / (clusters - 1) * spread / (n * n))
+    mean = sum(total for _, total in clusters) / n
+    spread = sum((total - count * mean) ** 2 for count, total in clusters)
+    return math.sqrt(len(clusters) / (len(clusters) - 1) * spread / (n * n))
 
 
-def _admitted(facts: RunDirFacts, evidence: Evidence, policy: GatePolicy, partial_why: str = "") -> Admitted:
-    return Admitted(score=facts.reward_sum / evidence.scored, stderr=clustered_stderr(facts.tasks.values()),
+def _admitted(cell: Cell, facts: RunDirFacts, evidence: Evidence, policy: GatePolicy,
+              partial_why: str = "") -> Admitted:
+    """The score and its standard error over the same task weights as `evidence.scored`."""
+    weights = task_weights(facts.tasks.values(), cell.n_attempts)
+    return Admitted(score=sum(total for _, total in weights) / evidence.scored, stderr=clustered_stderr(weights),
                     n_scored=evidence.scored, provisional=evidence.scored < policy.trust_threshold,
                     partial=bool(partial_why), partial_why=partial_why, evidence=evidence)
 
@@ -207,8 +242,9 @@ def _short(evidence: Evidence, policy: GatePolicy) -> tuple[Refusal, str] | None
         return Refusal.INCOMPLETE, (f"{evidence.seen} of {evidence.expected} expected trials ({evidence.expected_from})"
                                     f" have a result")
     if evidence.infra_share > policy.max_infra_fraction:
-        return Refusal.INFRA_SHARE, (f"{evidence.infra} of {evidence.trials} trials are infra ({evidence.infra_share:.0%}"
-                                     f"), above upload.maxInfraErrorFraction {policy.max_infra_fraction:g}")
+        return Refusal.INFRA_SHARE, (f"{evidence.unmeasured} of {evidence.seen} trials are infra "
+                                     f"({evidence.infra_share:.0%}), above upload.maxInfraErrorFraction "
+                                     f"{policy.max_infra_fraction:g}")
     return None
 
 
@@ -223,13 +259,14 @@ def _answered(cell: Cell, facts: RunDirFacts, requests: int | None) -> bool:
 def _evidence(cell: Cell, facts: RunDirFacts, requests: int | None, model_names: Iterable[str],
               benchmark_names: Iterable[str]) -> Evidence:
     expected, source = expected_trials(cell, facts)
-    classified = facts.n_graded + facts.n_benign_errors + facts.n_infra_errors
     return Evidence(
         trials=facts.n_completed, graded=facts.n_graded, model_failures=facts.n_benign_errors,
-        infra=facts.n_infra_errors, invalid=facts.n_invalid, scored=facts.n_graded + facts.n_benign_errors,
+        infra=facts.n_infra_errors, invalid=facts.n_invalid,
+        scored=sum(weight for weight, _ in task_weights(facts.tasks.values(), cell.n_attempts)),
         expected=expected, expected_from=source, seen=distinct_trials(facts, cell.n_attempts),
         duplicates=sum(max(seen - cell.n_attempts, 0) for seen, _, _ in facts.tasks.values()),
-        tasks=len(facts.tasks), infra_share=facts.n_infra_errors / classified if classified else 0.0,
+        tasks=len(facts.tasks), unmeasured=unmeasured_trials(facts, cell.n_attempts),
+        infra_share=infra_share(facts, cell.n_attempts),
         identity=_identity(cell, facts, model_names, benchmark_names), traffic=_traffic(cell, facts, requests))
 
 

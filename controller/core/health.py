@@ -56,9 +56,10 @@ class HealthLimits(Frozen):
 
 def count_instant_failures(facts: RunDirFacts, instant_fail: timedelta) -> RunDirFacts:
     """The facts with every trial that measured nothing of the model moved to an infra bucket: instant failures
-    (from their exception class to `InstantFailure`) and graded trials whose agent reported 0 output tokens (to
-    `NoModelOutput`: a dead server behind a live harness). Out of the scored trials, the reward sums and their
-    task's tally; into the infra count and breakdown. Only for agents that call a model."""
+    (from their exception class to `InstantFailure`) and graded trials whose agent reported 0 output tokens or
+    never ran (to `NoModelOutput`: a dead server behind a live harness, a verifier grading an untouched
+    workspace). Out of the scored trials, the reward sums and their task's tally; into the infra count and
+    breakdown. Only for agents that call a model."""
     moved = [q for q in facts.quiet_failures if q.exception_type is None or not q.answered
              or q.agent_seconds is None or q.agent_seconds < instant_fail.total_seconds()]
     if not moved or facts.unreadable:

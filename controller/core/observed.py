@@ -103,7 +103,8 @@ class QuietFailure(Frozen):
     """A trial that raised without producing one output token; its agent time tells an instant failure."""
 
     exception_type: str | None = Field(description="None: a graded trial without an exception whose agent reported "
-                                                   "0 output tokens (the verifier graded an untouched workspace)")
+                                                   "0 output tokens or never ran (the verifier graded an untouched "
+                                                   "workspace)")
     kind: ErrorKind | None = Field(description="how its class counted in the run dir's tallies; None: graded")
     agent_seconds: float | None = Field(description="agent_execution finished - started; None: never ran")
     reward: float | None = None

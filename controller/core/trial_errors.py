@@ -7,7 +7,7 @@ says so; every other one, known or not, is infra (the users' own per-trial extra
 out of the denominator).
 The reconciler's own buckets are infra too: `InstantFailure` (raised before one output token, within seconds),
 `Ungraded` (no exception and no reward: the verifier never ran) and `NoModelOutput` (graded, but the model
-produced no token: the verifier graded an untouched workspace).
+produced no token, or no agent ran at all: the verifier graded an untouched workspace).
 """
 
 from __future__ import annotations

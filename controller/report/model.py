@@ -15,6 +15,7 @@ from datetime import datetime
 
 from pydantic import Field
 
+from controller.core.admission import infra_share
 from controller.core.observed import Observation, ObservedRow, RunDirFacts
 from controller.core.remedies import Remedy
 from controller.core.trial_errors import ErrorClasses
@@ -142,7 +143,7 @@ def _cell(cell_plan: CellPlan, obs: Observation, errors: ErrorClasses, trust_thr
         model=cell_plan.cell.model, benchmark=cell_plan.cell.benchmark, phase=cell_plan.phase,
         reason=cell_plan.reason, score=scored.score if scored else None, stderr=scored.stderr if scored else None,
         n_valid=n_valid, n_scored=facts.n_scored if facts else None, n_total=facts.n_total if facts else None,
-        infra_share=_infra_share(facts), provisional=n_valid is None or n_valid < trust_threshold,
+        infra_share=_infra_share(facts, cell_plan.cell.n_attempts), provisional=n_valid is None or n_valid < trust_threshold,
         partial=bool(cell_plan.partial),
         errors=errors.breakdown(facts.error_breakdown) if facts else {},
         steps=steps.get(facts.run_tag, {}) if facts else {},
@@ -168,10 +169,11 @@ def _valid_of(rows: Sequence[ObservedRow], scored: HistoryRow) -> int | None:
     return None if value is None else int(value)
 
 
-def _infra_share(facts: RunDirFacts | None) -> float | None:
+def _infra_share(facts: RunDirFacts | None, n_attempts: int) -> float | None:
+    """The gate's share (RULES §14): of the distinct (task, attempt) pairs with a result, those only infra."""
     if facts is None or not facts.n_completed:
         return None
-    return facts.n_infra_errors / facts.n_completed
+    return infra_share(facts, n_attempts)
 
 
 def _delta(score: float | None, base: float | None) -> float | None:

@@ -177,7 +177,9 @@ def resume_re_ran_the_same(run: Path) -> None:
 
 
 def leftovers_of_an_earlier_fire(run: Path) -> None:
-    """32 results for 20 trials: 12 trials of a killed fire's sandboxes landed beside the re-runs."""
+    """32 results for 20 trials: 12 trials of a killed fire's sandboxes landed beside the re-runs. Each task weighs
+    one attempt (RULES §14): t000-t009 passed once and failed once (0.5 each), t010-t011 failed twice, the other 8
+    failed once, so the score is 5/20, not 10/32 (which let the 12 extra results weigh as 12 more attempts)."""
     genuine(run, 20, passed=10)
     for i in range(12):
         trial(run, f"t{i:03d}", 1, reward=0.0)
@@ -227,7 +229,7 @@ CASES = {
     "resume-re-ran-the-same": Case(resume_re_ran_the_same, Refusal.INCOMPLETE, "10 of 20 expected trials"),
     "10-graded-150-unknown": Case(ten_graded_and_a_flood_of_unknown, Refusal.INFRA_SHARE, "150 of 160 trials"),
     "control-genuine-zeros": Case(genuine_zeros, None, "20 graded", score=0.0),
-    "control-leftovers-count-once": Case(leftovers_of_an_earlier_fire, None, "12 duplicates", score=10 / 32),
+    "control-leftovers-count-once": Case(leftovers_of_an_earlier_fire, None, "12 duplicates", score=5 / 20),
     "control-model-failures": Case(model_failures_with_a_reward, None, "16 graded, 3 model failures",
                                    score=8 / 19),
 }

@@ -376,3 +376,36 @@ def test_a_finished_dir_is_kept_whole(tmp_path: Path, reads: list[str]) -> None:
     again = observe(tmp_path / "jobs")["r"]
     assert reads == [] and again == first
     assert (again.quiet_failures, again.n_started_trials, again.api_base) == (QUIET, N_STARTED, PINGGY)
+
+
+STEP_FAILED = {"exception_type": "SandboxBuildFailedError", "exception_message": "build failed",
+               "exception_traceback": "Traceback ...", "occurred_at": T0.isoformat()}
+
+
+@pytest.mark.parametrize(("fields", "exception_type", "steps"), [
+    ({"exception_info": {"exception_message": "lost"}}, "UnnamedException", ()),  # a class nobody named: infra
+    ({"exception_info": {"exception_type": " "}}, "UnnamedException", ()),
+    ({"exception_info": {}}, "UnnamedException", ()),
+    # Harbor 0.26 multi-step: the step's failure is on the step, the trial's exception_info null
+    ({"exception_info": None, "step_results": [{"step_name": "1", "exception_info": None},
+                                               {"step_name": "2", "exception_info": STEP_FAILED}]},
+     None, (("SandboxBuildFailedError", None),)),
+    ({"step_results": [{"step_name": "1", "exception_info": {"exception_type": ""}}]},
+     "X", (("UnnamedException", None),)),
+])
+def test_trial_outcome_reads_every_recorded_exception(fields: dict[str, Any], exception_type: str | None,
+                                                      steps: tuple[tuple[str, str | None], ...]) -> None:
+    outcome = trial_outcome(result_doc(**fields))
+    assert (outcome.exception_type, outcome.step_exceptions) == (exception_type, steps)
+
+
+@pytest.mark.parametrize(("fields", "ran"), [
+    ({}, False),
+    ({"agent_result": None, "agent_execution": None}, False),
+    ({"agent_execution": {"started_at": T0.isoformat()}}, True),
+    ({"agent_result": {"n_output_tokens": None}}, True),
+    ({"step_results": [{"step_name": "1", "agent_result": {"n_output_tokens": 3}}]}, True),
+    ({"step_results": [{"step_name": "1"}]}, False),
+])
+def test_trial_outcome_says_whether_any_agent_ran(fields: dict[str, Any], ran: bool) -> None:
+    assert trial_outcome(result_doc(**fields)).agent_ran is ran

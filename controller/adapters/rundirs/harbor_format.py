@@ -180,32 +180,60 @@ class TrialOutcome(NamedTuple):
     task: str | None = None  # task_name: which task the trial ran (attempts of one task share it)
     reward_problem: str | None = None  # why the verifier's rewards hold no usable `reward` (then reward is None)
     exception_qualified: str | None = None  # `module.Class` of the exception, where its traceback or message says
+    step_exceptions: tuple[tuple[str, str | None], ...] = ()  # (class, qualified) of each step's, in step order
+    agent_ran: bool = True  # False: neither the trial nor any step records an agent_execution or an agent_result
 
 
 def trial_outcome(data: bytes) -> TrialOutcome:
     """A trial's result.json (TrialResult): verifier_result.rewards.reward, exception_info.exception_type, and what
     tells an instant failure: agent_result.n_output_tokens and the agent_execution times.
 
-    A multi-step trial records its agent's usage and times per step (`step_results`) instead: they are summed, as
-    Harbor's `compute_token_cost_totals` does, so a multi-step trial that ran is not taken for one that never did.
+    A multi-step trial (Harbor 0.26) records its agent's usage and times per step (`step_results`) instead: they
+    are summed, as Harbor's `compute_token_cost_totals` does, so a multi-step trial that ran is not taken for one
+    that never did. It records a step's failure on the step too, leaving the trial's exception_info null and its
+    reward the mean over the steps that were verified: the steps' exceptions are read, for the tally to classify.
     """
     doc = load_json(data)
     rewards = _object(_object(doc, "verifier_result"), "rewards", "verifier_result")
-    exception = _object(doc, "exception_info")
-    exception_type = _str(exception, "exception_type", "exception_info")
+    exception_type, qualified = _exception(doc, "")
+    steps = _objects(doc, "step_results")
     tokens, prompt, seconds = _agent_usage(doc, "")
     if doc.get("agent_result") is None or doc.get("agent_execution") is None:
-        steps = [_agent_usage(step, f"step_results[{i}]") for i, step in enumerate(_objects(doc, "step_results"))]
+        usage = [_agent_usage(step, f"step_results[{i}]") for i, step in enumerate(steps)]
         if doc.get("agent_result") is None:
-            tokens, prompt = _sum(t for t, _, _ in steps), _sum(p for _, p, _ in steps)
+            tokens, prompt = _sum(t for t, _, _ in usage), _sum(p for _, p, _ in usage)
         if doc.get("agent_execution") is None:
-            seconds = _sum(s for _, _, s in steps)
+            seconds = _sum(s for _, _, s in usage)
+    recorded = (_exception(step, f"step_results[{i}]") for i, step in enumerate(steps))
+    step_exceptions = tuple((name, origin) for name, origin in recorded if name is not None)
     reward, problem = _reward(rewards)
     task = doc.get("task_name")
-    return TrialOutcome(reward=reward, exception_type=exception_type or None, n_output_tokens=tokens,
+    return TrialOutcome(reward=reward, exception_type=exception_type, n_output_tokens=tokens,
                         agent_seconds=seconds, n_input_tokens=prompt, task=task if isinstance(task, str) else None,
-                        reward_problem=problem,
-                        exception_qualified=_qualified(exception_type, exception) if exception_type else None)
+                        reward_problem=problem, exception_qualified=qualified, step_exceptions=step_exceptions,
+                        agent_ran=_agent_ran(doc, steps))
+
+
+UNNAMED_EXCEPTION = "UnnamedException"  # an exception_info without a class: no catalog lists it, so it is infra
+
+
+def _exception(doc: dict[str, Any], where: str) -> tuple[str | None, str | None]:
+    """(class, `module.Class` where known) of the exception_info of a trial or a step; (None, None) when none is
+    recorded. One recorded without a class (no `exception_type`, or a blank one) is `UnnamedException`: something
+    went wrong that nobody named, which is never evidence that the model failed (RULES §3)."""
+    if doc.get("exception_info") is None:
+        return None, None
+    exception = _object(doc, "exception_info", where)
+    named = _str(exception, "exception_type", _field(where, "exception_info"))
+    if not named or not named.strip():
+        return UNNAMED_EXCEPTION, None
+    return named, _qualified(named, exception)
+
+
+def _agent_ran(doc: dict[str, Any], steps: list[dict[str, Any]]) -> bool:
+    """Whether anything records the agent running: an agent_execution or an agent_result, of the trial or a step.
+    A trial without either that was graded had its verifier grade a workspace no agent touched."""
+    return any(part.get(key) is not None for part in (doc, *steps) for key in ("agent_execution", "agent_result"))
 
 
 REWARD_KEY = "reward"  # Harbor's verifier writes the trial's score under this key of verifier_result.rewards

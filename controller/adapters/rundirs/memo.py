@@ -42,7 +42,7 @@ from controller.core.trial_errors import ErrorClasses
 log = logging.getLogger(__name__)
 
 MEMO_RUNS_MAX = 20_000  # run dirs remembered per jobs dir: a lab's whole history, not a flood of foreign entries
-CACHE_FORMAT = 1  # bump when what a run dir's files are reduced to changes without RunDirFacts' schema changing
+CACHE_FORMAT = 2  # bump when what a run dir's files are reduced to changes without RunDirFacts' schema changing
 CACHE_FILE_CAP = 64 << 20  # 20,000 finished dirs' facts are ~30 MiB
 
 

@@ -59,9 +59,10 @@ def tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: Reader,
     sums cover the scored trials (graded and the model's failures), per task as well, so the core can drop what it
     files as infra later and cluster the standard error by task.
 
-    Each completed trial that raised without an output token, and each graded one whose agent reported 0 of them,
-    is also listed as a `QuietFailure`: the core, which knows the EvalRun's `instant_fail` and whether the agent
-    calls a model, moves those that are no measurement to infra.
+    A trial is classified by the one exception that decides it, of its own and its steps' (`_Tally._decided`).
+    Each completed trial that raised without an output token, and each graded one whose agent reported 0 of them
+    or never ran (no agent_execution, no agent_result), is also listed as a `QuietFailure`: the core, which knows
+    the EvalRun's `instant_fail` and whether the agent calls a model, moves those that are no measurement to infra.
     Stops at the first trial result `reader` cannot read: the counts are then not data anyway.
     """
     tally = _Tally(errors)
@@ -107,6 +108,7 @@ class _Tally:
         self.n_started += 1
         if trial.mtime is not None and (self.newest is None or trial.mtime > self.newest):
             self.newest = trial.mtime
+        outcome = self._decided(outcome)
         reward, exception_type = outcome.reward, outcome.exception_type
         if exception_type in self.errors.interrupted:
             return  # not completed: a resume runs it again
@@ -128,7 +130,7 @@ class _Tally:
             self.fractional.append(f"{trial.name}/{TRIAL_RESULT}: reward {reward:g}")
         kind = self._kind(outcome)
         if (exception_type is not None and not outcome.n_output_tokens) or (
-                kind is None and outcome.n_output_tokens == 0):
+                kind is None and (outcome.n_output_tokens == 0 or not outcome.agent_ran)):
             self.quiet.append(QuietFailure(exception_type=exception_type, kind=kind,
                                            agent_seconds=outcome.agent_seconds, reward=reward,
                                            answered=bool(outcome.n_input_tokens), task=task))
@@ -138,6 +140,22 @@ class _Tally:
             task_sum += value
             self.reward_sum += value
         self.tasks[task] = (seen, scored, task_sum)
+
+    def _decided(self, outcome: TrialOutcome) -> TrialOutcome:
+        """The trial as the one exception that decides its class, of all Harbor recorded (its own, then each step's,
+        as `TrialResult.recorded_exceptions` lists them): one that interrupted it (Harbor re-runs a trial any of
+        whose exceptions is a cancel), else the first that is not the model's own failure (a step that measured
+        nothing leaves the trial's reward, a mean over the steps verified, no measurement of the model), else the
+        first."""
+        if not outcome.step_exceptions:
+            return outcome
+        recorded = [(name, origin) for name, origin in ((outcome.exception_type, outcome.exception_qualified),
+                                                        *outcome.step_exceptions) if name is not None]
+        interrupted = [e for e in recorded if e[0] in self.errors.interrupted]
+        not_the_models = [e for e in recorded
+                          if self.errors.classify(e[0], outcome.reward is not None, e[1]) is ErrorKind.INFRA]
+        name, origin = (interrupted or not_the_models or recorded)[0]
+        return outcome._replace(exception_type=name, exception_qualified=origin, step_exceptions=())
 
     def _kind(self, outcome: TrialOutcome) -> ErrorKind | None:
         """The class of a completed trial with a valid reward or none: None when graded."""

@@ -276,12 +276,14 @@ class Actor:
         if not wrong and landed is not None and bool(landed.is_overlong) != is_overlong:
             wrong = f"row {row_id} reads is_overlong={landed.is_overlong}, not {is_overlong}"
         if wrong:  # remembered: the row may read Finished, but not with our numbers (rules_upload.unverified)
-            work.learnt(db_unverified=facts.run_tag)
+            again = work.memory.db_unverified == facts.run_tag
+            work.learnt(db_unverified=facts.run_tag, db_unverified_why=wrong,
+                        db_unverified_uploads=work.memory.db_unverified_uploads + 1 if again else 1)
             raise UploadNotVerified(wrong)
         what = f"accuracy={accuracy:.4f}" + (" is_overlong=true" if is_overlong else "") + (
             " provisional=true" if result.stats.provisional else "") + (" partial=true" if result.stats.partial else "")
         work.learnt(db_verified=f"row {row_id} read back with {what} ({facts.run_tag})", db_unverified=None,
-                    admitted=admission_record(facts.run_tag, admitted))
+                    db_unverified_uploads=0, db_unverified_why=None, admitted=admission_record(facts.run_tag, admitted))
         if not written:
             return f"{what} for {facts.run_tag} was already in row {row_id} (verified, not rewritten)"
         return f"uploaded {what} for {facts.run_tag} (row {row_id}, verified)"

@@ -17,6 +17,7 @@ from pydantic import Field
 
 from controller.core.admission import GATE_VERSION, Admitted, GatePolicy, Refused, admit
 from controller.core.health import count_instant_failures
+from controller.core.metrics import holds_the_gates_numbers
 from controller.core.observed import Observation, ObservedRow, RowStatus
 from controller.core.records import AuditVerdict, RowAuditMark
 from controller.core.types import Cell, Frozen
@@ -114,6 +115,9 @@ def merge(reports: Iterable[AuditReport]) -> AuditReport:
                        not_auditable=tuple(u for i, u in unauditable.items() if i not in audited))
 
 
+SCORE_DIFFERS = "ScoreDiffers"  # the refusal of a row whose run the gate admits, at another number
+
+
 def _audit_row(cell: Cell, obs: Observation, row: ObservedRow, gate: GatePolicy,
                instant_fail: timedelta) -> RowAudit | str:
     """The row's verdict, or why it cannot be judged."""
@@ -140,6 +144,10 @@ def _audit_row(cell: Cell, obs: Observation, row: ObservedRow, gate: GatePolicy,
     if isinstance(admission, Refused):
         return judged(AuditVerdict.REFUSED, refusal=admission.refusal.value, reason=admission.reason)
     assert isinstance(admission, Admitted)
+    if not holds_the_gates_numbers(row.metrics, admission):  # admitted, but not at the number the row holds
+        return judged(AuditVerdict.REFUSED, refusal=SCORE_DIFFERS, n_scored=admission.n_scored,
+                      reason=f"the gate gives {admission.score:.4f} (n={admission.n_scored}) where the row holds "
+                             f"{_accuracy(row)}")
     if admission.provisional:
         reason = (f"{admission.n_scored} scored trials, fewer than report.trustThreshold {gate.trust_threshold}"
                   + (f"; partial: {admission.partial_why}" if admission.partial else ""))

@@ -7,6 +7,7 @@ can audit why a number was published.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -67,6 +68,22 @@ def run_metrics(admitted: Admitted, facts: RunDirFacts, errors: ErrorClasses) ->
             evidence=admitted.evidence.model_dump(mode="json") | {"partial_why": admitted.partial_why},
         ),
     )
+
+
+def holds_the_gates_numbers(stored: Iterable[Metric] | None, admitted: Admitted) -> bool:
+    """Does a Finished row hold what the gate gives its run dir today: its accuracy, and every other of the gate's
+    metrics it holds (an older tool's row may hold fewer)? To a float's last digits: the same sum taken in another
+    order (an earlier gate version) differs there, and is the same number."""
+    held = {metric.name: metric.value for metric in stored or ()}
+    if "accuracy" not in held:
+        return False
+    return all(_same_number(held[m.name], m.value) for m in admitted_metrics(admitted) if m.name in held)
+
+
+def _same_number(held: float | None, computed: float | None) -> bool:
+    if held is None or computed is None:
+        return held is computed
+    return math.isclose(held, computed, rel_tol=1e-9, abs_tol=1e-12)
 
 
 def same_metrics(stored: Iterable[Metric] | None, written: Iterable[Metric]) -> bool:

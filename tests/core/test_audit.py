@@ -13,7 +13,7 @@ from tests.core.builders import POLICY, SCORED, cell, facts, obs, row
 C = cell(tasks=None)
 GATE = POLICY.admission.model_copy(update={"trust_threshold": 10})
 INSTANT = timedelta(seconds=10)
-METRICS = (Metric(name="accuracy", value=0.7),)
+METRICS = (Metric(name="accuracy", value=0.5),)  # what the gate gives the builders' dirs: half the trials solved
 
 
 def finished(row_id: str, job_name: str | None, *, user: str = "bob") -> object:
@@ -35,7 +35,7 @@ def test_a_complete_genuine_row_is_ok_and_not_a_finding() -> None:
     report = audit(finished("r1", "good"), dirs=(facts("good", total=20, completed=20),))
 
     [entry] = report.audited
-    assert (entry.verdict, entry.n_scored, entry.accuracy, entry.username) == (AuditVerdict.OK, 20, 0.7, "bob")
+    assert (entry.verdict, entry.n_scored, entry.accuracy, entry.username) == (AuditVerdict.OK, 20, 0.5, "bob")
     assert report.findings == () and report.new == () and report.not_auditable == ()
 
 
@@ -73,6 +73,15 @@ def test_instant_failures_count_only_where_the_agent_calls_a_model() -> None:
 
     assert verdicts(calling)["q"] == (AuditVerdict.REFUSED, Refusal.INFRA_SHARE.value)
     assert verdicts(oracle)["q"] == (AuditVerdict.OK, None)
+
+
+def test_a_row_whose_run_the_gate_admits_at_another_number_is_refused_naming_both() -> None:
+    other = row("Finished", user="bob", metrics=(Metric(name="accuracy", value=0.7),), job_name="good", row_id="r1")
+    report = audit(other, dirs=(facts("good", total=20, completed=20),))
+
+    [entry] = report.findings
+    assert (entry.verdict, entry.refusal) == (AuditVerdict.REFUSED, "ScoreDiffers")
+    assert entry.reason == "the gate gives 0.5000 (n=20) where the row holds 0.7"
 
 
 def test_a_small_complete_run_is_provisional_with_its_n_scored() -> None:

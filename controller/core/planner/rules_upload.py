@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from controller.core.admission import Admission, Admitted, Refused, admit, distinct_trials, expected_trials
-from controller.core.metrics import admitted_metrics, same_metrics
+from controller.core.metrics import holds_the_gates_numbers
 from controller.core.observed import ObservedRow, RunDirFacts
 from controller.core.planner.policy import UPLOAD_NOT_VERIFIED
 from controller.core.planner.rules_remedy import remediate
@@ -119,11 +119,21 @@ def upload(view: CellView, facts: RunDirFacts, row_id: str | None, cls: DirClass
 
 
 def finished(view: CellView, row: ObservedRow, rule: Rule) -> CellPlan:
-    """A Finished row with metrics (RULES §2): done, unless its run was cut short or its MLflow run not read back."""
+    """A Finished row with metrics (RULES §2): done, unless our upload to it did not read back, its MLflow run has
+    not read back, or its run was cut short."""
     score = metric(row, "accuracy")
     valid = metric(row, "n_valid_trials")
     n_scored = int(valid) if valid is not None else None
     facts = view.dirs.get(row.job_name or "") if view.dirs else None
+    if view.memory.db_unverified is not None and view.memory.db_unverified == row.job_name and view.ours(row):
+        return unverified(view, row, facts)
+    admission = admit_dir(view, facts, can_resume=False) if needs_tracking(view, row, facts) and facts else None
+    if isinstance(admission, Admitted) and facts is not None and holds_the_gates_numbers(row.metrics, admission):
+        reason = not_verified(view)
+        track = Track(facts=facts, reason=f"{reason}: log and read back", admitted=admission,
+                      gpu_hours=view.attempt_hours(facts.run_tag))
+        return view.result(Phase.EVALUATED, [analyze(facts, admission), track], reason,
+                           Rule.VERIFY_UPLOAD, facts=facts, admission=admission, score=score, n_scored=n_scored)
     expected = expected_trials(view.cell, facts)[0] if facts is not None else None
     if facts is not None and expected and distinct_trials(facts, view.cell.n_attempts) < expected:
         cls = view.classify(facts, job=None)
@@ -131,29 +141,28 @@ def finished(view: CellView, row: ObservedRow, rule: Rule) -> CellPlan:
             reason = f"uploaded as is: {RESUME_TABLE[cls].reason} ({progress(facts)})"
             return view.result(Phase.FAILED, [Hold(reason=reason)], reason, RESUME_TABLE[cls].rule,
                                facts=facts, score=score, n_scored=n_scored)
-    if view.memory.db_unverified is not None and view.memory.db_unverified == row.job_name and view.ours(row):
-        return unverified(view, row, facts)
-    if needs_tracking(view, row, facts):
-        assert facts is not None
-        admission = admit_dir(view, facts, can_resume=False)
-        if isinstance(admission, Admitted) and same_metrics(row.metrics, admitted_metrics(admission)):
-            reason = not_verified(view)
-            track = Track(facts=facts, reason=f"{reason}: log and read back", admitted=admission,
-                          gpu_hours=view.attempt_hours(facts.run_tag))
-            return view.result(Phase.EVALUATED, [analyze(facts, admission), track], reason,
-                               Rule.VERIFY_UPLOAD, facts=facts, admission=admission, score=score, n_scored=n_scored)
+    if admission is not None:  # the row's own numbers shown: the gate's today are another run's count
         reason = f"job finished; not logged to MLflow: {untracked(admission, score, n_scored)}"
-        return view.result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts,
-                           admission=admission, score=score, n_scored=n_scored)
+        return view.result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts, score=score,
+                           n_scored=n_scored)
     reason = f"job finished{flag_note(view, row, facts)}"
     return view.result(Phase.COMPLETED, [Skip(reason=reason)], reason, rule, facts=facts, score=score,
                        n_scored=n_scored)
 
 
+MAX_UNVERIFIED_UPLOADS = 2  # a second upload that reads back as wrong is no passing glitch: a store, or a writer
+
+
 def unverified(view: CellView, row: ObservedRow, facts: RunDirFacts | None) -> CellPlan:
     """Our upload to this Finished row did not read back as written (another writer, a store that rounds): its
-    metrics are not the gate's, so not a score to show. Upload again and read back, until it does (SCORES.md)."""
+    metrics are not the gate's, so not a score to show. Upload again; after a second miss, hold without writing
+    the row again: what changes it is in the store, not in the run (SCORES.md)."""
+    memory = view.memory
     reason = f"{UPLOAD_NOT_VERIFIED}: row {row.id} does not show the metrics uploaded for {row.job_name}"
+    if memory.db_unverified_uploads >= MAX_UNVERIFIED_UPLOADS:
+        why = f"{reason} after {memory.db_unverified_uploads} uploads ({memory.db_unverified_why}); not writing it " \
+              "again: fix what changes the row (its other writer, a column that rounds), then `evalctl retry`"
+        return view.result(Phase.EVALUATED, [Hold(reason=why)], why, Rule.VERIFY_UPLOAD, facts=facts)
     admission = admit_dir(view, facts, can_resume=False) if facts is not None and not facts.unreadable else None
     if facts is None or not isinstance(admission, Admitted):
         why = "its run dir is not there to upload again" if admission is None else \

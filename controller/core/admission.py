@@ -9,13 +9,16 @@ killed fire's sandboxes left beside them: score = Σ_task mean(its scored reward
 w = min(its scored trials, nAttempts) (with no duplicates, the scored trials' rewards / (graded + the model's
 failures)). The checks, in order, each a named refusal with its remedy:
 
-- identity: the model, benchmark and agent the run dir records are the cell's → else hold (an incident);
+- identity: what each of config.json, meta.env and the trial results records (model, dataset, benchmark, agent,
+  timeout multiplier, nAttempts; `identity`) is the cell's, and the run has no more tasks than the catalog's
+  → else hold (an incident), naming what differs and which file says it;
 - rewards: every reward a number in [0, 1] under Harbor's `reward` key, 0 or 1 where the preset gives no partial
   credit → else hold, naming the trial;
 - traffic: some trial shows the model answering (output tokens, or vLLM requests where no usage is reported)
   → else refire (a dead launch, whatever the trials raised);
 - completeness: the distinct (task, attempt) pairs reach the expected trials (the catalog's tasks × nAttempts,
-  else Harbor's total; duplicates count once) → else resume, then hold (or a partial upload);
+  else Harbor's total and at least nAttempts for every task seen; duplicates count once) → else resume, then
+  hold (or a partial upload);
 - infra share: at most `upload.maxInfraErrorFraction` of the distinct (task, attempt) pairs with a result have
   only infra results → else resume, then hold (or a partial upload);
 - something scored → else hold.
@@ -32,12 +35,12 @@ from typing import Literal
 
 from pydantic import Field
 
+from controller.core.identity import identity_differences
 from controller.core.observed import RunDirFacts
 from controller.core.remedies import AdmissionRecord
 from controller.core.types import Cell, Frozen
 
-GATE_VERSION = 2  # bump when a rule changes what is admitted: a row's evidence says which gate passed it
-HARBOR_PROVIDERS = ("hosted_vllm/", "openai/", "vllm/")
+GATE_VERSION = 3  # bump when a rule changes what is admitted: a row's evidence says which gate passed it
 
 
 class Refusal(StrEnum):
@@ -176,11 +179,13 @@ def admission_record(run_tag: str, admitted: Admitted) -> AdmissionRecord:
 
 
 def expected_trials(cell: Cell, facts: RunDirFacts) -> tuple[int | None, Literal["catalog", "harbor"] | None]:
-    """tasks × nAttempts from the catalog, else Harbor's own total, else unknown."""
+    """tasks × nAttempts from the catalog, else Harbor's own total, but never fewer than nAttempts for every task
+    seen (a run of fewer attempts than the cell's, whose files do not say so, is short whatever its total), else
+    unknown."""
     if cell.tasks is not None:
         return cell.tasks * cell.n_attempts, "catalog"
     if facts.n_total is not None:
-        return facts.n_total, "harbor"
+        return max(facts.n_total, len(facts.tasks) * cell.n_attempts), "harbor"
     return None, None
 
 
@@ -271,25 +276,8 @@ def _evidence(cell: Cell, facts: RunDirFacts, requests: int | None, model_names:
 
 
 def _identity(cell: Cell, facts: RunDirFacts, model_names: Iterable[str], benchmark_names: Iterable[str]) -> str:
-    """'ok', or what the run dir says it evaluated that is not the cell (what it does not say is not held)."""
-    wrong = []
-    models = {_model_key(name) for name in (cell.model, *model_names)}
-    if facts.model is not None and _model_key(facts.model) not in models:
-        wrong.append(f"model {facts.model!r}, not {cell.model!r}")
-    benchmarks = {cell.benchmark_name.lower(), *(name.lower() for name in benchmark_names)}
-    if facts.benchmark_name is not None and facts.benchmark_name.lower() not in benchmarks:
-        wrong.append(f"benchmark {facts.benchmark_name!r}, not {cell.benchmark_name!r}")
-    if facts.agent is not None and facts.agent != cell.agent:
-        wrong.append(f"agent {facts.agent!r}, not {cell.agent!r}")
-    return "; ".join(wrong) or "ok"
-
-
-def _model_key(name: str) -> str:
-    """How two spellings of one model compare: no serving provider prefix, no trailing slash, any case."""
-    name = name.strip().rstrip("/")
-    for prefix in HARBOR_PROVIDERS:
-        name = name.removeprefix(prefix)
-    return name.lower()
+    """'ok', or what the run dir's files say it evaluated that is not the cell (what they do not say is not held)."""
+    return "; ".join(identity_differences(cell, facts, model_names, benchmark_names)) or "ok"
 
 
 def _traffic(cell: Cell, facts: RunDirFacts, requests: int | None) -> str:

@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from controller.core.identity import same_multiplier
 from controller.core.observed import JobState, Observation, ObservedJob, RunDirFacts, Submission
 from controller.core.records import NamedRow, SandboxJobRow, StoreSnapshot
 from controller.core.remedies import CellMemory
@@ -68,7 +69,7 @@ def run_dir_matches(facts: RunDirFacts, cell: Cell, model_names: frozenset[str],
         return False
     if facts.agent is not None and facts.agent != cell.agent:
         return False
-    return facts.timeout_multiplier is None or facts.timeout_multiplier == cell.timeout_multiplier
+    return same_multiplier(facts.timeout_multiplier, cell)
 
 
 def join_cells(

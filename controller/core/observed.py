@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import Field
 
@@ -112,6 +113,19 @@ class QuietFailure(Frozen):
     task: str = Field("", description="its task, whose tally it is counted in")
 
 
+RecordedWhat = Literal["model", "dataset", "benchmark", "agent", "timeout multiplier", "attempts"]
+
+
+class Recorded(Frozen):
+    """One thing a file of a run dir says about what ran (RULES §14 identity). Each job file, and the trials
+    together, say it on their own: the gate compares every one with the cell, so files that disagree are all seen
+    and none outvotes another."""
+
+    what: RecordedWhat
+    value: str = Field(description="as the file writes it (a number as Python prints it)")
+    source: Literal["config.json", "meta.env", "trials"] = Field(description="trials: one or more trial results")
+
+
 class RunDirFacts(Frozen):
     """What one Harbor job directory says, reduced to the numbers the rules need."""
 
@@ -153,6 +167,8 @@ class RunDirFacts(Frozen):
     n_instant_failures: int = Field(0, description="of those, the instant failures (the EvalRun's health policy)")
     n_started_trials: int = Field(0, description="trials with a result or with agent/ content: the launch works")
     api_base: str | None = Field(None, description="the LLM endpoint the first trial's config.json names")
+    recorded: tuple[Recorded, ...] = Field((), description="what config.json, meta.env and the trial results each "
+                                                           "say ran, distinct: the identity the gate checks")
     unreadable: str = Field("", description="'<path>: <error>' of the first file that could not be read; "
                                             "non-empty makes the cell Unknown (its numbers are not data)")
 

@@ -133,8 +133,10 @@ class Rule(StrEnum):
                                  "overlongHours with upload.overlong: hold) → hold until upload.forceUpload")
 
     # RULES §14: the admission gate, before every upload
-    ADMISSION_IDENTITY = ("AdmissionIdentity", "RULES §14: the run dir records another model, benchmark or agent "
-                                               "than the cell → hold, an incident; never uploaded")
+    ADMISSION_IDENTITY = ("AdmissionIdentity", "RULES §14: a file of the run dir (config.json, meta.env, a trial "
+                                               "result) records another model, dataset, benchmark, agent, timeout "
+                                               "multiplier or nAttempts than the cell, or more tasks than the catalog "
+                                               "→ hold, an incident; never uploaded")
     ADMISSION_INVALID_REWARD = ("AdmissionInvalidReward", "RULES §14: a reward out of [0, 1], not a number, under "
                                                           "another key, or fractional without partial credit → hold")
     ADMISSION_NO_TRAFFIC = ("AdmissionNoTraffic", "RULES §14: no trial shows the model answering → a dead launch: "

@@ -63,8 +63,9 @@ def trial(run: Path, task: str, attempt: int = 0, *, reward: float | None = 0.0,
         result.write_text(json.dumps(content))
 
 
-def finished(run: Path, n_total: int | None, *, model: str = MODEL, dataset: str = "DCAgent2/terminal_bench_2") -> None:
-    write_config(run, model=f"hosted_vllm/{model}", dataset=dataset)
+def finished(run: Path, n_total: int | None, *, model: str = MODEL, dataset: str = "DCAgent2/terminal_bench_2",
+             n_attempts: int = 1) -> None:
+    write_config(run, model=f"hosted_vllm/{model}", dataset=dataset, n_attempts=n_attempts)
     write_meta_env(run, MODEL=model, REPO_ID=dataset, AGENT_NAME="terminus-2", TIMEOUT_MULTIPLIER=2.0,
                    RESUME_COUNT=0)
     write_job_result(run, n_total)
@@ -160,7 +161,7 @@ def tb2_ten_tasks(run: Path) -> None:
     for i in range(10):
         for attempt in range(3):
             trial(run, f"t{i:03d}", attempt, reward=float(attempt == 0))
-    finished(run, 30)
+    finished(run, 30, n_attempts=3)
 
 
 def no_total(run: Path) -> None:

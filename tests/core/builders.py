@@ -105,7 +105,8 @@ def obs(*, rows: tuple[ObservedRow, ...] = (), subs: tuple[Submission, ...] = ()
 def cell_of(run: RunDirFacts, **changes: object) -> Cell:
     """A cell the run dir says it evaluated (what it does not say, the builder's default); without Harbor's total,
     its catalog says the benchmark has as many tasks as the dir ran."""
-    named = {"model": run.model, "benchmark_name": run.benchmark_name, "agent": run.agent,
+    named = {"model": run.model, "benchmark_name": run.benchmark_name, "dataset": run.dataset, "agent": run.agent,
+             "timeout_multiplier": run.timeout_multiplier,
              "tasks": len(run.tasks) or None if run.n_total is None else None}
     return cell(**{key: value for key, value in named.items() if value is not None} | changes)  # type: ignore[arg-type]
 

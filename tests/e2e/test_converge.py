@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from controller.core.admission import GATE_VERSION
+
 
 def rows(cluster) -> list[tuple]:
     with sqlite3.connect(cluster.root / "store.db") as conn:
@@ -21,8 +23,8 @@ def assert_admitted_with_evidence(metrics: list[dict], stats: dict, expected: in
     evidence = stats["evidence"]
     assert stats["n_scored"] == n_valid == evidence["scored"] == evidence["graded"] + evidence["model_failures"]
     assert stats["provisional"] is (n_valid < 150) and stats["partial"] is False
-    assert (evidence["gate"], evidence["expected"], evidence["seen"], evidence["identity"]) == (1, expected, expected,
-                                                                                               "ok")
+    assert (evidence["gate"], evidence["expected"], evidence["seen"], evidence["identity"]) == (
+        GATE_VERSION, expected, expected, "ok")
     assert evidence["infra_share"] <= 0.1 and evidence["invalid"] == 0
 
 

@@ -20,6 +20,7 @@ import pytest
 from controller.adapters.store import open_store
 from controller.api.catalog import load_catalog
 from controller.api.loader import load_specs
+from controller.core.admission import GATE_VERSION
 from controller.entry.wiring import targets_for
 from tests.e2e.conftest import Cluster
 from tests.fixtures.evalctl import run_evalctl
@@ -102,7 +103,8 @@ def plant(db: LegacyTables, cluster: Cluster) -> dict[str, str]:
 
 
 def write_spec(cluster: Cluster) -> None:
-    cluster.write(models=[MODEL], datasets=["DCAgent/tiny"], extra_run="  report: {trustThreshold: 10}")
+    cluster.write(models=[MODEL], datasets=["DCAgent/tiny"],  # its runs ran each task once, as Harbor's config says
+                  extra_run="  nAttempts: 1\n  report: {trustThreshold: 10}")
 
 
 @pytest.fixture
@@ -186,7 +188,7 @@ def check_audit_apply_rerun(lab: Lab) -> None:
     code, out, err = audit(lab, "--apply")
     assert code == 0, out + err
     assert "marked 5 row(s) in evalrun_row_audit" in out
-    assert lab.marks() == {lab.ids[name]: (1, verdict, refusal) for name, (verdict, refusal) in EXPECTED.items()}
+    assert lab.marks() == {lab.ids[name]: (GATE_VERSION, verdict, refusal) for name, (verdict, refusal) in EXPECTED.items()}
     assert lab.dump() == before, "sandbox_jobs unchanged, other users' rows included"
 
     code, out, err = audit(lab, "-o", "json")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
-from controller.core.admission import Admitted, Refusal, Refused, clustered_stderr, task_weights
+from controller.core.admission import GATE_VERSION, Admitted, Refusal, Refused, clustered_stderr, task_weights
 from controller.core.observed import RunDirFacts
 from tests.core.builders import gate, metrics_of
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_trial
@@ -96,7 +96,7 @@ def test_upload_carries_a_list_and_the_stats_dict_with_the_evidence() -> None:
     assert set(upload.stats) == {"n_trials", "n_scored", "n_infra_errors", "infra_error_breakdown",
                                  "n_errors_by_class", "provisional", "partial", "evidence"}
     assert upload.stats["provisional"] is True and upload.stats["n_scored"] == 2 and upload.stats["partial"] is False
-    assert upload.stats["evidence"]["gate"] == 2 and upload.stats["evidence"]["expected"] == 2
+    assert upload.stats["evidence"]["gate"] == GATE_VERSION and upload.stats["evidence"]["expected"] == 2
 
 
 def step(name: str, exception: str | None, reward: float | None) -> dict[str, object]:

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from fsspec import AbstractFileSystem
 
@@ -56,7 +56,7 @@ from controller.adapters.rundirs.remote import RunDirProbe
 from controller.adapters.rundirs.tally import Reader, tally
 from controller.adapters.rundirs.tree import JobsTree, LocalTree, RunScan, TrialRead, open_tree
 from controller.adapters.secrets import SecretMask, masking_errors
-from controller.core.observed import QuietFailure, RunDirFacts
+from controller.core.observed import QuietFailure, Recorded, RecordedWhat, RunDirFacts
 from controller.core.ports import JobsDirMissing, ObservationError, RunTagFilter, every_run_tag
 from controller.core.trial_errors import ErrorClasses
 from controller.core.types import RUN_TAG_PREFIX
@@ -289,6 +289,9 @@ def masked_facts(facts: RunDirFacts, mask: Callable[[str], str]) -> RunDirFacts:
     quiet = tuple(_masked_quiet(q, mask) for q in facts.quiet_failures)
     if any(new is not old for new, old in zip(quiet, facts.quiet_failures, strict=True)):
         update["quiet_failures"] = quiet
+    if any(mask(claim.value) != claim.value for claim in facts.recorded):
+        update["recorded"] = tuple(dict.fromkeys(claim.model_copy(update={"value": mask(claim.value)})
+                                                 for claim in facts.recorded))
     return facts.model_copy(update=update) if update else facts
 
 
@@ -380,10 +383,12 @@ def run_dir_facts(run_tag: str, path: str, scan: RunScan, errors: ErrorClasses,
     counts = tally(scan.trials, errors, reader, remember)
     if reader.problem:
         return RunDirFacts(run_tag=run_tag, path=path, unreadable=reader.problem, **identity)
+    trial_claims = counts.pop("recorded")
     return RunDirFacts(
         run_tag=run_tag,
         path=path,
         **identity,
+        recorded=_job_claims(meta, config or JobConfigFacts()) + trial_claims,
         has_config=config is not None,
         has_result=result is not None,
         n_total=result.n_total if result else None,
@@ -411,8 +416,26 @@ def _api_base(content: Content | None) -> str | None:
         return None
 
 
+def _job_claims(meta: MetaFacts, config: JobConfigFacts) -> tuple[Recorded, ...]:
+    """What config.json (what Harbor ran) and meta.env (what the job script was told) each say, neither standing in
+    for the other: two that disagree are both the gate's to see."""
+    return (*_claims(config._asdict(), "config.json"), *_claims(meta._asdict(), "meta.env"))
+
+
+CLAIMED: dict[str, RecordedWhat] = {"model": "model", "dataset": "dataset", "benchmark_name": "benchmark",
+                                    "agent": "agent", "timeout_multiplier": "timeout multiplier",
+                                    "n_attempts": "attempts"}
+
+
+def _claims(said: dict[str, Any], source: Literal["config.json", "meta.env"]) -> Iterator[Recorded]:
+    for field, what in CLAIMED.items():
+        if (value := said.get(field)) is not None:
+            yield Recorded(what=what, value=str(value), source=source)
+
+
 def _identity(meta: MetaFacts, config: JobConfigFacts) -> dict[str, Any]:
-    """Which model/benchmark/agent/multiplier the dir is for: meta.env wins for model and dataset."""
+    """Which model/benchmark/agent/multiplier the dir is for, to match it to a cell and show it: meta.env wins for
+    model and dataset (what each file says on its own is `_job_claims`, which the gate checks)."""
     dataset = meta.dataset or config.dataset
     return {
         "model": meta.model or config.model,

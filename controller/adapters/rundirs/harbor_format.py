@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import posixpath
+import sys
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any, NamedTuple, TypeVar
@@ -69,6 +71,7 @@ class MetaFacts(NamedTuple):
     agent: str | None = None
     timeout_multiplier: float | None = None
     resume_count: int | None = None
+    n_attempts: int | None = None
 
 
 def meta_env_facts(data: bytes) -> MetaFacts:
@@ -76,12 +79,16 @@ def meta_env_facts(data: bytes) -> MetaFacts:
     values = parse_meta_env(data)
     multiplier = values.get("TIMEOUT_MULTIPLIER") or None
     resume_count = values.get("RESUME_COUNT") or None
+    attempts = values.get("N_ATTEMPTS") or None
     parsed_multiplier = parse_float(multiplier)
     parsed_count = parse_int(resume_count)
+    parsed_attempts = parse_int(attempts)
     if multiplier is not None and parsed_multiplier is None:
         raise FormatError(f"TIMEOUT_MULTIPLIER={_shown(multiplier)} is not a number")
     if resume_count is not None and (parsed_count is None or parsed_count < 0):
         raise FormatError(f"RESUME_COUNT={_shown(resume_count)} is not a count")
+    if attempts is not None and (parsed_attempts is None or parsed_attempts < 1):
+        raise FormatError(f"N_ATTEMPTS={_shown(attempts)} is not a count of attempts")
     return MetaFacts(
         model=values.get("MODEL") or None,
         dataset=values.get("REPO_ID") or None,
@@ -89,6 +96,7 @@ def meta_env_facts(data: bytes) -> MetaFacts:
         agent=values.get("AGENT_NAME") or None,
         timeout_multiplier=parsed_multiplier,
         resume_count=parsed_count,
+        n_attempts=parsed_attempts,
     )
 
 
@@ -130,6 +138,14 @@ def model_from_harbor(model_name: str) -> str:
     return rest if provider and "/" in rest else model_name
 
 
+def named_model(model_name: str | None) -> str | None:
+    """The model a name names, or None: nothing, or vLLM's numeric served id (`48213`, `hosted_vllm/48213`), which
+    says nothing about which weights answered."""
+    if not model_name or model_name.rstrip("/").rsplit("/", 1)[-1].isdigit():
+        return None
+    return model_from_harbor(model_name)
+
+
 def dataset_basename(dataset: str) -> str:
     return dataset.rstrip("/").rsplit("/", 1)[-1]
 
@@ -139,10 +155,12 @@ class JobConfigFacts(NamedTuple):
     dataset: str | None = None
     agent: str | None = None
     timeout_multiplier: float | None = None
+    n_attempts: int | None = None
 
 
 def job_config_facts(data: bytes) -> JobConfigFacts:
-    """config.json (JobConfig): agents[0].name/model_name, datasets[0].path or name, timeout_multiplier."""
+    """config.json (JobConfig): agents[0].name/model_name, datasets[0].path or name, timeout_multiplier, n_attempts
+    (absent from Harbor 0.25's sparse config when it is the default 1: then unknown)."""
     doc = load_json(data)
     agent = _first(doc, "agents")
     dataset = _first(doc, "datasets")
@@ -153,6 +171,7 @@ def job_config_facts(data: bytes) -> JobConfigFacts:
         dataset=dataset_ref or None,
         agent=_str(agent, "name", "agents[0]") or None,
         timeout_multiplier=_number(doc, "timeout_multiplier"),
+        n_attempts=_count(doc, "n_attempts"),
     )
 
 
@@ -182,6 +201,9 @@ class TrialOutcome(NamedTuple):
     exception_qualified: str | None = None  # `module.Class` of the exception, where its traceback or message says
     step_exceptions: tuple[tuple[str, str | None], ...] = ()  # (class, qualified) of each step's, in step order
     agent_ran: bool = True  # False: neither the trial nor any step records an agent_execution or an agent_result
+    model: str | None = None  # the model the trial's agent called, as `named_model` reads it
+    source: str | None = None  # the dataset Harbor says the task came from (a local dataset dir's name)
+    task_dir: str | None = None  # the dir holding the trial's local task (`task_id.path`'s parent): its dataset
 
 
 def trial_outcome(data: bytes) -> TrialOutcome:
@@ -211,7 +233,8 @@ def trial_outcome(data: bytes) -> TrialOutcome:
     return TrialOutcome(reward=reward, exception_type=exception_type, n_output_tokens=tokens,
                         agent_seconds=seconds, n_input_tokens=prompt, task=task if isinstance(task, str) else None,
                         reward_problem=problem, exception_qualified=qualified, step_exceptions=step_exceptions,
-                        agent_ran=_agent_ran(doc, steps))
+                        agent_ran=_agent_ran(doc, steps), model=_trial_model(doc),
+                        source=_interned(_str(doc, "source")), task_dir=_task_dir(doc))
 
 
 UNNAMED_EXCEPTION = "UnnamedException"  # an exception_info without a class: no catalog lists it, so it is infra
@@ -234,6 +257,29 @@ def _agent_ran(doc: dict[str, Any], steps: list[dict[str, Any]]) -> bool:
     """Whether anything records the agent running: an agent_execution or an agent_result, of the trial or a step.
     A trial without either that was graded had its verifier grade a workspace no agent touched."""
     return any(part.get(key) is not None for part in (doc, *steps) for key in ("agent_execution", "agent_result"))
+
+
+def _trial_model(doc: dict[str, Any]) -> str | None:
+    """The model a trial's agent was configured with (`config.agent.model_name`), else the one Harbor's agent
+    reports (`agent_info.model_info`, where it is no served id)."""
+    configured = _str(_object(_object(doc, "config"), "agent", "config"), "model_name", "config.agent")
+    info = _object(_object(doc, "agent_info"), "model_info", "agent_info")
+    return _interned(named_model(configured) or named_model(_str(info, "name", "agent_info.model_info")))
+
+
+def _task_dir(doc: dict[str, Any]) -> str | None:
+    """The dir holding a local task (`task_id.path` without `git_url`), i.e. the dataset it belongs to."""
+    task_id = _object(doc, "task_id")
+    path = _str(task_id, "path", "task_id")
+    if not path or task_id.get("git_url"):
+        return None
+    parent = posixpath.dirname(path.rstrip("/"))
+    return _interned(parent) if parent else None
+
+
+def _interned(text: str | None) -> str | None:
+    """Every trial of a run names the same model and dataset: one string each, however many trials are kept."""
+    return sys.intern(text) if text else None
 
 
 REWARD_KEY = "reward"  # Harbor's verifier writes the trial's score under this key of verifier_result.rewards

@@ -22,7 +22,7 @@ from controller.adapters.rundirs.localfs import (
     Unreadable,
 )
 from controller.adapters.rundirs.tree import TrialRead
-from controller.core.observed import QuietFailure
+from controller.core.observed import QuietFailure, Recorded, RecordedWhat
 from controller.core.trial_errors import UNGRADED, ErrorClasses, ErrorKind
 
 log = logging.getLogger(__name__)
@@ -103,9 +103,11 @@ class _Tally:
     kinds: Counter[ErrorKind] = field(default_factory=Counter)
     classes: Counter[str] = field(default_factory=Counter)
     tasks: dict[str, tuple[int, int, float]] = field(default_factory=dict)
+    recorded: set[tuple[RecordedWhat, str]] = field(default_factory=set)  # (what, value) the trials name, distinct
 
     def add(self, trial: TrialRead, outcome: TrialOutcome) -> None:
         self.n_started += 1
+        self._record(outcome)
         if trial.mtime is not None and (self.newest is None or trial.mtime > self.newest):
             self.newest = trial.mtime
         outcome = self._decided(outcome)
@@ -157,6 +159,12 @@ class _Tally:
         name, origin = (interrupted or not_the_models or recorded)[0]
         return outcome._replace(exception_type=name, exception_qualified=origin, step_exceptions=())
 
+    def _record(self, outcome: TrialOutcome) -> None:
+        """What the trial says it ran, whether or not it completed: a cancelled trial of another model is one too."""
+        named: tuple[tuple[RecordedWhat, str | None], ...] = (
+            ("model", outcome.model), ("dataset", outcome.source), ("dataset", outcome.task_dir))
+        self.recorded.update((what, value) for what, value in named if value)
+
     def _kind(self, outcome: TrialOutcome) -> ErrorKind | None:
         """The class of a completed trial with a valid reward or none: None when graded."""
         if outcome.exception_type is not None:
@@ -193,4 +201,5 @@ class _Tally:
             "last_progress_at": datetime.fromtimestamp(self.newest, UTC) if self.newest is not None else None,
             "quiet_failures": tuple(self.quiet),
             "n_started_trials": self.n_started,
+            "recorded": tuple(Recorded(what=what, value=value, source="trials") for what, value in sorted(self.recorded)),
         }

@@ -34,7 +34,7 @@ SCORE = [{"name": "accuracy", "value": 0.5}, {"name": "n_valid_trials", "value":
 # row → (verdict, refusal) that the gate gives it today; every other Finished row of the cell is fine
 EXPECTED = {"dead": ("refused", "InfraShare"), "other-model": ("refused", "IdentityMismatch"),
             "reward-7": ("refused", "InvalidReward"), "half": ("refused", "Incomplete"),
-            "small": ("provisional", None)}
+            "small": ("provisional", None), "inflated": ("refused", "ScoreDiffers")}
 GOOD = {"good", "good-dup-names"}
 
 
@@ -92,8 +92,11 @@ def plant(db: LegacyTables, cluster: Cluster) -> dict[str, str]:
     row("reward-7", "legacy_seven", user="carol")
     write_run(jobs, "legacy_half", total=20, trials=10)
     row("half", "legacy_half", user="alice")
-    write_run(jobs, "legacy_small", total=5, trials=5)
-    row("small", "legacy_small", user="bob")
+    write_run(jobs, "legacy_small", total=5, trials=5)  # 2 of 5 solved
+    row("small", "legacy_small", user="bob", metrics=[{"name": "accuracy", "value": 0.4},
+                                                      {"name": "n_valid_trials", "value": 5.0}])
+    write_run(jobs, "legacy_inflated", total=5, trials=5)
+    row("inflated", "legacy_inflated", user="carol")  # 0.5 of 20 trials stored; the gate gives 0.4 of 5
     row("gone", "legacy_deleted_long_ago", user="alice")  # its run dir is gone: not auditable
     write_run(jobs, "legacy_running", total=20, trials=10)
     row("started", "legacy_running", user="alice", job_status="Started", metrics=None)  # not a result yet
@@ -173,7 +176,8 @@ def check_audit_apply_rerun(lab: Lab) -> None:
     assert "19 of 20 trials are infra" in rows["dead"]["reason"]
     assert "org/Other-70B" in rows["other-model"]["reason"]
     assert "10 of 20 expected trials" in rows["half"]["reason"]
-    assert (report["new"], report["already_marked"], report["not_auditable"]) == (5, 0, 1)
+    assert rows["inflated"]["reason"] == "the gate gives 0.4000 (n=5) where the row holds 0.5"
+    assert (report["new"], report["already_marked"], report["not_auditable"]) == (6, 0, 1)
     assert [u["row_id"] for u in report["not_auditable_rows"]] == [lab.ids["gone"]]
 
     code, table, err = audit(lab)
@@ -187,16 +191,16 @@ def check_audit_apply_rerun(lab: Lab) -> None:
 
     code, out, err = audit(lab, "--apply")
     assert code == 0, out + err
-    assert "marked 5 row(s) in evalrun_row_audit" in out
+    assert "marked 6 row(s) in evalrun_row_audit" in out
     assert lab.marks() == {lab.ids[name]: (GATE_VERSION, verdict, refusal) for name, (verdict, refusal) in EXPECTED.items()}
     assert lab.dump() == before, "sandbox_jobs unchanged, other users' rows included"
 
     code, out, err = audit(lab, "-o", "json")
     assert code == 0, out + err
     again = json.loads(out)
-    assert (again["new"], again["already_marked"]) == (0, 5), "a rerun is clean"
+    assert (again["new"], again["already_marked"]) == (0, 6), "a rerun is clean"
     code, table, err = audit(lab, "--apply")
-    assert code == 0 and "marked 0 row(s)" in table and "5 already marked" in table, table + err
+    assert code == 0 and "marked 0 row(s)" in table and "6 already marked" in table, table + err
     assert lab.dump() == before
 
 

@@ -271,19 +271,20 @@ class Actor:
             upload = upload.model_copy(update={"stats": {**upload.stats, "gpu_hours": gpu_hours}})
         written = self.results.upload_result(row_id, upload, owner=self.launcher.username)
         landed = self.results.read_row(row_id)
-        wrong = "" if landed is not None and landed.job_status == RowStatus.FINISHED and same_metrics(
-            landed.metrics, result.metrics) else f"row {row_id} does not show the uploaded metrics"
-        if not wrong and landed is not None and bool(landed.is_overlong) != is_overlong:
-            wrong = f"row {row_id} reads is_overlong={landed.is_overlong}, not {is_overlong}"
-        if wrong:  # remembered: the row may read Finished, but not with our numbers (rules_upload.unverified)
+        if landed is None or landed.job_status != RowStatus.FINISHED or not same_metrics(landed.metrics,
+                                                                                          result.metrics):
+            # remembered: the row may read Finished, but not with our numbers (rules_upload.unverified)
             again = work.memory.db_unverified == facts.run_tag
-            work.learnt(db_unverified=facts.run_tag, db_unverified_why=wrong,
+            work.learnt(db_unverified=facts.run_tag,
                         db_unverified_uploads=work.memory.db_unverified_uploads + 1 if again else 1)
-            raise UploadNotVerified(wrong)
+            raise UploadNotVerified(f"row {row_id} does not show the uploaded metrics")
+        work.learnt(db_unverified=None, db_unverified_uploads=0)
+        if bool(landed.is_overlong) != is_overlong:  # the numbers landed; a Finished row's flag is only shown
+            raise UploadNotVerified(f"row {row_id} reads is_overlong={landed.is_overlong}, not {is_overlong}")
         what = f"accuracy={accuracy:.4f}" + (" is_overlong=true" if is_overlong else "") + (
             " provisional=true" if result.stats.provisional else "") + (" partial=true" if result.stats.partial else "")
-        work.learnt(db_verified=f"row {row_id} read back with {what} ({facts.run_tag})", db_unverified=None,
-                    db_unverified_uploads=0, db_unverified_why=None, admitted=admission_record(facts.run_tag, admitted))
+        work.learnt(db_verified=f"row {row_id} read back with {what} ({facts.run_tag})",
+                    admitted=admission_record(facts.run_tag, admitted))
         if not written:
             return f"{what} for {facts.run_tag} was already in row {row_id} (verified, not rewritten)"
         return f"uploaded {what} for {facts.run_tag} (row {row_id}, verified)"

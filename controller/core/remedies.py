@@ -144,7 +144,6 @@ class CellMemory(BaseModel):
     db_unverified: str | None = Field(None, description="the run tag whose results-DB upload did not read back as "
                                                         "written (another writer, a store that rounds): until one does")
     db_unverified_uploads: int = Field(0, description="uploads of that run tag in a row that did not read back")
-    db_unverified_why: str | None = Field(None, description="what the last of them read back")
     tracked_run_tag: str | None = Field(None, description="the run tag whose MLflow run read back as logged")
     track_error: str | None = Field(None, description="why the last MLflow upload did not read back")
     upload_as_is: str | None = Field(None, description="a run tag the monitor cancelled: upload it as is, never resume")

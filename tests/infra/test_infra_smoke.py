@@ -20,7 +20,7 @@ DATASET = "eval/harbor/tiny-dataset"  # relative to the submit dir (REPO), as a 
 TASKS = {"pass", "fail", "noreward", "slow"}
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED")
 META_KEYS = {"MODEL", "REPO_ID", "SLURM_JOB_ID", "DB_JOB_ID", "BENCHMARK_ID", "N_CONCURRENT", "N_ATTEMPTS",
-             "AGENT_NAME", "TIMEOUT_MULTIPLIER", "BENCHMARK_NAME", "RESUME_COUNT"}
+             "AGENT_NAME", "TIMEOUT_MULTIPLIER", "BENCHMARK_NAME", "RESUME_COUNT", "SHARD"}
 
 
 def run(args: list[str], env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -160,8 +160,8 @@ def unverified(view: CellView, row: ObservedRow, facts: RunDirFacts | None) -> C
     memory = view.memory
     reason = f"{UPLOAD_NOT_VERIFIED}: row {row.id} does not show the metrics uploaded for {row.job_name}"
     if memory.db_unverified_uploads >= MAX_UNVERIFIED_UPLOADS:
-        why = f"{reason} after {memory.db_unverified_uploads} uploads ({memory.db_unverified_why}); not writing it " \
-              "again: fix what changes the row (its other writer, a column that rounds), then `evalctl retry`"
+        why = f"{reason} after {memory.db_unverified_uploads} uploads; not writing it again: fix what changes the " \
+              "row (its other writer, a column that rounds), then `evalctl retry`"
         return view.result(Phase.EVALUATED, [Hold(reason=why)], why, Rule.VERIFY_UPLOAD, facts=facts)
     admission = admit_dir(view, facts, can_resume=False) if facts is not None and not facts.unreadable else None
     if facts is None or not isinstance(admission, Admitted):

@@ -163,32 +163,27 @@ def test_a_run_with_another_timeout_multiplier_is_not_published_as_the_cells(tmp
 # --------------------------------------------------------------------------- completeness
 
 
-def test_a_run_with_fewer_attempts_than_the_cell_is_not_complete(tmp_path: Path) -> None:
-    """nAttempts 3 on a dataset the catalog does not know: Harbor ran each of its 20 tasks once (its total 20),
-    and the gate takes Harbor's total as the whole run, publishing a 1-attempt score for a 3-attempt cell
-    (the row says n_rep_eval 3)."""
-    c = PLAIN.model_copy(update={"n_attempts": 3})
+# (cell, distinct tasks in the run, each run once): neither run holds the cell's attempts of its tasks
+SHORT_OF_ATTEMPTS = {
+    # nAttempts 3 on a dataset the catalog does not know: Harbor ran each of its 20 tasks once (its total 20), and
+    # the gate took Harbor's total as the whole run, publishing a 1-attempt score for a 3-attempt cell (the row
+    # says n_rep_eval 3)
+    "fewer-attempts-than-the-cell": (PLAIN.model_copy(update={"n_attempts": 3}), 20),
+    # the catalog says 10 tasks × 3 attempts = 30; the run has 30 distinct tasks, one attempt each (another, bigger
+    # dataset): distinct (task, attempt) pairs counted 30 and it was published as complete, though no task has
+    # its 3 attempts and 20 tasks are not the benchmark's
+    "more-tasks-than-the-catalog": (cell(model=MODEL, tasks=10, n_attempts=3, partial_credit=False), 30),
+}
 
+
+@pytest.mark.parametrize(("c", "tasks"), SHORT_OF_ATTEMPTS.values(), ids=SHORT_OF_ATTEMPTS.keys())
+def test_a_run_of_one_attempt_per_task_is_not_a_complete_run_of_the_cell(tmp_path: Path, c: Cell, tasks: int) -> None:
     def build(run: Path) -> None:
-        genuine(run, 20, passed=10)
-        job_files(run, 20)
+        genuine(run, tasks, passed=tasks // 2)
+        job_files(run, tasks)
 
     plan, uploads = decided(tmp_path, c, build)
-    assert uploads == [], f"published 1 attempt per task as {c.n_attempts}: {plan.reason}"
-
-
-def test_more_tasks_than_the_catalog_has_do_not_make_a_run_complete(tmp_path: Path) -> None:
-    """The catalog says 10 tasks × 3 attempts = 30; the run has 30 distinct tasks, one attempt each (another,
-    bigger dataset, or one attempt per task). Distinct (task, attempt) pairs count 30, and it is published as
-    complete, though no task has its 3 attempts and 20 tasks are not the benchmark's."""
-    c = cell(model=MODEL, tasks=10, n_attempts=3, partial_credit=False)
-
-    def build(run: Path) -> None:
-        genuine(run, 30, passed=20)
-        job_files(run, 30)
-
-    plan, uploads = decided(tmp_path, c, build)
-    assert uploads == [], f"published 30 tasks × 1 as 10 tasks × 3: {plan.reason}"
+    assert uploads == [], f"published {tasks} tasks × 1 as {c.tasks or tasks} tasks × {c.n_attempts}: {plan.reason}"
 
 
 def test_duplicates_beyond_n_attempts_do_not_weigh_in_the_score(tmp_path: Path) -> None:

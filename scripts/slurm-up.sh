@@ -74,7 +74,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
 SlurmctldTimeout=30
-SlurmdTimeout=30
+# a slurmd this loaded 2-core node leaves unanswered for 30 s is not marked down (its jobs go on meanwhile)
+SlurmdTimeout=120
 InactiveLimit=0
 KillWait=5
 MinJobAge=300

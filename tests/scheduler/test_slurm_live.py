@@ -21,6 +21,7 @@ from tests.fixtures.evalctl import wait_until
 pytestmark = pytest.mark.slurm
 SECRET = f"tok-{uuid.uuid4().hex}"
 RUN = uuid.uuid4().hex[:8]  # job names unique to this run: accounting remembers every earlier one
+READY_STATES = {"idle", "mixed", "allocated", "completing"}  # sinfo %T of a node that answers and takes jobs
 
 
 @pytest.fixture
@@ -111,6 +112,17 @@ def node_names(slurm_env: dict[str, str]) -> list[str]:
     return sorted(set(out.stdout.split()))
 
 
+def node_states(slurm_env: dict[str, str]) -> str:
+    """Each node's long state and reason, as the lab shows them (`vm idle none`)."""
+    return subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T %E"], env=slurm_env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def nodes_up(slurm_env: dict[str, str]) -> bool:
+    """Every node takes jobs: a slurmd slow to answer on this loaded 2-core machine shows `idle*` a while."""
+    return all(line.split()[1] in READY_STATES for line in node_states(slurm_env).splitlines())
+
+
 def test_a_running_jobs_output_is_read_on_across_passes_masked_and_its_node_is_known(
         slurm: SlurmScheduler, slurm_env: dict[str, str], tmp_path: Path) -> None:
     go = tmp_path / "go"  # the job runs on this host (the lab's one node): it waits for the test's file
@@ -150,7 +162,8 @@ def test_the_partitions_nodes_are_usable_and_a_legacy_expression_excludes_only_n
         slurm: SlurmScheduler, slurm_env: dict[str, str], tmp_path: Path) -> None:
     """A hostlist expression an older store holds (`vm,gone[01-03]`) is expanded; sbatch gets the node the lab has."""
     nodes = node_names(slurm_env)
-    assert sorted(slurm.usable_nodes() or ()) == nodes
+    wait_until(lambda: nodes_up(slurm_env), "the lab's nodes to take jobs", timeout_s=120, step_s=1.0)
+    assert sorted(slurm.usable_nodes() or ()) == nodes, node_states(slurm_env)
     req = request(tmp_path, "legacy", "#SBATCH --hold\nexit 0")
     job_id = slurm.submit(req.model_copy(update={"exclude_nodes": (f"{nodes[0]},gone[01-03]",)}))
     shown = subprocess.run(["scontrol", "show", "job", job_id], env=slurm_env, capture_output=True, text=True,

@@ -296,11 +296,12 @@ class Actor:
         tracker, experiment = self.tracker
         result = work.metrics(facts, admitted)
         analysis = work.analyses.get(facts.run_tag) or self.analyze_dir(facts, result)
-        record = tracker_record(work.cell, facts, result, analysis, self.errors, gpu_hours)
+        owner = self.launcher.username
+        record = tracker_record(work.cell, facts, owner, result, analysis, self.errors, gpu_hours)
         work.learnt(tracked_run_tag=None, track_error=None)
         try:
             tracker.log(experiment, record)
-            wrong = differences(record, tracker.read_back(experiment, facts.run_tag))
+            wrong = differences(record, tracker.read_back(experiment, facts.run_tag, owner))
         except (StoreUnavailable, ObservationError) as exc:
             wrong = [str(exc)]
         if wrong:

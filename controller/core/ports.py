@@ -368,6 +368,7 @@ class TrackerRecord(Frozen):
     """What one cell attempt logs: the tags find the run again, so re-analysis continues the same run."""
 
     run_tag: str
+    owner: str = Field(description="the username whose results DB holds the cell's row: the run tag names no user")
     tags: dict[str, str] = Field(description="cell key, model, benchmark, cluster, EvalRun, …")
     params: dict[str, str]
     metrics: dict[str, float]
@@ -388,11 +389,12 @@ class Tracker(Protocol):
     """An experiment tracker (MLflow). One run per cell attempt, identified by its run tag."""
 
     def log(self, experiment: str, record: TrackerRecord) -> str:
-        """Find the run tagged with `record.run_tag` (or create it) and log everything to it; returns its id.
+        """Find `record.owner`'s run tagged `record.run_tag` (or create it) and log everything to it; its id.
         Repeating it logs to the same run. Raises `StoreUnavailable` when the server cannot be reached."""
         ...
 
-    def read_back(self, experiment: str, run_tag: str) -> TrackedRun | None:
-        """The run as the server stores it now, or None if there is none. Raises `ObservationError` on failure."""
+    def read_back(self, experiment: str, run_tag: str, owner: str) -> TrackedRun | None:
+        """`owner`'s run as the server stores it now, or None if there is none (another user's run of the same tag is
+        not it). Raises `ObservationError` on failure."""
         ...
 

@@ -24,7 +24,7 @@ class Analysis(Frozen):
     step_stats: dict[str, float]  # steps_* (and tokens_* where reported) per trial; empty without trajectories
 
 
-def tracker_record(cell: Cell, facts: RunDirFacts, result: RunMetrics, analysis: Analysis,
+def tracker_record(cell: Cell, facts: RunDirFacts, owner: str, result: RunMetrics, analysis: Analysis,
                    errors: ErrorClasses, gpu_hours: float | None = None) -> TrackerRecord:
     """Every known error class is a metric, zeros included, and the classes not in the catalog are summed in
     `errors.other`, so all runs share the same metric names (dashboards stay dimensionally stable). `gpu_hours`:
@@ -43,6 +43,7 @@ def tracker_record(cell: Cell, facts: RunDirFacts, result: RunMetrics, analysis:
         metrics["gpu_hours"] = gpu_hours
     return TrackerRecord(
         run_tag=facts.run_tag,
+        owner=owner,
         tags={"cell_key": cell.key, "model": cell.model, "benchmark": cell.benchmark_name, "dataset": cell.dataset,
               "cluster": cell.cluster, "evalrun": str(cell.evalrun),
               "provisional": str(result.stats.provisional).lower(), "partial": str(result.stats.partial).lower(),

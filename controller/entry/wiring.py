@@ -300,7 +300,7 @@ class NoTracker:
     def log(self, experiment: str, record: TrackerRecord) -> str:
         raise StoreUnavailable(self.reason)
 
-    def read_back(self, experiment: str, run_tag: str) -> TrackedRun | None:
+    def read_back(self, experiment: str, run_tag: str, owner: str) -> TrackedRun | None:
         raise ObservationError(self.reason)
 
 

@@ -81,7 +81,7 @@ class ScriptedTracker:
                                                metrics=dict(record.metrics), artifacts=("post_eval_report.txt",))
         return "run-1"
 
-    def read_back(self, experiment: str, run_tag: str) -> TrackedRun | None:
+    def read_back(self, experiment: str, run_tag: str, owner: str) -> TrackedRun | None:
         return self.runs.get(run_tag)
 
 

@@ -14,6 +14,7 @@ from tests.core.builders import NOW, POLICY, SCORED, cell, facts, metrics_of, ob
 TRACKING = POLICY.model_copy(update={"track": True})
 ERRORS = ErrorClasses(infra=("DaytonaError", "CancelledError"), benign=("AgentTimeoutError",))
 CELL = cell()
+OWNER = "alice"
 TAG = CELL.run_tag(1)
 
 
@@ -67,7 +68,7 @@ ANALYSIS = Analysis(report="report", step_stats={"steps_mean": 12.5, "steps_medi
 
 def record_for(breakdown: dict[str, int]):
     run = facts(TAG).model_copy(update={"error_breakdown": breakdown})
-    return tracker_record(CELL, run, metrics_of(run, ERRORS, CELL), ANALYSIS, ERRORS)
+    return tracker_record(CELL, run, OWNER, metrics_of(run, ERRORS, CELL), ANALYSIS, ERRORS)
 
 
 def test_every_run_has_the_same_metric_names_whatever_its_errors() -> None:

@@ -87,5 +87,5 @@ def test_an_mlflow_server_that_trickles_is_unreadable_at_the_deadline():
     with http_server(trickle_every_s=TRICKLE_S) as slow:
         tracker = MlflowTracker(slow.url, timeout_s=5, retries=0, deadline_s=DEADLINE_S)
         with pytest.raises(ObservationError, match=r"no complete answer within 2 s \(the deadline of one call\)"):
-            tracker.read_back("experiment", "ev_tag")
+            tracker.read_back("experiment", "ev_tag", "alice")
         assert slow.requested.is_set()

@@ -27,11 +27,13 @@ if TYPE_CHECKING:  # the root conftest loads it as a plugin (so pytest rewrites 
 pytestmark = pytest.mark.mlflow
 
 PASSWORD = "hunter2-not-for-logs"
+OWNER = "alice"
 
 
 def record(run_tag: str = "ev_qwen3_8b__swebench__0a1b2c3d__a1", **changes: object) -> TrackerRecord:
     base = TrackerRecord(
         run_tag=run_tag,
+        owner=OWNER,
         tags={"cell_key": "qwen3-8b|swebench|0a1b2c3d", "model": "qwen3-8b", "benchmark": "swebench",
               "cluster": "lab", "evalrun": "nightly"},
         params={"max_retries": "5", "browser_backend": "playwright"},
@@ -59,7 +61,7 @@ def test_log_then_read_back_returns_what_was_logged(mlflow_server: MlflowServer,
     logged = record()
 
     run_id = tracker.log(experiment, logged)
-    tracked = tracker.read_back(experiment, logged.run_tag)
+    tracked = tracker.read_back(experiment, logged.run_tag, OWNER)
 
     assert tracked is not None
     assert tracked.run_id == run_id
@@ -77,9 +79,9 @@ def test_log_then_read_back_returns_what_was_logged(mlflow_server: MlflowServer,
 
 def test_read_back_of_an_unknown_run_or_experiment_is_none(mlflow_server: MlflowServer, experiment: str) -> None:
     tracker = MlflowTracker(mlflow_server.url)
-    assert tracker.read_back(experiment, "ev_never_logged__a1") is None  # no such experiment
+    assert tracker.read_back(experiment, "ev_never_logged__a1", OWNER) is None  # no such experiment
     tracker.log(experiment, record())
-    assert tracker.read_back(experiment, "ev_never_logged__a1") is None
+    assert tracker.read_back(experiment, "ev_never_logged__a1", OWNER) is None
 
 
 def test_a_deleted_experiment_is_refused_not_recreated(mlflow_server: MlflowServer, experiment: str) -> None:
@@ -92,7 +94,7 @@ def test_a_deleted_experiment_is_refused_not_recreated(mlflow_server: MlflowServ
 
     with pytest.raises(StoreUnavailable, match="is deleted on the server; restore it"):
         tracker.log(experiment, record())
-    assert tracker.read_back(experiment, record().run_tag) is None
+    assert tracker.read_back(experiment, record().run_tag, OWNER) is None
 
 
 def test_reanalysis_logs_to_the_same_run(mlflow_server: MlflowServer, experiment: str) -> None:
@@ -108,7 +110,7 @@ def test_reanalysis_logs_to_the_same_run(mlflow_server: MlflowServer, experiment
     assert tracker.log(experiment, again) == run_id  # the same analysis twice: still a no-op on params
 
     assert runs_tagged(mlflow_server.url, experiment, first.run_tag) == [run_id]
-    tracked = tracker.read_back(experiment, first.run_tag)
+    tracked = tracker.read_back(experiment, first.run_tag, OWNER)
     assert tracked is not None
     assert tracked.metrics == again.metrics
     assert tracked.params == again.params  # the latest analysis' values …
@@ -117,7 +119,7 @@ def test_reanalysis_logs_to_the_same_run(mlflow_server: MlflowServer, experiment
     assert stored.tags["evalrun.param.max_retries"] == "10"
 
     tracker.log(experiment, first)  # back to the first settings: the override follows
-    tracked = tracker.read_back(experiment, first.run_tag)
+    tracked = tracker.read_back(experiment, first.run_tag, OWNER)
     assert tracked is not None and tracked.params["max_retries"] == "5"
 
 
@@ -128,9 +130,31 @@ def test_two_run_tags_are_two_runs(mlflow_server: MlflowServer, experiment: str)
     ids = {tracker.log(experiment, attempt1), tracker.log(experiment, attempt2)}
 
     assert len(ids) == 2
-    tracked1, tracked2 = tracker.read_back(experiment, attempt1.run_tag), tracker.read_back(experiment, attempt2.run_tag)
+    tracked1, tracked2 = (tracker.read_back(experiment, attempt.run_tag, OWNER) for attempt in (attempt1, attempt2))
     assert tracked1 is not None and tracked1.metrics == attempt1.metrics
     assert tracked2 is not None and tracked2.metrics == {"mean_score": 0.9}
+
+
+def test_two_users_runs_of_one_cell_stay_apart_and_an_ownerless_run_is_claimed_once(
+        mlflow_server: MlflowServer, experiment: str) -> None:
+    """The run tag names no user: two researchers with their own results DBs who run the same cell into one
+    experiment each log to, and read back, their own run. A run written before runs carried an owner is the first
+    logger's, then no one else's."""
+    client = MlflowClient(tracking_uri=mlflow_server.url)
+    experiment_id = client.create_experiment(experiment)
+    alices = record(metrics={"mean_score": 0.42})
+    legacy = client.create_run(experiment_id, tags={RUN_TAG: alices.run_tag}).info.run_id
+    tracker = MlflowTracker(mlflow_server.url)
+
+    assert tracker.log(experiment, alices) == legacy
+    bobs = record(owner="bob", metrics={"mean_score": 0.9})
+    assert tracker.log(experiment, bobs) != legacy
+
+    mine, theirs = tracker.read_back(experiment, alices.run_tag, OWNER), tracker.read_back(experiment, bobs.run_tag, "bob")
+    assert mine is not None and mine.run_id == legacy and mine.metrics == {"mean_score": 0.42}
+    assert theirs is not None and theirs.metrics == {"mean_score": 0.9}
+    assert tracker.read_back(experiment, alices.run_tag, "carol") is None
+    assert len(runs_tagged(mlflow_server.url, experiment, alices.run_tag)) == 2
 
 
 def test_duplicates_from_an_earlier_race_resolve_to_the_oldest(mlflow_server: MlflowServer, experiment: str,
@@ -156,7 +180,7 @@ def test_run_tags_with_quotes_are_found_exactly(mlflow_server: MlflowServer, exp
     ids = {tracker.log(experiment, quoted), tracker.log(experiment, lookalike), tracker.log(experiment, quoted)}
 
     assert len(ids) == 2
-    tracked = tracker.read_back(experiment, quoted.run_tag)
+    tracked = tracker.read_back(experiment, quoted.run_tag, OWNER)
     assert tracked is not None and tracked.metrics == quoted.metrics
 
 
@@ -170,7 +194,7 @@ def test_stopped_server_is_unavailable_then_recovers(mlflow_server: MlflowServer
         with pytest.raises(StoreUnavailable) as logging_failed:
             tracker.log(experiment, logged)
         with pytest.raises(ObservationError) as reading_failed:
-            tracker.read_back(experiment, logged.run_tag)
+            tracker.read_back(experiment, logged.run_tag, OWNER)
     finally:
         mlflow_server.start()
 
@@ -179,7 +203,7 @@ def test_stopped_server_is_unavailable_then_recovers(mlflow_server: MlflowServer
         assert "\n" not in message and mlflow_server.url in message and "connection refused" in message
     restarted = record(metrics={"mean_score": 0.6})
     run_id = tracker.log(experiment, restarted)
-    tracked = tracker.read_back(experiment, logged.run_tag)
+    tracked = tracker.read_back(experiment, logged.run_tag, OWNER)
     assert tracked is not None and tracked.run_id == run_id and tracked.metrics["mean_score"] == 0.6
 
 
@@ -195,7 +219,7 @@ def test_swallowed_writes_return_but_read_back_tells(mlflow_server: MlflowServer
     assert through_proxy.log(experiment, reanalysis) == run_id  # no error
 
     assert mlflow_proxy.swallowed
-    tracked = direct.read_back(experiment, logged.run_tag)
+    tracked = direct.read_back(experiment, logged.run_tag, OWNER)
     assert tracked is not None
     assert tracked.metrics == logged.metrics
     assert "error.browser_crash" not in tracked.metrics and tracked.params["max_retries"] == "5"
@@ -211,7 +235,7 @@ def test_swallowed_create_is_noticed(mlflow_server: MlflowServer, mlflow_proxy: 
     with pytest.raises(StoreUnavailable, match="without a run id"):
         through_proxy.log(experiment, fresh)
 
-    assert MlflowTracker(mlflow_server.url).read_back(experiment, fresh.run_tag) is None
+    assert MlflowTracker(mlflow_server.url).read_back(experiment, fresh.run_tag, OWNER) is None
 
 
 def test_writes_answered_500_are_unavailable(mlflow_proxy: MlflowProxy, experiment: str) -> None:
@@ -224,7 +248,7 @@ def test_writes_answered_500_are_unavailable(mlflow_proxy: MlflowProxy, experime
         tracker.log(experiment, record(metrics={"mean_score": 0.99}))
 
     assert "\n" not in str(failed.value)
-    tracked = tracker.read_back(experiment, logged.run_tag)  # reads still pass through
+    tracked = tracker.read_back(experiment, logged.run_tag, OWNER)  # reads still pass through
     assert tracked is not None and tracked.metrics["mean_score"] == logged.metrics["mean_score"]
 
 
@@ -245,7 +269,7 @@ def test_credentials_never_reach_a_message(mlflow_server: MlflowServer, mlflow_p
             MlflowTracker(uri).log(experiment, record(metrics={"mean_score": 0.1}))
         messages.append(str(failed.value))
     with pytest.raises(ObservationError) as unreadable:
-        MlflowTracker(nobody_listening).read_back(experiment, record().run_tag)
+        MlflowTracker(nobody_listening).read_back(experiment, record().run_tag, OWNER)
     messages.append(str(unreadable.value))
     with pytest.raises(StoreUnavailable) as bad_scheme:
         MlflowTracker(f"nosuchscheme://alice:{PASSWORD}@example.invalid")
@@ -273,7 +297,7 @@ def test_own_credentials_sign_every_call_and_leave_the_environment_as_it_was(
                                                        "MLFLOW_TRACKING_PASSWORD": PASSWORD})
 
     own.log(experiment, record())
-    tracked = own.read_back(experiment, record().run_tag)
+    tracked = own.read_back(experiment, record().run_tag, OWNER)
 
     assert tracked is not None and "post_eval_report.txt" in tracked.artifacts, "artifact calls are signed too"
     assert any("/artifacts/" in call for call in mlflow_proxy.authorized)
@@ -284,7 +308,7 @@ def test_own_credentials_sign_every_call_and_leave_the_environment_as_it_was(
         MlflowTracker(mlflow_proxy.url).log(experiment, record())
     wrong = MlflowTracker(mlflow_proxy.url, credentials={"MLFLOW_TRACKING_TOKEN": "tok-wrong-" + PASSWORD})
     with pytest.raises(ObservationError) as with_wrong:
-        wrong.read_back(experiment, record().run_tag)
+        wrong.read_back(experiment, record().run_tag, OWNER)
     for message in (str(with_env.value), str(with_wrong.value)):
         assert "401" in message or "credentials" in message.lower() or "unauthorized" in message.lower(), message
         assert PASSWORD not in message and "env-password-xyz" not in message
@@ -314,11 +338,11 @@ def test_two_tenants_trackers_call_at_once_each_with_its_own_login(
                       lane=f"team-b {fast.url}", deadline_s=20)
     results: list[object] = []
     try:
-        in_flight = threading.Thread(target=lambda: results.append(a.read_back(experiment, record().run_tag)))
+        in_flight = threading.Thread(target=lambda: results.append(a.read_back(experiment, record().run_tag, OWNER)))
         in_flight.start()
         assert slow.arrived.wait(10), "tenant A's call is at its server"
         b.log(experiment, record())
-        assert b.read_back(experiment, record().run_tag) is not None, "B logged while A's call was held"
+        assert b.read_back(experiment, record().run_tag, OWNER) is not None, "B logged while A's call was held"
         slow.held.set()
         in_flight.join(20)
     finally:

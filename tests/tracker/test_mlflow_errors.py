@@ -61,13 +61,13 @@ def test_an_error_answer_is_said_by_status_and_class_never_by_its_body(
     caplog.set_level(logging.INFO)  # the adapter's own log says no more than the message (the body: DEBUG only)
     where, status = uri
     tracker = MlflowTracker(where)
-    record = TrackerRecord(run_tag="ev_m__b__0a1b2c3d__a1", tags={}, params={}, metrics={"mean_score": 0.5},
+    record = TrackerRecord(run_tag="ev_m__b__0a1b2c3d__a1", owner="alice", tags={}, params={}, metrics={"mean_score": 0.5},
                            report="")
 
     with pytest.raises(StoreUnavailable) as logging_failed:
         tracker.log("exp", record)
     with pytest.raises(ObservationError) as reading_failed:
-        tracker.read_back("exp", record.run_tag)
+        tracker.read_back("exp", record.run_tag, record.owner)
 
     for message in (str(logging_failed.value), str(reading_failed.value)):
         assert message.startswith(f"MLflow at {where}: "), message

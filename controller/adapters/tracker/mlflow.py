@@ -73,6 +73,7 @@ log = logging.getLogger("evalctl.tracker")
 
 TAG_PREFIX = "evalrun."
 RUN_TAG = f"{TAG_PREFIX}run_tag"
+OWNER_TAG = f"{TAG_PREFIX}owner"  # the run tag names no user: two users' runs of one cell are told apart by this
 PARAM_OVERRIDE = f"{TAG_PREFIX}param."  # a param's value from a later analysis (params are immutable)
 REPORT_ARTIFACT = "post_eval_report.txt"
 CREDENTIAL_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
@@ -133,7 +134,7 @@ class MlflowTracker:
     # ------------------------------------------------------------------ the port
 
     def log(self, experiment: str, record: TrackerRecord) -> str:
-        """Find or create the run tagged `record.run_tag`, log everything to it, mark it FINISHED; its id.
+        """Find or create `record.owner`'s run tagged `record.run_tag`, log everything to it, mark it FINISHED; its id.
 
         Safe to repeat: the run is looked up by tag every time, params already stored are skipped, tags and
         metrics are overwritten. Raises `StoreUnavailable` (one line) when the server cannot be reached or
@@ -142,7 +143,7 @@ class MlflowTracker:
         _check_tag_keys(record)
         def log_it() -> Run:
             with self._authenticated():
-                run = self._run_for(self._experiment_for_writing(experiment), record.run_tag)
+                run = self._run_for(self._experiment_for_writing(experiment), record.run_tag, record.owner)
                 self._log_to(run, record)
             return run
 
@@ -153,8 +154,8 @@ class MlflowTracker:
                 self._one_line(f"cannot log run {record.run_tag!r} in experiment {experiment!r}", exc)) from None
         return str(run.info.run_id)
 
-    def read_back(self, experiment: str, run_tag: str) -> TrackedRun | None:
-        """The run as the server holds it now (three fresh reads: experiment, runs, artifacts), or None if none.
+    def read_back(self, experiment: str, run_tag: str, owner: str) -> TrackedRun | None:
+        """`owner`'s run as the server holds it now (three fresh reads: experiment, runs, artifacts), or None if none.
 
         Speaks the record's vocabulary: `tags` are the record tags this adapter wrote (prefix removed), `params`
         the values of the latest analysis, `metrics` the latest value of each, `artifacts` the top-level paths.
@@ -165,7 +166,7 @@ class MlflowTracker:
                 found = self._client.get_experiment_by_name(experiment)
                 if found is None or found.lifecycle_stage == "deleted":
                     return None
-                runs = self._runs_tagged(str(found.experiment_id), run_tag)
+                runs = self._runs_tagged(str(found.experiment_id), run_tag, owner)
                 if not runs:
                     return None
                 artifacts = tuple(sorted(info.path for info in self._client.list_artifacts(runs[0].info.run_id)))
@@ -210,27 +211,30 @@ class MlflowTracker:
                            "(mlflow experiments restore) or name another experiment")
         return str(found.experiment_id)
 
-    def _runs_tagged(self, experiment_id: str, run_tag: str) -> list[Run]:
-        """The live runs carrying `run_tag`, oldest first (ties broken by id, so racing writers agree)."""
+    def _runs_tagged(self, experiment_id: str, run_tag: str, owner: str) -> list[Run]:
+        """`owner`'s live runs carrying `run_tag`, oldest first (ties broken by id, so racing writers agree). Another
+        user's run of the same cell is another measurement, never logged to; a run without an owner was written
+        before runs carried one, and is claimed by the first to log to it."""
         runs = self._client.search_runs([experiment_id], filter_string=tag_filter(RUN_TAG, run_tag),
                                         max_results=SEARCH_LIMIT, order_by=["attributes.start_time ASC"])
-        exact = [run for run in runs if run.data.tags.get(RUN_TAG) == run_tag]  # LIKE matches more, see tag_filter
+        exact = [run for run in runs if run.data.tags.get(RUN_TAG) == run_tag  # LIKE matches more, see tag_filter
+                 and run.data.tags.get(OWNER_TAG, owner) == owner]
         exact.sort(key=lambda run: (run.info.start_time or 0, run.info.run_id))
         if len(exact) > 1:
             log.warning("%d MLflow runs carry run tag %r (an earlier race); using the oldest, %s",
                         len(exact), run_tag, exact[0].info.run_id)
         return exact
 
-    def _run_for(self, experiment_id: str, run_tag: str) -> Run:
-        """The run of `run_tag`, created if absent. Two writers racing both create one; both then pick the oldest
-        and each deletes its own newer one, so one run remains."""
-        runs = self._runs_tagged(experiment_id, run_tag)
+    def _run_for(self, experiment_id: str, run_tag: str, owner: str) -> Run:
+        """`owner`'s run of `run_tag`, created if absent. Two writers racing both create one; both then pick the
+        oldest and each deletes its own newer one, so one run remains."""
+        runs = self._runs_tagged(experiment_id, run_tag, owner)
         if runs:
             return runs[0]
-        created = self._client.create_run(experiment_id, tags={RUN_TAG: run_tag}, run_name=run_tag)
+        created = self._client.create_run(experiment_id, tags={RUN_TAG: run_tag, OWNER_TAG: owner}, run_name=run_tag)
         if not created.info.run_id:
             raise _Refused("the server answered create-run without a run id (a proxy dropping writes?)")
-        runs = self._runs_tagged(experiment_id, run_tag)
+        runs = self._runs_tagged(experiment_id, run_tag, owner)
         oldest = runs[0] if runs else created
         if oldest.info.run_id != created.info.run_id:
             self._client.delete_run(created.info.run_id)
@@ -242,7 +246,8 @@ class MlflowTracker:
         run_id = run.info.run_id
         stored_params, stored_tags = run.data.params, run.data.tags
         params: list[Param] = []
-        tags = [RunTag(RUN_TAG, record.run_tag), *(RunTag(TAG_PREFIX + k, v) for k, v in record.tags.items())]
+        tags = [RunTag(RUN_TAG, record.run_tag), RunTag(OWNER_TAG, record.owner),
+                *(RunTag(TAG_PREFIX + k, v) for k, v in record.tags.items())]
         for name, value in record.params.items():
             if name not in stored_params:
                 params.append(Param(name, value))
@@ -401,6 +406,6 @@ def _batches(metrics: Sequence[Metric], params: Sequence[Param],
 def _tracked(run: Run, artifacts: tuple[str, ...]) -> TrackedRun:
     ours = {key.removeprefix(TAG_PREFIX): value for key, value in run.data.tags.items() if key.startswith(TAG_PREFIX)}
     overrides = {key.removeprefix("param."): value for key, value in ours.items() if key.startswith("param.")}
-    tags = {key: value for key, value in ours.items() if key != "run_tag" and not key.startswith("param.")}
+    tags = {key: value for key, value in ours.items() if key not in ("run_tag", "owner") and not key.startswith("param.")}
     return TrackedRun(run_id=run.info.run_id, tags=tags, params={**run.data.params, **overrides},
                       metrics=dict(run.data.metrics), artifacts=artifacts)

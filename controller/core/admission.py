@@ -194,6 +194,12 @@ def distinct_trials(facts: RunDirFacts, n_attempts: int) -> int:
     return sum(min(seen, n_attempts) for seen, _, _ in facts.tasks.values())
 
 
+def measured_trials(facts: RunDirFacts, n_attempts: int) -> int:
+    """(task, attempt) pairs the model was measured on: a task's scored trials beyond nAttempts are re-runs, counted
+    once (the n the gate admits a score over)."""
+    return sum(min(scored, n_attempts) for _, scored, _ in facts.tasks.values())
+
+
 def unmeasured_trials(facts: RunDirFacts, n_attempts: int) -> int:
     """(task, attempt) pairs with a result but no scored one: a task's scored trials cover up to nAttempts of its
     pairs, and its other pairs had only infra (or invalid) results. Which attempt a re-run stood for is not

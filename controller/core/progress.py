@@ -15,19 +15,22 @@ from datetime import datetime
 
 from pydantic import Field
 
+from controller.core.admission import distinct_trials, measured_trials
 from controller.core.observed import RunDirFacts
 from controller.core.types import Frozen
 
 
 class Progress(Frozen):
-    scored: int = Field(description="trials with a reward")
+    scored: int = Field(description="(task, attempt) pairs measured: a trial with a reward that is the model's, "
+                                     "a task's re-runs counted once")
     total: int | None = Field(description="trials expected; None when nothing says")
     eta_minutes: int | None = Field(None, description="minutes until every trial is done, rounded up; None: unknown")
 
 
-def eta_minutes(facts: RunDirFacts, now: datetime) -> int | None:
-    """Remaining trials at the rate completed trials came in since the run started, in whole minutes (≥ 1)."""
-    total, started, completed = facts.n_total, facts.started_at, facts.n_completed
+def eta_minutes(facts: RunDirFacts, now: datetime, n_attempts: int) -> int | None:
+    """Remaining trials at the rate completed trials came in since the run started, in whole minutes (≥ 1). A task's
+    re-runs beyond nAttempts count once: they leave no fewer trials to run."""
+    total, started, completed = facts.n_total, facts.started_at, distinct_trials(facts, n_attempts)
     if total is None or started is None or completed <= 0:
         return None
     remaining = total - completed
@@ -37,8 +40,10 @@ def eta_minutes(facts: RunDirFacts, now: datetime) -> int | None:
     return max(1, math.ceil(remaining * elapsed_s / completed / 60))
 
 
-def progress_of(facts: RunDirFacts | None, now: datetime, *, running: bool) -> Progress | None:
-    """Scored of expected trials; an ETA only while a job works on them (`running`)."""
+def progress_of(facts: RunDirFacts | None, now: datetime, n_attempts: int, *, running: bool) -> Progress | None:
+    """Measured of expected trials, a task's re-runs counted once; an ETA only while a job works on them
+    (`running`)."""
     if facts is None or facts.unreadable:
         return None
-    return Progress(scored=facts.n_scored, total=facts.n_total, eta_minutes=eta_minutes(facts, now) if running else None)
+    return Progress(scored=measured_trials(facts, n_attempts), total=facts.n_total,
+                    eta_minutes=eta_minutes(facts, now, n_attempts) if running else None)

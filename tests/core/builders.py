@@ -84,12 +84,13 @@ def facts(tag: str, *, total: int | None = 10, completed: int = 10, scored: int 
           last_progress: datetime | None = None, no_resume: bool = False, model: str | None = None,
           benchmark_name: str | None = None, agent: str | None = None) -> RunDirFacts:
     graded = max(completed - infra, 0)  # one trial per task; the infra ones first, the rest graded evenly
-    tasks = {f"task-{i:03d}": (1, 0, 0.0) if i < infra else (1, 1, completed * 0.5 / graded)
+    n_scored = graded if scored is None else scored  # of the graded, the first `scored` have their reward
+    tasks = {f"task-{i:03d}": (1, 1, completed * 0.5 / n_scored) if infra <= i < infra + n_scored else (1, 0, 0.0)
              for i in range(completed)}
     return RunDirFacts(
         run_tag=tag, path=f"/jobs/{tag}", has_config=True, has_result=has_result, n_total=total,
         n_trial_dirs=completed if trial_dirs is None else trial_dirs, n_completed=completed,
-        n_scored=completed - infra if scored is None else scored, n_infra_errors=infra, n_graded=graded,
+        n_scored=n_scored, n_infra_errors=infra, n_graded=graded,
         n_answered=completed, n_usage_reported=completed, tasks=tasks,
         reward_sum=completed * 0.5, started_at=ago(hours=3),
         finished_at=ago(hours=2) if finished else None, last_progress_at=last_progress or ago(hours=2),

@@ -22,34 +22,34 @@ def started(minutes: float, *, completed: int, total: int | None = 18, scored: i
 
 def test_known_throughput_gives_the_remaining_trials_at_that_rate() -> None:
     # 6 trials in 12 min is 2 min a trial; 12 to go: 24 min
-    assert eta_minutes(started(12, completed=6), NOW) == 24
+    assert eta_minutes(started(12, completed=6), NOW, 1) == 24
     # 5 in 4 min, 13 to go: 10.4 min, rounded up
-    assert eta_minutes(started(4, completed=5), NOW) == 11
+    assert eta_minutes(started(4, completed=5), NOW, 1) == 11
 
 
 def test_a_run_that_stops_sees_its_eta_grow_not_count_down() -> None:
     """The rate is over the time since the start, up to now: a stall slows it."""
-    assert eta_minutes(started(60, completed=6), NOW) == 120, "6 in an hour: 10 min a trial, 12 to go"
+    assert eta_minutes(started(60, completed=6), NOW, 1) == 120, "6 in an hour: 10 min a trial, 12 to go"
 
 
 def test_no_eta_when_it_cannot_be_known() -> None:
-    assert eta_minutes(started(30, completed=0), NOW) is None, "zero progress: no throughput"
-    assert eta_minutes(started(30, completed=5, total=None), NOW) is None, "no expected total"
-    assert eta_minutes(started(30, completed=18), NOW) is None, "nothing left to run: when it exits is unknown"
-    assert eta_minutes(started(30, completed=5).model_copy(update={"started_at": None}), NOW) is None
-    assert eta_minutes(started(-5, completed=5), NOW) is None, "a start in the future (clock skew)"
+    assert eta_minutes(started(30, completed=0), NOW, 1) is None, "zero progress: no throughput"
+    assert eta_minutes(started(30, completed=5, total=None), NOW, 1) is None, "no expected total"
+    assert eta_minutes(started(30, completed=18), NOW, 1) is None, "nothing left to run: when it exits is unknown"
+    assert eta_minutes(started(30, completed=5).model_copy(update={"started_at": None}), NOW, 1) is None
+    assert eta_minutes(started(-5, completed=5), NOW, 1) is None, "a start in the future (clock skew)"
 
 
 def test_the_last_minute_is_one_minute_not_zero() -> None:
-    assert eta_minutes(started(60, completed=17_999, total=18_000), NOW) == 1
+    assert eta_minutes(started(60, completed=17_999, total=18_000), NOW, 1) == 1
 
 
 def test_an_eta_only_while_a_job_works_on_it() -> None:
     dir_ = started(12, completed=6, scored=5)
-    assert progress_of(dir_, NOW, running=True) == Progress(scored=5, total=18, eta_minutes=24)
-    assert progress_of(dir_, NOW, running=False) == Progress(scored=5, total=18, eta_minutes=None)
-    assert progress_of(None, NOW, running=True) is None
-    assert progress_of(dir_.model_copy(update={"unreadable": "permission denied"}), NOW, running=True) is None
+    assert progress_of(dir_, NOW, 1, running=True) == Progress(scored=5, total=18, eta_minutes=24)
+    assert progress_of(dir_, NOW, 1, running=False) == Progress(scored=5, total=18, eta_minutes=None)
+    assert progress_of(None, NOW, 1, running=True) is None
+    assert progress_of(dir_.model_copy(update={"unreadable": "permission denied"}), NOW, 1, running=True) is None
 
 
 def test_a_running_cell_has_progress_and_no_score() -> None:
@@ -74,3 +74,12 @@ def test_a_finished_cell_shows_the_uploaded_score_not_the_run_dirs() -> None:
 
     assert decided.phase == Phase.COMPLETED and decided.score == 0.25
     assert decided.progress is not None and decided.progress.eta_minutes is None
+
+
+def test_a_task_s_re_runs_count_once_in_progress_and_the_eta() -> None:
+    """12 results in 18 min, 6 of them re-runs of 3 one-attempt tasks: 6 trials done, 12 to go at 3 min each. Were
+    the tasks of 3 attempts, the same results are 12 trials done, 6 to go at 1.5 min each."""
+    tasks = {f"task-{i:03d}": (3, 3, 1.5) if i < 3 else (1, 1, 0.5) for i in range(6)}
+    dir_ = started(18, completed=12).model_copy(update={"tasks": tasks, "n_scored": 12})
+    assert progress_of(dir_, NOW, 1, running=True) == Progress(scored=6, total=18, eta_minutes=36)
+    assert progress_of(dir_, NOW, 3, running=True) == Progress(scored=12, total=18, eta_minutes=9)

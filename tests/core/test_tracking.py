@@ -94,3 +94,14 @@ def test_differences_name_whatever_did_not_land() -> None:
     assert differences(record, other_score) == ["metric accuracy: logged 0.5, server has 0.25"]
     assert differences(record, exact.model_copy(update={"artifacts": ()})) == [
         "artifact post_eval_report.txt missing"]
+
+
+def test_trial_counts_count_a_task_s_re_runs_once() -> None:
+    """Ten results of a one-attempt task (a resume re-ran it, late sandboxes landed) are one trial of the benchmark:
+    MLflow's counts agree with the n the score was taken over, never 19 of 10."""
+    tasks = {"task-000": (10, 10, 10.0), **{f"task-{i:03d}": (1, 1, 0.0) for i in range(1, 10)}}
+    run = facts(TAG, total=10, completed=19, scored=19).model_copy(update={"tasks": tasks})
+    record = tracker_record(CELL, run, OWNER, metrics_of(run, ERRORS, CELL), ANALYSIS, ERRORS)
+
+    assert (record.metrics["n_completed_trials"], record.metrics["n_scored_trials"]) == (10, 10)
+    assert record.metrics["n_valid_trials"] == 10 and record.metrics["accuracy"] == 0.1

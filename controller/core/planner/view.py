@@ -161,7 +161,8 @@ class CellView:
         state, note = health if health is not None else (None, "")
         if remember is not None and (remember is self.memory or remember == self.memory):
             remember = None
-        progress = progress_of(facts, self.now, self.cell.n_attempts, running=phase == Phase.RUNNING) if facts is not None else None
+        progress = None if facts is None else progress_of(facts, self.now, self.cell.n_attempts,
+                                                          running=phase == Phase.RUNNING)
         return built_plan({"cell": self.cell, "phase": phase, "actions": tuple(actions), "reason": reason,
                            "rule": rule,
                            "row_updates": (*self.adoptions, *updates) if self.adoptions else tuple(updates),

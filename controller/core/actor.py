@@ -266,7 +266,8 @@ class Actor:
             row_id = row_id_for(facts.run_tag)
             self.results.create_row(self._pending_row(work.cell, facts.run_tag, row_id, self.now()).model_copy(
                 update={"job_status": RowStatus.STARTED, "started_at": facts.started_at}))
-        upload = result.upload(ended_at=facts.finished_at or self.now(), is_overlong=is_overlong)
+        upload = result.upload(ended_at=facts.finished_at or self.now(), is_overlong=is_overlong,
+                               env=work.cell.cluster)
         if gpu_hours is not None:
             upload = upload.model_copy(update={"stats": {**upload.stats, "gpu_hours": gpu_hours}})
         written = self.results.upload_result(row_id, upload, owner=self.launcher.username)

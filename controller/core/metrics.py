@@ -40,9 +40,9 @@ class RunMetrics(Frozen):
     def score(self) -> float | None:
         return next(m.value for m in self.metrics if m.name == "accuracy")
 
-    def upload(self, ended_at: datetime, is_overlong: bool) -> ResultUpload:
+    def upload(self, ended_at: datetime, is_overlong: bool, env: str) -> ResultUpload:
         return ResultUpload(metrics=self.metrics, stats=self.stats.model_dump(), n_trials=self.stats.n_trials,
-                            ended_at=ended_at, is_overlong=is_overlong)
+                            ended_at=ended_at, is_overlong=is_overlong, env=env)
 
 
 def admitted_metrics(admitted: Admitted) -> tuple[Metric, ...]:

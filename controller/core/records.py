@@ -99,6 +99,8 @@ class ResultUpload(Frozen):
     n_trials: int
     ended_at: datetime
     is_overlong: bool = Field(False, description="the run took longer than upload.overlongHours")
+    env: str | None = Field(None, description="the cluster the run dir ran on, the row's `config.env` from then on: "
+                                              "a cell that spilled was given its row on the cluster it left")
 
 
 class AuditVerdict(StrEnum):

@@ -236,3 +236,18 @@ def test_no_job_is_submitted_when_the_intents_row_is_another_users(tmp_path: Pat
     assert scheduler.submitted == []
     landed = store.read_row(row_id_for(TAG))
     assert landed is not None and landed.username == "bob" and landed.slurm_job_id == "pending"
+
+
+def test_the_uploaded_row_names_the_cluster_the_run_ran_on(tmp_path: Path, store: SqliteStore) -> None:
+    """A cell's row is written with its first submission; a queued job that spilled ran on another cluster, whose
+    lane uploads it. The row's config.env, what the lab's dashboards group by, names where it ran."""
+    facts = finished_run(tmp_path / "jobs")
+    store.create_row(NewRow(id=row_id_for(TAG), job_name=TAG, username=ME, model_name=MODEL,
+                            benchmark_name="terminal_bench_2", job_status=RowStatus.STARTED,
+                            config={"agent": "terminus-2", "env": "lab-a", "run_tag": TAG}))
+
+    one_pass(store, actor(store, tmp_path), facts)
+
+    landed = store.read_row(row_id_for(TAG))
+    assert landed is not None and landed.job_status == "Finished"
+    assert landed.config == {"agent": "terminus-2", "env": CELL.cluster, "run_tag": TAG}

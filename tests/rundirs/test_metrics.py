@@ -90,7 +90,7 @@ def test_single_trial_has_score_but_no_stderr() -> None:
 
 def test_upload_carries_a_list_and_the_stats_dict_with_the_evidence() -> None:
     ended = datetime(2026, 11, 29, tzinfo=UTC)
-    upload = metrics_of(facts_for([1.0, 0.0]), REFERENCE_ERRORS).upload(ended_at=ended, is_overlong=True)
+    upload = metrics_of(facts_for([1.0, 0.0]), REFERENCE_ERRORS).upload(ended_at=ended, is_overlong=True, env="lab")
     assert [m.name for m in upload.metrics] == ["accuracy", "accuracy_stderr", "n_valid_trials"]
     assert upload.n_trials == 2 and upload.ended_at == ended and upload.is_overlong
     assert set(upload.stats) == {"n_trials", "n_scored", "n_infra_errors", "infra_error_breakdown",

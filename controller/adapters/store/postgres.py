@@ -167,7 +167,7 @@ class PostgresStore:
                 return False
             self._db.round(conn, (sql.SET_ROW_RESULT, {
                 "id": row_id, "owner": owner, "n_trials": result.n_trials, "ended_at": result.ended_at,
-                "is_overlong": result.is_overlong,
+                "is_overlong": result.is_overlong, "env": result.env,
                 "metrics": Jsonb([{"name": metric.name, "value": metric.value} for metric in result.metrics]),
                 "stats": Jsonb(result.stats),
             }), (COMMIT, None))

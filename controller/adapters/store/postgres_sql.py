@@ -286,7 +286,9 @@ ROW_FOR_UPLOAD = "SELECT username, job_status, metrics::text, is_overlong FROM s
 SET_ROW_RESULT = """
 UPDATE sandbox_jobs
    SET job_status = 'Finished', metrics = %(metrics)s, stats = %(stats)s, n_trials = %(n_trials)s::integer,
-       ended_at = %(ended_at)s::timestamptz, is_overlong = %(is_overlong)s::boolean
+       ended_at = %(ended_at)s::timestamptz, is_overlong = %(is_overlong)s::boolean,
+       config = CASE WHEN %(env)s::text IS NOT NULL AND jsonb_typeof(config) = 'object'
+                     THEN jsonb_set(config, '{env}', to_jsonb(%(env)s::text)) ELSE config END
  WHERE id = %(id)s AND username = %(owner)s::text
 """
 

@@ -129,6 +129,7 @@ class SqliteStore:
                 "id": row_id, "owner": owner, "metrics": format_metrics(result.metrics),
                 "stats": json.dumps(result.stats), "n_trials": result.n_trials,
                 "ended_at": format_timestamp(result.ended_at), "is_overlong": int(result.is_overlong),
+                "env": result.env,
             })
             return True
 

@@ -338,7 +338,9 @@ UPDATE sandbox_jobs
 SET_ROW_RESULT = """
 UPDATE sandbox_jobs
    SET job_status = 'Finished', metrics = :metrics, stats = :stats, n_trials = :n_trials, ended_at = :ended_at,
-       is_overlong = :is_overlong
+       is_overlong = :is_overlong,
+       config = CASE WHEN :env IS NULL OR NOT json_valid(config) THEN config
+                     WHEN json_type(config) = 'object' THEN json_set(config, '$.env', :env) ELSE config END
  WHERE id = :id AND username = :owner
 """
 

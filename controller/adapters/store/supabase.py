@@ -156,7 +156,7 @@ class SupabaseResults:
         """GET the row (exactly once: Finished with these metrics → no write), then one PATCH filtered on owner."""
         self._check_writable()
         with self._db.failing_as(StoreUnavailable):
-            found = self._db.row(row_id, "id,username,job_status,metrics,is_overlong")
+            found = self._db.row(row_id, "id,username,job_status,metrics,is_overlong,config")
             if found is None:
                 raise LookupError(f"sandbox_jobs row {row_id} does not exist")
             check_owner(row_id, found.get("username"), owner)
@@ -168,6 +168,9 @@ class SupabaseResults:
                 "stats": result.stats, "n_trials": result.n_trials, "ended_at": format_timestamp(result.ended_at),
                 "is_overlong": result.is_overlong,
             }
+            config = found.get("config")
+            if result.env is not None and isinstance(config, dict):
+                values["config"] = {**config, "env": result.env}
             query = self._db.table("sandbox_jobs").update(values, returning=ReturnMethod.representation)
             if self._db.execute(f"uploading to sandbox_jobs row {row_id}",
                                 query.eq("id", row_id).eq("username", owner).select("id"))[0]:

@@ -203,3 +203,27 @@ def test_writes_to_a_missing_row_fail(results_backend: Backend) -> None:
 
 def test_read_row_of_an_unknown_id_is_none(results_backend: Backend) -> None:
     assert results_backend.results.read_row(str(uuid.uuid4())) is None
+
+
+def test_an_upload_names_the_cluster_its_run_ran_on_and_keeps_the_rest_of_the_config(results_backend: Backend) -> None:
+    """A cell whose queued job spilled to another cluster got its row where it was first submitted: the row says
+    where the numbers were measured once they are uploaded."""
+    results = results_backend.results
+    row = pending_row()
+    results.create_row(row)
+
+    results.upload_result(row.id, RESULT.model_copy(update={"env": "lab-b"}), owner="alice")
+
+    stored = results.read_row(row.id)
+    assert stored is not None and stored.config == {**row.config, "env": "lab-b"}
+
+
+def test_an_upload_leaves_a_config_that_is_no_object_as_it_is(results_backend: Backend) -> None:
+    results = results_backend.results
+    row = pending_row().model_copy(update={"config": None})
+    results.create_row(row)
+
+    results.upload_result(row.id, RESULT.model_copy(update={"env": "lab-b"}), owner="alice")
+
+    stored = results.read_row(row.id)
+    assert stored is not None and stored.job_status == "Finished" and not stored.config

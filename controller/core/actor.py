@@ -214,7 +214,8 @@ class Actor:
                                 attempt=launch.attempt, fire=launch.fire, row_id=row_id,
                                 created_at=launch.intent_at or now,  # a repair keeps the recorded intent's time
                                 model=cell.model, benchmark=cell.benchmark_name, cluster=self.launcher.cluster,
-                                estimated_hours=launch.estimated_hours)
+                                estimated_hours=launch.estimated_hours, trials=cell.trials,
+                                concurrency=cell.n_concurrent)
         # Intent first, then its row: a crash in between leaves an intent without a row, which the next pass
         # finishes; the reverse would leave a row that looks like a run to resume. The row is written every
         # time (an existing one is left as it is), so a repair also restores a row that was never written.

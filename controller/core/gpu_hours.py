@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from enum import StrEnum
+from typing import NamedTuple
 
 from pydantic import Field
 
@@ -74,6 +75,28 @@ class AttemptCost(Frozen):
     benchmark: str
     gpu_hours: float
     wall_hours: float | None = Field(None, description="its jobs' elapsed hours summed (None: not all recorded)")
+    trials: int | None = Field(None, description="the trials it was to run (None: not known)")
+    concurrency: int | None = Field(None, description="its nConcurrent (None: not known)")
+
+
+class _Size(NamedTuple):
+    """How many trials an attempt runs and how many at a time: evidence from an attempt of another size is scaled
+    to the cell's, trials × time per trial / concurrency, where both sides say. (A tuple: one per cell a pass.)"""
+
+    trials: int | None
+    concurrency: int | None
+
+    def factor(self, cell: _Size) -> float:
+        trials = cell.trials / self.trials if cell.trials and self.trials else 1.0
+        concurrency = self.concurrency / cell.concurrency if cell.concurrency and self.concurrency else 1.0
+        return trials * concurrency
+
+
+def _scaled(hours: float, start: float, factor: float) -> float:
+    """An attempt's hours for a cell `factor` times its size: its server start (`start`, measured or 0) as it was,
+    its trials' time scaled."""
+    fixed = min(start, hours)
+    return fixed + (hours - fixed) * factor
 
 
 def estimates(cells: Sequence[Cell], history: Iterable[AttemptCost], run_dirs: Iterable[RunDirFacts],
@@ -82,55 +105,72 @@ def estimates(cells: Sequence[Cell], history: Iterable[AttemptCost], run_dirs: I
     wall time of an attempt in the history is its jobs' elapsed hours, else its GPU-hours over gpusPerJob (never
     from zero: a site whose accounting does not count GPUs says 0); else the run dirs say it. A model server's start
     is measured per size band on the run dirs whose first job is in `jobs`: from that job's start to the dir's
-    first trial."""
+    first trial. Evidence from an attempt of another size (trials, concurrency) is scaled to the cell's."""
     by_history: dict[tuple[str, str], list[AttemptCost]] = defaultdict(list)
     for cost in history:
         by_history[(cost.benchmark, bands.band_of(cost.model))].append(cost)
-    by_dirs: dict[tuple[str, str], list[float]] = defaultdict(list)  # wall hours
+    by_dirs: dict[tuple[str, str], list[tuple[float, _Size]]] = defaultdict(list)  # wall hours, of what size
     starts: dict[str, list[float]] = defaultdict(list)  # size band → server starts, hours
     first_jobs = {job.name: job for job in jobs if job.started_at is not None}
     for facts in run_dirs:
         hours = _dir_wall_hours(facts)
         if facts.benchmark_name and facts.model:
             if hours is not None:
-                by_dirs[(facts.benchmark_name, bands.band_of(facts.model))].append(hours)
+                size = _Size(trials=max(facts.n_total or facts.n_completed, facts.n_completed), concurrency=None)
+                by_dirs[(facts.benchmark_name, bands.band_of(facts.model))].append((hours, size))
             if (start := _server_start(facts, first_jobs.get(facts.run_tag))) is not None:
                 starts[bands.band_of(facts.model)].append(start)
-    found: dict[tuple[str, str], GpuEstimate] = {}
+    found: dict[tuple[str, str, _Size], GpuEstimate] = {}
     band_of: dict[str, str] = {}  # a model's band is read once, however many benchmarks it has
     result = {}
     for cell in cells:
         if cell.model not in band_of:
             band_of[cell.model] = bands.band_of(cell.model)
         group = (cell.benchmark_name, band_of[cell.model])
-        if group not in found:
-            found[group] = _estimate(group, by_history.get(group), by_dirs.get(group), starts.get(group[1], []),
-                                     gpus_per_job)
-        result[cell.key] = found[group]
+        size = _Size(trials=cell.trials, concurrency=cell.n_concurrent)
+        if (key := (*group, size)) not in found:
+            found[key] = _estimate(group, size, by_history.get(group), by_dirs.get(group), starts.get(group[1], []),
+                                   gpus_per_job)
+        result[cell.key] = found[key]
     return result
 
 
-def _estimate(group: tuple[str, str], history: list[AttemptCost] | None, dirs: list[float] | None,
-              starts: list[float], gpus_per_job: int) -> GpuEstimate:
-    """`history`: finished attempts; `dirs`: wall hours of run dirs (extrapolated to all trials); `starts`: server
-    starts measured on jobs of the size band, hours."""
+def _estimate(group: tuple[str, str], size: _Size, history: list[AttemptCost] | None,
+              dirs: list[tuple[float, _Size]] | None, starts: list[float], gpus_per_job: int) -> GpuEstimate:
+    """`history`: finished attempts; `dirs`: wall hours of run dirs (extrapolated to all their trials); `starts`:
+    server starts measured on jobs of the size band, hours. Each scaled to a cell of `size`."""
     benchmark, band = group
     name = f"{benchmark}, {band}"
     measured = f"measured, median of {len(starts)} job(s) of {band}"
-    from_dirs = wall_estimate(dirs or (), f"{len(dirs or ())} run dir(s) of {name} (trials' wall time)",
+    start = statistics.median(starts) if starts else 0.0
+    dir_hours = [hours * of.factor(size) for hours, of in dirs or ()]  # a dir's trial time holds no server start
+    dirs_note = _scaling_note([of.factor(size) for _, of in dirs or ()], size)
+    from_dirs = wall_estimate(dir_hours, f"{len(dir_hours)} run dir(s) of {name} (trials' wall time){dirs_note}",
                               starts=starts, start_basis=measured)
     if history:
-        walls = [c.wall_hours for c in history if c.wall_hours] or \
-            [c.gpu_hours / gpus_per_job for c in history if c.gpu_hours > 0 and gpus_per_job > 0]
-        wall = wall_estimate(walls, f"{len(walls)} finished attempt(s) of {name}", with_start=True, starts=starts,
-                             start_basis=measured) or from_dirs
-        hours = [c.gpu_hours for c in history]
+        sizes = {cost.run_tag: _Size(trials=cost.trials, concurrency=cost.concurrency).factor(size) for cost in history}
+        note = _scaling_note(list(sizes.values()), size)
+        walls = [_scaled(c.wall_hours, start, sizes[c.run_tag]) for c in history if c.wall_hours] or \
+            [_scaled(c.gpu_hours / gpus_per_job, start, sizes[c.run_tag])
+             for c in history if c.gpu_hours > 0 and gpus_per_job > 0]
+        wall = wall_estimate(walls, f"{len(walls)} finished attempt(s) of {name}{note}", with_start=True,
+                             starts=starts, start_basis=measured) or from_dirs
+        hours = [_scaled(c.gpu_hours, start * gpus_per_job, sizes[c.run_tag]) for c in history]
         return GpuEstimate(hours=statistics.median(hours), source=EstimateSource.HISTORY, group=name, wall=wall,
-                           basis=f"median of {len(hours)} finished attempt(s) of {name}")
+                           basis=f"median of {len(hours)} finished attempt(s) of {name}{note}")
     if dirs:
-        return GpuEstimate(hours=statistics.median(dirs) * gpus_per_job, source=EstimateSource.RUN_DIRS, group=name,
-                           wall=from_dirs, basis=f"median wall time of {len(dirs)} run dir(s) of {name}, × gpusPerJob")
+        return GpuEstimate(hours=statistics.median(dir_hours) * gpus_per_job, source=EstimateSource.RUN_DIRS,
+                           group=name, wall=from_dirs, basis=f"median wall time of {len(dir_hours)} run dir(s) of "
+                                                              f"{name}, × gpusPerJob{dirs_note}")
     return UNKNOWN.model_copy(update={"group": name})
+
+
+def _scaling_note(factors: Sequence[float], size: _Size) -> str:
+    """`, scaled to 267 trials at 8 at a time` when some evidence was of another size."""
+    if all(factor == 1.0 for factor in factors):
+        return ""
+    trials = f" {size.trials} trials" if size.trials else " the cell's size"
+    return f", scaled to{trials} at {size.concurrency} at a time" if size.concurrency else f", scaled to{trials}"
 
 
 def _server_start(facts: RunDirFacts, first_job: ObservedJob | None) -> float | None:

@@ -196,6 +196,10 @@ class Submission(Frozen):
                                                             "estimate lacks it)")
     elapsed_hours: float | None = Field(None, description="how long its job ran, recorded once it ended: an "
                                                           "attempt's wall time, and what walltime auto learns from")
+    trials: int | None = Field(None, description="the trials its attempt was to run, the catalog's tasks × nAttempts: "
+                                                 "an estimate from attempts of another size is scaled to the cell's "
+                                                 "(None: the task count is not known, or a record before 0011)")
+    concurrency: int | None = Field(None, description="its attempt's nConcurrent (None: a record before 0011)")
     finished_at: datetime | None = Field(None, description="when its attempt finished (its report was written): "
                                                            "its jobs are history from then on")
 

@@ -168,6 +168,11 @@ class Cell(Frozen):
         former = f"{self.model}|{self.dataset}|{self.fingerprint}"
         return former if former != self.key else None
 
+    @property
+    def trials(self) -> int | None:
+        """Trials one attempt runs (the catalog's tasks × nAttempts); None: the task count is not known."""
+        return None if self.tasks is None else self.tasks * self.n_attempts
+
     @cached_property
     def label(self) -> str:
         """How people (and pass outcomes) name the cell."""

@@ -62,6 +62,39 @@ def test_nothing_to_go_by_is_unknown_not_zero() -> None:
     assert found[SMALL.key].hours == 2.0, "an unsized model is no evidence for a sized one's band"
 
 
+def test_an_attempt_of_another_size_is_scaled_to_the_cell_s_trials_and_concurrency() -> None:
+    """One attempt over 89 tasks, 8 at a time, is no estimate for three attempts per task 16 at a time: 3 × the
+    trials at twice the concurrency take 1.5 × as long. Unscaled, a sized job asked for a third of what it needed
+    and was cut, resumed and cut again."""
+    one = AttemptCost(run_tag="ev_x__a1", model="org/x-8B", benchmark="terminal_bench_2", gpu_hours=16.0,
+                      wall_hours=4.0, trials=89, concurrency=8)
+    three, same = cell("org/a-8B", tasks=89, n_attempts=3, n_concurrent=16), cell("org/b-8B", tasks=89)
+    unknown = cell("org/c-8B")  # the catalog does not know its task count: nothing to scale by
+
+    found = estimates([three, same, unknown], [one], [], BANDS, gpus_per_job=4)
+
+    assert found[three.key].hours == 24.0 and found[three.key].wall is not None
+    assert found[three.key].wall.median_hours == 6.0
+    assert found[three.key].basis.endswith("of terminal_bench_2, 0–14B, scaled to 267 trials at 16 at a time")
+    assert (found[same.key].hours, found[unknown.key].hours) == (16.0, 16.0)
+    assert "scaled" not in found[same.key].basis
+
+
+def test_a_measured_server_start_is_not_scaled_with_the_trials() -> None:
+    """Every job pays its server start once, whatever its size: 0.5 h of the 4.5 h attempt stays 0.5 h."""
+    one = AttemptCost(run_tag="ev_x__a1", model="org/x-8B", benchmark="terminal_bench_2", gpu_hours=18.0,
+                      wall_hours=4.5, trials=89, concurrency=8)
+    measured = facts("ev_y__a1", model="org/y-8B", benchmark_name="terminal_bench_2")  # its first trial 3 h ago
+    first_job = job("ev_y__a1", JobState.COMPLETED, started=ago(hours=3.5))
+    three = cell("org/a-8B", tasks=89, n_attempts=3)
+
+    found = estimates([three], [one], [measured], BANDS, gpus_per_job=4, jobs=[first_job])
+
+    wall = found[three.key].wall
+    assert wall is not None and wall.start_hours == 0.5 and wall.median_hours == 12.5  # 0.5 + 4.0 × 3
+    assert found[three.key].hours == 50.0  # 0.5 h × 4 GPUs + 16 × 3
+
+
 def test_a_size_outside_every_band_compares_only_with_that_size() -> None:
     assert BANDS.band_of("org/m-70B") == "70B" != BANDS.band_of("org/n-72B")
     assert BANDS.band_of("Qwen3-30B-A3B") == "28–42B", "the largest size token wins, as in the size policy"

@@ -45,7 +45,7 @@ QWEN = EvalRunRef(name="qwen-evals")
 # (version, name) of migrations/*.sql
 SHIPPED = [(1, "controller_tables"), (2, "quarantine"), (3, "model_selections"), (4, "gpu_hours"), (5, "notifications"),
            (6, "row_audit"), (7, "quarantine_owner"), (8, "retry_requests"), (9, "submission_cluster"),
-           (10, "walltime_learning")]
+           (10, "walltime_learning"), (11, "attempt_size")]
 OT_AGENT_TABLES = {"models", "benchmarks", "sandbox_jobs"}
 RESULT = ResultUpload(metrics=(Metric(name="accuracy", value=0.42), Metric(name="accuracy_stderr", value=0.03)),
                       stats={"n_trials": 290, "n_infra_errors": 10}, n_trials=300, ended_at=T0)

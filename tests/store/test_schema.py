@@ -154,8 +154,8 @@ def test_a_store_made_before_gpu_hours_is_read_as_it_is_and_gets_the_columns_whe
     assert (upgraded.job_id, upgraded.gpu_hours) == ("77", 1.25)
     with sqlite3.connect(db_path) as conn:
         columns = [name for (name,) in conn.execute("SELECT name FROM pragma_table_info('evalrun_submissions')")]
-    assert columns[-7:] == ["model", "benchmark", "gpu_hours", "finished_at", "cluster", "estimated_hours",
-                            "elapsed_hours"]
+    assert columns[-9:] == ["model", "benchmark", "gpu_hours", "finished_at", "cluster", "estimated_hours",
+                            "elapsed_hours", "trials", "concurrency"]
 
 
 PRE_CLUSTER_SUBMISSIONS = """
@@ -192,4 +192,4 @@ def test_a_store_made_before_submission_clusters_is_read_as_it_is_and_gets_the_c
     assert after == {"ev_x__a1": None, "ev_y__a1": "lab/hpc"}
     with sqlite3.connect(db_path) as conn:
         columns = [name for (name,) in conn.execute("SELECT name FROM pragma_table_info('evalrun_submissions')")]
-    assert columns[-3:] == ["cluster", "estimated_hours", "elapsed_hours"]
+    assert columns[-5:] == ["cluster", "estimated_hours", "elapsed_hours", "trials", "concurrency"]

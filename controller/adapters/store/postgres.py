@@ -223,8 +223,7 @@ class PostgresStore:
                 lacking = self._db.lacking_columns(conn, "evalrun_submissions")
                 wanted["evalrun_submissions"] = sql.SUBMISSIONS_OF.format(columns=sql.submission_columns(lacking))
                 if benchmarks and sql.GPU_HISTORY_COLUMNS.isdisjoint(lacking):
-                    wanted["gpu_history"] = sql.GPU_HISTORY_WITHOUT_WALL if "elapsed_hours" in lacking \
-                        else sql.GPU_HISTORY
+                    wanted["gpu_history"] = sql.gpu_history(lacking)
                     tables.append("gpu_history")
             if not tables:
                 return StateSnapshot()

@@ -147,7 +147,8 @@ SELECT {ROW_COLUMNS} FROM sandbox_jobs
 ROW_BY_ID = f"SELECT {ROW_COLUMNS} FROM sandbox_jobs WHERE id = %s"
 
 SUBMISSION_FIELDS = ("name", "run_tag", "evalrun", "cell_key", "attempt", "fire", "row_id", "job_id", "created_at",
-                     "model", "benchmark", "gpu_hours", "cluster", "estimated_hours", "elapsed_hours")
+                     "model", "benchmark", "gpu_hours", "cluster", "estimated_hours", "elapsed_hours", "trials",
+                     "concurrency")
 SUBMISSION_COLUMNS = ", ".join(SUBMISSION_FIELDS)
 GPU_HISTORY_COLUMNS = frozenset(("model", "benchmark", "gpu_hours", "finished_at"))
 
@@ -168,10 +169,10 @@ EVERY_SUBMISSION = "SELECT {columns} FROM evalrun_submissions ORDER BY created_a
 EVERY_MEMORY = "SELECT cell_key, memory FROM evalrun_cell_memory"
 
 # Columns later migrations added to a table (0004: GPU-hours; 0007: a quarantine's start, owner and release; 0009: a
-# submission's cluster; 0010: a sized job's estimate and elapsed hours): a read-only store on a database they have
-# not reached reads the table without them.
+# submission's cluster; 0010: a sized job's estimate and elapsed hours; 0011: an attempt's trials and concurrency): a
+# read-only store on a database they have not reached reads the table without them.
 ADDED_COLUMNS = {"evalrun_submissions": ("model", "benchmark", "gpu_hours", "finished_at", "cluster",
-                                         "estimated_hours", "elapsed_hours"),
+                                         "estimated_hours", "elapsed_hours", "trials", "concurrency"),
                  "evalrun_quarantine": ("since", "owner", "released_at")}
 PRESENT_COLUMNS = """
 SELECT attname::text FROM pg_attribute
@@ -180,7 +181,8 @@ SELECT attname::text FROM pg_attribute
 
 # Finished attempts of the named benchmarks whose every job's GPU-hours are recorded, newest first.
 GPU_HISTORY_OF = """
-SELECT run_tag, min(model) AS model, min(benchmark) AS benchmark, sum(gpu_hours) AS gpu_hours, {wall} AS wall_hours
+SELECT run_tag, min(model) AS model, min(benchmark) AS benchmark, sum(gpu_hours) AS gpu_hours, {wall} AS wall_hours,
+       {size}
   FROM evalrun_submissions
  WHERE finished_at IS NOT NULL AND benchmark = ANY(%(benchmarks)s::text[])
  GROUP BY run_tag
@@ -188,9 +190,17 @@ HAVING count(gpu_hours) = count(*) AND min(model) IS NOT NULL
  ORDER BY max(finished_at) DESC, run_tag
  LIMIT %(history_max)s
 """
-# an attempt's wall time: its jobs' elapsed hours summed, when every one of them is recorded (migration 0010)
-GPU_HISTORY = GPU_HISTORY_OF.format(wall="CASE WHEN count(elapsed_hours) = count(*) THEN sum(elapsed_hours) END")
-GPU_HISTORY_WITHOUT_WALL = GPU_HISTORY_OF.format(wall="NULL")  # a database 0010 has not reached
+
+
+def gpu_history(lacking: Collection[str]) -> str:
+    """The history of a database later migrations may not have reached (their columns read as NULL): an attempt's
+    wall time, its jobs' elapsed hours summed when every one of them is recorded (0010); the trials it was to run
+    and at what concurrency (0011)."""
+    wall = "NULL" if "elapsed_hours" in lacking else \
+        "CASE WHEN count(elapsed_hours) = count(*) THEN sum(elapsed_hours) END"
+    size = "NULL::integer AS trials, NULL::integer AS concurrency" if "trials" in lacking else \
+        "max(trials) AS trials, max(concurrency) AS concurrency"
+    return GPU_HISTORY_OF.format(wall=wall, size=size)
 
 # Claims renewed within the TTL by the database's clock.
 LIVE_OWNERS_OF_CELLS = """
@@ -298,7 +308,7 @@ INSERT_SUBMISSION = f"""
 INSERT INTO evalrun_submissions ({SUBMISSION_COLUMNS})
 VALUES (%(name)s, %(run_tag)s, %(evalrun)s, %(cell_key)s, %(attempt)s, %(fire)s, %(row_id)s, %(job_id)s,
         %(created_at)s, %(model)s, %(benchmark)s, %(gpu_hours)s, %(cluster)s, %(estimated_hours)s,
-        %(elapsed_hours)s)
+        %(elapsed_hours)s, %(trials)s, %(concurrency)s)
     ON CONFLICT (name) DO NOTHING
 """
 

@@ -177,8 +177,7 @@ class SqliteStore:
                 lacking = stale.get("evalrun_submissions", {})
                 submissions = select("evalrun_submissions",
                                      sql.SUBMISSIONS_OF.format(columns=sql.submission_columns(lacking)), named)
-                history = select("evalrun_submissions", sql.GPU_HISTORY_WITHOUT_WALL if "elapsed_hours" in lacking
-                                 else sql.GPU_HISTORY, named) \
+                history = select("evalrun_submissions", sql.gpu_history(lacking), named) \
                     if benchmarks and sql.GPU_HISTORY_COLUMNS.isdisjoint(lacking) else []
                 owners = select("evalrun_cell_owners", sql.OWNERS_OF_CELLS, named)
                 tunnels = select("evalrun_tunnel_leases", sql.TUNNEL_LEASES)

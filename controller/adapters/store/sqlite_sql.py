@@ -67,7 +67,9 @@ CREATE TABLE IF NOT EXISTS evalrun_submissions (
     finished_at TEXT,
     cluster     TEXT,
     estimated_hours REAL,
-    elapsed_hours   REAL
+    elapsed_hours   REAL,
+    trials          INTEGER,
+    concurrency     INTEGER
 );
 CREATE INDEX IF NOT EXISTS evalrun_submissions_evalrun ON evalrun_submissions(evalrun);
 CREATE INDEX IF NOT EXISTS evalrun_submissions_cell ON evalrun_submissions(cell_key);
@@ -174,10 +176,11 @@ CREATE TABLE IF NOT EXISTS evalrun_row_audit (
 # added by ALTER TABLE when a writable store opens a file without them, each once (SQLite has no ADD COLUMN IF
 # NOT EXISTS). 0.4: what GPU-hours are recorded and estimated from (PostgreSQL: migration 0004); then when a
 # quarantine began, whose pass decided it and when a human lifted it (migration 0007); then the cluster a
-# submission's job went to (migration 0009); then a sized job's estimate and how long it ran (migration 0010).
+# submission's job went to (migration 0009); then a sized job's estimate and how long it ran (migration 0010); then
+# the trials an attempt was to run and at what concurrency (migration 0011).
 ADDED_COLUMNS = {"evalrun_submissions": {"model": "TEXT", "benchmark": "TEXT", "gpu_hours": "REAL",
                                          "finished_at": "TEXT", "cluster": "TEXT", "estimated_hours": "REAL",
-                                         "elapsed_hours": "REAL"},
+                                         "elapsed_hours": "REAL", "trials": "INTEGER", "concurrency": "INTEGER"},
                  "evalrun_quarantine": {"since": "TEXT", "owner": "TEXT NOT NULL DEFAULT ''", "released_at": "TEXT"}}
 TABLE_COLUMNS = "SELECT name FROM pragma_table_info(?)"
 # after the columns exist: an index on a column an old file lacks would fail the whole SCHEMA script
@@ -227,7 +230,8 @@ SELECT {ROW_COLUMNS} FROM sandbox_jobs
 """
 
 SUBMISSION_FIELDS = ("name", "run_tag", "evalrun", "cell_key", "attempt", "fire", "row_id", "job_id", "created_at",
-                     "model", "benchmark", "gpu_hours", "cluster", "estimated_hours", "elapsed_hours")
+                     "model", "benchmark", "gpu_hours", "cluster", "estimated_hours", "elapsed_hours", "trials",
+                     "concurrency")
 SUBMISSION_COLUMNS = ", ".join(SUBMISSION_FIELDS)
 GPU_HISTORY_COLUMNS = frozenset(("model", "benchmark", "gpu_hours", "finished_at"))
 
@@ -249,7 +253,8 @@ EVERY_MEMORY = "SELECT cell_key, memory FROM evalrun_cell_memory"
 
 # Finished attempts of the named benchmarks whose every job's GPU-hours are recorded, newest first.
 GPU_HISTORY_OF = """
-SELECT run_tag, MIN(model) AS model, MIN(benchmark) AS benchmark, SUM(gpu_hours) AS gpu_hours, {wall} AS wall_hours
+SELECT run_tag, MIN(model) AS model, MIN(benchmark) AS benchmark, SUM(gpu_hours) AS gpu_hours, {wall} AS wall_hours,
+       {size}
   FROM evalrun_submissions
  WHERE finished_at IS NOT NULL AND benchmark IN (SELECT value FROM json_each(:benchmarks))
  GROUP BY run_tag
@@ -257,9 +262,16 @@ HAVING COUNT(gpu_hours) = COUNT(*) AND MIN(model) IS NOT NULL
  ORDER BY MAX(finished_at) DESC, run_tag
  LIMIT :history_max
 """
-# an attempt's wall time: its jobs' elapsed hours summed, when every one of them is recorded (migration 0010)
-GPU_HISTORY = GPU_HISTORY_OF.format(wall="CASE WHEN COUNT(elapsed_hours) = COUNT(*) THEN SUM(elapsed_hours) END")
-GPU_HISTORY_WITHOUT_WALL = GPU_HISTORY_OF.format(wall="NULL")  # a database 0010 has not reached
+
+
+def gpu_history(lacking: Collection[str]) -> str:
+    """The history of a table that may lack later columns (read as NULL): an attempt's wall time, its jobs' elapsed
+    hours summed when every one of them is recorded (0010); the trials it was to run and at what concurrency (0011)."""
+    wall = "NULL" if "elapsed_hours" in lacking else \
+        "CASE WHEN COUNT(elapsed_hours) = COUNT(*) THEN SUM(elapsed_hours) END"
+    size = "NULL AS trials, NULL AS concurrency" if "trials" in lacking else \
+        "MAX(trials) AS trials, MAX(concurrency) AS concurrency"
+    return GPU_HISTORY_OF.format(wall=wall, size=size)
 
 OWNERS_OF_CELLS = """
 SELECT cell_key, evalrun, renewed_at FROM evalrun_cell_owners
@@ -289,7 +301,7 @@ ROW_BY_ID = f"SELECT {ROW_COLUMNS} FROM sandbox_jobs WHERE id = ?"
 INSERT_SUBMISSION = f"""
 INSERT OR IGNORE INTO evalrun_submissions ({SUBMISSION_COLUMNS})
 VALUES (:name, :run_tag, :evalrun, :cell_key, :attempt, :fire, :row_id, :job_id, :created_at, :model, :benchmark,
-        :gpu_hours, :cluster, :estimated_hours, :elapsed_hours)
+        :gpu_hours, :cluster, :estimated_hours, :elapsed_hours, :trials, :concurrency)
 """
 
 SET_SUBMISSION_JOB_ID = "UPDATE evalrun_submissions SET job_id = ? WHERE name = ?"

@@ -60,3 +60,19 @@ def test_history_is_the_finished_attempts_of_the_named_benchmarks_summed_over_th
 
     assert history == (AttemptCost(run_tag="ev_a__a1", model="org/a-8B", benchmark="tb2", gpu_hours=1.5),)
     assert state_backend.read_state(QWEN, [], HOUR).gpu_history == (), "no benchmark named: no history read"
+
+
+def test_an_attempts_size_is_kept_from_its_intent_and_read_with_the_history(state_backend: ControllerState) -> None:
+    """An estimate from an attempt of another size is scaled to the cell's: the history says each one's size."""
+    state_backend.record_submission(fire("ev_a__a1", 1).model_copy(update={"trials": 267, "concurrency": 16}))
+    state_backend.record_submission(fire("ev_b__a1", 1, model="org/b-8B", cell_key="cell-b"))  # a size not known
+    for run_tag in ("ev_a__a1", "ev_b__a1"):
+        state_backend.record_job_end(run_tag, 2.0, 0.5)
+        state_backend.finish_attempt(run_tag)
+
+    history = {cost.run_tag: cost for cost in state_backend.read_state(QWEN, [], HOUR, ["tb2"]).gpu_history}
+
+    assert (history["ev_a__a1"].trials, history["ev_a__a1"].concurrency) == (267, 16)
+    assert (history["ev_b__a1"].trials, history["ev_b__a1"].concurrency) == (None, None)
+    sizes = {s.name: (s.trials, s.concurrency) for s in state_backend.read_state(QWEN, [], HOUR).submissions}
+    assert sizes == {"ev_a__a1": (267, 16), "ev_b__a1": (None, None)}

@@ -184,3 +184,73 @@ def test_step_statistics_describe_the_trials_that_completed_not_every_trial_dir(
 
     assert stats is not None and stats.n_trajectories <= 10 and stats.max == 5, \
         f"steps over {stats and stats.n_trajectories} trajectories, max {stats and stats.max}"
+
+
+# --------------------------------------------------------------------------- forceEval and another EvalRun's attempt
+
+
+def test_force_eval_does_not_take_another_evalruns_finished_row_for_its_own() -> None:
+    """RULES §2: "forceEval ignores every row and run dir the EvalRun did not create". The view keeps the rows of
+    every submission of the cell, whichever EvalRun made it: a Finished row that EvalRun `old` wrote for the same
+    cell (the claim was handed over) counts as this EvalRun's own, and the forced cell is Completed with `old`'s
+    number instead of being evaluated again."""
+    from controller.core.types import EvalRunRef
+
+    theirs = sub(C, row_id="old-row").model_copy(update={"evalrun": EvalRunRef(name="old")})
+    old_row = row("Finished", metrics=admitted_metrics(complete_run()), job_name=TAG, row_id="old-row",
+                  created=ago(days=3))
+    forced = POLICY.model_copy(update={"force_eval": True})
+
+    decided_plan = plan_cell(C, obs(rows=(old_row,), subs=(theirs,)), forced, NOW)
+
+    assert [a.kind.value for a in decided_plan.actions] == ["submit"], \
+        f"{decided_plan.phase} {decided_plan.score}: {decided_plan.reason}"
+
+
+# --------------------------------------------------------------------------- a verified row changed afterwards
+
+
+def test_a_row_changed_after_our_verified_upload_is_not_shown_with_our_evidence() -> None:
+    """Our upload of 0.5 (n=20, partial) read back and was recorded; another writer later set the row to 0.9
+    (n=267). The Completed cell shows the row's 0.9 with the record's n=20, `partial` and "admitted: …" evidence,
+    which describe the 0.5: a number the gate never admitted, shown with the gate's word for another one."""
+    from controller.core.admission import admission_record
+    from controller.core.remedies import CellMemory
+
+    gate = complete_run().model_copy(update={"partial": True, "partial_why": "18 of 20"})
+    changed = (Metric(name="accuracy", value=0.9), Metric(name="accuracy_stderr", value=0.01),
+               Metric(name="n_valid_trials", value=267.0))
+    seen = obs(subs=(sub(C),), rows=(row("Finished", job_name=TAG, metrics=changed),),
+               jobs=(job(TAG, JobState.COMPLETED, started=ago(hours=5), ended=ago(hours=2)),),
+               dirs=(facts(TAG, total=20, completed=20),))
+    seen = seen.model_copy(update={"memory": CellMemory(admitted=admission_record(TAG, gate))})
+
+    decided_plan = plan_cell(C, seen, POLICY, NOW)
+
+    assert decided_plan.score == 0.9  # the row is history: shown as it is
+    assert (decided_plan.n_scored, decided_plan.partial) != (20, True), \
+        f"0.9 shown as n={decided_plan.n_scored}, partial={decided_plan.partial}: {decided_plan.evidence}"
+
+
+# --------------------------------------------------------------------------- error buckets
+
+
+def test_the_rows_infra_breakdown_holds_every_infra_trial_it_counts(tmp_path: Path) -> None:
+    """A `BadRequestError` that no traceback ties to litellm is infra (RULES §3: a sandbox SDK's class of that name),
+    and is counted in `n_infra_errors`. `infra_breakdown` leaves out every class whose bare name a model-failure
+    class has, so the row's `infra_error_breakdown` does not show those 2 trials (and the post-eval report labels
+    them benign): the buckets describe other trials than the ones the gate left out."""
+    from controller.adapters.rundirs.harbor import HarborRunDirs
+
+    run = tmp_path / TAG
+    for i in range(18):
+        write_trial(run, f"t{i:03d}__0000000", reward=float(i % 2), output_tokens=300)
+    for i in range(18, 20):
+        write_trial(run, f"t{i:03d}__0000000", exception="BadRequestError", output_tokens=300)
+    (read,) = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe()
+    gate = admit(C, read, POLICY.admission)
+    assert isinstance(gate, Admitted) and read.n_infra_errors == 2, gate.summary()
+
+    stats = run_metrics(gate, read, REFERENCE_ERRORS).stats
+
+    assert sum(stats.infra_error_breakdown.values()) == stats.n_infra_errors, stats.infra_error_breakdown

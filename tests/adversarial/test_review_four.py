@@ -254,3 +254,30 @@ def test_the_rows_infra_breakdown_holds_every_infra_trial_it_counts(tmp_path: Pa
     stats = run_metrics(gate, read, REFERENCE_ERRORS).stats
 
     assert sum(stats.infra_error_breakdown.values()) == stats.n_infra_errors, stats.infra_error_breakdown
+
+
+# --------------------------------------------------------------------------- a row of fewer attempts
+
+
+def test_a_cell_of_three_attempts_is_not_completed_by_a_one_attempt_row() -> None:
+    """Our own Finished row of the same model and benchmark from a spec with nAttempts 1 (its config is what
+    `row_config` writes: same agent and multiplier, another fingerprint; the row's n_rep_eval 1 is not even read)
+    matches the nAttempts 3 cell, which is Completed with the 1-attempt score — the number RULES §14 refuses to
+    publish for it from a run dir ("a run of one attempt per task is not a complete run of the cell")."""
+    from controller.core.actor import row_config
+    from controller.core.match import join_cells
+    from controller.core.records import NamedRow, SandboxJobRow, StoreSnapshot
+
+    one = cell(tasks=20, n_attempts=1, fingerprint="1111111111111111")
+    three = cell(tasks=20, n_attempts=3, fingerprint="3333333333333333")
+    metrics = admitted_metrics(complete_run())
+    stored = SandboxJobRow(id="r1", job_name=one.run_tag(1), username="alice", job_status="Finished",
+                           created_at=ago(days=2), metrics=metrics, model_id="m", benchmark_id="b",
+                           config=row_config(one, one.run_tag(1)))
+    snapshot = StoreSnapshot(models=(NamedRow(id="m", name=three.model),),
+                             benchmarks=(NamedRow(id="b", name=three.benchmark_name),), rows=(stored,), submissions=())
+    [seen] = join_cells([three], snapshot, (), ())
+
+    decided_plan = plan_cell(three, seen, POLICY, NOW)
+
+    assert decided_plan.score is None, f"{decided_plan.phase} {decided_plan.score}: {decided_plan.reason}"

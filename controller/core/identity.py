@@ -14,7 +14,9 @@ from controller.core.observed import RecordedWhat, RunDirFacts
 from controller.core.types import Cell
 
 HARBOR_PROVIDERS = ("hosted_vllm/", "openai/", "vllm/")
-ASPECTS: tuple[RecordedWhat, ...] = ("model", "benchmark", "dataset", "agent", "timeout multiplier", "attempts")
+ASPECTS: tuple[RecordedWhat, ...] = ("model", "benchmark", "dataset", "agent", "timeout multiplier", "attempts",
+                                      "tasks")
+WHOLE_DATASET = "the whole dataset"  # what a cell runs: the reconciler runs no cell as shards yet
 
 
 def identity_differences(cell: Cell, facts: RunDirFacts, model_names: Iterable[str] = (),
@@ -83,13 +85,15 @@ class _Same:
             return value == self.cell.agent
         if what == "timeout multiplier":
             return (number := _number(value)) is not None and same_multiplier(number, self.cell)
+        if what == "tasks":
+            return False  # part of the dataset (a filter, a shard) or more than it: not the cell's run
         return _number(value) == self.cell.n_attempts
 
     def cells(self, what: RecordedWhat) -> str:
         """The cell's own value, as a phrase shows it."""
         values = {"model": self.cell.model, "benchmark": self.cell.benchmark_name, "dataset": self.cell.dataset,
                   "agent": self.cell.agent, "timeout multiplier": self.cell.timeout_multiplier,
-                  "attempts": self.cell.n_attempts}
+                  "attempts": self.cell.n_attempts, "tasks": WHOLE_DATASET}
         return _shown(str(values[what]), what)
 
 
@@ -131,4 +135,4 @@ def _number(value: str) -> float | None:
 def _shown(value: str, what: RecordedWhat) -> str:
     if what in ("timeout multiplier", "attempts") and (number := _number(value)) is not None:
         return f"{number:g}"
-    return repr(value)
+    return value if what == "tasks" else repr(value)

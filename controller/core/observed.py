@@ -113,7 +113,7 @@ class QuietFailure(Frozen):
     task: str = Field("", description="its task, whose tally it is counted in")
 
 
-RecordedWhat = Literal["model", "dataset", "benchmark", "agent", "timeout multiplier", "attempts"]
+RecordedWhat = Literal["model", "dataset", "benchmark", "agent", "timeout multiplier", "attempts", "tasks"]
 
 
 class Recorded(Frozen):

@@ -186,3 +186,32 @@ def test_no_flag_releases_an_identity_hold(tmp_path: Path) -> None:
                                dirs=(observed(tmp_path),)), released, NOW)
     assert [a.kind.value for a in plan.actions] == ["hold"] and plan.rule == Rule.ADMISSION_IDENTITY, plan.reason
     assert "timeout multiplier 16, not 2 (config.json: 2; meta.env: 16)" in plan.reason
+
+
+def restricted(run: Path, **dataset: object) -> None:
+    config = json.loads((run / "config.json").read_text())
+    config["datasets"][0].update(dataset)
+    (run / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(("restrict", "said"), [
+    ({"task_names": ["t000", "t001"]}, "tasks task_names (2), not the whole dataset (config.json)"),
+    ({"exclude_task_names": ["t009"]}, "tasks exclude_task_names (1), not the whole dataset (config.json)"),
+    ({"n_tasks": 10}, "tasks n_tasks 10, not the whole dataset (config.json)"),
+    ({"task_names": None, "exclude_task_names": [], "n_tasks": None}, None),  # Harbor's defaults: no filter
+])
+def test_a_run_harbor_filtered_to_part_of_the_dataset_is_no_run_of_the_cell(
+        tmp_path: Path, restrict: dict[str, object], said: str | None) -> None:
+    """Complete by Harbor's total of a filtered run is complete for that subset only (even `n_tasks` equal to the
+    dataset's size says the run may hold fewer tasks than it has)."""
+    restricted(run_dir(tmp_path), **restrict)
+    facts = observed(tmp_path)
+    if said is None:
+        assert isinstance(judged(facts), Admitted)
+    else:
+        assert said in refused(facts).reason
+
+
+def test_a_shard_recorded_by_the_job_script_is_no_run_of_the_cell(tmp_path: Path) -> None:
+    run_dir(tmp_path, meta={"SHARD": "1/4"})
+    assert "tasks shard 1/4, not the whole dataset (meta.env)" in refused(observed(tmp_path)).reason

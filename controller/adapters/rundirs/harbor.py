@@ -424,7 +424,7 @@ def _job_claims(meta: MetaFacts, config: JobConfigFacts) -> tuple[Recorded, ...]
 
 CLAIMED: dict[str, RecordedWhat] = {"model": "model", "dataset": "dataset", "benchmark_name": "benchmark",
                                     "agent": "agent", "timeout_multiplier": "timeout multiplier",
-                                    "n_attempts": "attempts"}
+                                    "n_attempts": "attempts", "task_subset": "tasks"}
 
 
 def _claims(said: dict[str, Any], source: Literal["config.json", "meta.env"]) -> Iterator[Recorded]:

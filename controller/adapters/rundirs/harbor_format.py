@@ -72,6 +72,7 @@ class MetaFacts(NamedTuple):
     timeout_multiplier: float | None = None
     resume_count: int | None = None
     n_attempts: int | None = None
+    task_subset: str | None = None  # `shard 1/4`: the job ran part of the dataset (EVAL_SHARD)
 
 
 def meta_env_facts(data: bytes) -> MetaFacts:
@@ -97,6 +98,7 @@ def meta_env_facts(data: bytes) -> MetaFacts:
         timeout_multiplier=parsed_multiplier,
         resume_count=parsed_count,
         n_attempts=parsed_attempts,
+        task_subset=f"shard {shard}" if (shard := values.get("SHARD")) else None,
     )
 
 
@@ -156,11 +158,13 @@ class JobConfigFacts(NamedTuple):
     agent: str | None = None
     timeout_multiplier: float | None = None
     n_attempts: int | None = None
+    task_subset: str | None = None  # `task_names (5)`: Harbor ran part of the dataset, or more than one
 
 
 def job_config_facts(data: bytes) -> JobConfigFacts:
     """config.json (JobConfig): agents[0].name/model_name, datasets[0].path or name, timeout_multiplier, n_attempts
-    (absent from Harbor 0.25's sparse config when it is the default 1: then unknown)."""
+    (absent from Harbor 0.25's sparse config when it is the default 1: then unknown), and the filters that restrict
+    the run to part of the dataset."""
     doc = load_json(data)
     agent = _first(doc, "agents")
     dataset = _first(doc, "datasets")
@@ -172,7 +176,26 @@ def job_config_facts(data: bytes) -> JobConfigFacts:
         agent=_str(agent, "name", "agents[0]") or None,
         timeout_multiplier=_number(doc, "timeout_multiplier"),
         n_attempts=_count(doc, "n_attempts"),
+        task_subset=_task_subset(doc, dataset),
     )
+
+
+def _task_subset(doc: dict[str, Any], dataset: dict[str, Any]) -> str | None:
+    """What makes the run other than the whole dataset (None: nothing does): Harbor's task filters, which it writes
+    into config.json (a resume runs them again), or several datasets in one job. Harbor's total is then the subset's,
+    and complete by it is no run of the benchmark."""
+    said = []
+    for key in ("task_names", "exclude_task_names"):
+        names = dataset.get(key)
+        if names is not None and not isinstance(names, list):
+            raise FormatError(f"datasets[0].{key} is a JSON {_json_type(names)}, not a list")
+        if names:
+            said.append(f"{key} ({len(names)})")
+    if (first := _count(dataset, "n_tasks", "datasets[0]")) is not None:
+        said.append(f"n_tasks {first}")
+    if isinstance(datasets := doc.get("datasets"), list) and len(datasets) > 1:
+        said.append(f"{len(datasets)} datasets")
+    return ", ".join(said) or None
 
 
 class JobResultFacts(NamedTuple):

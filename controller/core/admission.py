@@ -40,7 +40,7 @@ from controller.core.observed import RunDirFacts
 from controller.core.remedies import AdmissionRecord
 from controller.core.types import Cell, Frozen
 
-GATE_VERSION = 3  # bump when a rule changes what is admitted: a row's evidence says which gate passed it
+GATE_VERSION = 4  # bump when a rule changes what is admitted: a row's evidence says which gate passed it
 
 
 class Refusal(StrEnum):

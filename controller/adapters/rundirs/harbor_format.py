@@ -239,7 +239,8 @@ def trial_outcome(data: bytes) -> TrialOutcome:
     reward the mean over the steps that were verified: the steps' exceptions are read, for the tally to classify.
     """
     doc = load_json(data)
-    rewards = _object(_object(doc, "verifier_result"), "rewards", "verifier_result")
+    verifier = _object(doc, "verifier_result")
+    rewards = _object(verifier, "rewards", "verifier_result")
     exception_type, qualified = _exception(doc, "")
     steps = _objects(doc, "step_results")
     tokens, prompt, seconds = _agent_usage(doc, "")
@@ -251,7 +252,7 @@ def trial_outcome(data: bytes) -> TrialOutcome:
             seconds = _sum(s for _, _, s in usage)
     recorded = (_exception(step, f"step_results[{i}]") for i, step in enumerate(steps))
     step_exceptions = tuple((name, origin) for name, origin in recorded if name is not None)
-    reward, problem = _reward(rewards)
+    reward, problem = _reward(rewards) if rewards or "rewards" in verifier else _stray_reward(verifier)
     task = doc.get("task_name")
     return TrialOutcome(reward=reward, exception_type=exception_type, n_output_tokens=tokens,
                         agent_seconds=seconds, n_input_tokens=prompt, task=task if isinstance(task, str) else None,
@@ -306,6 +307,13 @@ def _interned(text: str | None) -> str | None:
 
 
 REWARD_KEY = "reward"  # Harbor's verifier writes the trial's score under this key of verifier_result.rewards
+
+
+def _stray_reward(verifier: dict[str, Any]) -> tuple[None, str | None]:
+    """A verifier_result without `rewards` but with other keys (an older format's `reward` beside it): the verifier
+    scored the trial where Harbor does not read it. A problem, never "not graded": that would count a 0 as infra."""
+    others = sorted(str(key) for key, value in verifier.items() if value is not None)
+    return None, (f"verifier_result has no 'rewards' (only {', '.join(others)[:80]})" if others else None)
 
 
 def _reward(rewards: dict[str, Any]) -> tuple[float | None, str | None]:

@@ -82,7 +82,7 @@ def dir_unreadable(s: Seen) -> CellPlan | None:
     assert obs.jobs is not None and obs.run_dirs is not None
     dirs = obs.run_dirs
     if s.policy.force_eval:  # only the dirs of its own submissions are the cell's
-        own_tags = {sub.run_tag for sub in obs.submissions or ()}
+        own_tags = {sub.run_tag for sub in obs.submissions or () if s.cell.evalrun.known_as(sub.evalrun)}
         dirs = tuple(d for d in dirs if d.run_tag in own_tags)
     if not dirs or not any(d.unreadable for d in dirs) or any(job.state.active for job in obs.jobs):
         return None

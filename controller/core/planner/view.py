@@ -239,10 +239,11 @@ def cell_view(cell: Cell, obs: Observation, policy: Policy, now: datetime,
     subs = in_order(submissions)
     rows = all_rows
     dirs = {d.run_tag: d for d in run_dirs}
-    if policy.force_eval:
-        own_row_ids = {s.row_id for s in subs if s.row_id}
+    if policy.force_eval:  # only what this EvalRun's own submissions made (another's, of the same cell, is not)
+        own = [s for s in subs if cell.evalrun.known_as(s.evalrun)]
+        own_row_ids = {s.row_id for s in own if s.row_id}
         rows = tuple(r for r in all_rows if r.id in own_row_ids)
-        own_tags = {s.run_tag for s in subs}
+        own_tags = {s.run_tag for s in own}
         dirs = {tag: d for tag, d in dirs.items() if tag in own_tags}
     memory, model_names, benchmark_names = obs.memory, obs.model_names, obs.benchmark_names
     outputs = {output.job_id: output for output in obs.outputs} if obs.outputs else _NO_OUTPUTS

@@ -318,7 +318,7 @@ def row_config(cell: Cell, run_tag: str) -> dict[str, Any]:
     """The `config` jsonb the old tools and dashboards read, plus what our matching needs."""
     config: dict[str, Any] = {"agent": cell.agent, "env": cell.cluster, "timeout_multiplier": cell.timeout_multiplier,
                               "run_tag": run_tag, "harbor_config": cell.harbor_config, "dataset": cell.dataset,
-                              "fingerprint": cell.fingerprint}
+                              "fingerprint": cell.fingerprint, "n_attempts": cell.n_attempts}
     overrides = cell.overrides.model_dump(exclude_none=True)
     if overrides:
         config["environment"] = overrides

@@ -50,11 +50,15 @@ class Families:
 
 
 def row_config_matches(config: dict[str, Any] | None, cell: Cell) -> bool:
-    """Agent, timeout multiplier and sandbox overrides equal; keys a legacy row lacks match anything."""
+    """Agent, timeout multiplier, attempts per task and sandbox overrides equal; keys a legacy row lacks match
+    anything. A row of one attempt per task is no score of a cell of three (RULES §14 holds such a run dir too)."""
     if not config:
         return True
     agent = config.get("agent")
     if agent is not None and agent != cell.agent:
+        return False
+    attempts = config.get("n_attempts")
+    if attempts is not None and attempts != cell.n_attempts:
         return False
     multiplier = config.get("timeout_multiplier")
     if multiplier is not None and _as_float(multiplier) != cell.timeout_multiplier:

@@ -179,3 +179,25 @@ def test_a_store_that_always_rounds_is_not_rewritten_every_pass(tmp_path: Path) 
 
     assert not any(isinstance(a, Upload) for a in decided[2].actions), \
         f"pass 3 uploads again ({writes} writes so far): {decided[2].reason}"
+
+
+def test_an_upload_that_never_reads_back_is_held_for_a_human_and_a_retry_releases_it() -> None:
+    """After a second upload that did not read back the cell holds: Failed, so `status` lists it with its release
+    command, and `evalctl retry` starts a new attempt (a row of its own) instead of answering "nothing to retry"."""
+    from controller.core.retry import RetryRequest
+    from controller.core.vocabulary import Hold, Submit
+
+    dir_ = facts(TAG, total=10, completed=10)
+    landed = (Metric(name="accuracy", value=0.9), Metric(name="accuracy_stderr", value=0.01),
+              Metric(name="n_valid_trials", value=10.0))
+    seen = obs(subs=(sub(C),), rows=(row("Finished", job_name=TAG, metrics=landed),),
+               jobs=(job(TAG, JobState.COMPLETED, started=ago(hours=5), ended=ago(hours=2)),), dirs=(dir_,))
+    seen = seen.model_copy(update={"memory": CellMemory(db_unverified=TAG, db_unverified_uploads=2)})
+
+    held = plan_cell(C, seen, POLICY, NOW)
+    assert held.phase == Phase.FAILED and held.held and "`evalctl retry`" in held.reason, held.reason
+    assert [type(a) for a in held.actions] == [Hold]
+
+    request = RetryRequest(id="r1", cell_key=C.key, evalrun=C.evalrun, requested_by="alice", requested_at=NOW)
+    released = plan_cell(C, seen.model_copy(update={"retries": (request,)}), POLICY, NOW)
+    assert [a.attempt for a in released.actions if isinstance(a, Submit)] == [2], released.reason

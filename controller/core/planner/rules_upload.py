@@ -155,19 +155,21 @@ MAX_UNVERIFIED_UPLOADS = 2  # a second upload that reads back as wrong is no pas
 
 def unverified(view: CellView, row: ObservedRow, facts: RunDirFacts | None) -> CellPlan:
     """Our upload to this Finished row did not read back as written (another writer, a store that rounds): its
-    metrics are not the gate's, so not a score to show. Upload again; after a second miss, hold without writing
-    the row again: what changes it is in the store, not in the run (SCORES.md)."""
+    metrics are not the gate's, so not a score to show. Upload again; after a second miss, hold (Failed: a human's,
+    and released by a retry, a new attempt with a row of its own) without writing the row again: what changes it is
+    in the store, not in the run (SCORES.md)."""
     memory = view.memory
     reason = f"{UPLOAD_NOT_VERIFIED}: row {row.id} does not show the metrics uploaded for {row.job_name}"
     if memory.db_unverified_uploads >= MAX_UNVERIFIED_UPLOADS:
         why = f"{reason} after {memory.db_unverified_uploads} uploads; not writing it again: fix what changes the " \
-              "row (its other writer, a column that rounds), then `evalctl retry`"
-        return view.result(Phase.EVALUATED, [Hold(reason=why)], why, Rule.VERIFY_UPLOAD, facts=facts)
+              "row (its other writer, a column that rounds), then `evalctl retry` runs the cell again as a new " \
+              "attempt with a row of its own"
+        return view.result(Phase.FAILED, [Hold(reason=why)], why, Rule.VERIFY_UPLOAD, facts=facts)
     admission = admit_dir(view, facts, can_resume=False) if facts is not None and not facts.unreadable else None
     if facts is None or not isinstance(admission, Admitted):
-        why = "its run dir is not there to upload again" if admission is None else \
-            f"its run dir is now {admission.summary()}"
-        return view.result(Phase.EVALUATED, [Hold(reason=f"{reason}; {why}")], f"{reason}; {why}",
+        why = "its run dir is not there to upload again: restore it, or `evalctl retry` runs the cell again as a " \
+              "new attempt" if admission is None else f"its run dir is now {admission.summary()}"
+        return view.result(Phase.FAILED, [Hold(reason=f"{reason}; {why}")], f"{reason}; {why}",
                            Rule.VERIFY_UPLOAD, facts=facts, admission=admission)
     action = upload_action(view, facts, row.id, f"{reason}: upload again and read back", admission)
     return view.result(Phase.EVALUATED, [analyze(facts, admission), action], reason, Rule.VERIFY_UPLOAD,

@@ -22,7 +22,7 @@ from controller.api.errors import SpecError, SpecErrors, clip, format_errors
 from controller.api.evalcluster import AnyCluster, ClusterEvalCluster, EvalCluster
 from controller.api.evalrun import ClusterReference, EvalRun
 from controller.api.identity import identity_collisions
-from controller.api.resolve import benchmarks
+from controller.api.resolve import benchmarks, resolve
 from controller.api.tenancy import OperatorPolicy, cluster_refusals, run_refusals
 from controller.api.yamldoc import Document, iter_files, read_documents
 from controller.core.types import ClusterRef, EvalRunRef, walltime_seconds
@@ -284,6 +284,7 @@ def _cross_check(
             for cluster in found:
                 errors += _check_walltime(resource, document, cluster, catalog)
             errors += _check_cells(resource, document, found[0], catalog) if found else []
+            errors += _check_tunnels(resource, document, found, catalog)
             errors += _check_serving(resource, document, catalog)
     errors += identity_collisions([(r, d) for r, d, _ in parsed if isinstance(r, EvalRun)], catalog)
     return errors
@@ -311,6 +312,22 @@ def _check_cells(run: EvalRun, document: Document, cluster: AnyCluster,
     message = (f"{len(run.spec.models)} models × {count // len(run.spec.models)} benchmarks make {count} cells, "
                f"more than {MAX_CELLS}; split them into several EvalRuns")
     return [document.error(("spec", "models"), message)]
+
+
+def _check_tunnels(run: EvalRun, document: Document, clusters: Sequence[AnyCluster],
+                   catalog: Catalog) -> list[SpecError]:
+    """With several clusters an EvalRun has no pinggy pairs (refused at spec.pinggy.pairs): a harness that needs one
+    would be held at every launch, waiting for a pair no spec may give it."""
+    if run.spec.clusters is None or not clusters:
+        return []
+    needing = sorted({cell.harbor_config for cluster in clusters for cell in resolve(run, cluster, catalog)
+                      if cell.needs_pinggy})
+    if not needing:
+        return []
+    message = (f"agent {run.spec.agent} ({', '.join(needing)}) is an installed-agent harness: its jobs need a pinggy "
+               "pair, and pinggy pairs are not supported with several clusters yet; split the EvalRun per cluster "
+               "(each with spec.cluster and spec.pinggy.pairs), or use an agent that needs no tunnel")
+    return [document.error(("spec", "agent"), message)]
 
 
 def _check_walltime(run: EvalRun, document: Document, cluster: AnyCluster, catalog: Catalog) -> list[SpecError]:

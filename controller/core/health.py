@@ -64,7 +64,7 @@ def count_instant_failures(facts: RunDirFacts, instant_fail: timedelta) -> RunDi
              or q.agent_seconds is None or q.agent_seconds < instant_fail.total_seconds()]
     if not moved or facts.unreadable:
         return facts
-    breakdown = dict(facts.error_breakdown)
+    breakdown, infra_breakdown = dict(facts.error_breakdown), dict(facts.infra_error_breakdown)
     counts = {ErrorKind.INFRA: facts.n_infra_errors, ErrorKind.BENIGN: facts.n_benign_errors}
     graded, instant = facts.n_graded, 0
     reward_sum = facts.reward_sum
@@ -75,10 +75,13 @@ def count_instant_failures(facts: RunDirFacts, instant_fail: timedelta) -> RunDi
             bucket = NO_MODEL_OUTPUT
         else:
             breakdown[trial.exception_type] = breakdown.get(trial.exception_type, 1) - 1
+            if trial.kind is not ErrorKind.BENIGN:
+                infra_breakdown[trial.exception_type] = infra_breakdown.get(trial.exception_type, 1) - 1
             counts[trial.kind or ErrorKind.INFRA] -= 1
             instant += 1
             bucket = INSTANT_FAILURE
         breakdown[bucket] = breakdown.get(bucket, 0) + 1
+        infra_breakdown[bucket] = infra_breakdown.get(bucket, 0) + 1
         counts[ErrorKind.INFRA] += 1
         if trial.kind != ErrorKind.INFRA:  # it was scored: the sums and its task's tally held it
             reward = trial.reward or 0.0
@@ -87,6 +90,7 @@ def count_instant_failures(facts: RunDirFacts, instant_fail: timedelta) -> RunDi
             tasks[trial.task] = (seen, scored - 1, task_sum - reward)
     return facts.model_copy(update={
         "n_instant_failures": instant, "error_breakdown": dict(sorted(breakdown.items())),
+        "infra_error_breakdown": dict(sorted(infra_breakdown.items())),
         "n_infra_errors": counts[ErrorKind.INFRA], "n_benign_errors": counts[ErrorKind.BENIGN], "n_graded": graded,
         "reward_sum": reward_sum, "tasks": tasks})
 

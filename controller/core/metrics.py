@@ -61,7 +61,7 @@ def run_metrics(admitted: Admitted, facts: RunDirFacts, errors: ErrorClasses) ->
             n_trials=admitted.n_scored,
             n_scored=admitted.n_scored,
             n_infra_errors=facts.n_infra_errors,
-            infra_error_breakdown=errors.infra_breakdown(facts.error_breakdown),
+            infra_error_breakdown=errors.infra_breakdown(facts.infra_error_breakdown),
             n_errors_by_class=errors.breakdown(facts.error_breakdown),
             provisional=admitted.provisional,
             partial=admitted.partial,

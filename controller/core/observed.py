@@ -152,7 +152,11 @@ class RunDirFacts(Frozen):
     fractional: str = Field("", description="'<trial>/result.json: reward' of the first fractional reward")
     n_answered: int = Field(0, description="trials whose agent reported output tokens (> 0): the model answered")
     n_usage_reported: int = Field(0, description="trials whose agent reported its output tokens at all (0 included)")
-    error_breakdown: dict[str, int] = Field(default_factory=dict)
+    error_breakdown: dict[str, int] = Field(default_factory=dict, description="completed trials by exception class "
+                                                                          "(or the reconciler's own bucket), any kind")
+    infra_error_breakdown: dict[str, int] = Field(
+        default_factory=dict, description="the infra trials alone by class: a class name the model's failures share "
+                                          "(an ungraded AgentTimeoutError) is counted here only for its infra trials")
     reward_sum: float = Field(0.0, description="over the scored trials: graded, and the model's failures")
     tasks: dict[str, tuple[int, int, float]] = Field(
         default_factory=dict, description="task → (completed trials, scored trials, their reward sum): coverage "

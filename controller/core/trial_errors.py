@@ -67,11 +67,13 @@ class ErrorClasses(Frozen):
         merged = dict.fromkeys(self.known, 0) | dict(counts)
         return dict(sorted(merged.items()))
 
-    def infra_breakdown(self, counts: Mapping[str, int]) -> dict[str, int]:
-        """The infra classes, and every class seen that is not the model's (unknown classes are infra too)."""
-        model = {_bare(name) for name in self.benign | self.benign_with_reward}
-        seen = {name for name, count in counts.items() if count and name not in model}
-        return {name: counts.get(name, 0) for name in sorted(self.infra | seen)}
+    def infra_breakdown(self, infra_counts: Mapping[str, int]) -> dict[str, int]:
+        """Every infra class (0 when unseen) plus every class an infra trial was seen with, from counts of the infra
+        trials alone (`RunDirFacts.infra_error_breakdown`): a class the model's failures share by name (an ungraded
+        AgentTimeoutError, a BadRequestError not from litellm) is shown with its infra trials, so the breakdown sums
+        to the infra count."""
+        seen = {name for name, count in infra_counts.items() if count}
+        return {name: infra_counts.get(name, 0) for name in sorted(self.infra | seen)}
 
 
 def _bare(name: str) -> str:

@@ -26,6 +26,7 @@ from controller.core.observed import Observation
 from controller.core.ports import ObservationError
 from controller.core.reconcile import PassResult
 from controller.core.store import Store
+from controller.core.trial_errors import ErrorClasses
 from controller.core.types import Cell, EvalRunRef
 from controller.entry.passes import run_pass
 from controller.entry.shell import UsageError
@@ -58,7 +59,7 @@ def build_report(specs: SpecSet, store: Store, catalog: Catalog, now: datetime) 
     runs = []
     for run, result in zip(specs.evalruns, results, strict=True):
         steps = {c.run_dir.run_tag: metrics for c in result.plan.cells if c.run_dir is not None
-                 and (metrics := _local_steps(c.run_dir.path))}
+                 and (metrics := _local_steps(c.run_dir.path, catalog.error_classes))}
         cells = [c.cell for c in result.plan.cells]
         runs.append(run_report(result.plan, _rows_and_attempts(result.evalrun, cells, store), catalog.error_classes,
                                run.run.spec.report.trust_threshold, steps, _mlflow(run), result.notes.intake))
@@ -101,12 +102,13 @@ def _rows_and_attempts(evalrun: EvalRunRef, cells: Sequence[Cell], store: Store)
     return join_cells(cells, snapshot, None, None)
 
 
-def _local_steps(path: str) -> dict[str, float]:
-    """Step stats of a run dir on this host's filesystem (a remote cluster's are in its post-eval report)."""
+def _local_steps(path: str, errors: ErrorClasses) -> dict[str, float]:
+    """Step stats of a run dir on this host's filesystem (a remote cluster's are in its post-eval report), over the
+    trials counted as completed, as the post-eval report has them."""
     if "://" in path or not Path(path).is_dir():
         return {}
     try:
-        return step_metrics(step_stats(path))
+        return step_metrics(step_stats(path, errors=errors))
     except OSError:
         return {}
 

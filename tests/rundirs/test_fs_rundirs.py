@@ -13,7 +13,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.rundirs.localfs import TOP_FILE_CAP, TRIAL_RESULT_CAP
-from controller.adapters.rundirs.post_eval import REPORT_NAME, write_post_eval_report
+from controller.adapters.rundirs.post_eval import REPORT_NAME, step_stats, write_post_eval_report
 from controller.adapters.rundirs.tree import FsspecTree, LocalTree, open_tree
 from controller.core.ports import JobsDirMissing, ObservationError
 from tests.core.builders import metrics_of
@@ -132,6 +132,25 @@ def test_report_through_fs_matches_local(remote: tuple[MemoryFileSystem, str, Pa
                            metrics_of(facts, REFERENCE_ERRORS, max_infra_fraction=INFRA_OK), fs=fs)
     names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{root}/r", detail=False))
     assert REPORT_NAME in names and not [n for n in names if n.endswith(".tmp")]
+
+
+def test_step_stats_through_fs_leave_out_the_trials_not_completed(tmp_path: Path) -> None:
+    """As locally: a trial killed before its result.json and one a cancel interrupted have trajectories, and are
+    not among the trials the score counts."""
+    run = tmp_path / "local" / "r"
+    build_run(run)
+    write_trial(run, "e__eeeeeee", result=False, steps=200)
+    write_trial(run, "f__fffffff", exception="CancelledError", steps=100)
+    fs = fsspec.filesystem("memory")
+    root = f"/evalrun-fs-test-{uuid.uuid4().hex[:8]}/r"
+    fs.put(str(run) + "/", root + "/", recursive=True)
+    try:
+        stats = step_stats(root, fs, REFERENCE_ERRORS)
+    finally:
+        fs.rm(root.rsplit("/", 1)[0], recursive=True)
+
+    assert stats == step_stats(run, errors=REFERENCE_ERRORS)
+    assert stats is not None and (stats.n_trajectories, stats.max) == (2, 10)
 
 
 def test_report_on_a_url_run_dir(remote: tuple[MemoryFileSystem, str, Path]) -> None:

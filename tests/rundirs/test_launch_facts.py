@@ -109,6 +109,8 @@ def test_the_core_moves_the_instant_ones_to_infra(tmp_path: Path) -> None:
     assert (facts.n_graded, facts.n_infra_errors, facts.n_benign_errors) == (2, 3, 2)
     assert facts.error_breakdown["InstantFailure"] == 3 and facts.error_breakdown["AgentTimeoutError"] == 2
     assert facts.error_breakdown["BadRequestError"] == 0 and facts.error_breakdown["NoModelOutput"] == 0
+    assert facts.infra_error_breakdown["InstantFailure"] == 3 == sum(facts.infra_error_breakdown.values()), \
+        "the infra breakdown moves with them"
     assert facts.reward_sum == 1.0  # b's 0.0 left the sums; e's and d's genuine zeros stayed
     assert facts.tasks["b-bad"] == (1, 0, 0.0) and facts.tasks["d-slow"] == (1, 1, 0.0), "and its task's tally"
 

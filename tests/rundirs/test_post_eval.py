@@ -49,6 +49,30 @@ def test_report_has_score_histogram_and_steps(tmp_path: Path) -> None:
     assert "tokens per trial: not reported by the trajectories" in text
 
 
+def test_a_class_counted_both_ways_has_a_row_of_each_kind_and_the_infra_breakdown_adds_up(tmp_path: Path) -> None:
+    """A graded AgentTimeoutError is the model's failure, an ungraded one infra; a BadRequestError no traceback ties
+    to litellm is infra: each infra trial is in the row's infra breakdown and on an infra line of the report."""
+    run = tmp_path / "r"
+    write_job_result(run, n_total=4)
+    write_trial(run, "a__aaaaaaa", reward=1.0, output_tokens=300)
+    write_trial(run, "b__bbbbbbb", reward=0.0, exception="AgentTimeoutError", output_tokens=300)
+    write_trial(run, "c__ccccccc", exception="AgentTimeoutError", output_tokens=300)
+    write_trial(run, "d__ddddddd", exception="BadRequestError", output_tokens=300)
+    (facts,) = HarborRunDirs(str(tmp_path), REFERENCE_ERRORS).observe()
+    metrics = metrics_of(facts, REFERENCE_ERRORS, max_infra_fraction=0.5)
+
+    path, _ = write_post_eval_report(run, facts, REFERENCE_ERRORS, metrics)
+
+    breakdown = metrics.stats.infra_error_breakdown
+    assert facts.n_infra_errors == sum(breakdown.values()) == 2
+    assert (breakdown["AgentTimeoutError"], breakdown["BadRequestError"]) == (1, 1)
+    assert metrics.stats.n_errors_by_class["AgentTimeoutError"] == 2  # the MLflow errors.* metric: every kind
+    rows = {(row[0], row[1]): int(row[2]) for line in path.read_text().splitlines() if line.startswith("  ")
+            for row in [line.split()] if row[1] in {"AgentTimeoutError", "BadRequestError"}}
+    assert rows == {("benign", "AgentTimeoutError"): 1, ("infra", "AgentTimeoutError"): 1,
+                    ("benign", "BadRequestError"): 0, ("infra", "BadRequestError"): 1}
+
+
 def _atif(path: Path, steps: list[dict[str, object]], final: dict[str, object] | None = None) -> None:
     doc: dict[str, object] = {"schema_version": "ATIF-v1.4", "steps": steps}
     if final is not None:

@@ -275,11 +275,13 @@ def masked_facts(facts: RunDirFacts, mask: Callable[[str], str]) -> RunDirFacts:
     Names that mask alike are counted together. Unchanged facts are the same object: a pass masks every dir."""
     update: dict[str, Any] = {name: masked for name in TEXT_FACTS
                               if (value := getattr(facts, name)) and (masked := mask(value)) != value}
-    if any(mask(name) != name for name in facts.error_breakdown):
-        errors: Counter[str] = Counter()
-        for name, count in facts.error_breakdown.items():
-            errors[mask(name)] += count
-        update["error_breakdown"] = dict(errors)
+    for field in ("error_breakdown", "infra_error_breakdown"):
+        breakdown: dict[str, int] = getattr(facts, field)
+        if any(mask(name) != name for name in breakdown):
+            errors: Counter[str] = Counter()
+            for name, count in breakdown.items():
+                errors[mask(name)] += count
+            update[field] = dict(errors)
     if any(mask(name) != name for name in facts.tasks):
         tasks: dict[str, tuple[int, int, float]] = {}
         for name, (completed, scored, reward) in facts.tasks.items():

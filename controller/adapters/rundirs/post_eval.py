@@ -22,7 +22,9 @@ import fsspec
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
-from controller.adapters.rundirs.localfs import describe, is_trial_dir_name, read_local
+from controller.adapters.rundirs.harbor_format import FormatError, trial_outcome
+from controller.adapters.rundirs.localfs import TRIAL_RESULT, TRIAL_RESULT_CAP, describe, is_trial_dir_name, read_local
+from controller.adapters.rundirs.tally import completed
 from controller.core.metrics import RunMetrics
 from controller.core.observed import RunDirFacts
 from controller.core.tracking import Analysis
@@ -112,7 +114,7 @@ def write_post_eval_report(
         run_dir = Path(run_dir_path)
         dir_fd = _open_run_dir(run_dir)  # refused (a symlink, not a dir) before anything is computed or written
         try:
-            summary = _summary(facts, errors, metrics, step_stats(run_dir))
+            summary = _summary(facts, errors, metrics, step_stats(run_dir, errors=errors))
             _replace_in_dir(dir_fd, run_dir, render(summary, facts, errors).encode())
         finally:
             os.close(dir_fd)
@@ -125,7 +127,7 @@ def write_post_eval_report(
     # operator's cluster account: a symlink then reaches nothing the job could not write itself), or on other
     # tenants' jobs being unable to write our run dirs. sftp offers no O_NOFOLLOW or dir fd to do better.
     remote = fs._strip_protocol(os.fspath(run_dir_path)).rstrip("/")
-    summary = _summary(facts, errors, metrics, step_stats(remote, fs))
+    summary = _summary(facts, errors, metrics, step_stats(remote, fs, errors))
     target = f"{remote}/{REPORT_NAME}"
     tmp_name = f"{remote}/.{REPORT_NAME}.tmp"
     fs.pipe_file(tmp_name, render(summary, facts, errors).encode())
@@ -200,16 +202,22 @@ def _summary(facts: RunDirFacts, errors: ErrorClasses, computed: RunMetrics, ste
     )
 
 
-def step_stats(run_dir: str | os.PathLike[str], fs: AbstractFileSystem | None = None) -> StepStats | None:
+def step_stats(run_dir: str | os.PathLike[str], fs: AbstractFileSystem | None = None,
+               errors: ErrorClasses | None = None) -> StepStats | None:
     """Steps (and LLM tokens) per trial from `agent/trajectory.json` (ATIF, or a bare step list); bad files are
     skipped. Tokens come from ATIF `final_metrics`, else from the sum of the steps' `metrics`.
+
+    Only the trials the tally counts as completed are described, as the score and the error buckets are: a trial
+    with a readable result.json (one killed mid-run has none, and its trajectory stops where it was cut off) that
+    no cancel of `errors.interrupted` cut off (a resume runs it again). Without `errors`, every trial with a
+    readable result.json.
 
     Local run dirs (no `fs`) are read with scandir/open; through `fs` with one listing and batched `cat`s.
     """
     if fs is None:
-        trajectories = _local_trajectories(os.fspath(run_dir))
+        trajectories = _local_trajectories(os.fspath(run_dir), errors)
     else:
-        trajectories = _fs_trajectories(fs, fs._strip_protocol(os.fspath(run_dir)).rstrip("/"))
+        trajectories = _fs_trajectories(fs, fs._strip_protocol(os.fspath(run_dir)).rstrip("/"), errors)
     if not trajectories:
         return None
     counts = [t.steps for t in trajectories]
@@ -230,14 +238,15 @@ def _token_stats(tokens: list[tuple[int, int]]) -> TokenStats | None:
     )
 
 
-def _local_trajectories(run_dir: str) -> list[_Trajectory]:
+def _local_trajectories(run_dir: str, errors: ErrorClasses | None) -> list[_Trajectory]:
     with os.scandir(run_dir) as entries:
         trial_dirs = [e.path for e in entries if is_trial_dir_name(e.name) and e.is_dir()]
-    found = (_read_trajectory(os.path.join(trial_dir, TRAJECTORY)) for trial_dir in trial_dirs)
+    found = (_read_trajectory(os.path.join(trial_dir, TRAJECTORY)) for trial_dir in trial_dirs
+             if _completed(_read_capped(os.path.join(trial_dir, TRIAL_RESULT), TRIAL_RESULT_CAP), errors))
     return [t for t in found if t is not None]
 
 
-def _fs_trajectories(fs: AbstractFileSystem, run_dir: str) -> list[_Trajectory]:
+def _fs_trajectories(fs: AbstractFileSystem, run_dir: str, errors: ErrorClasses | None) -> list[_Trajectory]:
     entries = fs.ls(run_dir, detail=True)  # a missing run dir raises, as scandir does locally
     trial_dirs = sorted(
         name for e in entries
@@ -245,22 +254,50 @@ def _fs_trajectories(fs: AbstractFileSystem, run_dir: str) -> list[_Trajectory]:
     )
     found: list[_Trajectory] = []
     for start in range(0, len(trial_dirs), _CAT_BATCH):
-        paths = [f"{run_dir}/{name}/{TRAJECTORY_POSIX}" for name in trial_dirs[start : start + _CAT_BATCH]]
-        # per-file errors (a trial with no trajectory) come back as values; cap + 1 bytes tells an oversize file
-        got = fs.cat(paths, on_error="return", end=TRAJECTORY_CAP + 1)
+        batch = trial_dirs[start : start + _CAT_BATCH]
+        # per-file errors (a trial with no result or trajectory) come back as values; cap + 1 bytes tells an
+        # oversize file; a result is matched to its trial by its parent dir, whatever order `cat` answers in
+        results = fs.cat([f"{run_dir}/{name}/{TRIAL_RESULT}" for name in batch], on_error="return",
+                         end=TRIAL_RESULT_CAP + 1)
+        done = [posixpath.dirname(path) for path, data in results.items()
+                if _completed(_capped(data, TRIAL_RESULT_CAP), errors)]
+        got = fs.cat([f"{trial}/{TRAJECTORY_POSIX}" for trial in done], on_error="return",
+                     end=TRAJECTORY_CAP + 1) if done else {}
         for data in got.values():
-            trajectory = _parse_trajectory(data) if isinstance(data, bytes) and len(data) <= TRAJECTORY_CAP else None
+            trajectory = _parse_trajectory(capped) if (capped := _capped(data, TRAJECTORY_CAP)) is not None else None
             if trajectory is not None:
                 found.append(trajectory)
     return found
 
 
-def _read_trajectory(path: str) -> _Trajectory | None:
+def _capped(data: object, cap: int) -> bytes | None:
+    """What `cat` read, when it is a file's whole content (not an error, not over `cap`)."""
+    return data if isinstance(data, bytes) and len(data) <= cap else None
+
+
+def _completed(result: bytes | None, errors: ErrorClasses | None) -> bool:
+    """Whether the trial of this result.json is one the tally counts as completed (`tally.completed`)."""
+    if result is None:
+        return False
     try:
-        data, _ = read_local(path, TRAJECTORY_CAP)  # a FIFO or /dev/zero there must not hang or fill memory
+        outcome = trial_outcome(result)
+    except FormatError:
+        return False
+    return errors is None or completed(outcome, errors)
+
+
+def _read_trajectory(path: str) -> _Trajectory | None:
+    data = _read_capped(path, TRAJECTORY_CAP)
+    return None if data is None else _parse_trajectory(data)
+
+
+def _read_capped(path: str, cap: int) -> bytes | None:
+    """A regular file's content; None when it is absent, unreadable or over `cap`."""
+    try:
+        data, _ = read_local(path, cap)  # a FIFO or /dev/zero there must not hang or fill memory
     except OSError:
         return None
-    return _parse_trajectory(data) if isinstance(data, bytes) else None
+    return data if isinstance(data, bytes) else None
 
 
 def _parse_trajectory(data: bytes) -> _Trajectory | None:
@@ -307,8 +344,8 @@ def render(summary: PostEvalSummary, facts: RunDirFacts, errors: ErrorClasses) -
     ]
     width = max(map(len, summary.error_histogram), default=0)
     for name, count in summary.error_histogram.items():
-        kind = _kind_label(name, errors)
-        lines.append(f"  {kind:<6}  {name:<{width}}  {count}")
+        for kind, trials in _by_kind(name, count, facts, errors):
+            lines.append(f"  {kind:<6}  {name:<{width}}  {trials}")
     if summary.steps is None:
         lines.append("steps per trial: no readable agent/trajectory.json")
     else:
@@ -323,10 +360,15 @@ def render(summary: PostEvalSummary, facts: RunDirFacts, errors: ErrorClasses) -
     return "\n".join(lines) + "\n"
 
 
-def _kind_label(name: str, errors: ErrorClasses) -> str:
-    """The model's own failure classes are labelled benign; every other class, known or not, is infra."""
+def _by_kind(name: str, count: int, facts: RunDirFacts, errors: ErrorClasses) -> list[tuple[str, int]]:
+    """A class's trials by how the tally counted each (`facts.infra_error_breakdown` holds its infra ones): a class
+    the model's failures share by name (an ungraded AgentTimeoutError, a BadRequestError not from litellm) has a
+    benign line, and an infra line when some of its trials were infra; every other class, known or not, is infra."""
     model = {known.rsplit(".", 1)[-1] for known in errors.benign | errors.benign_with_reward}
-    return ErrorKind.BENIGN.value if name in model else ErrorKind.INFRA.value
+    if name not in model:
+        return [(ErrorKind.INFRA.value, count)]
+    infra = facts.infra_error_breakdown.get(name, 0)
+    return [(ErrorKind.BENIGN.value, count - infra)] + ([(ErrorKind.INFRA.value, infra)] if infra else [])
 
 
 def post_eval_analysis(summary: PostEvalSummary, facts: RunDirFacts, errors: ErrorClasses) -> Analysis:

@@ -59,7 +59,9 @@ def tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: Reader,
     sums cover the scored trials (graded and the model's failures), per task as well, so the core can drop what it
     files as infra later and cluster the standard error by task.
 
-    A trial is classified by the one exception that decides it, of its own and its steps' (`_Tally._decided`).
+    A trial is classified by the one exception that decides it, of its own and its steps' (`decided`). The infra
+    trials are also counted by class on their own (`infra_error_breakdown`): a class name is not a kind (an ungraded
+    AgentTimeoutError is infra, a graded one the model's failure), and the infra breakdown must hold every one.
     Each completed trial that raised without an output token, and each graded one whose agent reported 0 of them
     or never ran (no agent_execution, no agent_result), is also listed as a `QuietFailure`: the core, which knows
     the EvalRun's `instant_fail` and whether the agent calls a model, moves those that are no measurement to infra.
@@ -83,6 +85,29 @@ def tally(trials: Iterable[TrialRead], errors: ErrorClasses, reader: Reader,
     return tally.fields()
 
 
+def decided(outcome: TrialOutcome, errors: ErrorClasses) -> TrialOutcome:
+    """The trial as the one exception that decides its class, of all Harbor recorded (its own, then each step's,
+    as `TrialResult.recorded_exceptions` lists them): one that interrupted it (Harbor re-runs a trial any of
+    whose exceptions is a cancel), else the first that is not the model's own failure (a step that measured
+    nothing leaves the trial's reward, a mean over the steps verified, no measurement of the model), else the
+    first."""
+    if not outcome.step_exceptions:
+        return outcome
+    recorded = [(name, origin) for name, origin in ((outcome.exception_type, outcome.exception_qualified),
+                                                    *outcome.step_exceptions) if name is not None]
+    interrupted = [e for e in recorded if e[0] in errors.interrupted]
+    not_the_models = [e for e in recorded
+                      if errors.classify(e[0], outcome.reward is not None, e[1]) is ErrorKind.INFRA]
+    name, origin = (interrupted or not_the_models or recorded)[0]
+    return outcome._replace(exception_type=name, exception_qualified=origin, step_exceptions=())
+
+
+def completed(outcome: TrialOutcome, errors: ErrorClasses) -> bool:
+    """Whether `tally` counts the trial of this result as completed: no cancel interrupted it (a resume runs it
+    again). What else reads a run dir's trials (the post-eval step statistics) describes the same trials."""
+    return decided(outcome, errors).exception_type not in errors.interrupted
+
+
 @dataclass
 class _Tally:
     """The counts `_tally` builds, one trial result at a time."""
@@ -102,6 +127,7 @@ class _Tally:
     quiet: list[QuietFailure] = field(default_factory=list)
     kinds: Counter[ErrorKind] = field(default_factory=Counter)
     classes: Counter[str] = field(default_factory=Counter)
+    infra_classes: Counter[str] = field(default_factory=Counter)  # the classes of the infra trials alone
     tasks: dict[str, tuple[int, int, float]] = field(default_factory=dict)
     recorded: set[tuple[RecordedWhat, str]] = field(default_factory=set)  # (what, value) the trials name, distinct
 
@@ -110,7 +136,7 @@ class _Tally:
         self._record(outcome)
         if trial.mtime is not None and (self.newest is None or trial.mtime > self.newest):
             self.newest = trial.mtime
-        outcome = self._decided(outcome)
+        outcome = decided(outcome, self.errors)
         reward, exception_type = outcome.reward, outcome.exception_type
         if exception_type in self.errors.interrupted:
             return  # not completed: a resume runs it again
@@ -143,22 +169,6 @@ class _Tally:
             self.reward_sum += value
         self.tasks[task] = (seen, scored, task_sum)
 
-    def _decided(self, outcome: TrialOutcome) -> TrialOutcome:
-        """The trial as the one exception that decides its class, of all Harbor recorded (its own, then each step's,
-        as `TrialResult.recorded_exceptions` lists them): one that interrupted it (Harbor re-runs a trial any of
-        whose exceptions is a cancel), else the first that is not the model's own failure (a step that measured
-        nothing leaves the trial's reward, a mean over the steps verified, no measurement of the model), else the
-        first."""
-        if not outcome.step_exceptions:
-            return outcome
-        recorded = [(name, origin) for name, origin in ((outcome.exception_type, outcome.exception_qualified),
-                                                        *outcome.step_exceptions) if name is not None]
-        interrupted = [e for e in recorded if e[0] in self.errors.interrupted]
-        not_the_models = [e for e in recorded
-                          if self.errors.classify(e[0], outcome.reward is not None, e[1]) is ErrorKind.INFRA]
-        name, origin = (interrupted or not_the_models or recorded)[0]
-        return outcome._replace(exception_type=name, exception_qualified=origin, step_exceptions=())
-
     def _record(self, outcome: TrialOutcome) -> None:
         """What the trial says it ran, whether or not it completed: a cancelled trial of another model is one too."""
         named: tuple[tuple[RecordedWhat, str | None], ...] = (
@@ -179,6 +189,8 @@ class _Tally:
             kind = None
         if kind is not None:
             self.kinds[kind] += 1
+        if kind is ErrorKind.INFRA:
+            self.infra_classes[outcome.exception_type or UNGRADED] += 1
         return kind
 
     def fields(self) -> dict[str, Any]:
@@ -196,6 +208,7 @@ class _Tally:
             "n_answered": self.n_answered,
             "n_usage_reported": self.n_reported,
             "error_breakdown": self.errors.breakdown(self.classes),
+            "infra_error_breakdown": dict(sorted(self.infra_classes.items())),
             "reward_sum": self.reward_sum,
             "tasks": self.tasks,
             "last_progress_at": datetime.fromtimestamp(self.newest, UTC) if self.newest is not None else None,

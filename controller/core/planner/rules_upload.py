@@ -138,7 +138,9 @@ def finished(view: CellView, row: ObservedRow, rule: Rule) -> CellPlan:
     if facts is not None and expected and distinct_trials(facts, view.cell.n_attempts) < expected:
         cls = view.classify(facts, job=None)
         if cls in (DirClass.AT_RESUME_LIMIT, DirClass.REJECTED):
-            reason = f"uploaded as is: {RESUME_TABLE[cls].reason} ({progress(facts)})"
+            reason = f"uploaded as is: {RESUME_TABLE[cls].reason} ({progress(facts)}); its row is the score of part " \
+                     "of the benchmark and nothing more runs here: `evalctl retry` runs the whole of it again as a " \
+                     "new attempt"
             return view.result(Phase.FAILED, [Hold(reason=reason)], reason, RESUME_TABLE[cls].rule,
                                facts=facts, score=score, n_scored=n_scored)
     if admission is not None:  # the row's own numbers shown: the gate's today are another run's count

@@ -15,9 +15,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-Kind = Literal["path", "URL", "host", "command", "regex", "env var", "Secret", "object"]
+Kind = Literal["path", "URL", "host", "command", "regex", "env var", "Secret", "object", "identity"]
 # What tenancy.py does with a field of this check (none: the schema, the loader or the adapter's own rule).
-Check = Literal["local-path", "env-name", "tracking-uri", "webhook-url", "ssh", "shared-table", "never", "none"]
+Check = Literal["local-path", "env-name", "tracking-uri", "webhook-url", "ssh", "shared-table", "own-name", "never",
+                "none"]
 
 
 class Capability(BaseModel):
@@ -111,11 +112,15 @@ CAPABILITIES: dict[str, Capability] = {
         "public host, or under an `--allowed-webhook-url` prefix", refused="loopback, link-local, metadata, "
         "private and API-server hosts, in any spelling, and names resolving to them; a login in the URL"),
     "EvalRun.spec.notify.webhooks[].secretRef.key": _SECRET,
+    "EvalCluster.spec.username": Capability(
+        kind="identity", check="own-name", allowed="unset (the operator's user, as on the admin's "
+        "ClusterEvalClusters), or the namespace's own name", refused="another name: rows in the shared results DB, "
+        "and MLflow runs, would be published as another user's"),
 }
 
 # String fields that name none of the above: labels, scheduler options, arguments the schema keeps inert.
 PLAIN = frozenset({
-    "EvalCluster.spec.username", "EvalCluster.spec.partition", "EvalCluster.spec.account",
+    "EvalCluster.spec.partition", "EvalCluster.spec.account",
     "EvalCluster.spec.reservation", "EvalCluster.spec.qos", "EvalCluster.spec.timeLimit",
     "EvalCluster.spec.maxTimeLimit", "EvalCluster.spec.minTimeLimit", "EvalCluster.spec.hardwareProfile",
     "EvalCluster.spec.failureCatalog[].name",

@@ -139,7 +139,9 @@ class EvalClusterSpec(SpecModel):
     jobs_dir: PathText = Field(description="EVAL_JOBS_DIR: where Harbor writes run dirs (path or fsspec URL).")
     logs_dir: PathText = Field(description="Where job stdout/stderr go (%x_%j.out).")
     job_script: PathText = Field(description="sbatch script (slurm) or program (local); relative to the spec file.")
-    username: Short | None = Field(None, description="Rows are written and owned as this user; default: login user.")
+    username: Short | None = Field(None, description="Rows are written and owned as this user; default: login user. "
+                                                     "Under the operator a namespaced EvalCluster may give only its "
+                                                     "namespace's name.")
     partition: Short | None = Field(None, description="SLURM partition.")
     account: Short | None = Field(None, description="SLURM account.")
     reservation: Short | None = Field(None, description="SLURM reservation.")

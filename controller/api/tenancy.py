@@ -98,6 +98,10 @@ def cluster_refusals(cluster: EvalCluster | ClusterEvalCluster, directory: Path,
             found.append((at, f"operator policy: {at[-1]} {problem}"))
     found += [(at, why) for at, value in _values(data, "EvalCluster", "tracking-uri")
               if (why := tracking_problem(value, policy))]
+    found += [(at, f"operator policy: username {value} is not this namespace's own name; a namespaced EvalCluster "
+                   f"writes rows as {cluster.metadata.namespace} or, unset, as the operator's user (another name "
+                   "would publish its scores as another user's)")
+              for at, value in _values(data, "EvalCluster", "own-name") if value != cluster.metadata.namespace]
     return found
 
 

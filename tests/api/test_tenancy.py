@@ -248,3 +248,14 @@ def test_each_of_several_clusters_is_looked_up_in_the_evalruns_own_namespace():
     [refused] = refusals(ours, elsewhere, run(cluster=None, clusters=["hpc", "gpu"]))
     assert refused.startswith("cluster gpu is not defined in namespace team-a by any loaded file, only team-b/gpu")
 
+
+
+def test_a_tenant_writes_rows_as_its_namespace_or_the_operator_never_as_another_user():
+    """`username` owns the rows a cluster writes to the shared results DB (and its MLflow runs): a tenant naming
+    alice would publish its scores as hers. Its namespace's own name, or none, is all it may give; the admin's
+    ClusterEvalCluster names anyone."""
+    [refused] = refusals(cluster(username="alice"), run())
+    assert "username alice is not this namespace's own name" in refused
+    assert refusals(cluster(username=NS), run()) == []
+    assert refusals(cluster("ClusterEvalCluster", username="alice"),
+                    run(cluster=None, clusterRef={"kind": "ClusterEvalCluster", "name": "hpc"})) == []

@@ -128,12 +128,15 @@ Admission = Admitted | Refused
 
 
 def admit(cell: Cell, facts: RunDirFacts, policy: GatePolicy, *, requests: int | None = None,
-          can_resume: bool = False, model_names: Iterable[str] = (), benchmark_names: Iterable[str] = ()) -> Admission:
+          can_resume: bool = False, model_names: Iterable[str] = (), benchmark_names: Iterable[str] = (),
+          judge_traffic: bool = True) -> Admission:
     """The gate, for a run dir read whole (`count_instant_failures` applied where the agent calls a model).
 
     `requests`: vLLM requests its job's output showed (None: not read); `can_resume`: a resume may still complete it
     (fires left, not marked to upload as it is); `model_names`/`benchmark_names`: the DB's names for the cell's model
-    and benchmark (their families), besides its own."""
+    and benchmark (their families), besides its own; `judge_traffic` False: `db audit` of a run whose traffic only
+    its job's output could show, long gone — every other check is made, and the evidence says the requests were
+    not read."""
     evidence = _evidence(cell, facts, requests, model_names, benchmark_names)
 
     def refused(refusal: Refusal, reason: str, remedy: Remedy) -> Refused:
@@ -148,7 +151,7 @@ def admit(cell: Cell, facts: RunDirFacts, policy: GatePolicy, *, requests: int |
         return refused(Refusal.INVALID_REWARD, f"{facts.n_fractional} reward(s) between 0 and 1 on {cell.benchmark}, "
                                                f"which gives no partial credit, e.g. {facts.path}/{facts.fractional}",
                        "hold")
-    if cell.calls_model and facts.n_completed and not _answered(cell, facts, requests):
+    if cell.calls_model and facts.n_completed and judge_traffic and not _answered(cell, facts, requests):
         return refused(Refusal.NO_TRAFFIC, f"no trial shows the model answering ({evidence.traffic}): a dead "
                                            "launch; check the vLLM server and the api_base the trials call", "refire")
     if evidence.expected is None:
@@ -262,9 +265,15 @@ def _short(evidence: Evidence, policy: GatePolicy) -> tuple[Refusal, str] | None
 def _answered(cell: Cell, facts: RunDirFacts, requests: int | None) -> bool:
     """Some trial shows the model answering: output tokens where usage is reported; vLLM requests where it is not
     (a harness that never reports tokens is judged by requests alone)."""
-    if cell.reports_tokens and facts.n_usage_reported:
+    if not traffic_needs_requests(cell, facts):
         return facts.n_answered > 0
     return bool(requests)
+
+
+def traffic_needs_requests(cell: Cell, facts: RunDirFacts) -> bool:
+    """Only the vLLM requests in the job's output can show this run's model answering: no trial reported token
+    usage, or the harness reports none. Where that output is gone (`db audit`), traffic cannot be judged."""
+    return not (cell.reports_tokens and facts.n_usage_reported)
 
 
 def _evidence(cell: Cell, facts: RunDirFacts, requests: int | None, model_names: Iterable[str],

@@ -4,8 +4,10 @@ Pure. For every Finished row with metrics of a cell, the run dir its `job_name` 
 run dirs (ours, or a legacy one joined by its config, as `join_cells` does for plan) is judged again as the
 planner would judge it for an upload that can no longer resume: `count_instant_failures` where the agent calls a
 model, `can_resume=False`, the EvalRun's GatePolicy, the DB's names of the cell's model and benchmark. A row whose
-run dir is not there, or cannot be read, is not auditable: counted, never a finding. Nothing is changed here; the
-marks a caller records are `RowAuditMark`s (ports.py).
+run dir is not there, or cannot be read, is not auditable: counted, never a finding. Nor is the want of the job's
+output: where only its vLLM requests could show the model answering, every other check is made and the row's
+reason says traffic was not judged. Nothing is changed here; the marks a caller records are `RowAuditMark`s
+(ports.py).
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from datetime import timedelta
 
 from pydantic import Field
 
-from controller.core.admission import GATE_VERSION, Admitted, GatePolicy, Refused, admit
+from controller.core.admission import GATE_VERSION, Admitted, GatePolicy, Refused, admit, traffic_needs_requests
 from controller.core.health import count_instant_failures
-from controller.core.metrics import holds_the_gates_numbers
+from controller.core.metrics import holds_the_gates_numbers, repeated_names
 from controller.core.observed import Observation, ObservedRow, RowStatus
 from controller.core.records import AuditVerdict, RowAuditMark
 from controller.core.types import Cell, Frozen
@@ -116,6 +118,8 @@ def merge(reports: Iterable[AuditReport]) -> AuditReport:
 
 
 SCORE_DIFFERS = "ScoreDiffers"  # the refusal of a row whose run the gate admits, at another number
+TRAFFIC_NOT_JUDGED = "traffic not judged: only its job's output (vLLM requests, not read here) shows the model " \
+                     "answering"
 
 
 def _audit_row(cell: Cell, obs: Observation, row: ObservedRow, gate: GatePolicy,
@@ -132,8 +136,10 @@ def _audit_row(cell: Cell, obs: Observation, row: ObservedRow, gate: GatePolicy,
         return f"run dir {row.job_name} cannot be read: {facts.unreadable}"
     if cell.calls_model:
         facts = count_instant_failures(facts, instant_fail)
+    unjudged = cell.calls_model and traffic_needs_requests(cell, facts)  # its job's output is not read here
     admission = admit(cell, facts, gate, requests=None, can_resume=False, model_names=obs.model_names,
-                      benchmark_names=obs.benchmark_names)
+                      benchmark_names=obs.benchmark_names, judge_traffic=not unjudged)
+    traffic = TRAFFIC_NOT_JUDGED if unjudged else ""
 
     def judged(verdict: AuditVerdict, *, refusal: str | None = None, reason: str = "",
                n_scored: int | None = None) -> RowAudit:
@@ -145,15 +151,25 @@ def _audit_row(cell: Cell, obs: Observation, row: ObservedRow, gate: GatePolicy,
         return judged(AuditVerdict.REFUSED, refusal=admission.refusal.value, reason=admission.reason)
     assert isinstance(admission, Admitted)
     if not holds_the_gates_numbers(row.metrics, admission):  # admitted, but not at the number the row holds
+        repeated = repeated_names(row.metrics)
         return judged(AuditVerdict.REFUSED, refusal=SCORE_DIFFERS, n_scored=admission.n_scored,
                       reason=f"the gate gives {admission.score:.4f} (n={admission.n_scored}) where the row holds "
-                             f"{_accuracy(row)}")
+                             f"{_accuracy(row)}" + (f"; the row names {', '.join(repeated)} more than once"
+                                                    if repeated else ""))
+    small = f"{admission.n_scored} scored trials, fewer than report.trustThreshold {gate.trust_threshold}" \
+        if admission.provisional else ""
+    if admission.partial:  # a number of part of the run, whatever its stats say: said before how small it is
+        return judged(AuditVerdict.PARTIAL, reason=_joined(f"partial: {admission.partial_why}", small, traffic),
+                      n_scored=admission.n_scored)
     if admission.provisional:
-        reason = (f"{admission.n_scored} scored trials, fewer than report.trustThreshold {gate.trust_threshold}"
-                  + (f"; partial: {admission.partial_why}" if admission.partial else ""))
-        return judged(AuditVerdict.PROVISIONAL, reason=reason, n_scored=admission.n_scored)
-    return judged(AuditVerdict.OK, n_scored=admission.n_scored)
+        return judged(AuditVerdict.PROVISIONAL, reason=_joined(small, traffic), n_scored=admission.n_scored)
+    return judged(AuditVerdict.OK, reason=traffic, n_scored=admission.n_scored)
+
+
+def _joined(*parts: str) -> str:
+    return "; ".join(part for part in parts if part)
 
 
 def _accuracy(row: ObservedRow) -> float | None:
+    """The first accuracy: what the row shows (`repeated_names`)."""
     return next((m.value for m in row.metrics or () if m.name == "accuracy"), None)

@@ -15,6 +15,7 @@ from datetime import datetime
 
 from pydantic import Field
 
+from controller.core.metrics import same_number
 from controller.core.observed import Submission
 from controller.core.records import SandboxJobRow, StateSnapshot
 from controller.core.remedies import CellMemory
@@ -99,7 +100,8 @@ def _cell(evalrun: str, subs: list[Submission], rows: dict[str, SandboxJobRow],
         score=_metric(scored, "accuracy") if scored is not None else None,
         n_scored=int(n_valid) if n_valid is not None else None,
         provisional=admitted.provisional if admitted is not None and scored is not None
-        and admitted.run_tag == scored.job_name else None,
+        and admitted.run_tag == scored.job_name and same_number(admitted.score, _metric(scored, "accuracy"))
+        else None,  # the record speaks for the number it admitted, not for a row changed since
         submitted_at=newest.created_at)
 
 

@@ -73,20 +73,35 @@ def run_metrics(admitted: Admitted, facts: RunDirFacts, errors: ErrorClasses) ->
 def holds_the_gates_numbers(stored: Iterable[Metric] | None, admitted: Admitted) -> bool:
     """Does a Finished row hold what the gate gives its run dir today: its accuracy, and every other of the gate's
     metrics it holds (an older tool's row may hold fewer)? To a float's last digits: the same sum taken in another
-    order (an earlier gate version) differs there, and is the same number."""
-    held = {metric.name: metric.value for metric in stored or ()}
-    if "accuracy" not in held:
+    order (an earlier gate version) differs there, and is the same number. A row naming a metric twice never does
+    (`repeated_names`)."""
+    held = tuple(stored or ())
+    if repeated_names(held):
         return False
-    return all(_same_number(held[m.name], m.value) for m in admitted_metrics(admitted) if m.name in held)
+    values = {metric.name: metric.value for metric in held}
+    if "accuracy" not in values:
+        return False
+    return all(same_number(values[m.name], m.value) for m in admitted_metrics(admitted) if m.name in values)
 
 
-def _same_number(held: float | None, computed: float | None) -> bool:
+def same_number(held: float | None, computed: float | None) -> bool:
+    """One number, to a float's last digits."""
     if held is None or computed is None:
         return held is computed
     return math.isclose(held, computed, rel_tol=1e-9, abs_tol=1e-12)
 
 
 def same_metrics(stored: Iterable[Metric] | None, written: Iterable[Metric]) -> bool:
-    """Does a row hold exactly these metrics (names and values)? How an upload is verified and found done."""
+    """Does a row hold exactly these metrics (names and values)? How an upload is verified and found done. A row
+    naming a metric twice never does (`repeated_names`): it is written again."""
+    held = tuple(stored or ())
     expected = {metric.name: metric.value for metric in written}
-    return bool(expected) and {metric.name: metric.value for metric in stored or ()} == expected
+    return bool(expected) and not repeated_names(held) and {metric.name: metric.value for metric in held} == expected
+
+
+def repeated_names(stored: Iterable[Metric] | None) -> tuple[str, ...]:
+    """The metric names a row's list holds more than once. Every reader shows the first of a name (`status`, the
+    report, `db audit`); a dict of the list keeps the last. So such a row never counts as holding any numbers of
+    ours: it would be shown with one accuracy and verified with another (SCORES.md)."""
+    names = [metric.name for metric in stored or ()]
+    return tuple(sorted({name for name in names if names.count(name) > 1}))

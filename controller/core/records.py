@@ -108,6 +108,7 @@ class AuditVerdict(StrEnum):
 
     OK = "ok"
     PROVISIONAL = "provisional"  # admitted, but on fewer scored trials than report.trustThreshold
+    PARTIAL = "partial"  # admitted only flagged partial (upload.partial: upload): not a whole run of the cell
     REFUSED = "refused"  # the gate would not publish this number
 
 

@@ -403,7 +403,8 @@ def db_findings_json(findings: Sequence[Finding], rows_read: int) -> str:
 
 
 def audit_table(report: AuditReport, console: Console, *, marked: int | None = None) -> None:
-    """The new findings (refused, provisional) as a table, then one summary line. `marked`: rows --apply marked."""
+    """The new findings (refused, partial, provisional) as a table, then one summary line. `marked`: rows --apply
+    marked."""
     new = sorted(report.new, key=_audit_order)
     if new:
         table = Table("row", "model", "benchmark", "user", "accuracy", "verdict", "why",
@@ -438,13 +439,13 @@ def _audit_order(entry: RowAudit) -> tuple[str, str, str]:
 def _verdict_text(entry: RowAudit) -> str:
     if entry.refusal is not None:
         return f"[red]refused[/]: {entry.refusal}"
-    return f"[yellow]provisional[/], n={entry.n_scored}"
+    return f"[yellow]{entry.verdict.value}[/], n={entry.n_scored}"
 
 
 def _audit_summary(report: AuditReport, marked: int | None) -> str:
     counts = Counter(a.verdict.value for a in report.audited)
     line = (f"audited {len(report.audited)} row(s) (gate {GATE_VERSION}): {counts['refused']} refused, "
-            f"{counts['provisional']} provisional, {counts['ok']} ok")
+            f"{counts['partial']} partial, {counts['provisional']} provisional, {counts['ok']} ok")
     if report.already_marked:
         line += f"; {len(report.already_marked)} already marked"
     line += f"; {len(report.not_auditable)} not auditable (run dir gone or unreadable)"

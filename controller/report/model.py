@@ -158,7 +158,7 @@ def _attempts(obs: Observation, remedies: dict[str, Remedy]) -> list[Attempt]:
 
 
 def _history(row: ObservedRow) -> HistoryRow:
-    metrics = {m.name: m.value for m in row.metrics or ()}
+    metrics = {m.name: m.value for m in reversed(row.metrics or ())}  # the first of a name, as status shows it
     return HistoryRow(row_id=row.id, job_name=row.job_name, username=row.username, status=row.job_status,
                       created_at=row.created_at, score=metrics.get("accuracy"), stderr=metrics.get("accuracy_stderr"))
 

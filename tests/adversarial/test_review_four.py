@@ -130,7 +130,8 @@ def test_an_upload_is_not_taken_as_already_there_when_the_row_also_holds_another
     [accuracy 0.9, accuracy 0.5, stderr, n] equals what we write, so the row is not rewritten and reads back as
     verified while its first accuracy, the one `status` and the audit show, is 0.9."""
     gate = complete_run()
-    upload = run_metrics(gate, facts(TAG, total=20, completed=20), REFERENCE_ERRORS).upload(NOW, is_overlong=False)
+    upload = run_metrics(gate, facts(TAG, total=20, completed=20), REFERENCE_ERRORS).upload(NOW, is_overlong=False,
+                                                                                             env="lab")
     stored = json.dumps([{"name": m.name, "value": m.value} for m in with_an_older_accuracy(gate)])
 
     assert not already_uploaded("Finished", stored, False, upload), "a row showing 0.9 taken for our 0.5 upload"

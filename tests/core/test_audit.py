@@ -92,6 +92,27 @@ def test_a_small_complete_run_is_provisional_with_its_n_scored() -> None:
     assert "fewer than report.trustThreshold 10" in entry.reason
 
 
+def test_a_run_only_its_jobs_output_shows_answering_is_judged_on_every_other_check() -> None:
+    """The vLLM requests are never read here: traffic is left unjudged and said so, the other checks still refuse."""
+    silent = {"n_answered": 0, "n_usage_reported": 0}
+    whole = facts("whole", total=20, completed=20).model_copy(update=silent)
+    half = facts("half", total=20, completed=10).model_copy(update=silent)
+    report = audit(finished("whole", "whole"), finished("half", "half"), dirs=(whole, half))
+
+    assert verdicts(report) == {"whole": (AuditVerdict.OK, None),
+                                "half": (AuditVerdict.REFUSED, Refusal.INCOMPLETE.value)}
+    assert "traffic not judged" in {a.row_id: a for a in report.audited}["whole"].reason
+
+
+def test_a_partial_run_is_its_own_finding_naming_why_before_its_small_count() -> None:
+    partial = GATE.model_copy(update={"partial_upload": True})
+    report = audit(finished("short", "short"), dirs=(facts("short", total=20, completed=18),), policy=partial)
+
+    [entry] = report.findings
+    assert (entry.verdict, entry.refusal) == (AuditVerdict.PARTIAL, None)
+    assert entry.reason.startswith("partial: 18 of 20 expected trials"), entry.reason
+
+
 def test_rows_without_a_readable_run_dir_are_not_auditable_never_findings() -> None:
     unreadable = facts("broken", total=20, completed=20).model_copy(update={"unreadable": "broken/t1: EIO"})
     report = audit(finished("gone", "nowhere"), finished("broken", "broken"), finished("nameless", None),

@@ -9,6 +9,7 @@ from typing import Any
 
 from controller.core.admission import Admission, Admitted, distinct_trials, expected_trials
 from controller.core.gpu_hours import cell_hours, job_of
+from controller.core.metrics import same_number
 from controller.core.observed import JobOutput, Observation, ObservedJob, ObservedRow, RunDirFacts, Submission
 from controller.core.planner.policy import Policy
 from controller.core.planner.words import newest_job
@@ -174,10 +175,13 @@ class CellView:
     def trust(self, admission: Admission | None, facts: RunDirFacts | None, score: float | None,
               n_scored: int | None) -> dict[str, Any]:
         """How far the cell's score can be trusted (RULES §14): the gate's verdict of this pass, else what it said
-        of the upload that holds the score (the controller state), else the row's own n_valid_trials."""
+        of the upload that holds the score (the controller state), else the row's own n_valid_trials. The record
+        speaks only for the number it admitted: a row another writer changed after our upload read back shows
+        another score, which its own n_valid_trials describes."""
         if admission is None:
             record = self.memory.admitted if score is not None and facts is not None else None
-            if record is not None and facts is not None and record.run_tag == facts.run_tag:
+            if record is not None and facts is not None and record.run_tag == facts.run_tag \
+                    and same_number(record.score, score):
                 return {"n_scored": record.n_scored, "provisional": record.provisional, "partial": record.partial,
                         "evidence": record.evidence}
         elif isinstance(admission, Admitted):

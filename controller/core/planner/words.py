@@ -37,6 +37,7 @@ def progress(facts: RunDirFacts | None) -> str:
 
 
 def metric(row: ObservedRow, name: str) -> float | None:
+    """The first metric of that name: what every reader shows of a row naming one twice (`repeated_names`)."""
     for m in row.metrics or ():
         if m.name == name:
             return m.value

@@ -48,7 +48,9 @@ class RowAudit(Frozen):
 
     @property
     def finding(self) -> bool:
-        return self.verdict != AuditVerdict.OK
+        """Not ok today, or ok today under a mark that says otherwise: a leaderboard filtering on marks would hide
+        a correct number until `--apply` marks it ok."""
+        return self.verdict != AuditVerdict.OK or (self.marked is not None and self.marked.verdict != AuditVerdict.OK)
 
     @property
     def already_marked(self) -> bool:

@@ -152,6 +152,22 @@ def test_a_row_already_marked_with_the_same_verdict_is_not_new() -> None:
     assert {a.row_id for a in older_gate.new} == {"half", "small"}, "a mark by an older gate is not this gate's"
 
 
+def test_a_row_ok_today_under_an_older_refusal_is_marked_again_once() -> None:
+    """An older gate refused the row (its mark is what a leaderboard filters on); today's gate admits it: `--apply`
+    writes the ok, or the correct number stays hidden."""
+    report = audit(finished("good", "good"), dirs=(facts("good", total=20, completed=20),))
+    [good] = report.audited
+    refused = RowAuditMark(row_id="good", gate=GATE_VERSION - 1, verdict=AuditVerdict.REFUSED,
+                           refusal="NoModelTraffic", reason="an older verdict")
+
+    stale = report.with_marks({"good": refused})
+    settled = report.with_marks({"good": good.mark()})
+
+    assert good.verdict == AuditVerdict.OK and report.findings == ()
+    assert [a.row_id for a in stale.new] == ["good"] and stale.new[0].mark().verdict == AuditVerdict.OK
+    assert settled.findings == () and settled.new == ()
+
+
 def test_a_row_two_evalruns_share_is_judged_once_and_auditable_if_either_can() -> None:
     seen = audit(finished("r1", "good"), dirs=(facts("good", total=20, completed=20),))
     unseen = audit(finished("r1", "good"))

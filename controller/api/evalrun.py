@@ -125,10 +125,12 @@ class UploadPolicy(SpecModel):
     overlong: Literal["upload", "hold"] = Field(
         "upload", description="An overlong run: upload it with is_overlong true on its row, or hold it until "
                               "forceUpload.")
-    force_upload: bool = Field(False, description="Upload what the overlong hold and the completeness and infra-share "
-                                                  "checks hold, flagged partial (a human looked at the numbers); a "
-                                                  "run of another model, with invalid rewards or without model "
-                                                  "traffic is never uploaded.")
+    force_upload: bool = Field(False, description="A human looked at the numbers: upload every run the overlong hold "
+                                                  "holds (flagged is_overlong), and, as partial: upload does, every "
+                                                  "run the completeness and infra-share checks hold that covers "
+                                                  "minCompletedFraction with something scored (flagged partial). A "
+                                                  "run short of minCompletedFraction, of another model, with invalid "
+                                                  "rewards or without model traffic is never uploaded.")
 
 
 GPU_HOURS_MAX = 10_000_000  # beyond any lab's yearly allocation: a bigger number is a typo

@@ -119,6 +119,9 @@ class Refused(Frozen):
     reason: str = Field(description="what is wrong, naming the evidence")
     remedy: Remedy
     evidence: Evidence
+    partial_would_publish: bool = Field(False, description="held only because partial uploads are off: "
+                                                           "upload.partial: upload or upload.forceUpload would "
+                                                           "publish it flagged partial")
 
     def summary(self) -> str:
         return f"refused ({self.refusal.value}): {self.reason}"
@@ -139,8 +142,9 @@ def admit(cell: Cell, facts: RunDirFacts, policy: GatePolicy, *, requests: int |
     not read."""
     evidence = _evidence(cell, facts, requests, model_names, benchmark_names)
 
-    def refused(refusal: Refusal, reason: str, remedy: Remedy) -> Refused:
-        return Refused(refusal=refusal, reason=reason, remedy=remedy, evidence=evidence)
+    def refused(refusal: Refusal, reason: str, remedy: Remedy, *, partial_would_publish: bool = False) -> Refused:
+        return Refused(refusal=refusal, reason=reason, remedy=remedy, evidence=evidence,
+                       partial_would_publish=partial_would_publish)
 
     if evidence.identity != "ok":
         return refused(Refusal.IDENTITY, f"run dir {facts.run_tag} is not this cell's run: {evidence.identity}", "hold")
@@ -163,11 +167,10 @@ def admit(cell: Cell, facts: RunDirFacts, policy: GatePolicy, *, requests: int |
         if can_resume:
             return refused(refusal, reason, "resume")
         covered = evidence.seen / evidence.expected if evidence.expected else 0.0
-        if not policy.partial_upload or evidence.scored == 0 or covered < policy.min_completed_fraction:
-            why = "" if policy.partial_upload else "; set upload.partial: upload to publish it flagged partial"
-            if policy.partial_upload and covered < policy.min_completed_fraction:
-                why = f"; below upload.minCompletedFraction {policy.min_completed_fraction:g}"
-            return refused(refusal, f"{reason}; resumes cannot complete it{why}", "hold")
+        publishable = evidence.scored > 0 and covered >= policy.min_completed_fraction
+        if not policy.partial_upload or not publishable:
+            return refused(refusal, f"{reason}; resumes cannot complete it{_unpublished(evidence, policy, covered)}",
+                           "hold", partial_would_publish=publishable)
         return _admitted(cell, facts, evidence, policy, partial_why=reason)
     if evidence.scored == 0:
         return refused(Refusal.NOTHING_SCORED, "no trial was graded or failed as the model's own", "hold")
@@ -260,6 +263,16 @@ def _short(evidence: Evidence, policy: GatePolicy) -> tuple[Refusal, str] | None
                                      f"({evidence.infra_share:.0%}), above upload.maxInfraErrorFraction "
                                      f"{policy.max_infra_fraction:g}")
     return None
+
+
+def _unpublished(evidence: Evidence, policy: GatePolicy, covered: float) -> str:
+    """Why a run resumes cannot complete is held rather than uploaded flagged partial, and whether a flag would."""
+    if evidence.scored == 0:
+        return "; nothing scored to publish, even flagged partial"
+    if covered < policy.min_completed_fraction:
+        return (f"; {covered:.0%} of the expected trials covered, below the upload.minCompletedFraction "
+                f"{policy.min_completed_fraction:g} even a partial upload needs")
+    return "; set upload.partial: upload (or upload.forceUpload: true) to publish it flagged partial"
 
 
 def _answered(cell: Cell, facts: RunDirFacts, requests: int | None) -> bool:

@@ -42,6 +42,8 @@ class ClusterLane(Frozen):
     ineligible: dict[str, str] = Field(default_factory=dict, description="cell key → why it cannot run here, e.g. "
                                                                          "'pinned to a' or 'needs 48:00:00; b allows "
                                                                          "at most 24:00:00'")
+    too_long: frozenset[str] = Field(frozenset(), description="of those, the cells whose preset's walltime exceeds the "
+                                                              "cluster's maxTimeLimit")
 
 
 PARTITION_DOWN = frozenset({"PartitionDown", "PartitionInactive"})  # squeue reasons: nothing starts there now
@@ -122,7 +124,7 @@ def _plan_lanes(evalrun: EvalRunRef, cells: Sequence[Cell], placement: Placement
     for index, probe in probes.items():
         parts[index].append(probe.model_copy(update={"cells": tuple(
             _waiting(c, placed[c.cell.key].reason if c.cell.key in placed else _nowhere(c.cell.key, seen),
-                     bool(eligible[c.cell.key]))
+                     bool(eligible[c.cell.key]), seen)
             for c in probe.cells if c.cell.key not in placed or placed[c.cell.key].cluster is None)}))
     return [Planned(lane=lane.lane, plan=merged(evalrun, lane.lane.cells, parts[index]).model_copy(update={
         "clusters": {**(unlisted if index == 0 else {}),
@@ -374,15 +376,24 @@ def _unsized(policy: Policy) -> Policy:
     return policy.model_copy(update={"walltime": policy.walltime.model_copy(update={"auto": False})})
 
 
-def _waiting(cell_plan: CellPlan, reason: str, eligible: bool) -> CellPlan:
+def _waiting(cell_plan: CellPlan, reason: str, eligible: bool, seen: Sequence[LaneSeen]) -> CellPlan:
     """A probed cell that did not launch: its probe's plan, its launch (if any) replaced by why it waits (no free
     slot) or holds (eligible nowhere: the spec must change)."""
     if launch_of(cell_plan) is None:
         return cell_plan
     if not eligible:
-        held = without_launch(cell_plan, Hold(reason=f"fix spec.clusters or spec.placement.pin: {reason}"))
+        held = without_launch(cell_plan, Hold(reason=f"{_spec_fix(cell_plan.cell.key, seen)}: {reason}"))
         return noted(held, reason).model_copy(update={"rule": Rule.NO_ELIGIBLE_CLUSTER})
     return without_launch(cell_plan, Wait(reason=reason)).model_copy(update={"rule": Rule.NO_FREE_CLUSTER})
+
+
+def _spec_fix(key: str, seen: Sequence[LaneSeen]) -> str:
+    """What change to the spec lets a cell eligible nowhere run: the EvalRun's clusters or pins, or, where a
+    cluster's walltime is what keeps it out, that EvalCluster's maxTimeLimit."""
+    short = [str(lane.lane.cluster) for lane in seen if key in lane.lane.too_long]
+    raise_limit = f", or raise maxTimeLimit of EvalCluster {', '.join(short)} (if its partition allows)" if short \
+        else ""
+    return f"fix spec.clusters or spec.placement.pin{raise_limit}"
 
 
 def _nowhere(key: str, seen: Sequence[LaneSeen]) -> str:

@@ -78,6 +78,9 @@ class RunStatus(Frozen):
     attention: tuple[AttentionItem, ...]
     attention_omitted: int = Field(0, description="cells that need attention beyond the list")
     failed_actions: int = 0
+    held: int = Field(0, description="cells whose plan holds an action for a human, whatever their phase")
+    held_unsettled: int = Field(0, description="of those, the cells neither Completed nor Failed (a launch the GPU "
+                                               "budget or a failed preflight holds stays Pending)")
     suspended: bool = False
     selected: int = Field(0, description="models its modelSelector took, cells included in `total`")
     selection: str = Field("", description="what its modelSelector did in the last pass")
@@ -102,8 +105,9 @@ class RunStatus(Frozen):
 
     @property
     def settled(self) -> bool:
-        """Nothing more will happen without a human: every cell Completed or Failed."""
-        return self.total == self.counts[Phase.COMPLETED] + self.counts[Phase.FAILED]
+        """Nothing more will happen without a human: every cell Completed, Failed or held (a launch the GPU budget,
+        a failed preflight or a suspended EvalRun holds stays Pending)."""
+        return self.total == self.counts[Phase.COMPLETED] + self.counts[Phase.FAILED] + self.held_unsettled
 
     def condition(self, kind: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == kind), None)
@@ -116,8 +120,9 @@ def summarize(plan: Plan, outcomes: Sequence[Outcome] = (), generation: int | No
     failed_actions = [o for o in outcomes if not o.ok]
     failures = {o.key: f"{o.action} failed: {o.message}" for o in failed_actions if o.key}
     attention = [_attention(c, failures.get(c.cell.key), plan.clusters.get(c.cell.key)) for c in plan.cells
-                 if c.phase in NEEDS_A_HUMAN | {Phase.UNKNOWN} or c.cell.key in failures
+                 if c.phase in NEEDS_A_HUMAN | {Phase.UNKNOWN} or c.cell.key in failures or c.holds
                  or c.rule == Rule.OWNED_ELSEWHERE]  # another EvalRun acts for it: this one will not, a human asks why
+    held = [c for c in plan.cells if c.holds]
     return RunStatus(
         evalrun=plan.evalrun,
         observed_generation=generation,
@@ -127,6 +132,8 @@ def summarize(plan: Plan, outcomes: Sequence[Outcome] = (), generation: int | No
         attention=tuple(attention[:ATTENTION_LIMIT]),
         attention_omitted=max(len(attention) - ATTENTION_LIMIT, 0),
         failed_actions=len(failed_actions),
+        held=len(held),
+        held_unsettled=sum(1 for c in held if c.phase not in (Phase.COMPLETED, Phase.FAILED)),
         suspended=plan.suspended,
         selected=len(notes.selections),
         selection=notes.intake,
@@ -143,7 +150,8 @@ def _conditions(plan: Plan, counts: dict[Phase, int], failed_actions: int,
     total = len(plan.cells)
     completed = counts[Phase.COMPLETED]
     in_flight = sum(counts[p] for p in IN_FLIGHT)
-    stuck = sum(counts[p] for p in NEEDS_A_HUMAN)
+    held = _held_in_flight(plan)
+    stuck = sum(counts[p] for p in NEEDS_A_HUMAN) + held
     unknown = counts[Phase.UNKNOWN]
 
     def condition(kind: Literal["Ready", "Reconciling", "Stalled"], status: bool, reason: str,
@@ -172,11 +180,21 @@ def _conditions(plan: Plan, counts: dict[Phase, int], failed_actions: int,
                                _breakdown(counts, IN_FLIGHT | {Phase.UNKNOWN}) + _health(plan)))
     if stuck or failed_actions:
         reason = "CellsNeedAttention" if stuck else "ActionsFailed"
-        message = _breakdown(counts, NEEDS_A_HUMAN) if stuck else f"{failed_actions} action(s) failed in the last pass"
+        message = ", ".join(part for part in (_breakdown(counts, NEEDS_A_HUMAN), f"{held} held" if held else "")
+                            if part) if stuck else f"{failed_actions} action(s) failed in the last pass"
         found.append(condition("Stalled", True, reason, message))
     elif plan.preflight:  # a human fixes the cluster or the spec: RULES §12
         found.append(condition("Stalled", True, "PreflightFailed", plan.preflight))
     return tuple(found)
+
+
+def _held_in_flight(plan: Plan) -> int:
+    """Cells held in a phase that does not say so (a launch the GPU budget, the quarantines or the spec holds stays
+    Pending): they need a human as a Failed one does. Not those of a suspended EvalRun (suspend holds everything,
+    and says so) nor of a failed preflight (a condition of its own)."""
+    if plan.suspended:
+        return 0
+    return sum(1 for c in plan.cells if c.holds and c.phase not in NEEDS_A_HUMAN and c.rule != Rule.PREFLIGHT_FAILED)
 
 
 def _health(plan: Plan) -> str:
@@ -192,6 +210,7 @@ def _breakdown(counts: dict[Phase, int], phases: frozenset[Phase]) -> str:
 
 
 def _attention(cell: CellPlan, failure: str | None, cluster: str | None) -> AttentionItem:
-    """What a human needs to read: the action that failed, else why the planner stopped (and where)."""
+    """What a human needs to read: the action that failed, else why the planner stopped (its hold, where it holds
+    one) and where."""
     return AttentionItem(model=cell.cell.model, benchmark=cell.cell.benchmark, phase=cell.phase,
-                         reason=failure or cell.reason, cluster=cluster)
+                         reason=failure or cell.hold_reason or cell.reason, cluster=cluster)

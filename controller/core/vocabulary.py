@@ -129,8 +129,8 @@ class Rule(StrEnum):
     RETRY = ("Retry", "RULES §13: a human asked to retry a held cell (evalctl retry, evalrun.io/retry) → one new "
                       "attempt, with fresh refire and resume bounds")
     VERIFY_UPLOAD = "VerifyUpload", "RULES §5: verify, don't trust exit codes → Completed only once read back"
-    UPLOAD_GATE = ("UploadGate", "RULES §5: upload gates (minCompletedFraction, maxInfraErrorFraction, "
-                                 "overlongHours with upload.overlong: hold) → hold until upload.forceUpload")
+    UPLOAD_GATE = ("UploadGate", "RULES §5: upload gate: overlong (upload.overlongHours) with upload.overlong: hold "
+                                 "→ hold until upload.forceUpload")
 
     # RULES §14: the admission gate, before every upload
     ADMISSION_IDENTITY = ("AdmissionIdentity", "RULES §14: a file of the run dir (config.json, meta.env, a trial "
@@ -300,6 +300,8 @@ class Hold(_Action):
     """A human decides; the reason says what to look at."""
 
     kind: Literal[ActionKind.HOLD] = ActionKind.HOLD
+    release: str = Field("", description="the command that releases it, where that is not `evalctl retry`, "
+                                         "without the store arguments the printing command adds ('': none)")
 
 
 Launch = Submit | Resume
@@ -365,8 +367,22 @@ class CellPlan(Frozen):
 
     @property
     def held(self) -> bool:
-        """Failed with a hold: a human's turn, and what `evalctl retry` releases."""
-        return self.phase == Phase.FAILED and any(isinstance(a, Hold) for a in self.actions)
+        """Failed with a hold: a human's turn, and what `evalctl retry` releases. A hold in another phase (the GPU
+        budget, a failed preflight, a suspended EvalRun, …) is lifted by what its reason names, not by a retry."""
+        return self.phase == Phase.FAILED and self.holds != ()
+
+    @property
+    def holds(self) -> tuple[Hold, ...]:
+        """The holds in its plan, whatever its phase: the controller will not do what they replace on its own."""
+        return tuple(a for a in self.actions if isinstance(a, Hold))
+
+    @property
+    def hold_reason(self) -> str:
+        """Why it is held, in the words that name what releases it: its reason where a hold decided it, and each
+        hold that says more (a launch the budget or a preflight holds keeps its cell's reason); '' when not held."""
+        holds = self.holds
+        own = [self.reason] if any(h.reason in self.reason for h in holds) else []
+        return "; ".join(dict.fromkeys([*own, *(h.reason for h in holds if h.reason not in self.reason)]))
 
     @property
     def trust_note(self) -> str:

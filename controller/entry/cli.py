@@ -148,8 +148,8 @@ def reconcile(
     loop: Annotated[bool, typer.Option("--loop", help="Pass after pass, every --interval seconds.")] = False,
     interval: Annotated[float | None, typer.Option(
         "--interval", min=0.1, help=f"With --loop: seconds between passes (default {RECONCILE_INTERVAL_S:g}).")] = None,
-    until_done: Annotated[bool, typer.Option("--until-done", help="With --loop: stop once every cell is Completed or "
-                                                                  "Failed (exit 0, or 4 when some are held).")]
+    until_done: Annotated[bool, typer.Option("--until-done", help="With --loop: stop once every cell is Completed, "
+                                                                  "Failed or held (exit 0, or 4 when some are held).")]
     = False,
     timeout: Annotated[str | None, typer.Option("--timeout", help="With --until-done: give up after this long "
                                                                   "(90s, 30m, 2h, 1h30m; exit 5).")] = None,
@@ -240,7 +240,8 @@ def _loop(specs: SpecSet, urls: StoreURLs, interval: float, *, until_done: bool,
             if until_done and _settled(results):
                 out.print(f"converged after {passes} pass(es)")
                 for result in results:
-                    render.status_grid(result, out)
+                    render.status_grid(result, out, retrying.spec_args(urls.files, urls),
+                                       retrying.store_args(urls.files, urls))
                 return _end(*settled_end(results))
             if deadline is not None and deadline.passed():
                 return _end(*timed_out(results, deadline))
@@ -297,17 +298,17 @@ def status(
             return dry_pass(load(files), urls)
 
         every = interval or WATCH_INTERVAL_S
-        args = retrying.spec_args(files, urls)
+        args, store_args = retrying.spec_args(files, urls), retrying.store_args(files, urls)
         if not watch:
             results = read()
             if output != Output.table:
-                print_document(render.status_json(results, args), output)
+                print_document(render.status_json(results, args, store_args), output)
             else:
                 for result in results:
-                    render.status_grid(result, out, args)
+                    render.status_grid(result, out, args, store_args)
             code = tell_unobserved(results)
         elif output != Output.table:
-            _repeat(lambda: print_document(render.status_json(read(), args), output), every)
+            _repeat(lambda: print_document(render.status_json(read(), args, store_args), output), every)
         else:
             with Watch(out) as live:
                 _repeat(lambda: live.show([result.plan for result in read()], utc_now()), every)
@@ -343,7 +344,7 @@ def explain(
         for cell, its_plan in matches:
             render.explain(cell, out, utc_now(), its_plan.effects, retrying.spec_args(files, urls),
                            where=its_plan.clusters.get(cell.cell.key, "not placed yet") if its_plan.clusters else "",
-                           estimate=its_plan.estimate(cell))
+                           estimate=its_plan.estimate(cell), store_args=retrying.store_args(files, urls))
         code = tell_unobserved(results)
     raise typer.Exit(code)
 
@@ -460,7 +461,7 @@ app.add_typer(nodes_app, name="nodes")
 
 
 def _settled(results: list[PassResult]) -> bool:
-    """Nothing in flight: every cell Completed or Failed (a human's turn)."""
+    """Nothing in flight: every cell Completed, Failed or held (a human's turn)."""
     return all(r.status.settled for r in results)
 
 

@@ -23,7 +23,9 @@ def lanes_for(run: LoadedRun, clusters: Sequence[LoadedCluster], catalog: Catalo
     A cell is one cell wherever it runs, so its key must be the same on each cluster it may run on: a cluster
     whose hardwareProfile resolves it to another configuration (another fingerprint) may not run it."""
     resolved = [resolve(run.run, cluster.cluster, catalog, models) for cluster in clusters]
-    why = [_reasons(run, cluster, cells, catalog) for cluster, cells in zip(clusters, resolved, strict=True)]
+    walltime = [_too_long(run, cluster, catalog) for cluster in clusters]
+    why = [_reasons(run, cluster, cells, walltime[lane])
+           for lane, (cluster, cells) in enumerate(zip(clusters, resolved, strict=True))]
     cells: list[Cell] = []
     nowhere = set()  # the first lane lists them too: the planner holds them there, saying why
     for index in range(len(resolved[0])):  # every cluster resolves the same (model, benchmark)s in the same order
@@ -42,18 +44,25 @@ def lanes_for(run: LoadedRun, clusters: Sequence[LoadedCluster], catalog: Catalo
         ClusterLane(cluster=cluster.ref, policy=policy_of(cluster),
                     cells=tuple(cell for index, (cell, reason) in enumerate(zip(resolved[lane], why[lane], strict=True))
                                 if not reason or (lane == 0 and index in nowhere)),
-                    ineligible={cells[index].key: reason for index, reason in enumerate(why[lane]) if reason})
+                    ineligible={cells[index].key: reason for index, reason in enumerate(why[lane]) if reason},
+                    too_long=frozenset(cells[index].key for index, reason in enumerate(why[lane])
+                                       if reason and reason == walltime[lane].get(cells[index].benchmark)))
         for lane, cluster in enumerate(clusters))
     return lanes, tuple(cells)
 
 
-def _reasons(run: LoadedRun, cluster: LoadedCluster, cells: Sequence[Cell], catalog: Catalog) -> list[str]:
+def _reasons(run: LoadedRun, cluster: LoadedCluster, cells: Sequence[Cell], too_long: dict[str, str]) -> list[str]:
     """Why each of `cells` cannot run on `cluster` ("" when it can)."""
-    name, longest = cluster.cluster.metadata.name, cluster.cluster.spec.longest_walltime
-    # several clusters: a cell runs where its whole walltime fits, never cut into chunks on a shorter one
-    too_long = {b.name: f"needs {b.walltime}; {name} allows at most {longest}"
-                for b in benchmarks(run.run, cluster.cluster, catalog) if b.clamped}
+    name = cluster.cluster.metadata.name
     return [_pinned_elsewhere(run, name, cell.model) or too_long.get(cell.benchmark, "") for cell in cells]
+
+
+def _too_long(run: LoadedRun, cluster: LoadedCluster, catalog: Catalog) -> dict[str, str]:
+    """Benchmark → why its walltime keeps it off `cluster`: several clusters, a cell runs where its whole walltime
+    fits, never cut into chunks on a shorter one."""
+    name, longest = cluster.cluster.metadata.name, cluster.cluster.spec.longest_walltime
+    return {b.name: f"needs {b.walltime}; {name} allows at most {longest}"
+            for b in benchmarks(run.run, cluster.cluster, catalog) if b.clamped}
 
 
 def _pinned_elsewhere(run: LoadedRun, name: str, model: str) -> str:

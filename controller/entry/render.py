@@ -16,6 +16,7 @@ from controller.core.audit import AuditReport, RowAudit
 from controller.core.db_check import Finding
 from controller.core.gpu_hours import GpuEstimate
 from controller.core.intake import Candidate
+from controller.core.levers import force_upload_lever
 from controller.core.progress import Progress
 from controller.core.reconcile import PassResult
 from controller.core.retry import retry_command
@@ -48,10 +49,12 @@ def _selector_json(notes: PassNotes) -> dict[str, Any]:
                               "selected": [s.model_dump(mode="json") for s in notes.selections]}}
 
 
-def _cell_json(cell: CellPlan, plan: Plan, spec_args: Sequence[str] = ()) -> dict[str, Any]:
+def _cell_json(cell: CellPlan, plan: Plan, spec_args: Sequence[str] = (), store_args: Sequence[str] = ()
+               ) -> dict[str, Any]:
     estimate = plan.estimate(cell)
     release = {"release": retry_command(spec_args, cell.cell)} if spec_args and cell.held else {}
     retry = {"retry": cell.retry.model_dump(mode="json")} if cell.retry is not None else {}
+    levers = {"levers": found} if (found := other_levers(cell, store_args)) else {}
     return {
         "model": cell.cell.model,
         "benchmark": cell.cell.benchmark,
@@ -60,6 +63,7 @@ def _cell_json(cell: CellPlan, plan: Plan, spec_args: Sequence[str] = ()) -> dic
         "phase": cell.phase.value,
         "actions": [{"kind": a.kind.value, "reason": a.reason} for a in cell.actions],
         "reason": cell.reason,
+        "hold": cell.hold_reason or None,
         "rule": cell.rule.value,
         "health": None if cell.health is None else {"state": cell.health.value, "note": cell.health_note},
         "score": cell.score,
@@ -72,6 +76,7 @@ def _cell_json(cell: CellPlan, plan: Plan, spec_args: Sequence[str] = ()) -> dic
         "progress": None if cell.progress is None else cell.progress.model_dump(mode="json"),
         **retry,
         **release,
+        **levers,
     }
 
 
@@ -99,15 +104,28 @@ def plan_table(result: PassResult, console: Console) -> None:
     selections(result.notes, console)
 
 
-def effects(plan: Plan, console: Console) -> None:
-    """Every remedy in force, and how to undo the ones a person may lift; the cluster's failed preflight."""
+def effects(plan: Plan, console: Console, store_args: Sequence[str] = ()) -> None:
+    """Every remedy in force, and how to undo the ones a person may lift (`store_args`: the store it is in, for a
+    command that reads no spec); the cluster's failed preflight."""
     if plan.preflight:
         console.print(f"  launches held: {plan.preflight}", markup=False, highlight=False)
     for effect in plan.effects:
         console.print(f"  in force: {effect.line()}", markup=False, highlight=False)
     if any(effect.kind == "node" for effect in plan.effects):
-        console.print("  (lift a node's quarantine: evalctl nodes release NODE --cluster CLUSTER)", markup=False,
-                      highlight=False)
+        console.print(f"  (lift a node's quarantine: {with_args('evalctl nodes release NODE --cluster CLUSTER', store_args)})",
+                      markup=False, highlight=False)
+
+
+def with_args(command: str, args: Sequence[str]) -> str:
+    return " ".join((command, *args))
+
+
+def other_levers(cell: CellPlan, store_args: Sequence[str]) -> list[str]:
+    """What releases a held cell besides `evalctl retry`: the command a hold names (with the store it is in), and,
+    for an upload hold, upload.forceUpload (RULES §14), which uploads the run that is there instead of a new one."""
+    commands = [with_args(hold.release, store_args) for hold in cell.holds if hold.release]
+    force = force_upload_lever(cell)
+    return list(dict.fromkeys(commands)) + ([force] if force else [])
 
 
 def _gpu_cell(cell: CellPlan, plan: Plan) -> str:
@@ -182,16 +200,18 @@ def _actions(cell: CellPlan) -> str:
     return "\n".join(a.render() for a in cell.actions) or "—"
 
 
-def status_grid(result: PassResult, console: Console, spec_args: Sequence[str] = ()) -> None:
+def status_grid(result: PassResult, console: Console, spec_args: Sequence[str] = (),
+                store_args: Sequence[str] = ()) -> None:
     """Models × benchmarks, each cell its phase and its uploaded score, or its progress (`Running 5/18 · ETA 14
-    min`) until one is uploaded; then each held cell, why, and the command that releases it (`spec_args`)."""
+    min`) until one is uploaded; then each held cell, why, and what releases it (`spec_args`: how the command was
+    told its specs and store, for `evalctl retry`; `store_args`: its store, for a command that reads no spec)."""
     plan = result.plan
     benchmarks = list(dict.fromkeys(c.cell.benchmark for c in plan.cells))
     models = list(dict.fromkeys(c.cell.model for c in plan.cells))
     by_key = {(c.cell.model, c.cell.benchmark): c for c in plan.cells}
     counts = summarize(plan).counts
     summary = ", ".join(f"{n} {phase.value}" for phase, n in sorted(counts.items(), key=lambda i: -i[1]) if n)
-    table = Table(title=f"EvalRun {plan.evalrun}: {summary}")
+    table = Table(title=f"EvalRun {plan.evalrun}" + (" (suspended)" if plan.suspended else "") + f": {summary}")
     table.add_column("model")
     for bench in benchmarks:
         table.add_column(bench, justify="center")
@@ -200,8 +220,8 @@ def status_grid(result: PassResult, console: Console, spec_args: Sequence[str] =
         table.add_row(model, *(_grid_cell(c) + _where(c, plan) for c in cells))
     console.print(table)
     spending(plan, console)
-    effects(plan, console)
-    held(plan, console, spec_args)
+    effects(plan, console, store_args)
+    held(plan, console, spec_args, store_args)
     if result.notes.notifications:
         console.print(f"  notifications: {result.notes.notifications}", markup=False, highlight=False)
     selections(result.notes, console)
@@ -215,36 +235,46 @@ def _where(cell: CellPlan | None, plan: Plan) -> str:
     return f" @ {placed}" if placed else ""
 
 
-def held(plan: Plan, console: Console, spec_args: Sequence[str]) -> None:
-    """Each held cell (RULES §13): its hold, a retry already asked for, or the command that asks for one."""
+def held(plan: Plan, console: Console, spec_args: Sequence[str], store_args: Sequence[str] = ()) -> None:
+    """Each held cell, whatever its phase: its hold, then what releases it: a retry already asked for, or the command
+    that asks for one (a Failed cell, RULES §13), the command its hold names, upload.forceUpload (an upload hold).
+    A hold a retry does not release (the GPU budget, a failed preflight, the spec) says in its reason what does."""
     for cell in plan.cells:
         if cell.rule == Rule.RETRY and cell.retry is not None:
             console.print(f"  retry: {cell.cell.label}: {cell.retry.line()}: released by the next pass",
                           markup=False, highlight=False)
-        if not cell.held:
+        if not cell.holds:
             continue
-        console.print(f"  held: {cell.cell.label}: {cell.reason}", markup=False, highlight=False)
-        if cell.retry is not None:
+        console.print(f"  held: {cell.cell.label}: {cell.hold_reason}", markup=False, highlight=False)
+        retried = cell.held and (cell.retry is not None or bool(spec_args))
+        if cell.held and cell.retry is not None:
             console.print(f"    {cell.retry.line()}: the next pass releases it", markup=False, highlight=False)
-        elif spec_args:
+        elif cell.held and spec_args:
             console.print(f"    release: {retry_command(spec_args, cell.cell)}", markup=False, highlight=False)
+        for lever in other_levers(cell, store_args):
+            console.print(f"    {'or' if retried else 'release'}: {lever}", markup=False, highlight=False)
 
 
-def status_json(results: Sequence[PassResult], spec_args: Sequence[str] = ()) -> str:
+def status_json(results: Sequence[PassResult], spec_args: Sequence[str] = (), store_args: Sequence[str] = ()) -> str:
     """The same summary the operator writes to `.status` (conditions, attention), plus every cell; a held cell
-    with the command that releases it (`release`)."""
-    return json.dumps({"evalruns": [{**_status_json(r.plan, r.status, r.notes, spec_args),
+    with its hold (`hold`), the retry that releases it (`release`, a Failed cell) and what else does (`levers`);
+    `held` lists them, as the grid does."""
+    return json.dumps({"evalruns": [{**_status_json(r.plan, r.status, r.notes, spec_args, store_args),
                                      "unobserved": [u.model_dump(mode="json") for u in r.unobserved]}
                                     for r in results]}, indent=2)
 
 
-def _status_json(plan: Plan, summary: RunStatus, notes: PassNotes, spec_args: Sequence[str]) -> dict[str, Any]:
+def _status_json(plan: Plan, summary: RunStatus, notes: PassNotes, spec_args: Sequence[str],
+                 store_args: Sequence[str]) -> dict[str, Any]:
+    cells = [_cell_json(c, plan, spec_args, store_args) for c in plan.cells]
     return {
         "name": str(plan.evalrun),
+        "suspended": plan.suspended,
         "counts": {phase.value: n for phase, n in summary.counts.items() if n},
         "conditions": [c.model_dump(mode="json", exclude_none=True) for c in summary.conditions],
         "attention": [a.model_dump(mode="json", exclude_none=True) for a in summary.attention],
-        "cells": [_cell_json(c, plan, spec_args) for c in plan.cells],
+        "held": [{key: shown[key] for key in HELD_KEYS if key in shown} for shown in cells if shown["hold"]],
+        "cells": cells,
         "gpu_hours": summary.gpu_hours.model_dump(mode="json"),
         "walltime": None if plan.walltime is None else plan.walltime.model_dump(mode="json"),
         "quarantined": [q.model_dump(mode="json") for q in plan.quarantined],
@@ -252,6 +282,9 @@ def _status_json(plan: Plan, summary: RunStatus, notes: PassNotes, spec_args: Se
         "notifications": notes.notifications,
         **_selector_json(notes),
     }
+
+
+HELD_KEYS = ("model", "benchmark", "cluster", "phase", "hold", "release", "levers")
 
 
 def pass_summary(results: Sequence[PassResult], console: Console) -> None:
@@ -309,11 +342,12 @@ def _outcomes(result: PassResult, console: Console) -> None:
 
 
 def explain(cell: CellPlan, console: Console, now: datetime, in_force: Sequence[Effect] = (),
-            spec_args: Sequence[str] = (), where: str = "", estimate: GpuEstimate | None = None) -> None:
+            spec_args: Sequence[str] = (), where: str = "", estimate: GpuEstimate | None = None,
+            store_args: Sequence[str] = ()) -> None:
     """Every value as a person reads it (humanize): no enum or datetime repr reaches the screen. `in_force`: the
-    plan's effects; the cluster's and this cell's are shown. A held cell: the command that releases it. `where`:
-    several clusters, the one it ran on or goes to (RULES §15). `estimate`: a cell not run yet, what one attempt
-    is expected to cost and take, and from what."""
+    plan's effects; the cluster's and this cell's are shown. A held cell: what releases it (`spec_args` for a
+    retry, `store_args` for a command that reads no spec). `where`: several clusters, the one it ran on or goes to
+    (RULES §15). `estimate`: a cell not run yet, what one attempt is expected to cost and take, and from what."""
     c = cell.cell
     console.print(f"[bold]{c.model} × {c.benchmark}[/] (EvalRun {c.evalrun})", highlight=False)
     console.print(f"  dataset {c.dataset}, agent {c.agent}, harbor config {c.harbor_config}, "
@@ -343,6 +377,9 @@ def explain(cell: CellPlan, console: Console, now: datetime, in_force: Sequence[
                       markup=False, highlight=False)
     elif cell.held and spec_args:
         console.print(f"  release: {retry_command(spec_args, cell.cell)}", markup=False, highlight=False)
+    retried = cell.retry is not None or (cell.held and bool(spec_args))
+    for lever in other_levers(cell, store_args):
+        console.print(f"  {'or' if retried else 'release'}: {lever}", markup=False, highlight=False)
     for effect in in_force:
         if effect.kind != "refire" or effect.subject == c.label:
             console.print(f"  in force: {effect.line()}", markup=False, highlight=False)

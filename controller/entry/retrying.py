@@ -19,7 +19,7 @@ from controller.core.retry import RetryRequest
 from controller.core.vocabulary import CellPlan, Phase
 from controller.entry.explaining import names_cell, nearest_cells, specs_holding
 from controller.entry.shell import StoreURLs, UsageError, connect, load, one_pass, refuse
-from controller.entry.store_location import shown
+from controller.entry.store_location import STATE_ENV, STORE_ENV, NoDefaultStore, shown, state_url, store_url
 from controller.entry.wiring import utc_now
 
 
@@ -28,6 +28,20 @@ def spec_args(files: Sequence[Path], urls: StoreURLs) -> list[str]:
     one is shown without it; the user adds it back, or sets EVALCTL_STORE)."""
     given = [("--store", urls.results), ("--state", urls.state)]
     return [*(w for f in files for w in ("-f", str(f))), *(w for flag, url in given if url for w in (flag, shown(url)))]
+
+
+def store_args(files: Sequence[Path], urls: StoreURLs) -> list[str]:
+    """The --store and --state of the store a command used, for a command it prints that reads no spec (`evalctl
+    nodes release`): that one cannot find the store next to the spec. What $EVALCTL_STORE or $EVALCTL_STATE names
+    it reads as well, so that is left out; a password never shown (see `spec_args`)."""
+    try:
+        url, source = store_url(urls.results, tuple(files))
+    except NoDefaultStore:
+        return []
+    state = state_url(urls.state, url, tuple(files))
+    given = [("--store", None if source == f"${STORE_ENV}" else url),
+             ("--state", None if urls.state is None and os.environ.get(STATE_ENV) else state)]
+    return [word for flag, value in given if value for word in (flag, shown(value))]
 
 
 def requester() -> str:

@@ -1,5 +1,6 @@
-"""How `reconcile --loop --until-done` ends: every cell settled (0), settled with cells held for a human (4), or
-out of `--timeout` (5) — never a loop that waits for ever on cells only a human can move."""
+"""How `reconcile --loop --until-done` ends: every cell settled (0), only cells held for a human left (4: Failed
+ones, and launches a hold keeps Pending), or out of `--timeout` (5) — never a loop that waits for ever on cells
+only a human can move."""
 
 from __future__ import annotations
 
@@ -43,18 +44,31 @@ class Deadline:
 
 
 def settled_end(results: Sequence[PassResult]) -> tuple[int, str]:
-    """Every cell Completed or Failed: 0, or HELD with how many wait for a human."""
-    held = sum(r.status.failed for r in results)
-    return (HELD, f"evalctl: {held} held — see `evalctl retry`") if held else (OK, "")
+    """Every cell Completed, Failed or held: 0, or HELD with how many wait for a human."""
+    held = _held(results)
+    return (HELD, f"evalctl: {held_line(results)}") if held else (OK, "")
+
+
+def _held(results: Sequence[PassResult]) -> int:
+    """Failed cells (each holds) and cells held in another phase."""
+    return sum(r.status.failed + r.status.held_unsettled for r in results)
+
+
+def held_line(results: Sequence[PassResult]) -> str:
+    """`2 held — see `evalctl retry``, or, where some are held by what a retry does not release (the GPU budget, a
+    failed preflight, the spec), where to read what releases each."""
+    held = _held(results)
+    if not any(r.status.held_unsettled for r in results):
+        return f"{held} held — see `evalctl retry`"
+    return f"{held} held — `evalctl status` says what releases each"
 
 
 def timed_out(results: Sequence[PassResult] | None, deadline: Deadline) -> tuple[int, str]:
-    """TIMED_OUT, with what is still not settled (by phase), or that no pass completed."""
+    """TIMED_OUT, with what is still not settled (by phase; held cells apart), or that no pass completed."""
     if not results:
         return TIMED_OUT, f"evalctl: timed out after {deadline.text}: no pass completed"
-    waiting = Counter(c.phase for r in results for c in r.plan.cells if c.phase not in SETTLED)
-    held = sum(r.status.failed for r in results)
+    waiting = Counter(c.phase for r in results for c in r.plan.cells if c.phase not in SETTLED and not c.holds)
     breakdown = ", ".join(f"{n} {phase.value}" for phase, n in waiting.most_common())
-    also = f"; {held} held — see `evalctl retry`" if held else ""
+    also = f"; {held_line(results)}" if _held(results) else ""
     return TIMED_OUT, (f"evalctl: timed out after {deadline.text}: {sum(waiting.values())} cell(s) not settled "
                        f"({breakdown}){also}")

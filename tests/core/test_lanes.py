@@ -29,10 +29,11 @@ def cells(n: int) -> list[Cell]:
 
 
 def lane(ref: ClusterRef, on: list[Cell], seen: list[Observation] | None = None, *, budget: int = 2,
-         observed: str = "", ineligible: dict[str, str] | None = None) -> LaneSeen:
+         observed: str = "", ineligible: dict[str, str] | None = None, too_long: frozenset[str] = frozenset()
+         ) -> LaneSeen:
     here = [c.model_copy(update={"cluster": ref.name}) for c in on]
     return LaneSeen(lane=ClusterLane(cluster=ref, cells=tuple(here), policy=spec_policy(cluster=str(ref)),
-                                     ineligible=ineligible or {}),
+                                     ineligible=ineligible or {}, too_long=too_long),
                     observations=tuple(seen or [obs() for _ in on]),
                     slots=LaneSlots(budget=budget, budget_note=f"cluster {ref} at maxLiveJobs", observed=observed,
                                     live_job_names=frozenset(), usable_nodes=None, preflight=None))
@@ -124,6 +125,21 @@ def test_a_cell_eligible_nowhere_is_held_and_one_eligible_only_on_b_waits_for_b(
     assert waiting.rule == Rule.NO_FREE_CLUSTER
     assert waiting.actions == (Wait(reason="no free slot on any cluster: b: cluster b at maxLiveJobs"),)
     assert not any(isinstance(a, Submit) for p in (on_a, on_b) for c in p.plan.cells for a in c.actions)
+
+
+def test_a_cell_whose_walltime_no_cluster_gives_is_held_naming_the_maxtimelimit_to_raise() -> None:
+    fleet = cells(1)
+    key = fleet[0].key
+
+    on_a, _ = planned(fleet, lane(A, fleet, ineligible={key: "pinned to b"}),
+                      lane(B, fleet, ineligible={key: "needs 48:00:00; b allows at most 24:00:00"},
+                           too_long=frozenset({key})))
+
+    [held] = on_a.plan.cells
+    assert held.rule == Rule.NO_ELIGIBLE_CLUSTER
+    assert held.actions == (Hold(reason="fix spec.clusters or spec.placement.pin, or raise maxTimeLimit of "
+                                        "EvalCluster b (if its partition allows): may run on none of the EvalRun's "
+                                        "clusters (a: pinned to b; b: needs 48:00:00; b allows at most 24:00:00)"),)
 
 
 SPILLING = PlacementPolicy(strategy="soonest", spill_after=timedelta(hours=1))

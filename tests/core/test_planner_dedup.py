@@ -7,7 +7,7 @@ import pytest
 from controller.core.dedup import DEDUP_TABLE
 from controller.core.planner import plan_cell
 from controller.core.types import EvalRunRef
-from controller.core.vocabulary import Phase, Resume, Submit
+from controller.core.vocabulary import Phase, Resume, Rule, Submit
 from tests.core.builders import NOW, POLICY, SCORED, ago, cell, facts, obs, row
 
 C = cell()
@@ -118,3 +118,12 @@ def test_a_row_of_the_old_listener_is_adopted_only_outside_a_namespace() -> None
         "in the operator, two tenants could both adopt it"
     alone = plan_cell(C, obs(rows=(legacy,)), POLICY, NOW)
     assert "our Started row" in alone.reason, alone.reason
+
+
+def test_an_unrecognised_job_status_is_held_naming_the_row_its_status_and_the_retry() -> None:
+    decided = plan_cell(C, obs(rows=(row("Exploded", user=BOB, row_id="row-7"),)), POLICY, NOW)
+
+    assert decided.rule == Rule.UNRECOGNISED_STATUS and decided.held
+    assert "row row-7 has job_status 'Exploded'" in decided.reason
+    assert "`evalctl retry` starts a new attempt" in decided.reason
+    assert decided.hold_reason == decided.reason, "status shows the hold in the words that name its lever"

@@ -224,6 +224,7 @@ def test_with_every_usable_node_quarantined_launches_are_held_saying_so():
     (hold,) = decided.actions
     assert isinstance(hold, Hold) and "every usable node of hpc is quarantined" in hold.reason
     assert "evalctl nodes release" in hold.reason
+    assert hold.release == "evalctl nodes release NODE --cluster hpc", "status adds the store it is in"
 
 
 # --------------------------------------------------------------------------- overlong from accounting

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controller.core.status import ATTENTION_LIMIT, summarize
-from controller.core.vocabulary import CellPlan, Outcome, Phase, Plan, Rule, Step
+from controller.core.vocabulary import CellPlan, Hold, Outcome, Phase, Plan, Rule, Step
 from tests.core.builders import cell
 
 
@@ -61,3 +61,34 @@ def test_the_attention_list_is_bounded_and_says_how_many_it_left_out():
     status = summarize(plan_of(*([F] * (ATTENTION_LIMIT + 5))))
     assert len(status.attention) == ATTENTION_LIMIT and status.attention_omitted == 5
     assert status.attention[0].reason == "why 0"
+
+
+def _held_launch(i: int = 9) -> CellPlan:
+    """A Pending cell whose launch the GPU budget holds: its phase does not say it is held, its plan does."""
+    return CellPlan(cell=cell(model=f"org/m{i}"), phase=P, actions=(Hold(reason="budget: 412 of 400 GPU-h"),),
+                    reason="no existing job", rule=Rule.NO_EXISTING_JOB)
+
+
+def test_a_launch_held_in_pending_needs_attention_with_its_hold_and_settles_the_run() -> None:
+    done = plan_of(C)
+    status = summarize(done.model_copy(update={"cells": (*done.cells, _held_launch())}))
+
+    assert [(a.model, a.phase, a.reason) for a in status.attention] == [("org/m9", P, "budget: 412 of 400 GPU-h")]
+    ready, stalled = status.condition("Ready"), status.condition("Stalled")
+    assert ready is not None and ready.reason == "CellsNeedAttention"
+    assert stalled is not None and stalled.message == "1 held"
+    assert (status.held, status.held_unsettled) == (1, 1) and status.settled, "only a human moves it"
+
+
+def test_a_held_launch_beside_a_running_cell_is_not_settled() -> None:
+    running = plan_of(R)
+    assert not summarize(running.model_copy(update={"cells": (*running.cells, _held_launch())})).settled
+
+
+def test_a_suspended_evalrun_is_suspended_not_stalled_by_the_holds_suspend_makes() -> None:
+    suspended = plan_of(C, suspended=True)
+    status = summarize(suspended.model_copy(update={"cells": (*suspended.cells, _held_launch())}))
+
+    ready = status.condition("Ready")
+    assert ready is not None and ready.reason == "Suspended" and status.condition("Stalled") is None
+    assert [a.model for a in status.attention] == ["org/m9"]

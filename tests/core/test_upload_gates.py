@@ -9,10 +9,12 @@ from datetime import timedelta
 import pytest
 
 from controller.api.catalog import load_catalog
+from controller.core.admission import Refused
+from controller.core.levers import force_upload_lever
 from controller.core.observed import JobState
 from controller.core.planner import Policy, plan_cell
 from controller.core.remedies import CellMemory
-from controller.core.vocabulary import Analyze, CellPlan, Phase, Track, Upload
+from controller.core.vocabulary import Analyze, CellPlan, Phase, Rule, Track, Upload
 from tests.core.builders import ME, NOW, POLICY, SCORED, ago, cell, facts, job, metrics_of, obs, row, sub
 
 C = cell()
@@ -60,6 +62,37 @@ def test_force_upload_releases_a_held_run_flagged_partial() -> None:
     assert decided.phase == Phase.EVALUATED and [a.kind.value for a in decided.actions] == ["analyze", "upload"]
     [upload] = [a for a in decided.actions if isinstance(a, Upload)]
     assert upload.admitted.partial and upload.admitted.score == 0.5 and upload.admitted.n_scored == 70
+
+
+def test_a_held_run_a_partial_upload_may_publish_says_so_and_the_flag_is_named_beside_the_retry() -> None:
+    held = plan_cell(C, finished_run(**INFRA_30), GATES, NOW)
+
+    assert isinstance(held.admission, Refused) and held.admission.partial_would_publish
+    assert "set upload.partial: upload (or upload.forceUpload: true) to publish it flagged partial" in held.reason
+    lever = force_upload_lever(held)
+    assert lever is not None and lever.startswith("set upload.forceUpload: true in the EvalRun: uploads this run")
+    assert "covers upload.minCompletedFraction, flagged partial" in lever
+
+
+def test_a_held_run_short_of_min_completed_fraction_is_not_said_to_be_released_by_a_flag() -> None:
+    """forceUpload does not lower upload.minCompletedFraction: neither the reason nor the lever may say it does."""
+    short = {"n_completed": 30, "n_scored": 30, "n_graded": 30, "reward_sum": 15.0, "n_trial_dirs": 30,
+             "tasks": {f"t{i}": (1, 1, 0.5) for i in range(30)}}
+    for policy in (GATES, GATES.model_copy(update={"admission": GATES.admission.model_copy(
+            update={"partial_upload": True})})):
+        held = plan_cell(C, finished_run(**short), policy, NOW)
+
+        assert held.phase == Phase.FAILED and held.rule == Rule.ADMISSION_INCOMPLETE, held.reason
+        assert "30% of the expected trials covered, below the upload.minCompletedFraction 0.5" in held.reason
+        assert "to publish it flagged partial" not in held.reason
+        assert force_upload_lever(held) is None
+
+
+def test_an_overlong_hold_names_the_flag_and_what_it_uploads() -> None:
+    held = plan_cell(C, finished_run(started_at=ago(hours=30)), GATES, NOW)
+
+    lever = force_upload_lever(held)
+    assert lever is not None and "held as overlong, flagged is_overlong" in lever
 
 
 def test_force_upload_releases_a_held_overlong_run_flagged() -> None:

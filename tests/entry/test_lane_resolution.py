@@ -59,6 +59,7 @@ def test_a_cluster_that_cannot_give_the_whole_walltime_does_not_run_the_cell(tmp
     b_lane, a_lane = found.lanes
     assert [c.benchmark for c in b_lane.cells] == ["tb2"], "b allows 24 h: swebench_full needs 48"
     assert b_lane.ineligible == {swebench.key: "needs 48:00:00; b allows at most 24:00:00"}
+    assert b_lane.too_long == {swebench.key}, "the walltime is what keeps it off b: its maxTimeLimit is the fix"
     assert [(c.benchmark, c.time_limit) for c in a_lane.cells] == [("tb2", "24:00:00"), ("swebench_full", "48:00:00")]
     assert a_lane.ineligible == {}
     assert [(c.cluster, c.time_limit) for c in found.cells] == [("b", "24:00:00"), ("a", "48:00:00")], \
@@ -75,6 +76,7 @@ def test_a_cell_no_cluster_can_run_stays_a_cell_with_every_lanes_reason(tmp_path
     assert [lane.cells for lane in found.lanes] == [(cell,), ()], "the first lane lists it: the planner holds it there"
     assert [lane.ineligible for lane in found.lanes] == [{cell.key: "pinned to b"},
                                                          {cell.key: "needs 48:00:00; b allows at most 30:00:00"}]
+    assert [lane.too_long for lane in found.lanes] == [frozenset(), {cell.key}], "a pin is not a walltime"
     assert (cell.cluster, cell.time_limit) == ("a", "48:00:00"), "the first cluster's resolution, for the planner"
 
 

@@ -243,8 +243,10 @@ def no_usable_node(cluster: str, bad_nodes: Sequence[str], usable: frozenset[str
     """Every node the cluster's jobs may use is quarantined: a launch would only wait on BadConstraints."""
     if not usable or not usable <= set(bad_nodes):
         return None
+    node = next(iter(usable)) if len(usable) == 1 else "NODE"
     return Hold(reason=f"every usable node of {cluster} is quarantined ({', '.join(sorted(usable))}): release one "
-                       f"with `evalctl nodes release NODE --cluster {cluster}`, or wait for the quarantines to end")
+                       "(evalctl nodes release), or wait for the quarantines to end",
+                release=f"evalctl nodes release {node} --cluster {cluster}")
 
 
 def deciding(evalrun: EvalRunRef, decided: Sequence[CellPlan | Cell], policy: Policy,

@@ -59,8 +59,9 @@ def unrecognised(s: Settled) -> CellPlan | None:
     """A job_status we cannot read is not evidence that nothing runs: a human decides."""
     if s.case != RowCase.UNRECOGNISED or s.row is None:
         return None
-    hold = Hold(reason=f"row {s.row.id}: job_status {s.row.job_status!r}")
-    return s.view.result(Phase.FAILED, [hold], s.dedup.reason, s.dedup.rule)
+    reason = (f"row {s.row.id} has job_status {s.row.job_status!r}, which the controller does not read: a human "
+              "decides; `evalctl retry` starts a new attempt (the row is left as it is)")
+    return s.view.result(Phase.FAILED, [Hold(reason=reason)], reason, s.dedup.rule)
 
 
 def ours(s: Settled) -> CellPlan | None:

@@ -11,7 +11,7 @@ import typer
 from controller.adapters.store import SUPABASE_SCHEMES
 from controller.api.catalog import load_catalog
 from controller.core.db_check import check_results
-from controller.entry import nodes, render
+from controller.entry import nodes, render_db
 from controller.entry.auditing import audit_results
 from controller.entry.logs import configure_logging
 from controller.entry.selection import flag_query, selector_rule, unevaluated_candidates
@@ -53,9 +53,9 @@ def db_check(
         findings = check_results(snapshot)
         rows_read = len(snapshot.rows) + len(snapshot.undecodable)
         if output != Output.table:
-            print_document(render.db_findings_json(findings, rows_read), output)
+            print_document(render_db.db_findings_json(findings, rows_read), output)
         else:
-            render.db_findings(findings, rows_read, out)
+            render_db.db_findings(findings, rows_read, out)
         if findings:
             raise typer.Exit(1)
 
@@ -97,9 +97,9 @@ def db_audit(
                     writable.close()
             marked = len(found.new)
         if output != Output.table:
-            print_document(render.audit_json(found, marked=marked), output)
+            print_document(render_db.audit_json(found, marked=marked), output)
         else:
-            render.audit_table(found, out, marked=marked)
+            render_db.audit_table(found, out, marked=marked)
         code = 1 if found.new and not apply else 0
     raise typer.Exit(code)
 
@@ -156,10 +156,10 @@ def models_unevaluated(
         if output == ModelsOutput.list:
             print("\n".join(dict.fromkeys(c.name for _, chosen in found for c in chosen)))
         elif output == ModelsOutput.json:
-            print(render.candidates_json([(str(run.ref) if files else None, chosen) for run, chosen in found]))
+            print(render_db.candidates_json([(str(run.ref) if files else None, chosen) for run, chosen in found]))
         else:
             for run, chosen in found:
-                render.candidates_table(str(run.ref) if files else None, chosen, out)
+                render_db.candidates_table(str(run.ref) if files else None, chosen, out)
 
 
 nodes_app = typer.Typer(no_args_is_help=True, help="Nodes quarantined as bad (refire-elsewhere): see them, lift them.")

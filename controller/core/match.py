@@ -49,15 +49,17 @@ class Families:
         return self._names.get(name, frozenset({name}))
 
 
-def row_config_matches(config: dict[str, Any] | None, cell: Cell) -> bool:
+def row_config_matches(config: dict[str, Any] | None, cell: Cell, n_rep_eval: int | None = None) -> bool:
     """Agent, timeout multiplier, attempts per task and sandbox overrides equal; keys a legacy row lacks match
-    anything. A row of one attempt per task is no score of a cell of three (RULES §14 holds such a run dir too)."""
+    anything. A row of one attempt per task is no score of a cell of three (RULES §14 holds such a run dir too):
+    our rows say it in their config, and those from before it did in `n_rep_eval` (a row of ours has a fingerprint;
+    the old listener's `n_rep_eval` is not known to mean attempts, and is not read)."""
     if not config:
         return True
     agent = config.get("agent")
     if agent is not None and agent != cell.agent:
         return False
-    attempts = config.get("n_attempts")
+    attempts = config.get("n_attempts", n_rep_eval if "fingerprint" in config else None)
     if attempts is not None and attempts != cell.n_attempts:
         return False
     multiplier = config.get("timeout_multiplier")
@@ -192,7 +194,7 @@ def _cell_rows(
         for model_id in model_ids
         for bench_id in bench_ids
         for row in rows_by_pair.get((model_id, bench_id), ())
-        if row_config_matches(row.config, cell)
+        if row_config_matches(row.config, cell, row.n_rep_eval)
     ]
     return tuple(matched)
 

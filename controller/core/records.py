@@ -37,6 +37,7 @@ class SandboxJobRow(ObservedRow):
     model_id: str | None = None
     benchmark_id: str | None = None
     config: dict[str, Any] | None = None
+    n_rep_eval: int | None = Field(None, description="attempts per task, as the writer recorded it (None: unreadable)")
 
 
 class ResultsSnapshot(Frozen):

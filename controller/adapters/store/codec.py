@@ -112,12 +112,18 @@ def sandbox_job_row(values: dict[str, Any]) -> SandboxJobRow:
         values["config"] = parse_config(values.get("config"))
         values["metrics"] = parse_metrics(values.get("metrics"))
         values["is_overlong"] = parse_flag(values.get("is_overlong"))
+        values["n_rep_eval"] = _count_or_none(values.get("n_rep_eval"))
         for column in ("id", "model_id", "benchmark_id", "slurm_job_id"):
             if values.get(column) is not None:
                 values[column] = str(values[column])
         return SandboxJobRow(**values)
     except (ValueError, ValidationError) as error:
         raise ValueError(f"row {values.get('id')}: {_first_line(error)}") from error
+
+
+def _count_or_none(value: object) -> int | None:
+    """A count another tool wrote, or None: a column only matching reads is no reason to drop the row."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def decode_rows(records: Iterable[dict[str, Any]]) -> tuple[tuple[SandboxJobRow, ...], tuple[str, ...]]:

@@ -132,7 +132,7 @@ ROW_COLUMNS = (
     "id::text AS id, job_name, username, job_status, created_at::text AS created_at,"
     " submitted_at::text AS submitted_at, started_at::text AS started_at, ended_at::text AS ended_at,"
     " slurm_job_id::text AS slurm_job_id, model_id::text AS model_id, benchmark_id::text AS benchmark_id,"
-    " config::text AS config, metrics::text AS metrics, is_overlong"
+    " config::text AS config, metrics::text AS metrics, is_overlong, n_rep_eval"
 )
 
 # The same families, recomputed in the database: ids never make the round trip through the client.

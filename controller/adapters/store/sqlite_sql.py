@@ -219,7 +219,7 @@ ORDER BY 1, 2
 
 ROW_COLUMNS = (
     "id, job_name, username, job_status, created_at, submitted_at, started_at, ended_at,"
-    " slurm_job_id, model_id, benchmark_id, config, metrics, is_overlong"
+    " slurm_job_id, model_id, benchmark_id, config, metrics, is_overlong, n_rep_eval"
 )
 
 ROWS_IN_FAMILIES = f"""

@@ -37,7 +37,7 @@ from controller.core.records import NamedRow, NewRow, ResultsSnapshot, ResultUpl
 
 SCHEMES = {"supabase": "https", "supabase+http": "http"}
 ROW_COLUMNS = ("id", "job_name", "username", "job_status", "created_at", "submitted_at", "started_at", "ended_at",
-               "slurm_job_id", "model_id", "benchmark_id", "config", "metrics", "is_overlong")
+               "slurm_job_id", "model_id", "benchmark_id", "config", "metrics", "is_overlong", "n_rep_eval")
 FAMILY_COLUMNS = "id,name,duplicate_of"
 REGISTRY_COLUMNS = {"models": "id,duplicate_of,creation_time", "benchmarks": "id,duplicate_of"}  # what registry_order reads
 STATUS_ORDER = (RowStatus.PENDING.value, RowStatus.STARTED.value, RowStatus.FINISHED.value)

@@ -227,3 +227,13 @@ def test_an_upload_leaves_a_config_that_is_no_object_as_it_is(results_backend: B
 
     stored = results.read_row(row.id)
     assert stored is not None and stored.job_status == "Finished" and not stored.config
+
+
+def test_a_rows_attempts_per_task_are_read_back_for_matching(results_backend: Backend) -> None:
+    """Our rows from before `n_attempts` was in their config say it in n_rep_eval: what keeps a row of one
+    attempt per task from completing a cell of three."""
+    results = results_backend.results
+    results.create_row(pending_row().model_copy(update={"n_rep_eval": 3}))
+
+    (stored,) = results.read_results([MODEL], ["dev_set_v2"]).rows
+    assert stored.n_rep_eval == 3

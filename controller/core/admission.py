@@ -206,6 +206,15 @@ def measured_trials(facts: RunDirFacts, n_attempts: int) -> int:
     return sum(min(scored, n_attempts) for _, scored, _ in facts.tasks.values())
 
 
+def trial_pairs(facts: RunDirFacts, n_attempts: int) -> tuple[int, int]:
+    """(`distinct_trials`, `measured_trials`) in one pass: progress reads both for every running cell."""
+    seen_pairs = measured = 0
+    for seen, scored, _ in facts.tasks.values():
+        seen_pairs += seen if seen < n_attempts else n_attempts
+        measured += scored if scored < n_attempts else n_attempts
+    return seen_pairs, measured
+
+
 def unmeasured_trials(facts: RunDirFacts, n_attempts: int) -> int:
     """(task, attempt) pairs with a result but no scored one: a task's scored trials cover up to nAttempts of its
     pairs, and its other pairs had only infra (or invalid) results. Which attempt a re-run stood for is not

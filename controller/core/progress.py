@@ -15,7 +15,7 @@ from datetime import datetime
 
 from pydantic import Field
 
-from controller.core.admission import distinct_trials, measured_trials
+from controller.core.admission import distinct_trials, trial_pairs
 from controller.core.observed import RunDirFacts
 from controller.core.types import Frozen
 
@@ -30,7 +30,11 @@ class Progress(Frozen):
 def eta_minutes(facts: RunDirFacts, now: datetime, n_attempts: int) -> int | None:
     """Remaining trials at the rate completed trials came in since the run started, in whole minutes (≥ 1). A task's
     re-runs beyond nAttempts count once: they leave no fewer trials to run."""
-    total, started, completed = facts.n_total, facts.started_at, distinct_trials(facts, n_attempts)
+    return _eta(facts, now, distinct_trials(facts, n_attempts))
+
+
+def _eta(facts: RunDirFacts, now: datetime, completed: int) -> int | None:
+    total, started = facts.n_total, facts.started_at
     if total is None or started is None or completed <= 0:
         return None
     remaining = total - completed
@@ -45,5 +49,5 @@ def progress_of(facts: RunDirFacts | None, now: datetime, n_attempts: int, *, ru
     (`running`)."""
     if facts is None or facts.unreadable:
         return None
-    return Progress(scored=measured_trials(facts, n_attempts), total=facts.n_total,
-                    eta_minutes=eta_minutes(facts, now, n_attempts) if running else None)
+    completed, measured = trial_pairs(facts, n_attempts)
+    return Progress(scored=measured, total=facts.n_total, eta_minutes=_eta(facts, now, completed) if running else None)

@@ -12,7 +12,7 @@ import os
 import re
 import shlex
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
@@ -57,7 +57,9 @@ class Preset(CatalogModel):
 
     `config_yaml`: the Harbor config the preset pins (EVAL_CONFIG_YAML, layered over the size rule's harbor config),
     unless the harness brings its scaffold config; `walltime`: its jobs' time limit when it needs more (or less)
-    than the cluster's timeLimit, at most the cluster's maxTimeLimit.
+    than the cluster's timeLimit, at most the cluster's maxTimeLimit; `auto`: its jobs are sized from what
+    attempts alike took (RULES §16) whatever the EvalRun's `walltime`, the cluster's timeLimit until there is
+    evidence.
     """
 
     dataset: str
@@ -66,7 +68,7 @@ class Preset(CatalogModel):
     partial_credit: bool | None = Field(None, description="rewards between 0 and 1 are valid; false: only 0 or 1 "
                                                           "(another reward holds the cell); unset: not checked")
     config_yaml: BareFileName | None = None
-    walltime: Walltime | None = None
+    walltime: Walltime | Literal["auto"] | None = None
     note: str = ""
 
 

@@ -38,6 +38,7 @@ class Benchmark(BaseModel):
     tasks: int | None = Field(None, description="the preset's task count; None: only Harbor's total says")
     partial_credit: bool | None = None
     walltime: str | None = Field(None, description="the preset's walltime, as it asks for it")
+    sized: bool = Field(False, description="the preset's `walltime: auto`: its jobs are sized (RULES §16)")
     time_limit: str | None = Field(None, description="its jobs' walltime: the preset's, at most the cluster's "
                                                      "maximum; None: the cluster's timeLimit")
 
@@ -105,8 +106,9 @@ def benchmarks(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[Ben
                     config_yaml=preset.config_yaml,
                     tasks=preset.tasks,
                     partial_credit=preset.partial_credit,
-                    walltime=preset.walltime,
-                    time_limit=_time_limit(preset.walltime, cluster),
+                    walltime=None if preset.walltime == "auto" else preset.walltime,
+                    sized=preset.walltime == "auto",
+                    time_limit=_time_limit(None if preset.walltime == "auto" else preset.walltime, cluster),
                 )
             )
     return tuple(found)
@@ -195,6 +197,7 @@ def _cells(run: EvalRun, cluster: AnyCluster, catalog: Catalog, model: str,
             serving=serving,
             config_yaml=harness.config_yaml or benchmark.config_yaml,
             time_limit=benchmark.time_limit or cluster.spec.time_limit,  # the one place a walltime is decided
+            walltime_auto=benchmark.sized,
             needs_pinggy=needs_pinggy,
             calls_model=spec.agent not in catalog.harnesses.model_free_agents,
             reports_tokens=harness.reports_tokens,

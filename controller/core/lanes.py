@@ -371,9 +371,9 @@ def _probes(evalrun: EvalRunRef, cells: Sequence[Cell], lanes: Sequence[_Lane], 
 
 def _unsized(policy: Policy) -> Policy:
     """A probe asks where a cell may go, not for how long: the lane it goes to sizes its job (RULES §16)."""
-    if not policy.walltime.auto:
+    if not policy.walltime.auto and not policy.walltime.presets:
         return policy
-    return policy.model_copy(update={"walltime": policy.walltime.model_copy(update={"auto": False})})
+    return policy.model_copy(update={"walltime": policy.walltime.model_copy(update={"auto": False, "presets": False})})
 
 
 def _waiting(cell_plan: CellPlan, reason: str, eligible: bool, seen: Sequence[LaneSeen]) -> CellPlan:

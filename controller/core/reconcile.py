@@ -180,8 +180,9 @@ def _target_pass(target: RunTarget, store: Store, clusters: dict[ClusterRef, Clu
     acting = _acting(target, store, snapshot, act, holder, holder_is_dead, lease_ttl)
     lease = evalrun_lease_name(target.evalrun)
     try:
+        sizes = target.policy.walltime.auto or any(cell.walltime_auto for cell in target.cells)
         learnt = learned_from(snapshot.submissions, target.evalrun) \
-            if snapshot is not None and target.policy.walltime.auto else None  # once: the store's, alike on every lane
+            if snapshot is not None and sizes else None  # once: the store's, alike on every lane
         planning = [_for_planning(lane, snapshot, views[lane.lane.cluster], learnt) for lane, _ in seen]
         if target.lanes and target.placement is not None:
             planned = plan_lanes(target.evalrun, target.cells, target.placement, planning, snapshot, acting.owners,

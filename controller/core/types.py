@@ -132,6 +132,8 @@ class Cell(Frozen):
                                                       "preset's (a bare file name the job script looks up)")
     time_limit: str = Field(description="walltime of its jobs, decided once by resolve: the preset's (at most the "
                                         "cluster's maxTimeLimit), else the cluster's timeLimit")
+    walltime_auto: bool = Field(False, description="its preset asks for `walltime: auto`: its jobs are sized "
+                                                   "whatever the EvalRun's walltime (RULES §16)")
     needs_pinggy: bool = False
     calls_model: bool = Field(True, description="its agent calls a model (not Harbor's oracle or nop): a trial that "
                                                 "raised without a token may be an instant failure")

@@ -64,6 +64,8 @@ class Learning(Frozen):
 
 class WalltimePolicy(Frozen):
     auto: bool = Field(description="spec.walltime auto: size each job's --time from the estimate")
+    presets: bool = Field(True, description="a preset's `walltime: auto` sizes its cells' jobs (False: a placement "
+                                            "probe, which sizes nothing)")
     learnt: Learning | None = Field(None, description="what the EvalRun's sized jobs taught (`learned_from`), read "
                                                       "with the store each pass; None: not read, the default margin")
     cancel_margin: timedelta = Field(description="monitor.preWalltimeMinutes: the end of a request never run")
@@ -126,10 +128,11 @@ def _p90(ordered: Sequence[float]) -> float:
     return ordered[math.ceil(0.9 * len(ordered)) - 1]
 
 
-def sized(estimate: WallEstimate | None, remaining: float, policy: WalltimePolicy, fixed: str) -> Sized | None:
+def sized(estimate: WallEstimate | None, remaining: float, policy: WalltimePolicy, fixed: str,
+          preset_auto: bool = False) -> Sized | None:
     """The --time of a launch that has `remaining` (0–1) of its trials to run; None: the fixed walltime (`fixed`),
-    walltime not auto."""
-    if not policy.auto:
+    walltime not auto (neither the EvalRun's nor, with `preset_auto`, its preset's)."""
+    if not (policy.auto or (preset_auto and policy.presets)):
         return None
     if estimate is None:
         return Sized(time_limit=fixed, note=f"walltime auto: no finished attempt alike yet, asks the fixed {fixed}",

@@ -330,6 +330,22 @@ def test_a_preset_walltime_over_the_cluster_maximum_is_clamped_with_a_warning() 
                               "(maxTimeLimit 24:00:00): its jobs get 24:00:00 and are resumed")
 
 
+def test_a_preset_asking_for_walltime_auto_sizes_its_cells_from_the_clusters_time_limit() -> None:
+    """A preset's `walltime: auto` is no time limit: its cells ask the cluster's timeLimit until there is evidence,
+    and are sized (RULES §16); what they measure, so the fingerprint, is unchanged."""
+    presets = CATALOG.presets.model_copy(update={"presets": {
+        **CATALOG.presets.presets, "swebench_full": CATALOG.presets.presets["swebench_full"].model_copy(
+            update={"walltime": "auto"})}})
+    auto = CATALOG.model_copy(update={"presets": presets})
+    evalrun, roomy = run(presets=["swebench_full"]), cluster(timeLimit="24:00:00", maxTimeLimit="72:00:00")
+
+    sized, fixed = one(evalrun, roomy, auto), one(evalrun, roomy)
+
+    assert (sized.walltime_auto, sized.time_limit) == (True, "24:00:00")
+    assert (fixed.walltime_auto, fixed.time_limit) == (False, "48:00:00")
+    assert sized.fingerprint == fixed.fingerprint and walltime_warnings(evalrun, roomy, auto) == ()
+
+
 def test_the_parsers_are_part_of_the_fingerprint_and_the_config_yaml_is_not() -> None:
     terminus = one(run(models=["Qwen/Qwen3-32B"]))
     assert terminus.fingerprint == fingerprint(terminus.agent, terminus.harbor_config, terminus.timeout_multiplier,

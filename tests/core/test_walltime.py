@@ -126,6 +126,22 @@ def test_the_planner_sizes_a_first_launch_and_a_resume_and_says_how() -> None:
     assert as_before.time_limit is None and "walltime" not in fixed.reason
 
 
+def test_a_preset_that_asks_for_walltime_auto_is_sized_whatever_the_evalruns_walltime() -> None:
+    """The EvalRun keeps `walltime: fixed` (the default); the preset's `auto` sizes its own cells, and a placement
+    probe (which asks where a cell may go, not for how long) sizes nothing."""
+    preset_auto = cell("org/a-8B", walltime_auto=True)
+    fixed = POLICY.model_copy(update={"walltime": AUTO.model_copy(update={"auto": False})})
+    guesses = estimates([preset_auto, SMALL], [attempt(4.0)], [], BANDS, gpus_per_job=1)
+
+    decided = plan(RUN, [preset_auto, SMALL], [obs(), obs()], fixed, NOW, estimates=guesses).cells
+    limits = [next(a.time_limit for a in c.actions if isinstance(a, Submit)) for c in decided]
+    assert limits == ["5:15:00", None], [c.reason for c in decided]
+
+    probe = fixed.model_copy(update={"walltime": fixed.walltime.model_copy(update={"presets": False})})
+    [probed] = plan(RUN, [preset_auto], [obs()], probe, NOW, estimates=guesses).cells
+    assert [a.time_limit for a in probed.actions if isinstance(a, Submit)] == [None]
+
+
 def test_a_live_job_shows_the_walltime_it_asked_for() -> None:
     asked = job(SMALL.run_tag(1), JobState.RUNNING, started=ago(minutes=5)).model_copy(update={"time_limit_s": 13_500})
     running = plan(RUN, [SMALL], [obs(subs=(sub(SMALL),), jobs=(asked,))], POLICY, NOW).cells[0]

@@ -75,7 +75,7 @@ class Pool:
         backing_off = next((q for q in every if q.kind == QuarantineKind.CLUSTER), None)
         gpu, probing = gpu_budget(evalrun, decided, observations, policy, estimates)
         return cls(policy=policy, now=now, estimates=estimates,
-                   walltime=policy.walltime.learnt if policy.walltime.auto else None,
+                   walltime=policy.walltime.learnt,
                    holders={lease.pair: lease.holder for lease in leases},
                    locked={q.name for q in every if q.kind == QuarantineKind.PAIR}, bad_nodes=bad_nodes,
                    preflight=preflight_block(preflight),
@@ -174,7 +174,7 @@ def admit_launch(pool: Pool, cell_plan: CellPlan, launch: Launch) -> CellPlan:
     if ticket.pair is not None:
         pool.holders[ticket.pair] = launch.submission_name
     left = remaining_share(cell_plan.run_dir, resume=isinstance(launch, Resume))
-    walltime = sized(estimate.wall, left, policy.walltime, cell.time_limit)
+    walltime = sized(estimate.wall, left, policy.walltime, cell.time_limit, cell.walltime_auto)
     if walltime is not None:
         cell_plan = noted(cell_plan, walltime.note)
     return placed(cell_plan, launch, ticket.pair, pool.bad_nodes, walltime)

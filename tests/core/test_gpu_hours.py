@@ -12,6 +12,7 @@ from controller.core.gpu_hours import (
 )
 from controller.core.observed import JobState
 from controller.core.planner import plan
+from controller.core.types import EvalRunRef
 from controller.core.vocabulary import Hold, Submit, Upload
 from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, job, obs, sub
 
@@ -165,6 +166,21 @@ def test_launches_share_the_budget_in_cell_order_and_count_what_live_cells_still
 
 def unknown(group: str = "terminal_bench_2, 0–14B") -> GpuEstimate:
     return GpuEstimate(hours=None, source=EstimateSource.UNKNOWN, basis="test", group=group)
+
+
+def test_another_evalruns_live_job_of_a_shared_cell_is_not_this_evalruns_to_budget() -> None:
+    """Two EvalRuns of one namespace share a cell (same key); the other one's job runs it. What it still needs is
+    the other EvalRun's budget: counted here, it held this EvalRun's own launches."""
+    theirs = sub(SMALL).model_copy(update={"evalrun": EvalRunRef(name="other")})
+    running = job(SMALL.run_tag(1), JobState.RUNNING, started=ago(hours=1))
+    policy = POLICY.model_copy(update={"max_gpu_hours": 50.0})
+    guesses = {c.key: estimated(40.0) for c in (SMALL, OTHER_SMALL)}
+
+    the_plan = plan(RUN, [SMALL, OTHER_SMALL], [obs(subs=(theirs,), jobs=(running,)), obs()], policy, NOW,
+                    estimates=guesses)
+
+    assert the_plan.gpu_budget.committed == 40.0, "only this EvalRun's own launch"
+    assert any(isinstance(a, Submit) for a in the_plan.cells[1].actions), the_plan.cells[1].reason
 
 
 def test_an_unknown_estimate_launches_one_probe_per_group_and_its_group_waits_for_the_number() -> None:

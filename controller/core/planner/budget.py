@@ -27,10 +27,11 @@ def gpu_budget(evalrun: EvalRunRef, decided: Sequence[CellPlan | Cell], observat
         spent += decision.gpu_hours or 0.0
         if not budgeted or not obs.submissions or obs.jobs is None:
             continue
-        live = next((job for job in obs.jobs if job.state.active), None)
+        ours = [s for s in obs.submissions if evalrun.known_as(s.evalrun)]
+        names = {s.name for s in ours}  # another EvalRun's job of a shared cell is its budget, not this one's
+        live = next((job for job in obs.jobs if job.state.active and job.name in names), None)
         if live is None:
             continue
-        ours = [s for s in obs.submissions if evalrun.known_as(s.evalrun)]
         estimate = estimates.get(decision.cell.key, UNKNOWN)
         if estimate.hours is None:
             unestimated += 1

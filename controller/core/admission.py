@@ -200,14 +200,10 @@ def distinct_trials(facts: RunDirFacts, n_attempts: int) -> int:
     return sum(min(seen, n_attempts) for seen, _, _ in facts.tasks.values())
 
 
-def measured_trials(facts: RunDirFacts, n_attempts: int) -> int:
-    """(task, attempt) pairs the model was measured on: a task's scored trials beyond nAttempts are re-runs, counted
-    once (the n the gate admits a score over)."""
-    return sum(min(scored, n_attempts) for _, scored, _ in facts.tasks.values())
-
-
 def trial_pairs(facts: RunDirFacts, n_attempts: int) -> tuple[int, int]:
-    """(`distinct_trials`, `measured_trials`) in one pass: progress reads both for every running cell."""
+    """(`distinct_trials`, the pairs the model was measured on): a task's scored trials beyond nAttempts are
+    re-runs, counted once, so the second is the n the gate admits a score over. One pass: progress reads both for
+    every running cell."""
     seen_pairs = measured = 0
     for seen, scored, _ in facts.tasks.values():
         seen_pairs += seen if seen < n_attempts else n_attempts
@@ -219,14 +215,15 @@ def unmeasured_trials(facts: RunDirFacts, n_attempts: int) -> int:
     """(task, attempt) pairs with a result but no scored one: a task's scored trials cover up to nAttempts of its
     pairs, and its other pairs had only infra (or invalid) results. Which attempt a re-run stood for is not
     recorded, so a task with one infra and one graded result of its single attempt was measured."""
-    return sum(min(seen, n_attempts) - min(scored, n_attempts) for seen, scored, _ in facts.tasks.values())
+    seen, measured = trial_pairs(facts, n_attempts)
+    return seen - measured
 
 
 def infra_share(facts: RunDirFacts, n_attempts: int) -> float:
     """The share of the distinct (task, attempt) pairs with a result that measured nothing of the model: the part of
     the benchmark the score does not cover, which duplicates of the measured tasks cannot dilute."""
-    seen = distinct_trials(facts, n_attempts)
-    return unmeasured_trials(facts, n_attempts) / seen if seen else 0.0
+    seen, measured = trial_pairs(facts, n_attempts)
+    return (seen - measured) / seen if seen else 0.0
 
 
 def task_weights(tasks: Iterable[tuple[int, int, float]], n_attempts: int) -> list[tuple[int, float]]:

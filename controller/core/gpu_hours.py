@@ -143,8 +143,9 @@ def _estimate(group: tuple[str, str], size: _Size, history: list[AttemptCost] | 
     name = f"{benchmark}, {band}"
     measured = f"measured, median of {len(starts)} job(s) of {band}"
     start = statistics.median(starts) if starts else 0.0
-    dir_hours = [hours * of.factor(size) for hours, of in dirs or ()]  # a dir's trial time holds no server start
-    dirs_note = _scaling_note([of.factor(size) for _, of in dirs or ()], size)
+    dir_factors = [of.factor(size) for _, of in dirs or ()]
+    dir_hours = [hours * factor for (hours, _), factor in zip(dirs or (), dir_factors, strict=True)]  # no start in it
+    dirs_note = _scaling_note(dir_factors, size)
     from_dirs = wall_estimate(dir_hours, f"{len(dir_hours)} run dir(s) of {name} (trials' wall time){dirs_note}",
                               starts=starts, start_basis=measured)
     if history:

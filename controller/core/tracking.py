@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from controller.core.admission import distinct_trials, measured_trials
+from controller.core.admission import trial_pairs
 from controller.core.metrics import RunMetrics
 from controller.core.observed import RunDirFacts
 from controller.core.ports import TrackedRun, TrackerRecord
@@ -31,9 +31,9 @@ def tracker_record(cell: Cell, facts: RunDirFacts, owner: str, result: RunMetric
     `errors.other`, so all runs share the same metric names (dashboards stay dimensionally stable). `gpu_hours`:
     the attempt's actual GPU-hours, where the scheduler said."""
     metrics = {m.name: float(m.value) for m in result.metrics if m.value is not None}
-    pairs = distinct_trials(facts, cell.n_attempts), measured_trials(facts, cell.n_attempts)  # re-runs count once
+    completed, measured = trial_pairs(facts, cell.n_attempts)  # a task's re-runs count once
     metrics |= {"n_valid_trials": float(result.stats.n_scored), "n_infra_errors": float(result.stats.n_infra_errors),
-                "n_completed_trials": float(pairs[0]), "n_scored_trials": float(pairs[1])}
+                "n_completed_trials": float(completed), "n_scored_trials": float(measured)}
     if facts.n_total is not None:
         metrics["n_total_trials"] = float(facts.n_total)
     known = set(errors.known)

@@ -108,7 +108,7 @@ def _local_steps(path: str, errors: ErrorClasses) -> dict[str, float]:
     if "://" in path or not Path(path).is_dir():
         return {}
     try:
-        return step_metrics(step_stats(path, errors=errors))
+        return step_metrics(step_stats(path, errors))
     except OSError:
         return {}
 

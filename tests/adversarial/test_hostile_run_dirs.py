@@ -505,7 +505,7 @@ def test_the_report_skips_trajectories_it_must_not_read(tmp_path: Path) -> None:
     zero_trajectory = write_trial(run, "c__ccccccc", reward=1.0, steps=1) / "agent" / "trajectory.json"
     zero_trajectory.unlink()
     zero_trajectory.symlink_to("/dev/zero")
-    stats = bounded(lambda: step_stats(run))
+    stats = bounded(lambda: step_stats(run, REFERENCE_ERRORS))
     assert isinstance(stats, StepStats) and (stats.n_trajectories, stats.max) == (1, 4)
 
 

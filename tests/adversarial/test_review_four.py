@@ -181,7 +181,7 @@ def test_step_statistics_describe_the_trials_that_completed_not_every_trial_dir(
     for i in range(10):
         write_trial(tmp_path, f"t{i:03d}__killed0", result=False, steps=200)
 
-    stats = step_stats(tmp_path)
+    stats = step_stats(tmp_path, REFERENCE_ERRORS)
 
     assert stats is not None and stats.n_trajectories <= 10 and stats.max == 5, \
         f"steps over {stats and stats.n_trajectories} trajectories, max {stats and stats.max}"

@@ -145,11 +145,11 @@ def test_step_stats_through_fs_leave_out_the_trials_not_completed(tmp_path: Path
     root = f"/evalrun-fs-test-{uuid.uuid4().hex[:8]}/r"
     fs.put(str(run) + "/", root + "/", recursive=True)
     try:
-        stats = step_stats(root, fs, REFERENCE_ERRORS)
+        stats = step_stats(root, REFERENCE_ERRORS, fs)
     finally:
         fs.rm(root.rsplit("/", 1)[0], recursive=True)
 
-    assert stats == step_stats(run, errors=REFERENCE_ERRORS)
+    assert stats == step_stats(run, REFERENCE_ERRORS)
     assert stats is not None and (stats.n_trajectories, stats.max) == (2, 10)
 
 

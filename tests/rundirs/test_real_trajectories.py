@@ -80,13 +80,14 @@ def test_step_stats_of_real_trajectories(agent_run: AgentRun) -> None:
     counts = [t.n_steps for t in agent_run.trajectories.values()]
     with_trajectory = [d for d in agent_run.run_dir.iterdir() if (d / "agent" / "trajectory.json").is_file()]
 
-    stats = step_stats(agent_run.run_dir)
+    stats = step_stats(agent_run.run_dir, REFERENCE_ERRORS)
 
     assert stats is not None
     assert stats.n_trajectories == len(with_trajectory) == len(agent_run.trial_results) == 3
     assert stats.mean == pytest.approx(statistics.fmean(counts)) and stats.mean == pytest.approx(14 / 3)
     assert (stats.median, stats.max) == (statistics.median(counts), max(counts)) == (5, 6)
-    assert step_stats(str(agent_run.run_dir), LocalFileSystem()) == stats  # the fsspec (login-node) reader agrees
+    # the fsspec (login-node) reader agrees
+    assert step_stats(str(agent_run.run_dir), REFERENCE_ERRORS, LocalFileSystem()) == stats
 
 
 def test_token_stats_of_real_trajectories(agent_run: AgentRun) -> None:
@@ -96,7 +97,7 @@ def test_token_stats_of_real_trajectories(agent_run: AgentRun) -> None:
     totals = [p + c for p, c in zip(prompts, completions, strict=True)]
     assert sorted(totals) == [1893, 5480, 6640]  # 1815+78, 5303+177, 6515+125 from the scripts
 
-    stats = step_stats(agent_run.run_dir)
+    stats = step_stats(agent_run.run_dir, REFERENCE_ERRORS)
 
     assert stats is not None and isinstance(stats.tokens, TokenStats)
     assert stats.tokens.model_dump() == {
@@ -114,7 +115,7 @@ def test_post_eval_report_of_a_real_run(agent_run: AgentRun) -> None:
 
     assert path == run_dir / REPORT_NAME
     assert summary.mean_score == pytest.approx(2 / 3) and (summary.n_valid, summary.n_total) == (3, 3)
-    assert summary.steps == step_stats(run_dir)
+    assert summary.steps == step_stats(run_dir, REFERENCE_ERRORS)
     text = path.read_text()
     assert "steps per trial (n=3): mean 4.67  median 5  max 6\n" in text
     assert "tokens per trial (n=3): mean 4671.0 (prompt 4544.3, completion 126.7)  median 5480  max 6640\n" in text

@@ -114,7 +114,7 @@ def write_post_eval_report(
         run_dir = Path(run_dir_path)
         dir_fd = _open_run_dir(run_dir)  # refused (a symlink, not a dir) before anything is computed or written
         try:
-            summary = _summary(facts, errors, metrics, step_stats(run_dir, errors=errors))
+            summary = _summary(facts, errors, metrics, step_stats(run_dir, errors))
             _replace_in_dir(dir_fd, run_dir, render(summary, facts, errors).encode())
         finally:
             os.close(dir_fd)
@@ -127,7 +127,7 @@ def write_post_eval_report(
     # operator's cluster account: a symlink then reaches nothing the job could not write itself), or on other
     # tenants' jobs being unable to write our run dirs. sftp offers no O_NOFOLLOW or dir fd to do better.
     remote = fs._strip_protocol(os.fspath(run_dir_path)).rstrip("/")
-    summary = _summary(facts, errors, metrics, step_stats(remote, fs, errors))
+    summary = _summary(facts, errors, metrics, step_stats(remote, errors, fs))
     target = f"{remote}/{REPORT_NAME}"
     tmp_name = f"{remote}/.{REPORT_NAME}.tmp"
     fs.pipe_file(tmp_name, render(summary, facts, errors).encode())
@@ -202,15 +202,14 @@ def _summary(facts: RunDirFacts, errors: ErrorClasses, computed: RunMetrics, ste
     )
 
 
-def step_stats(run_dir: str | os.PathLike[str], fs: AbstractFileSystem | None = None,
-               errors: ErrorClasses | None = None) -> StepStats | None:
+def step_stats(run_dir: str | os.PathLike[str], errors: ErrorClasses,
+               fs: AbstractFileSystem | None = None) -> StepStats | None:
     """Steps (and LLM tokens) per trial from `agent/trajectory.json` (ATIF, or a bare step list); bad files are
     skipped. Tokens come from ATIF `final_metrics`, else from the sum of the steps' `metrics`.
 
     Only the trials the tally counts as completed are described, as the score and the error buckets are: a trial
     with a readable result.json (one killed mid-run has none, and its trajectory stops where it was cut off) that
-    no cancel of `errors.interrupted` cut off (a resume runs it again). Without `errors`, every trial with a
-    readable result.json.
+    no cancel of `errors.interrupted` cut off (a resume runs it again).
 
     Local run dirs (no `fs`) are read with scandir/open; through `fs` with one listing and batched `cat`s.
     """
@@ -238,7 +237,7 @@ def _token_stats(tokens: list[tuple[int, int]]) -> TokenStats | None:
     )
 
 
-def _local_trajectories(run_dir: str, errors: ErrorClasses | None) -> list[_Trajectory]:
+def _local_trajectories(run_dir: str, errors: ErrorClasses) -> list[_Trajectory]:
     with os.scandir(run_dir) as entries:
         trial_dirs = [e.path for e in entries if is_trial_dir_name(e.name) and e.is_dir()]
     found = (_read_trajectory(os.path.join(trial_dir, TRAJECTORY)) for trial_dir in trial_dirs
@@ -246,7 +245,7 @@ def _local_trajectories(run_dir: str, errors: ErrorClasses | None) -> list[_Traj
     return [t for t in found if t is not None]
 
 
-def _fs_trajectories(fs: AbstractFileSystem, run_dir: str, errors: ErrorClasses | None) -> list[_Trajectory]:
+def _fs_trajectories(fs: AbstractFileSystem, run_dir: str, errors: ErrorClasses) -> list[_Trajectory]:
     entries = fs.ls(run_dir, detail=True)  # a missing run dir raises, as scandir does locally
     trial_dirs = sorted(
         name for e in entries
@@ -275,7 +274,7 @@ def _capped(data: object, cap: int) -> bytes | None:
     return data if isinstance(data, bytes) and len(data) <= cap else None
 
 
-def _completed(result: bytes | None, errors: ErrorClasses | None) -> bool:
+def _completed(result: bytes | None, errors: ErrorClasses) -> bool:
     """Whether the trial of this result.json is one the tally counts as completed (`tally.completed`)."""
     if result is None:
         return False
@@ -283,7 +282,7 @@ def _completed(result: bytes | None, errors: ErrorClasses | None) -> bool:
         outcome = trial_outcome(result)
     except FormatError:
         return False
-    return errors is None or completed(outcome, errors)
+    return completed(outcome, errors)
 
 
 def _read_trajectory(path: str) -> _Trajectory | None:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from controller.core.admission import distinct_trials, measured_trials
+from controller.core.admission import distinct_trials, trial_pairs
 from controller.core.health import bad_request_share, blamed_node, is_dead_launch, unwired_api_base
 from controller.core.observed import ObservedJob, RunDirFacts
 from controller.core.planner.policy import PAIR_LOCK
@@ -69,7 +69,7 @@ def stuck_near_complete(run: Running) -> CellPlan | None:
     facts, policy = run.readable, run.view.policy
     if facts is None or not run.expected or run.quiet < policy.stale_near:
         return None
-    if measured_trials(facts, run.view.cell.n_attempts) < math.ceil(policy.near_complete_fraction * run.expected):
+    if trial_pairs(facts, run.view.cell.n_attempts)[1] < math.ceil(policy.near_complete_fraction * run.expected):
         return None  # re-runs of a task count once: they measure no more of the benchmark
     return cancel_to_upload(run, facts, "stuck near complete", Rule.STUCK_NEAR_COMPLETE,
                             f"{progress(facts)}, no new score for {minutes(run.quiet)}")

@@ -69,6 +69,8 @@ class Preset(CatalogModel):
                                                           "(another reward holds the cell); unset: not checked")
     config_yaml: BareFileName | None = None
     walltime: Walltime | Literal["auto"] | None = None
+    shards: PositiveInt | None = Field(None, le=64, description="run as this many jobs over disjoint task subsets "
+                                                                "whatever the EvalRun's shards (RULES §17)")
     note: str = ""
 
 

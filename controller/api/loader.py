@@ -285,6 +285,7 @@ def _cross_check(
                 errors += _check_walltime(resource, document, cluster, catalog)
             errors += _check_cells(resource, document, found[0], catalog) if found else []
             errors += _check_tunnels(resource, document, found, catalog)
+            errors += _check_shards(resource, document, found[0], catalog) if found else []
             errors += _check_serving(resource, document, catalog)
     errors += identity_collisions([(r, d) for r, d, _ in parsed if isinstance(r, EvalRun)], catalog)
     return errors
@@ -306,10 +307,12 @@ def _missing_job_script(resource: Resource, document: Document, file: Path) -> l
 def _check_cells(run: EvalRun, document: Document, cluster: AnyCluster,
                  catalog: Catalog) -> list[SpecError]:
     """Every pass plans every cell: more than MAX_CELLS would make each pass take minutes."""
-    count = len(run.spec.models) * len(benchmarks(run, cluster, catalog))
+    found = benchmarks(run, cluster, catalog)
+    count = len(run.spec.models) * sum(1 + (b.shards if b.shards > 1 else 0) for b in found)
     if count <= MAX_CELLS:
         return []
-    message = (f"{len(run.spec.models)} models × {count // len(run.spec.models)} benchmarks make {count} cells, "
+    shards = " and their shards" if any(b.shards > 1 for b in found) else ""
+    message = (f"{len(run.spec.models)} models × {len(found)} benchmarks{shards} make {count} cells, "
                f"more than {MAX_CELLS}; split them into several EvalRuns")
     return [document.error(("spec", "models"), message)]
 
@@ -328,6 +331,28 @@ def _check_tunnels(run: EvalRun, document: Document, clusters: Sequence[AnyClust
                "pair, and pinggy pairs are not supported with several clusters yet; split the EvalRun per cluster "
                "(each with spec.cluster and spec.pinggy.pairs), or use an agent that needs no tunnel")
     return [document.error(("spec", "agent"), message)]
+
+
+def _check_shards(run: EvalRun, document: Document, cluster: AnyCluster, catalog: Catalog) -> list[SpecError]:
+    """A sharded cell's union is checked to cover every task once: that needs the catalog's task count. Several
+    clusters would put its shards' run dirs where no one pass reads them all."""
+    sharded = [b for b in benchmarks(run, cluster, catalog) if b.shards > 1]
+    if not sharded:
+        return []
+    at = ("spec", "shards") if run.spec.shards > 1 else ("spec", "presets")
+    if run.spec.clusters is not None:
+        return [document.error(at, "shards run on one cluster: with several clusters (spec.clusters) set shards to "
+                                   "1, or name one cluster")]
+    errors = []
+    for benchmark in sharded:
+        if benchmark.tasks is None:
+            errors.append(document.error(at, f"{benchmark.name} cannot run as {benchmark.shards} shards: the catalog "
+                                             "does not count its tasks, so nothing could check that the shards cover "
+                                             "it; use a preset, or give the preset its tasks in a catalog override"))
+        elif benchmark.shards > benchmark.tasks:
+            errors.append(document.error(at, f"{benchmark.name} has {benchmark.tasks} tasks, fewer than "
+                                             f"{benchmark.shards} shards; ask for at most {benchmark.tasks}"))
+    return errors
 
 
 def _check_walltime(run: EvalRun, document: Document, cluster: AnyCluster, catalog: Catalog) -> list[SpecError]:

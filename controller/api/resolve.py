@@ -41,6 +41,7 @@ class Benchmark(BaseModel):
     sized: bool = Field(False, description="the preset's `walltime: auto`: its jobs are sized (RULES §16)")
     time_limit: str | None = Field(None, description="its jobs' walltime: the preset's, at most the cluster's "
                                                      "maximum; None: the cluster's timeLimit")
+    shards: int = Field(1, description="the jobs its cells run as (RULES §17): the preset's, else the EvalRun's")
 
     @property
     def clamped(self) -> bool:
@@ -49,7 +50,7 @@ class Benchmark(BaseModel):
 
 def resolve(run: EvalRun, cluster: AnyCluster, catalog: Catalog, models: Sequence[str] | None = None) -> tuple[Cell, ...]:
     """The run's cells, models outer (`models`, default the listed ones: a selector adds more), benchmarks inner,
-    both in order."""
+    both in order; a sharded cell is followed by its shards (RULES §17)."""
     found = benchmarks(run, cluster, catalog)
     return tuple(cell for model in (run.spec.models if models is None else models)
                  for cell in _cells(run, cluster, catalog, model, found))
@@ -91,7 +92,7 @@ def benchmarks(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[Ben
     ceiling = cluster.spec.max_concurrent_trials
     if run.spec.datasets:
         return tuple(
-            Benchmark(name=dataset, dataset=dataset, n_concurrent=ceiling)
+            Benchmark(name=dataset, dataset=dataset, n_concurrent=ceiling, shards=run.spec.shards)
             for dataset in run.spec.datasets
         )
     found = []
@@ -109,6 +110,7 @@ def benchmarks(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[Ben
                     walltime=None if preset.walltime == "auto" else preset.walltime,
                     sized=preset.walltime == "auto",
                     time_limit=_time_limit(None if preset.walltime == "auto" else preset.walltime, cluster),
+                    shards=preset.shards or run.spec.shards,
                 )
             )
     return tuple(found)
@@ -175,7 +177,7 @@ def _cells(run: EvalRun, cluster: AnyCluster, catalog: Catalog, model: str,
     serving = catalog.models.serving(model, harness.pattern)
     digest = fingerprint(spec.agent, harbor_config, multiplier, overrides, agent_kwargs, spec.n_attempts, serving)
     for benchmark in found:
-        yield Cell(
+        cell = Cell(
             evalrun=evalrun,
             cluster=cluster.metadata.name,
             model=model,
@@ -204,7 +206,11 @@ def _cells(run: EvalRun, cluster: AnyCluster, catalog: Catalog, model: str,
             tasks=benchmark.tasks,
             partial_credit=benchmark.partial_credit,
             fingerprint=digest,
+            shards=benchmark.shards,
         )
+        yield cell
+        if cell.shards > 1:  # validate refuses shards where the catalog does not count the tasks
+            yield from cell.sharded()
 
 
 def _settings(catalog: Catalog, model: str, cluster: AnyCluster) -> ServeSettings:

@@ -176,7 +176,8 @@ class Actor:
             case Analyze(facts=facts, admitted=admitted):
                 work.analyses[facts.run_tag] = self.analyze_dir(facts, work.metrics(facts, admitted))
                 work.learnt(analyzed_run_tag=facts.run_tag)
-                self.state.finish_attempt(facts.run_tag)  # its GPU-hours are history from now on
+                for run_tag in (facts.run_tag, *facts.shard_run_tags()):  # a union: its shards' attempts
+                    self.state.finish_attempt(run_tag)  # its GPU-hours are history from now on
                 return f"post-eval report written for {facts.run_tag}"
             case Upload(facts=facts, row_id=row_id, is_overlong=is_overlong, gpu_hours=gpu_hours, admitted=admitted):
                 message = self._upload(work, facts, admitted, row_id, is_overlong, gpu_hours)
@@ -322,5 +323,9 @@ def row_config(cell: Cell, run_tag: str) -> dict[str, Any]:
     overrides = cell.overrides.model_dump(exclude_none=True)
     if overrides:
         config["environment"] = overrides
+    if cell.shard is not None:  # a shard's own row: never a score, matched by its shard alone (RULES §17)
+        config["shard"] = str(cell.shard)
+    elif cell.shards > 1:
+        config["shards"] = cell.shards
     return config
 

@@ -283,7 +283,10 @@ def _unpublished(evidence: Evidence, policy: GatePolicy, covered: float) -> str:
 
 def _answered(cell: Cell, facts: RunDirFacts, requests: int | None) -> bool:
     """Some trial shows the model answering: output tokens where usage is reported; vLLM requests where it is not
-    (a harness that never reports tokens is judged by requests alone)."""
+    (a harness that never reports tokens is judged by requests alone). A union of shards: each shard's gate judged
+    its own job's (RULES §17)."""
+    if facts.shards:
+        return True
     if not traffic_needs_requests(cell, facts):
         return facts.n_answered > 0
     return bool(requests)
@@ -317,6 +320,8 @@ def _identity(cell: Cell, facts: RunDirFacts, model_names: Iterable[str], benchm
 def _traffic(cell: Cell, facts: RunDirFacts, requests: int | None) -> str:
     if not cell.calls_model:
         return f"agent {cell.agent} calls no model"
+    if facts.shards:
+        return f"judged per shard, by each shard's gate ({len(facts.shards)} shards)"
     parts = []
     if facts.n_usage_reported:
         parts.append(f"{facts.n_answered} of {facts.n_usage_reported} trials reporting usage got model output")

@@ -19,9 +19,11 @@ from pydantic import Field
 
 from controller.core.admission import GATE_VERSION, Admitted, GatePolicy, Refused, admit, traffic_needs_requests
 from controller.core.health import count_instant_failures
+from controller.core.identity import identity_differences
 from controller.core.metrics import holds_the_gates_numbers, repeated_names
-from controller.core.observed import Observation, ObservedRow, RowStatus
+from controller.core.observed import Observation, ObservedRow, RowStatus, RunDirFacts
 from controller.core.records import AuditVerdict, RowAuditMark
+from controller.core.shards import newest_dir, union_of
 from controller.core.types import Cell, Frozen
 
 
@@ -91,7 +93,7 @@ def audit_cells(cells: Sequence[Cell], observations: Sequence[Observation], gate
     share is judged by the first cell whose observed run dirs hold its run dir)."""
     audited: dict[str, RowAudit] = {}
     unauditable: dict[str, str] = {}
-    for cell, obs in zip(cells, observations, strict=True):
+    for cell, obs in zip(cells, with_unions(cells, observations), strict=True):
         for row in obs.rows or ():
             if row.id in audited or row.job_status != RowStatus.FINISHED or not row.has_metrics:
                 continue
@@ -103,6 +105,26 @@ def audit_cells(cells: Sequence[Cell], observations: Sequence[Observation], gate
                 unauditable.setdefault(row.id, judged)
     return AuditReport(audited=tuple(audited.values()),
                        not_auditable=tuple(NotAuditable(row_id=i, why=w) for i, w in unauditable.items()))
+
+
+def with_unions(cells: Sequence[Cell], observations: Sequence[Observation]) -> list[Observation]:
+    """A sharded cell's observation with the union of its shards' newest run dirs (RULES §17), the run dir its row
+    names; none where a shard has no dir, or one that is not its shard's run (its own gate would refuse it)."""
+    found = list(observations)
+    newest: dict[str, list[tuple[Cell, RunDirFacts | None]]] = {}
+    for cell, obs in zip(cells, observations, strict=True):
+        if cell.shard is not None:
+            run = newest_dir(cell, obs.run_dirs or ())
+            newest.setdefault(cell.shard.parent, []).append(
+                (cell, run if run is not None and not identity_differences(cell, run) else None))
+    for index, (cell, obs) in enumerate(zip(cells, observations, strict=True)):
+        parts = [(shard, run) for shard, run in newest.get(cell.key, []) if run is not None]
+        if cell.shards == 1 or len(parts) < cell.shards or obs.run_dirs is None:
+            continue
+        union = union_of(cell, parts, obs.submissions or ())
+        if not isinstance(union, str):
+            found[index] = obs.model_copy(update={"run_dirs": (*obs.run_dirs, union)})
+    return found
 
 
 def merge(reports: Iterable[AuditReport]) -> AuditReport:

@@ -16,7 +16,7 @@ from controller.core.types import Cell
 HARBOR_PROVIDERS = ("hosted_vllm/", "openai/", "vllm/")
 ASPECTS: tuple[RecordedWhat, ...] = ("model", "benchmark", "dataset", "agent", "timeout multiplier", "attempts",
                                       "tasks")
-WHOLE_DATASET = "the whole dataset"  # what a cell runs: the reconciler runs no cell as shards yet
+WHOLE_DATASET = "the whole dataset"  # what a cell runs, unless it is a shard (RULES §17)
 
 
 def identity_differences(cell: Cell, facts: RunDirFacts, model_names: Iterable[str] = (),
@@ -37,6 +37,14 @@ def identity_differences(cell: Cell, facts: RunDirFacts, model_names: Iterable[s
         wrong.append(f"{len(facts.tasks)} distinct tasks, more than the catalog's {cell.tasks} for "
                      f"{cell.benchmark_name}")
     return wrong
+
+
+def shard_claims(cell: Cell) -> tuple[str, ...]:
+    """What a shard cell's run dir says of its tasks, as the reader words it: meta.env its EVAL_SHARD, config.json
+    the task names the job script passed Harbor, as many as its share (RULES §17). A cell that is no shard: none."""
+    if cell.shard is None:
+        return ()
+    return f"shard {cell.shard}", f"task_names ({cell.tasks})"
 
 
 def same_multiplier(recorded: float | None, cell: Cell) -> bool:
@@ -85,15 +93,16 @@ class _Same:
             return value == self.cell.agent
         if what == "timeout multiplier":
             return (number := _number(value)) is not None and same_multiplier(number, self.cell)
-        if what == "tasks":
-            return False  # part of the dataset (a filter, a shard) or more than it: not the cell's run
+        if what == "tasks":  # part of the dataset (a filter, a shard) or more than it: not the cell's run
+            return value in shard_claims(self.cell)  # unless it is the shard the cell is
         return _number(value) == self.cell.n_attempts
 
     def cells(self, what: RecordedWhat) -> str:
         """The cell's own value, as a phrase shows it."""
         values = {"model": self.cell.model, "benchmark": self.cell.benchmark_name, "dataset": self.cell.dataset,
                   "agent": self.cell.agent, "timeout multiplier": self.cell.timeout_multiplier,
-                  "attempts": self.cell.n_attempts, "tasks": WHOLE_DATASET}
+                  "attempts": self.cell.n_attempts,
+                  "tasks": f"shard {self.cell.shard}" if self.cell.shard is not None else WHOLE_DATASET}
         return _shown(str(values[what]), what)
 
 

@@ -95,6 +95,7 @@ def job_environment(cell: Cell, launch: Launch, row_id: str, settings: JobSettin
         "EVAL_VLLM_MAX_MODEL_LEN": cell.max_model_len,
         "EVAL_CONDA_ENV": cell.conda_env,
         "EVAL_CONFIG_YAML": cell.config_yaml,
+        "EVAL_SHARD": str(cell.shard) if cell.shard is not None else None,
         **serving_environment(cell.serving),
     }
     if launch.tunnel is not None:

@@ -4,7 +4,10 @@ flagged, and every other run of the EvalRun it releases, so `status` and `explai
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from controller.core.admission import Refused
+from controller.core.types import Cell
 from controller.core.vocabulary import CellPlan, Rule
 
 FORCE_UPLOAD = "set upload.forceUpload: true in the EvalRun"
@@ -26,3 +29,11 @@ def force_upload_lever(cell: CellPlan) -> str | None:
         return (f"{FORCE_UPLOAD}: uploads this run and every other run of it held as incomplete or over the infra "
                 "share that covers upload.minCompletedFraction, flagged partial (and the runs held as overlong)")
     return None
+
+
+def retried(held: CellPlan, plans: Sequence[CellPlan]) -> list[Cell]:
+    """The cells a retry of a held cell records a request for (`evalctl retry`, the retry annotation): the cell; a
+    sharded cell, its shards, each of which then runs again (RULES §17: the cell itself launches nothing)."""
+    if held.cell.shards == 1:
+        return [held.cell]
+    return [plan.cell for plan in plans if plan.cell.shard is not None and plan.cell.shard.parent == held.cell.key]

@@ -53,9 +53,12 @@ def row_config_matches(config: dict[str, Any] | None, cell: Cell, n_rep_eval: in
     """Agent, timeout multiplier, attempts per task and sandbox overrides equal; keys a legacy row lacks match
     anything. A row of one attempt per task is no score of a cell of three (RULES §14 holds such a run dir too):
     our rows say it in their config, and those from before it did in `n_rep_eval` (a row of ours has a fingerprint;
-    the old listener's `n_rep_eval` is not known to mean attempts, and is not read)."""
+    the old listener's `n_rep_eval` is not known to mean attempts, and is not read). A shard's row matches its shard
+    alone; a shard sees the rows of its cell (the union's row settles it)."""
     if not config:
         return True
+    if config.get("shard") is not None and config["shard"] != str(cell.shard):
+        return False  # a shard's row (no score) is its shard's alone (RULES §17)
     agent = config.get("agent")
     if agent is not None and agent != cell.agent:
         return False
@@ -212,6 +215,8 @@ def _cell_dirs(
     for sub in subs:
         if sub.run_tag in dirs_by_tag:
             found[sub.run_tag] = dirs_by_tag[sub.run_tag]
+    if cell.shard is not None:  # the old listener ran whole datasets: no dir of its is a shard's
+        return tuple(found.values())
     model_names = models.names(cell.model) if models else frozenset({cell.model})
     bench_names = benchmarks.names(cell.benchmark_name) if benchmarks else frozenset({cell.benchmark_name})
     for model in model_names:

@@ -175,6 +175,12 @@ class RunDirFacts(Frozen):
                                                            "say ran, distinct: the identity the gate checks")
     unreadable: str = Field("", description="'<path>: <error>' of the first file that could not be read; "
                                             "non-empty makes the cell Unknown (its numbers are not data)")
+    shards: tuple[str, ...] = Field((), description="a sharded cell's union (RULES §17): the paths of the shard run "
+                                                    "dirs it was made of, `path` the first")
+
+    def shard_run_tags(self) -> tuple[str, ...]:
+        """A union's shard run dirs by their run tags (a run dir is named by its tag)."""
+        return tuple(path.rstrip("/").rsplit("/", 1)[-1] for path in self.shards)
 
 
 class Submission(Frozen):

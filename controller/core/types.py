@@ -104,6 +104,22 @@ class Serving(Frozen):
         return {name: value for name, value in chosen.items() if value is not None}
 
 
+class Shard(Frozen):
+    """One of the `count` disjoint task subsets a sharded cell runs as (RULES §17): the job contract's EVAL_SHARD
+    `index/count` runs every count-th task dir of the dataset, in byte order, from the index-th (0-based)."""
+
+    index: int = Field(ge=0)
+    count: int = Field(ge=2)
+    parent: str = Field(description="the key of the cell it is a shard of: the one that uploads their union")
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    def tasks(self, total: int) -> int:
+        """Its share of `total` tasks."""
+        return len(range(self.index, total, self.count))
+
+
 @final  # never subclassed: the planner tests a decision's class exactly (planner.fleet.launch_of)
 class Cell(Frozen):
     """One (model, benchmark) of an EvalRun with every parameter resolved. Its identities are computed once (a pass
@@ -144,6 +160,18 @@ class Cell(Frozen):
     partial_credit: bool | None = Field(None, description="rewards strictly between 0 and 1 are valid (the preset "
                                                           "says so); False: only 0 or 1; None: not known, not checked")
     fingerprint: str = Field(description="hash of what changes results (agent, config, multiplier, overrides, kwargs)")
+    shards: int = Field(1, description="K > 1: the cell runs as K shard cells (its own jobs: none) and uploads the "
+                                       "union of their run dirs (RULES §17)")
+    shard: Shard | None = Field(None, description="set on a shard cell: which of its cell's task subsets it runs")
+
+    def sharded(self) -> tuple[Cell, ...]:
+        """A cell of `shards` > 1: its shard cells, each its own identity (key, run tags, claims), walltime sized
+        by its share of the tasks."""
+        assert self.tasks is not None, "resolve shards only a benchmark whose tasks the catalog counts"
+        return tuple(self.model_copy(update={
+            "shards": 1, "shard": (shard := Shard(index=index, count=self.shards, parent=self.key)),
+            "tasks": shard.tasks(self.tasks), "fingerprint": f"{self.fingerprint}+shard{index}of{self.shards}"})
+            for index in range(self.shards))
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy whose identities are computed afresh: pydantic copies the cached ones, which an update may change."""
@@ -178,7 +206,8 @@ class Cell(Frozen):
     @cached_property
     def label(self) -> str:
         """How people (and pass outcomes) name the cell."""
-        return f"{self.model} × {self.benchmark}"
+        shard = f" (shard {self.shard.index + 1}/{self.shard.count})" if self.shard is not None else ""
+        return f"{self.model} × {self.benchmark}{shard}"
 
     @cached_property
     def tag_stem(self) -> str:

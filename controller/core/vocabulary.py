@@ -150,6 +150,12 @@ class Rule(StrEnum):
     ADMISSION_NOTHING_SCORED = ("AdmissionNothingScored", "RULES §14: no trial graded or failed as the model's own "
                                                           "→ hold")
 
+    # RULES §17: a cell run as shards
+    SHARD_DONE = ("ShardDone", "RULES §17: a shard's run dir passed its own admission gate → it waits; the cell "
+                               "uploads the union of its shards' run dirs, never a shard alone")
+    SHARDS = ("Shards", "RULES §17: a sharded cell launches nothing itself → its shards run it; once each shard's "
+                        "newest run dir is admitted, their union goes through the cell's gate and is uploaded")
+
 
 # --------------------------------------------------------------------------- actions
 

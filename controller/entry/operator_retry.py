@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from controller.core.levers import retried
 from controller.core.retry import RetryRequest, request_id
 from controller.core.store import Store
 from controller.core.vocabulary import CellPlan
@@ -76,9 +77,10 @@ def annotated_retry(store: Store, body: Mapping[str, Any], cells: Sequence[CellP
     held = [c for c in cells if c.held and selected(c, selectors)]
     who = f"annotation {RETRY}={token} on {meta['namespace']}/{meta['name']}"
     for cell in held:
-        store.state.request_retry(RetryRequest(
-            id=request_id(cell.cell.evalrun, cell.cell.key, token), cell_key=cell.cell.key, evalrun=cell.cell.evalrun,
-            requested_by=who, requested_at=now, reason=reason))
+        for asked in retried(cell, cells):  # a sharded cell: its shards
+            store.state.request_retry(RetryRequest(
+                id=request_id(asked.evalrun, asked.key, token), cell_key=asked.key, evalrun=asked.evalrun,
+                requested_by=who, requested_at=now, reason=reason))
     labels = [c.cell.label for c in held]
     if not labels:
         message = f"{RETRY}={token}: nothing to retry: no held cell" + (" matches " + RETRY_CELLS if selectors else "")

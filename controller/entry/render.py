@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from controller.core.gpu_hours import GpuEstimate
@@ -199,12 +200,13 @@ def _actions(cell: CellPlan) -> str:
 def status_grid(result: PassResult, console: Console, spec_args: Sequence[str] = (),
                 store_args: Sequence[str] = ()) -> None:
     """Models × benchmarks, each cell its phase and its uploaded score, or its progress (`Running 5/18 · ETA 14
-    min`) until one is uploaded; then each held cell, why, and what releases it (`spec_args`: how the command was
-    told its specs and store, for `evalctl retry`; `store_args`: its store, for a command that reads no spec)."""
+    min`) until one is uploaded (a sharded cell's own, which says how far its shards are); then each held cell, why,
+    and what releases it (`spec_args`: how the command was told its specs and store, for `evalctl retry`;
+    `store_args`: its store, for a command that reads no spec)."""
     plan = result.plan
     benchmarks = list(dict.fromkeys(c.cell.benchmark for c in plan.cells))
     models = list(dict.fromkeys(c.cell.model for c in plan.cells))
-    by_key = {(c.cell.model, c.cell.benchmark): c for c in plan.cells}
+    by_key = {(c.cell.model, c.cell.benchmark): c for c in plan.cells if c.cell.shard is None}  # a shard: its cell's
     counts = summarize(plan).counts
     summary = ", ".join(f"{n} {phase.value}" for phase, n in sorted(counts.items(), key=lambda i: -i[1]) if n)
     table = Table(title=f"EvalRun {plan.evalrun}" + (" (suspended)" if plan.suspended else "") + f": {summary}")
@@ -345,7 +347,7 @@ def explain(cell: CellPlan, console: Console, now: datetime, in_force: Sequence[
     retry, `store_args` for a command that reads no spec). `where`: several clusters, the one it ran on or goes to
     (RULES §15). `estimate`: a cell not run yet, what one attempt is expected to cost and take, and from what."""
     c = cell.cell
-    console.print(f"[bold]{c.model} × {c.benchmark}[/] (EvalRun {c.evalrun})", highlight=False)
+    console.print(f"[bold]{escape(c.label)}[/] (EvalRun {c.evalrun})", highlight=False)
     console.print(f"  dataset {c.dataset}, agent {c.agent}, harbor config {c.harbor_config}, "
                   f"timeout ×{c.timeout_multiplier:g}, n_concurrent {c.n_concurrent}", highlight=False)
     console.print(f"  cell key {c.key}", highlight=False)
@@ -386,8 +388,11 @@ def explain(cell: CellPlan, console: Console, now: datetime, in_force: Sequence[
             console.print(f"  remembered {key}: {value_text(value, now)}", highlight=False)
     if cell.run_dir is not None:
         d = cell.run_dir
-        console.print(f"  run dir {d.path or d.run_tag}: {d.n_completed}/{value_text(d.n_total, now)} completed, "
+        where = f"{d.run_tag} (the union of {len(d.shards)} shard run dirs)" if d.shards else d.path or d.run_tag
+        console.print(f"  run dir {where}: {d.n_completed}/{value_text(d.n_total, now)} completed, "
                       f"{d.n_scored} scored, {d.n_infra_errors} infra errors, fires {d.fires}", highlight=False)
+        for path in d.shards:
+            console.print(f"    shard run dir {path}", markup=False, highlight=False)
         for label, when in (("started", d.started_at), ("last trial", d.last_progress_at),
                             ("finished", d.finished_at)):
             console.print(f"    {label}: {value_text(when, now)}", highlight=False)

@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from controller.api.catalog import load_catalog
+from controller.core.levers import retried
 from controller.core.reconcile import PassResult
 from controller.core.retry import RetryRequest
 from controller.core.vocabulary import CellPlan, Phase
@@ -78,7 +79,9 @@ def retry(files: list[Path], model: str | None, benchmark: str | None, *, held: 
         specs = specs_holding(specs, load_catalog(), model, benchmark)
     store = connect(urls, readonly=False)
     try:
-        targets = chosen(one_pass(specs, store, act=False), model, benchmark, held=held, all_failed=all_failed)
+        results = one_pass(specs, store, act=False)
+        plans = [c for r in results for c in r.plan.cells]
+        targets = chosen(results, model, benchmark, held=held, all_failed=all_failed)
         if not targets:
             console.print(f"nothing to retry: no {'held' if held else 'Failed'} cell in these specs",
                           highlight=False)
@@ -90,11 +93,13 @@ def retry(files: list[Path], model: str | None, benchmark: str | None, *, held: 
                 console.print(f"nothing to retry: {c.label} is {target.phase.value} ({target.reason})",
                               markup=False, highlight=False)
                 continue
-            request = RetryRequest(id=uuid.uuid4().hex, cell_key=c.key, evalrun=c.evalrun, requested_by=who,
-                                   requested_at=now, reason=reason)
-            store.state.request_retry(request)
-            console.print(f"recorded: retry {c.label} (EvalRun {c.evalrun}), {request.line()}; it was held: "
-                          f"{target.reason}", markup=False, highlight=False)
+            for asked in retried(target, plans):
+                request = RetryRequest(id=uuid.uuid4().hex, cell_key=asked.key, evalrun=asked.evalrun,
+                                       requested_by=who, requested_at=now, reason=reason)
+                store.state.request_retry(request)
+                console.print(f"recorded: retry {asked.label} (EvalRun {asked.evalrun}), {request.line()}; "
+                              f"{'it was' if asked == c else f'its cell {c.label} was'} held: {target.reason}",
+                              markup=False, highlight=False)
         if any(t.held for t in targets):
             console.print("the next pass releases each once, as one new attempt: evalctl reconcile "
                           + " ".join(spec_args(files, urls)), markup=False, highlight=False)

@@ -15,6 +15,7 @@ import posixpath
 import secrets
 import stat
 import statistics
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple, overload
 
@@ -114,7 +115,7 @@ def write_post_eval_report(
         run_dir = Path(run_dir_path)
         dir_fd = _open_run_dir(run_dir)  # refused (a symlink, not a dir) before anything is computed or written
         try:
-            summary = _summary(facts, errors, metrics, step_stats(run_dir, errors))
+            summary = _summary(facts, errors, metrics, step_stats(run_dir, errors, more=facts.shards[1:]))
             _replace_in_dir(dir_fd, run_dir, render(summary, facts, errors).encode())
         finally:
             os.close(dir_fd)
@@ -127,7 +128,7 @@ def write_post_eval_report(
     # operator's cluster account: a symlink then reaches nothing the job could not write itself), or on other
     # tenants' jobs being unable to write our run dirs. sftp offers no O_NOFOLLOW or dir fd to do better.
     remote = fs._strip_protocol(os.fspath(run_dir_path)).rstrip("/")
-    summary = _summary(facts, errors, metrics, step_stats(remote, errors, fs))
+    summary = _summary(facts, errors, metrics, step_stats(remote, errors, fs, more=facts.shards[1:]))
     target = f"{remote}/{REPORT_NAME}"
     tmp_name = f"{remote}/.{REPORT_NAME}.tmp"
     fs.pipe_file(tmp_name, render(summary, facts, errors).encode())
@@ -202,8 +203,8 @@ def _summary(facts: RunDirFacts, errors: ErrorClasses, computed: RunMetrics, ste
     )
 
 
-def step_stats(run_dir: str | os.PathLike[str], errors: ErrorClasses,
-               fs: AbstractFileSystem | None = None) -> StepStats | None:
+def step_stats(run_dir: str | os.PathLike[str], errors: ErrorClasses, fs: AbstractFileSystem | None = None,
+               more: Sequence[str] = ()) -> StepStats | None:
     """Steps (and LLM tokens) per trial from `agent/trajectory.json` (ATIF, or a bare step list); bad files are
     skipped. Tokens come from ATIF `final_metrics`, else from the sum of the steps' `metrics`.
 
@@ -211,12 +212,13 @@ def step_stats(run_dir: str | os.PathLike[str], errors: ErrorClasses,
     with a readable result.json (one killed mid-run has none, and its trajectory stops where it was cut off) that
     no cancel of `errors.interrupted` cut off (a resume runs it again).
 
-    Local run dirs (no `fs`) are read with scandir/open; through `fs` with one listing and batched `cat`s.
+    Local run dirs (no `fs`) are read with scandir/open; through `fs` with one listing and batched `cat`s. `more`:
+    the other run dirs of a sharded cell's union (RULES §17), read alike.
     """
-    if fs is None:
-        trajectories = _local_trajectories(os.fspath(run_dir), errors)
-    else:
-        trajectories = _fs_trajectories(fs, fs._strip_protocol(os.fspath(run_dir)).rstrip("/"), errors)
+    trajectories = []
+    for path in (os.fspath(run_dir), *more):
+        trajectories += (_local_trajectories(path, errors) if fs is None
+                         else _fs_trajectories(fs, fs._strip_protocol(path).rstrip("/"), errors))
     if not trajectories:
         return None
     counts = [t.steps for t in trajectories]

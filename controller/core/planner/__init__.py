@@ -52,6 +52,7 @@ from controller.core.planner.fleet import (
 from controller.core.planner.gc_pause import cyclic_gc_paused
 from controller.core.planner.policy import OVER_BUDGET, PAIR_LOCK, UPLOAD_NOT_VERIFIED, Policy
 from controller.core.planner.rules_running import RUNNING_RULES
+from controller.core.planner.shards import with_shards
 from controller.core.planner.words import ADMISSION_RULES, DIAGNOSED_BY
 from controller.core.preflight import Preflight
 from controller.core.remedies import Quarantined
@@ -77,7 +78,8 @@ def plan(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Obse
     budget; see `allocation`.
 
     `live_job_names`: every queued or running job on the cluster (None: the queue was not read).
-    `owners`: cell key → the OTHER EvalRun that acts for it; such a cell is shown, never acted on.
+    `owners`: cell key → the OTHER EvalRun that acts for it; such a cell is shown, never acted on (nor are its
+    shards: another EvalRun runs the cell).
     `quarantined`: nodes, pairs and cluster launches not to use now (the store's unexpired quarantines).
     `estimates`: cell key → the estimated GPU-hours of one attempt (unknown where missing), for the budget.
     `usable_nodes`: the nodes the cluster's jobs may run on (None: not known), so quarantines never take them all.
@@ -94,10 +96,12 @@ def _plan(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Obs
           estimates: Mapping[str, GpuEstimate], usable_nodes: frozenset[str] | None,
           preflight: Preflight | None) -> Plan:
     leased = {lease.holder: lease.pair for lease in tunnel_leases}
+    owners = {**owners, **{c.key: owners[c.shard.parent] for c in cells if c.shard and c.shard.parent in owners}}
     decided: list[CellPlan | Cell] = [  # a Cell: nothing observed, decided with the budget (`allocation`)
         cell if untouched(cell, obs) and cell.key not in owners
         else plan_cell(cell, obs, policy, now, leased, quarantined)
         for cell, obs in zip(cells, observations, strict=True)]
+    decided = with_shards(cells, observations, decided, policy, now, leased, quarantined)
     if owners:
         decided = [owned_elsewhere(c, owners[c.cell.key]) if isinstance(c, CellPlan) and c.cell.key in owners
                    else c for c in decided]

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from controller.core.dedup import DEDUP_TABLE, Dedup, RowCase, newest, row_case
-from controller.core.observed import ObservedRow
+from controller.core.observed import ObservedRow, RowStatus
 from controller.core.planner.rules_resume import finish_interrupted, from_dir, own_row_without_live_job
 from controller.core.planner.rules_upload import finished
 from controller.core.planner.view import CellView
@@ -24,6 +24,20 @@ class Settled:
     row: ObservedRow | None
     case: RowCase
     dedup: Dedup
+
+
+def union_of_shards(s: Settled) -> CellPlan | None:
+    """RULES §17: a sharded cell's union of its shards' run dirs goes through the upload gate into a row of its own,
+    whatever row is newest (the cell writes none before its upload: a newer row of another's, or its own cleared
+    one, must not hold it back); once that row is Finished with metrics, it is done (read back, tracked)."""
+    view = s.view
+    union = next((facts for facts in view.dirs.values() if facts.shards), None)
+    if union is None:
+        return None
+    row = next((r for r in view.rows if r.job_name == union.run_tag and view.ours(r)), None)
+    if row is not None and row.job_status == RowStatus.FINISHED and row.has_metrics:
+        return finished(view, row, DEDUP_TABLE[RowCase.FINISHED].rule)
+    return from_dir(view, union, row=row, why="the union of its shards' run dirs")
 
 
 def interrupted(s: Settled) -> CellPlan | None:
@@ -87,6 +101,7 @@ def someone_elses(s: Settled) -> CellPlan | None:
 
 
 SETTLED_RULES: tuple[Callable[[Settled], CellPlan | None], ...] = (
+    union_of_shards,  # a sharded cell's union of its shards' run dirs → its gate, its own row (§17)
     interrupted,    # no row, an intent without its job            → finish that submission
     orphan,         # no row, an orphan run dir                    → classify the dir (§4)
     fresh_start,    # no row / metrics cleared                     → submit

@@ -20,7 +20,7 @@ from controller.core.planner.words import ADMISSION_RULES, flagged, metric, prog
 from controller.core.remedies import Remedy, RemedyCause, RemedyKind
 from controller.core.resume import RESUME_TABLE, DirClass
 from controller.core.types import walltime_seconds
-from controller.core.vocabulary import Analyze, CellPlan, Hold, Phase, Resume, Rule, Skip, Track, Upload
+from controller.core.vocabulary import Analyze, CellPlan, Hold, Phase, Resume, Rule, Skip, Track, Upload, Wait
 
 
 @dataclass(slots=True)
@@ -54,6 +54,17 @@ def refused(case: UploadCase) -> CellPlan | None:
         return view.result(Phase.PENDING, [action], reason, rule, facts=facts, admission=refusal)
     reason = f"{refusal.summary()}: not uploading"
     return view.result(Phase.FAILED, [Hold(reason=reason)], reason, rule, facts=facts, admission=refusal)
+
+
+def shard_done(case: UploadCase) -> CellPlan | None:
+    """A shard uploads nothing: its cell uploads the union of its shards' run dirs (RULES §17)."""
+    view = case.view
+    if view.cell.shard is None:
+        return None
+    reason = f"shard {view.cell.shard.index + 1} of {view.cell.shard.count} done ({progress(case.facts)}): its " \
+             "cell uploads once every shard's run dir is admitted"
+    return view.result(Phase.EVALUATED, [Wait(reason=reason)], reason, Rule.SHARD_DONE, facts=case.facts,
+                       admission=case.admission)
 
 
 def overlong_hold(case: UploadCase) -> CellPlan | None:
@@ -95,6 +106,7 @@ def without_db(case: UploadCase) -> CellPlan | None:
 UPLOAD_GATES: tuple[Callable[[UploadCase], CellPlan | None], ...] = (
     refused,        # the admission gate said no        → resume, refire or hold (RULES §14)
     overlong_hold,  # overlong, upload.overlong: hold   → hold for forceUpload
+    shard_done,     # a shard's run dir, admitted       → wait for the cell's union (RULES §17)
     without_db,     # upload.db off                     → report only, or MLflow alone
 )
 
@@ -102,6 +114,7 @@ UPLOAD_GATES: tuple[Callable[[UploadCase], CellPlan | None], ...] = (
 def upload(view: CellView, facts: RunDirFacts, row_id: str | None, cls: DirClass, rule: Rule) -> CellPlan:
     """Through the admission gate (RULES §14), then the overlong hold; only an admitted number is uploaded."""
     can_resume = (cls not in (DirClass.REJECTED, DirClass.AT_RESUME_LIMIT) and not facts.no_resume
+                  and not facts.shards  # a union of shards: only its shards run (RULES §17)
                   and view.memory.upload_as_is != facts.run_tag and view.fires(facts) < view.policy.max_total_fires)
     case = UploadCase(view=view, facts=facts, row_id=row_id, cls=cls, rule=rule,
                       admission=admit_dir(view, facts, can_resume))
@@ -207,10 +220,14 @@ def not_verified(view: CellView) -> str:
 
 
 def admit_dir(view: CellView, facts: RunDirFacts, can_resume: bool) -> Admission:
+    """A shard's infra share is not its own to judge: the union's, over the whole benchmark, is (RULES §17)."""
     reading = view.memory.output
     jobs = {job.job_id for job in view.jobs_of_dir(facts.run_tag)}
     requests = reading.requests if reading is not None and reading.job_id in jobs else None
-    return admit(view.cell, facts, view.policy.admission, requests=requests, can_resume=can_resume,
+    policy = view.policy.admission
+    if view.cell.shard is not None:
+        policy = policy.model_copy(update={"max_infra_fraction": 1.0})
+    return admit(view.cell, facts, policy, requests=requests, can_resume=can_resume,
                  model_names=view.model_names, benchmark_names=view.benchmark_names)
 
 
@@ -227,7 +244,10 @@ def upload_action(view: CellView, facts: RunDirFacts, row_id: str | None, reason
 
 def overlong_note(view: CellView, facts: RunDirFacts) -> str | None:
     """How a run took longer than upload.overlongHours, from its started_at (the first fire's: Harbor keeps it
-    on a resume) to its end, else from its jobs' accounting (first start to last end); None if not."""
+    on a resume) to its end, else from its jobs' accounting (first start to last end); None if not. A union of
+    shards: None, its shards' gates judged each (RULES §17); its span is the time between them."""
+    if facts.shards:
+        return None
     jobs = view.jobs_of_dir(facts.run_tag)
     limit = view.policy.overlong
     start = facts.started_at or min((j.started_at for j in jobs if j.started_at), default=None)

@@ -100,12 +100,13 @@ class CellView:
         submissions wrote it, or it names one of its run tags. Every tenant on a ClusterEvalCluster has the same
         username, and the cell key (so the run tag) carries the namespace: a row of another cell, however alike, is
         someone else's evidence, never ours to act on. A row under a tag of no EvalRun (the old listener's) is
-        adopted only by an EvalRun outside any namespace: in the operator two tenants could both adopt it."""
+        adopted only by an EvalRun outside any namespace (in the operator two tenants could both adopt it), and never
+        by a shard (its dirs ran the whole dataset)."""
         if row.username != self.policy.username:
             return False
         stem = stem_of(row.job_name or "")
         return (self.wrote(row) or stem in self.cell.tag_stems
-                or (stem is None and self.cell.evalrun.namespace is None))
+                or (stem is None and self.cell.evalrun.namespace is None and self.cell.shard is None))
 
     def wrote(self, row: ObservedRow) -> bool:
         """One of the cell's submissions wrote the row."""
@@ -245,9 +246,10 @@ def cell_view(cell: Cell, obs: Observation, policy: Policy, now: datetime,
     dirs = {d.run_tag: d for d in run_dirs}
     if policy.force_eval:  # only what this EvalRun's own submissions made (another's, of the same cell, is not)
         own = [s for s in subs if cell.evalrun.known_as(s.evalrun)]
+        unions = {tag for tag, d in dirs.items() if d.shards}  # of this EvalRun's own shards, and their row
         own_row_ids = {s.row_id for s in own if s.row_id}
-        rows = tuple(r for r in all_rows if r.id in own_row_ids)
-        own_tags = {s.run_tag for s in own}
+        rows = tuple(r for r in all_rows if r.id in own_row_ids or r.job_name in unions)
+        own_tags = {s.run_tag for s in own} | unions
         dirs = {tag: d for tag, d in dirs.items() if tag in own_tags}
     memory, model_names, benchmark_names = obs.memory, obs.model_names, obs.benchmark_names
     outputs = {output.job_id: output for output in obs.outputs} if obs.outputs else _NO_OUTPUTS

@@ -1,0 +1,140 @@
+"""RULES §17: a cell run as K shards. Each shard is a cell of its own (its jobs, run dirs, claims, resumes and
+remedies, under the same rules as any cell), whose gate admits its run dir as the shard it is and uploads nothing
+(`rules_upload.shard_done`). The cell itself launches nothing: once the newest run dir of every shard is admitted,
+their union, one run dir of the cell, goes through the cell's own gate and is uploaded as one row.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from controller.core.admission import Admitted
+from controller.core.gpu_hours import cell_hours
+from controller.core.observed import Observation, RunDirFacts
+from controller.core.planner.cell import plan_cell
+from controller.core.planner.fleet import launch_of
+from controller.core.planner.policy import Policy
+from controller.core.planner.rules_retry import released
+from controller.core.planner.rules_upload import admit_dir
+from controller.core.planner.view import cell_view, next_attempt
+from controller.core.remedies import Quarantined
+from controller.core.shards import newest_dir, union_of
+from controller.core.types import Cell
+from controller.core.vocabulary import CellPlan, Hold, Phase, Rule, Track, Upload, Wait
+
+
+@dataclass(frozen=True, slots=True)
+class Union:
+    """The cell's run dir made of its shards' (None: not every shard is done with one), or why they make none; and
+    the GPU-hours of the shards' attempts it is made of (None: not known)."""
+
+    facts: RunDirFacts | None
+    problem: str = ""
+    gpu_hours: float | None = None
+
+
+def ready_dir(shard: Cell, obs: Observation, shard_plan: CellPlan | Cell, policy: Policy,
+              now: datetime) -> RunDirFacts | None:
+    """The shard's run dir for the union, once the shard is done with it: its plan this pass is `ShardDone` (its
+    own gate admitted that dir; a shard its rules resume or refire is not done), or `Completed` by its cell's row
+    (then its newest dir, admitted again by its gate)."""
+    if not isinstance(shard_plan, CellPlan):
+        return None
+    if shard_plan.rule == Rule.SHARD_DONE:
+        return shard_plan.run_dir
+    if shard_plan.phase != Phase.COMPLETED or obs.rows is None or obs.submissions is None or obs.jobs is None \
+            or obs.run_dirs is None:
+        return None
+    view = cell_view(shard, obs, policy, now)
+    newest = newest_dir(shard, tuple(view.dirs.values()))
+    if newest is None or newest.unreadable or any(job.state.active for job in view.jobs):
+        return None
+    return newest if isinstance(admit_dir(view, newest, can_resume=False), Admitted) else None
+
+
+def union(cell: Cell, own: Observation, shards: Sequence[tuple[Cell, Observation, CellPlan | Cell]], policy: Policy,
+          now: datetime) -> Union:
+    """The union of every shard's ready run dir (`core.shards.union_of`), with their attempts' GPU-hours."""
+    parts = [(shard, ready_dir(shard, obs, shard_plan, policy, now), obs) for shard, obs, shard_plan in shards]
+    ready = [(shard, facts, obs) for shard, facts, obs in parts if facts is not None]
+    if len(ready) < cell.shards:
+        return Union(None)
+    made = union_of(cell, [(shard, facts) for shard, facts, _ in ready], own.submissions or ())
+    if isinstance(made, str):
+        return Union(None, made)
+    hours = [cell_hours(obs.submissions or (), obs.jobs or (), run_tag=facts.run_tag) for _, facts, obs in ready]
+    return Union(made, gpu_hours=None if None in hours else sum(h for h in hours if h is not None))
+
+
+def with_shards(cells: Sequence[Cell], observations: Sequence[Observation], decided: list[CellPlan | Cell],
+                policy: Policy, now: datetime, leased: Mapping[str, str],
+                quarantined: Sequence[Quarantined]) -> list[CellPlan | Cell]:
+    """Each sharded cell planned again once its shards are: over its own observation and their union. Its shards
+    follow it: Completed with it, and run again when a retry asked of it (through them) meets its hold."""
+    shards: dict[str, list[int]] = {}
+    for index, cell in enumerate(cells):
+        if cell.shard is not None:
+            shards.setdefault(cell.shard.parent, []).append(index)
+    if not shards:
+        return decided
+    planned = list(decided)
+    for index, (cell, obs) in enumerate(zip(cells, observations, strict=True)):
+        if cell.shards == 1:
+            continue
+        mine = shards.get(cell.key, [])
+        joined = union(cell, obs, [(cells[i], observations[i], decided[i]) for i in mine], policy, now)
+        seen = obs if joined.facts is None or obs.run_dirs is None else obs.model_copy(
+            update={"run_dirs": (*obs.run_dirs, joined.facts)})
+        shard_plans = [plan for i in mine if isinstance(plan := decided[i], CellPlan)]
+        pending = len(mine) - len(shard_plans)  # nothing observed yet: launched by the allocation
+        cell_plan = with_hours(plan_cell(cell, seen, policy, now, leased, quarantined), joined.gpu_hours)
+        refused = f"their union: {cell_plan.reason}" if joined.facts is not None and launch_of(cell_plan) else ""
+        whole = planned[index] = through_shards(cell_plan, shard_plans, pending, joined.problem or refused)
+        for i in mine:
+            planned[i] = following(planned[i], whole, cells[i], observations[i])
+    return planned
+
+
+def following(shard_plan: CellPlan | Cell, cell_plan: CellPlan, shard: Cell, obs: Observation) -> CellPlan | Cell:
+    """A done shard is Completed with its cell (whose row, under upload.db off or forceEval, it may not see); a
+    shard with a retry pending, asked of its held cell (`retry.retried`), runs again: one new attempt (RULES §13)."""
+    if not isinstance(shard_plan, CellPlan):
+        return shard_plan
+    if cell_plan.phase == Phase.COMPLETED and shard_plan.rule == Rule.SHARD_DONE:
+        return shard_plan.model_copy(update={"phase": Phase.COMPLETED,
+                                             "reason": f"{shard_plan.reason}; its cell: {cell_plan.reason}"})
+    if not cell_plan.held or shard_plan.held or shard_plan.retry is None:
+        return shard_plan
+    held = shard_plan.model_copy(update={"phase": Phase.FAILED, "reason": f"its cell is held: {cell_plan.reason}",
+                                         "actions": (Hold(reason=cell_plan.reason),)})
+    return released(held, shard_plan.retry, lambda: next_attempt(
+        shard, obs.submissions or (), [facts.run_tag for facts in obs.run_dirs or ()], obs.rows or ()))
+
+
+def with_hours(cell_plan: CellPlan, hours: float | None) -> CellPlan:
+    """The union's upload and MLflow run carry its shards' GPU-hours: the cell has no jobs of its own to sum."""
+    if hours is None or not any(type(action) in (Upload, Track) for action in cell_plan.actions):
+        return cell_plan
+    actions = tuple(action.model_copy(update={"gpu_hours": hours}) if type(action) in (Upload, Track) else action
+                    for action in cell_plan.actions)
+    return cell_plan.model_copy(update={"actions": actions})
+
+
+def through_shards(cell_plan: CellPlan, shard_plans: Sequence[CellPlan], pending: int, problem: str) -> CellPlan:
+    """The sharded cell's own launch is its shards' to make: it waits, and says how far they are."""
+    if launch_of(cell_plan) is None and not problem:
+        return cell_plan
+    phases = Counter(plan.phase for plan in shard_plans if plan.rule != Rule.SHARD_DONE)
+    done = len(shard_plans) - sum(phases.values())
+    said = [f"{done} done"] * bool(done) + [f"{count} {phase.value.lower()}" for phase, count in sorted(phases.items())]
+    said += [f"{pending} pending"] * bool(pending)
+    reason = f"runs as {len(shard_plans) + pending} shards ({', '.join(said)})" + (f"; {problem}" if problem else "")
+    busiest = next((phase for phase in (Phase.STALLED, Phase.RUNNING, Phase.SUBMITTED) if phases[phase]), Phase.PENDING)
+    phase = Phase.FAILED if problem else busiest  # a shard held is shown, with its lever, as the shard it is
+    others = tuple(action for action in cell_plan.actions if action is not launch_of(cell_plan))
+    waits = Hold(reason=reason) if problem else Wait(reason=reason)
+    return cell_plan.model_copy(update={"actions": (*others, waits), "phase": phase, "reason": reason,
+                                        "rule": Rule.SHARDS})

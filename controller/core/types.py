@@ -176,7 +176,7 @@ class Cell(Frozen):
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy whose identities are computed afresh: pydantic copies the cached ones, which an update may change."""
         copy = super().model_copy(update=update, deep=deep)
-        for name in ("key", "former_key", "label", "tag_stem", "tag_stems"):
+        for name in ("key", "former_key", "label", "tag_stem", "tag_stems", "cell_stem"):
             copy.__dict__.pop(name, None)
         return copy
 
@@ -185,8 +185,9 @@ class Cell(Frozen):
         """Identity of the cell across passes and processes (RULES §12: model, dataset, fingerprint), scoped by the
         EvalRun's namespace: tenants never share a cell (its claim, run tags, jobs). Injective: a `|` or `\\` in
         a part is escaped, so parts never run into each other; for names without them, and without a namespace,
-        the key is the one of every earlier version."""
-        parts = [self.model, self.dataset, self.fingerprint]
+        the key is the one of every earlier version. A sharded cell's names its K (RULES §17): another K is another
+        run of the benchmark (its unions, rows and memory its own), as another nAttempts is."""
+        parts = [self.model, self.dataset, self.fingerprint + (f"+shards{self.shards}" if self.shards > 1 else "")]
         if self.evalrun.namespace:
             parts.insert(0, f"{NAMESPACE_MARK}{self.evalrun.namespace}")
         return "|".join(part.replace("\\", "\\\\").replace("|", "\\|") for part in parts)
@@ -196,7 +197,7 @@ class Cell(Frozen):
         """What versions before 0.3 stored this cell under (no namespace, no escaping), when that differs: its
         submissions and memory from then are still its own (read for this EvalRun only)."""
         former = f"{self.model}|{self.dataset}|{self.fingerprint}"
-        return former if former != self.key else None
+        return former if former != self.key and self.shards == 1 else None
 
     @property
     def trials(self) -> int | None:
@@ -222,6 +223,11 @@ class Cell(Frozen):
     def tag_stems(self) -> tuple[str, ...]:
         """Every stem this cell's run dirs may carry: its own, and its former key's (submissions before 0.3)."""
         return (self.tag_stem,) + ((self._stem(self.former_key),) if self.former_key else ())
+
+    @cached_property
+    def cell_stem(self) -> str:
+        """A shard's: its cell's tag stem, which the union's rows carry (RULES §17); else its own."""
+        return self._stem(self.shard.parent) if self.shard is not None else self.tag_stem
 
     def _stem(self, key: str) -> str:
         readable = f"{_slug(self.model)[:_SLUG_MAX]}__{_slug(self.benchmark_name)[:_SLUG_MAX]}"

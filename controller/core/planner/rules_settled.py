@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from controller.core.dedup import DEDUP_TABLE, Dedup, RowCase, newest, row_case
 from controller.core.observed import ObservedRow, RowStatus
 from controller.core.planner.rules_resume import finish_interrupted, from_dir, own_row_without_live_job
-from controller.core.planner.rules_upload import finished
+from controller.core.planner.rules_upload import finished, upload
 from controller.core.planner.view import CellView
 from controller.core.planner.words import when
-from controller.core.vocabulary import CellPlan, Hold, Phase, Skip
+from controller.core.resume import DirClass
+from controller.core.vocabulary import CellPlan, Hold, Phase, Rule, Skip, Wait
 
 
 @dataclass(slots=True)
@@ -27,9 +28,11 @@ class Settled:
 
 
 def union_of_shards(s: Settled) -> CellPlan | None:
-    """RULES §17: a sharded cell's union of its shards' run dirs goes through the upload gate into a row of its own,
-    whatever row is newest (the cell writes none before its upload: a newer row of another's, or its own cleared
-    one, must not hold it back); once that row is Finished with metrics, it is done (read back, tracked)."""
+    """RULES §17: a sharded cell's union of its shards' run dirs goes through the upload gate (its shards' own rules
+    resumed what they could: no §4 class of its own) into a row of its own, whatever row is newest, unless that is a
+    Finished row with metrics (then it decides, as for any cell). The cell writes no row before its upload: a newer
+    row of another's that is not done must not hold it back. Once the union's row is Finished with metrics, it is
+    done (read back, tracked); its row cleared asks for a run again, which its shards make."""
     view = s.view
     union = next((facts for facts in view.dirs.values() if facts.shards), None)
     if union is None:
@@ -37,7 +40,12 @@ def union_of_shards(s: Settled) -> CellPlan | None:
     row = next((r for r in view.rows if r.job_name == union.run_tag and view.ours(r)), None)
     if row is not None and row.job_status == RowStatus.FINISHED and row.has_metrics:
         return finished(view, row, DEDUP_TABLE[RowCase.FINISHED].rule)
-    return from_dir(view, union, row=row, why="the union of its shards' run dirs")
+    if s.case == RowCase.FINISHED and s.row is not row:
+        return None  # a newer run of the benchmark, done: `done` decides
+    if row is not None and row.job_status == RowStatus.FINISHED:
+        reason = f"the union's row {row.id} was cleared: its shards run again"
+        return view.result(Phase.PENDING, [Wait(reason=reason)], reason, Rule.SHARDS)
+    return upload(view, union, row.id if row is not None else None, DirClass.DONE, Rule.SHARDS)
 
 
 def interrupted(s: Settled) -> CellPlan | None:

@@ -13,12 +13,12 @@ from datetime import datetime
 
 from controller.core.admission import Admitted
 from controller.core.gpu_hours import cell_hours
-from controller.core.observed import Observation, RunDirFacts
+from controller.core.observed import Observation, ObservedJob, RunDirFacts
 from controller.core.planner.cell import plan_cell
 from controller.core.planner.fleet import launch_of
 from controller.core.planner.policy import Policy
 from controller.core.planner.rules_retry import released
-from controller.core.planner.rules_upload import admit_dir
+from controller.core.planner.rules_upload import admit_dir, overlong_note
 from controller.core.planner.view import cell_view, next_attempt
 from controller.core.remedies import Quarantined
 from controller.core.shards import newest_dir, union_of
@@ -28,52 +28,58 @@ from controller.core.vocabulary import CellPlan, Hold, Phase, Rule, Track, Uploa
 
 @dataclass(frozen=True, slots=True)
 class Union:
-    """The cell's run dir made of its shards' (None: not every shard is done with one), or why they make none; and
-    the GPU-hours of the shards' attempts it is made of (None: not known)."""
+    """The cell's run dir made of its shards' (None: not every shard is done with one), or why they make none; the
+    GPU-hours of the shards' attempts it is made of (None: not known); whether a shard ran overlong (RULES §5)."""
 
     facts: RunDirFacts | None
     problem: str = ""
     gpu_hours: float | None = None
+    overlong: bool = False
 
 
 def ready_dir(shard: Cell, obs: Observation, shard_plan: CellPlan | Cell, policy: Policy,
-              now: datetime) -> RunDirFacts | None:
-    """The shard's run dir for the union, once the shard is done with it: its plan this pass is `ShardDone` (its
-    own gate admitted that dir; a shard its rules resume or refire is not done), or `Completed` by its cell's row
-    (then its newest dir, admitted again by its gate)."""
-    if not isinstance(shard_plan, CellPlan):
-        return None
-    if shard_plan.rule == Rule.SHARD_DONE:
-        return shard_plan.run_dir
-    if shard_plan.phase != Phase.COMPLETED or obs.rows is None or obs.submissions is None or obs.jobs is None \
+              now: datetime) -> tuple[RunDirFacts, bool] | None:
+    """The shard's run dir for the union, as read (the cell counts its quiet failures once, as for any dir), once
+    the shard is done with it: its plan this pass is `ShardDone` (its own gate admitted that dir; a shard its rules
+    resume or refire is not done), or `Completed` by its cell's row (then its newest dir, admitted again by its
+    gate); and whether it ran overlong, judged on the shard's own jobs."""
+    if not isinstance(shard_plan, CellPlan) or obs.rows is None or obs.submissions is None or obs.jobs is None \
             or obs.run_dirs is None:
         return None
     view = cell_view(shard, obs, policy, now)
-    newest = newest_dir(shard, tuple(view.dirs.values()))
-    if newest is None or newest.unreadable or any(job.state.active for job in view.jobs):
+    if shard_plan.rule == Rule.SHARD_DONE and shard_plan.run_dir is not None:
+        found = view.dirs.get(shard_plan.run_dir.run_tag)
+    elif shard_plan.phase == Phase.COMPLETED and not any(job.state.active for job in view.jobs):
+        newest = newest_dir(shard, tuple(view.dirs.values()))
+        admitted = newest is not None and not newest.unreadable and isinstance(
+            admit_dir(view, newest, can_resume=False), Admitted)
+        found = newest if admitted else None
+    else:
         return None
-    return newest if isinstance(admit_dir(view, newest, can_resume=False), Admitted) else None
+    return None if found is None else (found, overlong_note(view, found) is not None)
 
 
 def union(cell: Cell, own: Observation, shards: Sequence[tuple[Cell, Observation, CellPlan | Cell]], policy: Policy,
           now: datetime) -> Union:
     """The union of every shard's ready run dir (`core.shards.union_of`), with their attempts' GPU-hours."""
     parts = [(shard, ready_dir(shard, obs, shard_plan, policy, now), obs) for shard, obs, shard_plan in shards]
-    ready = [(shard, facts, obs) for shard, facts, obs in parts if facts is not None]
+    ready = [(shard, found[0], found[1], obs) for shard, found, obs in parts if found is not None]
     if len(ready) < cell.shards:
         return Union(None)
-    made = union_of(cell, [(shard, facts) for shard, facts, _ in ready], own.submissions or ())
+    made = union_of(cell, [(shard, facts) for shard, facts, _, _ in ready], own.submissions or ())
     if isinstance(made, str):
         return Union(None, made)
-    hours = [cell_hours(obs.submissions or (), obs.jobs or (), run_tag=facts.run_tag) for _, facts, obs in ready]
-    return Union(made, gpu_hours=None if None in hours else sum(h for h in hours if h is not None))
+    hours = [cell_hours(obs.submissions or (), obs.jobs or (), run_tag=facts.run_tag) for _, facts, _, obs in ready]
+    return Union(made, gpu_hours=None if None in hours else sum(h for h in hours if h is not None),
+                 overlong=any(overlong for _, _, overlong, _ in ready))
 
 
 def with_shards(cells: Sequence[Cell], observations: Sequence[Observation], decided: list[CellPlan | Cell],
                 policy: Policy, now: datetime, leased: Mapping[str, str],
                 quarantined: Sequence[Quarantined]) -> list[CellPlan | Cell]:
     """Each sharded cell planned again once its shards are: over its own observation and their union. Its shards
-    follow it: Completed with it, and run again when a retry asked of it (through them) meets its hold."""
+    follow it: Completed with it, held back while a job of its own runs, and run again when a retry asked of it
+    (through them) meets its hold."""
     shards: dict[str, list[int]] = {}
     for index, cell in enumerate(cells):
         if cell.shard is not None:
@@ -90,17 +96,24 @@ def with_shards(cells: Sequence[Cell], observations: Sequence[Observation], deci
             update={"run_dirs": (*obs.run_dirs, joined.facts)})
         shard_plans = [plan for i in mine if isinstance(plan := decided[i], CellPlan)]
         pending = len(mine) - len(shard_plans)  # nothing observed yet: launched by the allocation
-        cell_plan = with_hours(plan_cell(cell, seen, policy, now, leased, quarantined), joined.gpu_hours)
+        cell_plan = with_union(plan_cell(cell, seen, policy, now, leased, quarantined), joined)
         refused = f"their union: {cell_plan.reason}" if joined.facts is not None and launch_of(cell_plan) else ""
         whole = planned[index] = through_shards(cell_plan, shard_plans, pending, joined.problem or refused)
+        own_job = next((job for job in obs.jobs or () if job.state.active), None)
         for i in mine:
-            planned[i] = following(planned[i], whole, cells[i], observations[i])
+            planned[i] = following(planned[i], whole, cells[i], observations[i], own_job)
     return planned
 
 
-def following(shard_plan: CellPlan | Cell, cell_plan: CellPlan, shard: Cell, obs: Observation) -> CellPlan | Cell:
+def following(shard_plan: CellPlan | Cell, cell_plan: CellPlan, shard: Cell, obs: Observation,
+              own_job: ObservedJob | None) -> CellPlan | Cell:
     """A done shard is Completed with its cell (whose row, under upload.db off or forceEval, it may not see); a
-    shard with a retry pending, asked of its held cell (`retry.retried`), runs again: one new attempt (RULES §13)."""
+    shard launches nothing while a job of its cell's own runs (one from before it ran as shards); a shard with a
+    retry pending, asked of its held cell (`levers.retried`), runs again: one new attempt (RULES §13)."""
+    if own_job is not None and (not isinstance(shard_plan, CellPlan) or launch_of(shard_plan) is not None):
+        reason = f"its cell's own job {own_job.job_id} runs: the shards wait for it"
+        return CellPlan(cell=shard, phase=Phase.PENDING, actions=(Wait(reason=reason),), reason=reason,
+                        rule=Rule.SHARDS, memory=obs.memory)
     if not isinstance(shard_plan, CellPlan):
         return shard_plan
     if cell_plan.phase == Phase.COMPLETED and shard_plan.rule == Rule.SHARD_DONE:
@@ -114,12 +127,15 @@ def following(shard_plan: CellPlan | Cell, cell_plan: CellPlan, shard: Cell, obs
         shard, obs.submissions or (), [facts.run_tag for facts in obs.run_dirs or ()], obs.rows or ()))
 
 
-def with_hours(cell_plan: CellPlan, hours: float | None) -> CellPlan:
-    """The union's upload and MLflow run carry its shards' GPU-hours: the cell has no jobs of its own to sum."""
-    if hours is None or not any(type(action) in (Upload, Track) for action in cell_plan.actions):
+def with_union(cell_plan: CellPlan, joined: Union) -> CellPlan:
+    """The union's upload and MLflow run carry its shards' GPU-hours (the cell has no jobs of its own to sum), and
+    its row is flagged overlong when a shard ran overlong (the union's own span is the time between them)."""
+    changes: dict[str, object] = {"gpu_hours": joined.gpu_hours} if joined.gpu_hours is not None else {}
+    if not changes and not joined.overlong:
         return cell_plan
-    actions = tuple(action.model_copy(update={"gpu_hours": hours}) if type(action) in (Upload, Track) else action
-                    for action in cell_plan.actions)
+    actions = tuple(action.model_copy(update=changes | ({"is_overlong": True} if joined.overlong else {}))
+                    if type(action) is Upload else action.model_copy(update=changes) if type(action) is Track
+                    else action for action in cell_plan.actions)
     return cell_plan.model_copy(update={"actions": actions})
 
 

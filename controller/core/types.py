@@ -176,7 +176,7 @@ class Cell(Frozen):
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy whose identities are computed afresh: pydantic copies the cached ones, which an update may change."""
         copy = super().model_copy(update=update, deep=deep)
-        for name in ("key", "former_key", "label", "tag_stem", "tag_stems", "cell_stem"):
+        for name in ("key", "former_key", "label", "tag_stem", "tag_stems"):
             copy.__dict__.pop(name, None)
         return copy
 
@@ -194,10 +194,14 @@ class Cell(Frozen):
 
     @cached_property
     def former_key(self) -> str | None:
-        """What versions before 0.3 stored this cell under (no namespace, no escaping), when that differs: its
-        submissions and memory from then are still its own (read for this EvalRun only)."""
+        """An earlier identity of this cell whose submissions, jobs, run dirs and memory are still its own (read for
+        this EvalRun only): for a sharded cell, its unsharded key (a run from before it was sharded is watched to its
+        end, and uploaded if it completes: RULES §17); else what versions before 0.3 stored it under (no namespace,
+        no escaping), when that differs."""
+        if self.shards > 1:
+            return self.model_copy(update={"shards": 1}).key
         former = f"{self.model}|{self.dataset}|{self.fingerprint}"
-        return former if former != self.key and self.shards == 1 else None
+        return former if former != self.key else None
 
     @property
     def trials(self) -> int | None:
@@ -223,11 +227,6 @@ class Cell(Frozen):
     def tag_stems(self) -> tuple[str, ...]:
         """Every stem this cell's run dirs may carry: its own, and its former key's (submissions before 0.3)."""
         return (self.tag_stem,) + ((self._stem(self.former_key),) if self.former_key else ())
-
-    @cached_property
-    def cell_stem(self) -> str:
-        """A shard's: its cell's tag stem, which the union's rows carry (RULES §17); else its own."""
-        return self._stem(self.shard.parent) if self.shard is not None else self.tag_stem
 
     def _stem(self, key: str) -> str:
         readable = f"{_slug(self.model)[:_SLUG_MAX]}__{_slug(self.benchmark_name)[:_SLUG_MAX]}"

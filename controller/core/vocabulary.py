@@ -153,6 +153,8 @@ class Rule(StrEnum):
     # RULES §17: a cell run as shards
     SHARD_DONE = ("ShardDone", "RULES §17: a shard's run dir passed its own admission gate → it waits; the cell "
                                "uploads the union of its shards' run dirs, never a shard alone")
+    SHARDS_AGAIN = ("ShardsAgain", "RULES §17: the union's row was cleared (a run again, §2) → each shard starts a "
+                                   "new attempt")
     SHARDS = ("Shards", "RULES §17: a sharded cell launches nothing itself → its shards run it; once each shard's "
                         "newest run dir is admitted, their union goes through the cell's gate and is uploaded")
 

@@ -69,7 +69,9 @@ def test_an_old_union_is_not_uploaded_again_over_the_cells_newer_row() -> None:
     tag = CELL.run_tag(2)
     parent = obs(rows=(cleared, newer), subs=(sub(CELL, 2, job_id="300", row_id=newer.id),),
                  jobs=(job(tag, JobState.COMPLETED, job_id="300", started=ago(hours=20), ended=ago(hours=12)),))
-    old_shards = [with_rows(ended(shard, (shard_dir(shard),)), cleared, newer) for shard in SHARDS]
+    long_ago = {"started_at": ago(hours=55), "finished_at": ago(hours=51), "last_progress_at": ago(hours=51)}
+    old_shards = [with_rows(ended(shard, (shard_dir(shard).model_copy(update=long_ago),)), cleared, newer)
+                  for shard in SHARDS]  # their trials ended before the union's row, long before the newer run
     whole, *shard_plans = planned([CELL, *SHARDS], [parent, *old_shards])
     assert all(launch_of(p) is None for p in shard_plans)
     assert uploads(whole) == [], [u.facts.run_tag for u in uploads(whole)]

@@ -30,9 +30,10 @@ class Settled:
 def union_of_shards(s: Settled) -> CellPlan | None:
     """RULES §17: a sharded cell's union of its shards' run dirs goes through the upload gate (its shards' own rules
     resumed what they could: no §4 class of its own) into a row of its own, whatever row is newest, unless that is a
-    Finished row with metrics (then it decides, as for any cell). The cell writes no row before its upload: a newer
-    row of another's that is not done must not hold it back. Once the union's row is Finished with metrics, it is
-    done (read back, tracked); its row cleared asks for a run again, which its shards make."""
+    Finished row with metrics written after the union's last trial (a later run: it decides, as for any cell). The
+    cell writes no row before its upload: a newer row that is not done, or an earlier union's that the shards ran
+    again after, must not hold it back. Once the union's row is Finished with metrics, it is done (read back,
+    tracked); its row cleared asks for a run again, which its shards make."""
     view = s.view
     union = next((facts for facts in view.dirs.values() if facts.shards), None)
     if union is None:
@@ -40,11 +41,13 @@ def union_of_shards(s: Settled) -> CellPlan | None:
     row = next((r for r in view.rows if r.job_name == union.run_tag and view.ours(r)), None)
     if row is not None and row.job_status == RowStatus.FINISHED and row.has_metrics:
         return finished(view, row, DEDUP_TABLE[RowCase.FINISHED].rule)
-    if s.case == RowCase.FINISHED and s.row is not row:
-        return None  # a newer run of the benchmark, done: `done` decides
+    newest = s.row
+    if s.case == RowCase.FINISHED and newest is not None and newest is not row and (
+            newest.created_at is None or union.last_progress_at is None or newest.created_at > union.last_progress_at):
+        return None  # a run of the benchmark done after the union's last trial: `done` decides
     if row is not None and row.job_status == RowStatus.FINISHED:
-        reason = f"the union's row {row.id} was cleared: its shards run again"
-        return view.result(Phase.PENDING, [Wait(reason=reason)], reason, Rule.SHARDS)
+        reason = f"the union's row {row.id} was cleared: its shards run again, each a new attempt"
+        return view.result(Phase.PENDING, [Wait(reason=reason)], reason, Rule.SHARDS_AGAIN)
     return upload(view, union, row.id if row is not None else None, DirClass.DONE, Rule.SHARDS)
 
 

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from controller.core.admission import Admitted
 from controller.core.gpu_hours import cell_hours
-from controller.core.observed import Observation, ObservedJob, RunDirFacts
+from controller.core.observed import Observation, RunDirFacts
 from controller.core.planner.cell import plan_cell
 from controller.core.planner.fleet import launch_of
 from controller.core.planner.policy import Policy
@@ -23,7 +23,7 @@ from controller.core.planner.view import cell_view, next_attempt
 from controller.core.remedies import Quarantined
 from controller.core.shards import newest_dir, union_of
 from controller.core.types import Cell
-from controller.core.vocabulary import CellPlan, Hold, Phase, Rule, Track, Upload, Wait
+from controller.core.vocabulary import CellPlan, Hold, Phase, Rule, Submit, Track, Upload, Wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,23 +99,34 @@ def with_shards(cells: Sequence[Cell], observations: Sequence[Observation], deci
         cell_plan = with_union(plan_cell(cell, seen, policy, now, leased, quarantined), joined)
         refused = f"their union: {cell_plan.reason}" if joined.facts is not None and launch_of(cell_plan) else ""
         whole = planned[index] = through_shards(cell_plan, shard_plans, pending, joined.problem or refused)
-        own_job = next((job for job in obs.jobs or () if job.state.active), None)
+        own_run = next((f"its cell's own job {job.job_id} runs" for job in obs.jobs or () if job.state.active),
+                       "its cell uploads its own run" if any(type(a) is Upload for a in whole.actions)
+                       and joined.facts is None else None)
         for i in mine:
-            planned[i] = following(planned[i], whole, cells[i], observations[i], own_job)
+            planned[i] = following(planned[i], whole, cells[i], observations[i], own_run)
     return planned
 
 
 def following(shard_plan: CellPlan | Cell, cell_plan: CellPlan, shard: Cell, obs: Observation,
-              own_job: ObservedJob | None) -> CellPlan | Cell:
+              own_run: str | None) -> CellPlan | Cell:
     """A done shard is Completed with its cell (whose row, under upload.db off or forceEval, it may not see); a
-    shard launches nothing while a job of its cell's own runs (one from before it ran as shards); a shard with a
-    retry pending, asked of its held cell (`levers.retried`), runs again: one new attempt (RULES §13)."""
-    if own_job is not None and (not isinstance(shard_plan, CellPlan) or launch_of(shard_plan) is not None):
-        reason = f"its cell's own job {own_job.job_id} runs: the shards wait for it"
+    shard launches nothing while a run of its cell's own (from before it ran as shards) is live or uploaded; each
+    shard starts a new attempt when its cell's union row was cleared (a shard under forceEval does not see that
+    row); a shard with a retry pending, asked of its held cell (`levers.retried`), runs again: one new attempt
+    (RULES §13)."""
+    if own_run is not None and (not isinstance(shard_plan, CellPlan) or launch_of(shard_plan) is not None):
+        reason = f"{own_run}: the shards wait for it"
         return CellPlan(cell=shard, phase=Phase.PENDING, actions=(Wait(reason=reason),), reason=reason,
                         rule=Rule.SHARDS, memory=obs.memory)
     if not isinstance(shard_plan, CellPlan):
         return shard_plan
+    if cell_plan.rule == Rule.SHARDS_AGAIN and launch_of(shard_plan) is None and not any(
+            job.state.active for job in obs.jobs or ()):
+        attempt = next_attempt(shard, obs.submissions or (), [f.run_tag for f in obs.run_dirs or ()], obs.rows or ())
+        reason = f"{cell_plan.reason} → attempt {attempt}"
+        return shard_plan.model_copy(update={
+            "phase": Phase.PENDING, "reason": reason, "rule": Rule.SHARDS_AGAIN,
+            "actions": (Submit(run_tag=shard.run_tag(attempt), attempt=attempt, reason=reason),)})
     if cell_plan.phase == Phase.COMPLETED and shard_plan.rule == Rule.SHARD_DONE:
         return shard_plan.model_copy(update={"phase": Phase.COMPLETED,
                                              "reason": f"{shard_plan.reason}; its cell: {cell_plan.reason}"})

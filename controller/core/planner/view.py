@@ -248,8 +248,7 @@ def cell_view(cell: Cell, obs: Observation, policy: Policy, now: datetime,
         own = [s for s in subs if cell.evalrun.known_as(s.evalrun)]
         unions = {tag for tag, d in dirs.items() if d.shards}  # of this EvalRun's own shards, and their row
         own_row_ids = {s.row_id for s in own if s.row_id}
-        rows = tuple(r for r in all_rows if r.id in own_row_ids or r.job_name in unions
-                     or (cell.shard is not None and stem_of(r.job_name or "") == cell.cell_stem))  # its cell's unions'
+        rows = tuple(r for r in all_rows if r.id in own_row_ids or r.job_name in unions)
 
         own_tags = {s.run_tag for s in own} | unions
         dirs = {tag: d for tag, d in dirs.items() if tag in own_tags}

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from controller.core.admission import Admitted
 from controller.core.gpu_hours import cell_hours
-from controller.core.observed import Observation, RunDirFacts
+from controller.core.observed import Observation, RowStatus, RunDirFacts
 from controller.core.planner.cell import plan_cell
 from controller.core.planner.fleet import launch_of
 from controller.core.planner.policy import Policy
@@ -22,8 +22,8 @@ from controller.core.planner.rules_upload import admit_dir, overlong_note
 from controller.core.planner.view import cell_view, next_attempt
 from controller.core.remedies import Quarantined
 from controller.core.shards import newest_dir, union_of
-from controller.core.types import Cell
-from controller.core.vocabulary import CellPlan, Hold, Phase, Rule, Submit, Track, Upload, Wait
+from controller.core.types import Cell, stem_of
+from controller.core.vocabulary import CellPlan, Hold, Phase, Rule, Skip, Submit, Track, Upload, Wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +60,12 @@ def ready_dir(shard: Cell, obs: Observation, shard_plan: CellPlan | Cell, policy
 
 
 def union(cell: Cell, own: Observation, shards: Sequence[tuple[Cell, Observation, CellPlan | Cell]], policy: Policy,
-          now: datetime) -> Union:
-    """The union of every shard's ready run dir (`core.shards.union_of`), with their attempts' GPU-hours."""
+          now: datetime, cleared: datetime | None) -> Union:
+    """The union of every shard's ready run dir (`core.shards.union_of`), with their attempts' GPU-hours; none
+    while a shard's is older than the cell's cleared union row (that shard runs again)."""
     parts = [(shard, ready_dir(shard, obs, shard_plan, policy, now), obs) for shard, obs, shard_plan in shards]
-    ready = [(shard, found[0], found[1], obs) for shard, found, obs in parts if found is not None]
+    ready = [(shard, found[0], found[1], obs) for shard, found, obs in parts if found is not None
+             and not (cleared is not None and ran_before(shard, obs, cleared))]
     if len(ready) < cell.shards:
         return Union(None)
     made = union_of(cell, [(shard, facts) for shard, facts, _, _ in ready], own.submissions or ())
@@ -77,9 +79,8 @@ def union(cell: Cell, own: Observation, shards: Sequence[tuple[Cell, Observation
 def with_shards(cells: Sequence[Cell], observations: Sequence[Observation], decided: list[CellPlan | Cell],
                 policy: Policy, now: datetime, leased: Mapping[str, str],
                 quarantined: Sequence[Quarantined]) -> list[CellPlan | Cell]:
-    """Each sharded cell planned again once its shards are: over its own observation and their union. Its shards
-    follow it: Completed with it, held back while a job of its own runs, and run again when a retry asked of it
-    (through them) meets its hold."""
+    """Each sharded cell planned again once its shards are: over its own observation and their union; then its
+    shards follow it (`following`)."""
     shards: dict[str, list[int]] = {}
     for index, cell in enumerate(cells):
         if cell.shard is not None:
@@ -91,7 +92,8 @@ def with_shards(cells: Sequence[Cell], observations: Sequence[Observation], deci
         if cell.shards == 1:
             continue
         mine = shards.get(cell.key, [])
-        joined = union(cell, obs, [(cells[i], observations[i], decided[i]) for i in mine], policy, now)
+        cleared = cleared_union_at(cell, obs)
+        joined = union(cell, obs, [(cells[i], observations[i], decided[i]) for i in mine], policy, now, cleared)
         seen = obs if joined.facts is None or obs.run_dirs is None else obs.model_copy(
             update={"run_dirs": (*obs.run_dirs, joined.facts)})
         shard_plans = [plan for i in mine if isinstance(plan := decided[i], CellPlan)]
@@ -99,43 +101,61 @@ def with_shards(cells: Sequence[Cell], observations: Sequence[Observation], deci
         cell_plan = with_union(plan_cell(cell, seen, policy, now, leased, quarantined), joined)
         refused = f"their union: {cell_plan.reason}" if joined.facts is not None and launch_of(cell_plan) else ""
         whole = planned[index] = through_shards(cell_plan, shard_plans, pending, joined.problem or refused)
-        own_run = next((f"its cell's own job {job.job_id} runs" for job in obs.jobs or () if job.state.active),
-                       "its cell uploads its own run" if any(type(a) is Upload for a in whole.actions)
-                       and joined.facts is None else None)
+        busy = next((f"its cell's own job {job.job_id} runs" for job in obs.jobs or () if job.state.active),
+                    "its cell uploads its own run" if whole.run_dir is not None and not whole.run_dir.shards
+                    and whole.phase == Phase.EVALUATED else None)
         for i in mine:
-            planned[i] = following(planned[i], whole, cells[i], observations[i], own_run)
+            planned[i] = following(planned[i], whole, cells[i], observations[i], busy, cleared)
     return planned
 
 
-def following(shard_plan: CellPlan | Cell, cell_plan: CellPlan, shard: Cell, obs: Observation,
-              own_run: str | None) -> CellPlan | Cell:
-    """A done shard is Completed with its cell (whose row, under upload.db off or forceEval, it may not see); a
-    shard launches nothing while a run of its cell's own (from before it ran as shards) is live or uploaded; each
-    shard starts a new attempt when its cell's union row was cleared (a shard under forceEval does not see that
-    row); a shard with a retry pending, asked of its held cell (`levers.retried`), runs again: one new attempt
-    (RULES §13)."""
-    if own_run is not None and (not isinstance(shard_plan, CellPlan) or launch_of(shard_plan) is not None):
-        reason = f"{own_run}: the shards wait for it"
+def cleared_union_at(cell: Cell, obs: Observation) -> datetime | None:
+    """When the newest of the cell's union rows was cleared (a Finished row of its tags without metrics: a run
+    again, RULES §2), read from every row (under forceEval a shard sees only its own): a shard's run from before
+    then is no part of a union, and it runs again."""
+    return max((row.created_at for row in obs.rows or () if stem_of(row.job_name or "") == cell.tag_stem
+                and row.job_status == RowStatus.FINISHED and not row.has_metrics and row.created_at is not None),
+               default=None)
+
+
+def following(shard_plan: CellPlan | Cell, cell_plan: CellPlan, shard: Cell, obs: Observation, busy: str | None,
+              cleared: datetime | None) -> CellPlan | Cell:
+    """A shard follows its cell: it launches nothing while a run of the cell's own (from before it ran as shards)
+    is live or uploaded, and is Completed with the cell (whose row, under upload.db off or forceEval, it may not
+    see) instead of launching or waiting; it starts a new attempt when its done run is older than the cell's cleared
+    union row (`cleared_union_at`); with a retry pending, asked of its held cell (`levers.retried`), and no job of
+    its own live, it runs again: one new attempt (RULES §13)."""
+    launches = not isinstance(shard_plan, CellPlan) or launch_of(shard_plan) is not None
+    done = isinstance(shard_plan, CellPlan) and shard_plan.rule == Rule.SHARD_DONE
+    if cell_plan.phase == Phase.COMPLETED and (launches or done):
+        reason = f"its cell is Completed: {cell_plan.reason}"
+        return CellPlan(cell=shard, phase=Phase.COMPLETED, actions=(Skip(reason=reason),), reason=reason,
+                        rule=Rule.SHARDS, memory=obs.memory)
+    if busy is not None and launches:
+        reason = f"{busy}: the shards wait for it"
         return CellPlan(cell=shard, phase=Phase.PENDING, actions=(Wait(reason=reason),), reason=reason,
                         rule=Rule.SHARDS, memory=obs.memory)
     if not isinstance(shard_plan, CellPlan):
         return shard_plan
-    if cell_plan.rule == Rule.SHARDS_AGAIN and launch_of(shard_plan) is None and not any(
-            job.state.active for job in obs.jobs or ()):
+    live = any(job.state.active for job in obs.jobs or ())
+    if cleared is not None and not launches and not live and ran_before(shard, obs, cleared):
         attempt = next_attempt(shard, obs.submissions or (), [f.run_tag for f in obs.run_dirs or ()], obs.rows or ())
-        reason = f"{cell_plan.reason} → attempt {attempt}"
+        reason = f"its cell's union row was cleared at {cleared:%Y-%m-%d %H:%M}: a run again → attempt {attempt}"
         return shard_plan.model_copy(update={
             "phase": Phase.PENDING, "reason": reason, "rule": Rule.SHARDS_AGAIN,
             "actions": (Submit(run_tag=shard.run_tag(attempt), attempt=attempt, reason=reason),)})
-    if cell_plan.phase == Phase.COMPLETED and shard_plan.rule == Rule.SHARD_DONE:
-        return shard_plan.model_copy(update={"phase": Phase.COMPLETED,
-                                             "reason": f"{shard_plan.reason}; its cell: {cell_plan.reason}"})
-    if not cell_plan.held or shard_plan.held or shard_plan.retry is None:
+    if not cell_plan.held or shard_plan.held or shard_plan.retry is None or live:
         return shard_plan
     held = shard_plan.model_copy(update={"phase": Phase.FAILED, "reason": f"its cell is held: {cell_plan.reason}",
                                          "actions": (Hold(reason=cell_plan.reason),)})
     return released(held, shard_plan.retry, lambda: next_attempt(
         shard, obs.submissions or (), [facts.run_tag for facts in obs.run_dirs or ()], obs.rows or ()))
+
+
+def ran_before(shard: Cell, obs: Observation, cleared: datetime) -> bool:
+    """The shard's newest run ended (its last trial) before its cell's union row was cleared."""
+    newest = newest_dir(shard, obs.run_dirs or ())
+    return newest is not None and newest.last_progress_at is not None and newest.last_progress_at <= cleared
 
 
 def with_union(cell_plan: CellPlan, joined: Union) -> CellPlan:

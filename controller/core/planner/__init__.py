@@ -98,7 +98,7 @@ def _plan(evalrun: EvalRunRef, cells: Sequence[Cell], observations: Sequence[Obs
     leased = {lease.holder: lease.pair for lease in tunnel_leases}
     owners = {**owners, **{c.key: owners[c.shard.parent] for c in cells if c.shard and c.shard.parent in owners}}
     decided: list[CellPlan | Cell] = [  # a Cell: nothing observed, decided with the budget (`allocation`)
-        cell if untouched(cell, obs) and cell.key not in owners
+        cell if (untouched(cell, obs) and cell.key not in owners) or cell.shards > 1  # a sharded cell: after its shards
         else plan_cell(cell, obs, policy, now, leased, quarantined)
         for cell, obs in zip(cells, observations, strict=True)]
     decided = with_shards(cells, observations, decided, policy, now, leased, quarantined)

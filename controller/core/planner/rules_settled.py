@@ -14,7 +14,7 @@ from controller.core.planner.rules_upload import finished, upload
 from controller.core.planner.view import CellView
 from controller.core.planner.words import when
 from controller.core.resume import DirClass
-from controller.core.vocabulary import CellPlan, Hold, Phase, Rule, Skip, Wait
+from controller.core.vocabulary import CellPlan, Hold, Phase, Rule, Skip
 
 
 @dataclass(slots=True)
@@ -33,7 +33,7 @@ def union_of_shards(s: Settled) -> CellPlan | None:
     Finished row with metrics written after the union's last trial (a later run: it decides, as for any cell). The
     cell writes no row before its upload: a newer row that is not done, or an earlier union's that the shards ran
     again after, must not hold it back. Once the union's row is Finished with metrics, it is done (read back,
-    tracked); its row cleared asks for a run again, which its shards make."""
+    tracked). (A union row cleared makes no union of the runs before it: `shards.cleared_union_at`.)"""
     view = s.view
     union = next((facts for facts in view.dirs.values() if facts.shards), None)
     if union is None:
@@ -45,9 +45,6 @@ def union_of_shards(s: Settled) -> CellPlan | None:
     if s.case == RowCase.FINISHED and newest is not None and newest is not row and (
             newest.created_at is None or union.last_progress_at is None or newest.created_at > union.last_progress_at):
         return None  # a run of the benchmark done after the union's last trial: `done` decides
-    if row is not None and row.job_status == RowStatus.FINISHED:
-        reason = f"the union's row {row.id} was cleared: its shards run again, each a new attempt"
-        return view.result(Phase.PENDING, [Wait(reason=reason)], reason, Rule.SHARDS_AGAIN)
     return upload(view, union, row.id if row is not None else None, DirClass.DONE, Rule.SHARDS)
 
 

@@ -79,14 +79,14 @@ def union(cell: Cell, own: Observation, shards: Sequence[tuple[Cell, Observation
 def with_shards(cells: Sequence[Cell], observations: Sequence[Observation], decided: list[CellPlan | Cell],
                 policy: Policy, now: datetime, leased: Mapping[str, str],
                 quarantined: Sequence[Quarantined]) -> list[CellPlan | Cell]:
-    """Each sharded cell planned again once its shards are: over its own observation and their union; then its
-    shards follow it (`following`)."""
+    """Each sharded cell planned once its shards are (`plan` leaves it undecided until then): over its own
+    observation and their union; then its shards follow it (`following`)."""
+    if not any(cell.shards > 1 for cell in cells):
+        return decided
     shards: dict[str, list[int]] = {}
     for index, cell in enumerate(cells):
         if cell.shard is not None:
             shards.setdefault(cell.shard.parent, []).append(index)
-    if not shards:
-        return decided
     planned = list(decided)
     for index, (cell, obs) in enumerate(zip(cells, observations, strict=True)):
         if cell.shards == 1:
@@ -139,7 +139,7 @@ def following(shard_plan: CellPlan | Cell, cell_plan: CellPlan, shard: Cell, obs
         return shard_plan
     live = any(job.state.active for job in obs.jobs or ())
     if cleared is not None and not launches and not live and ran_before(shard, obs, cleared):
-        attempt = next_attempt(shard, obs.submissions or (), [f.run_tag for f in obs.run_dirs or ()], obs.rows or ())
+        attempt = attempt_after(shard, obs)
         reason = f"its cell's union row was cleared at {cleared:%Y-%m-%d %H:%M}: a run again → attempt {attempt}"
         return shard_plan.model_copy(update={
             "phase": Phase.PENDING, "reason": reason, "rule": Rule.SHARDS_AGAIN,
@@ -148,14 +148,19 @@ def following(shard_plan: CellPlan | Cell, cell_plan: CellPlan, shard: Cell, obs
         return shard_plan
     held = shard_plan.model_copy(update={"phase": Phase.FAILED, "reason": f"its cell is held: {cell_plan.reason}",
                                          "actions": (Hold(reason=cell_plan.reason),)})
-    return released(held, shard_plan.retry, lambda: next_attempt(
-        shard, obs.submissions or (), [facts.run_tag for facts in obs.run_dirs or ()], obs.rows or ()))
+    return released(held, shard_plan.retry, lambda: attempt_after(shard, obs))
+
+
+def attempt_after(shard: Cell, obs: Observation) -> int:
+    """The shard's next attempt, past every one its submissions, run dirs and rows name."""
+    return next_attempt(shard, obs.submissions or (), [facts.run_tag for facts in obs.run_dirs or ()], obs.rows or ())
 
 
 def ran_before(shard: Cell, obs: Observation, cleared: datetime) -> bool:
-    """The shard's newest run ended (its last trial) before its cell's union row was cleared."""
+    """The shard's newest run ended (its last trial) before its cell's union row was cleared; one with no trial time
+    cannot show it ran after."""
     newest = newest_dir(shard, obs.run_dirs or ())
-    return newest is not None and newest.last_progress_at is not None and newest.last_progress_at <= cleared
+    return newest is not None and (newest.last_progress_at is None or newest.last_progress_at <= cleared)
 
 
 def with_union(cell_plan: CellPlan, joined: Union) -> CellPlan:

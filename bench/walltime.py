@@ -23,8 +23,9 @@ nothing. The model (the output's header repeats it with the run's parameters):
 - B, sized + shards: the controller's estimate of a cell's attempt is its true wall time × a log-normal error
   (sigma 0.25): the p90 is modelled as that point estimate (`wall_estimate()` of one value: median = p90), an
   attempt's hours as the store's history gives them (its server start in it), the start measured at 13 min. Each
-  request is `sized()` of it, within [30 min, 48 h]. A cell whose sized request exceeds 48 h runs as
-  K = ceil(sized / 48 h) shards in parallel, each 1/K of the trials plus its own cold start, sized for 1/K. A cut
+  request is `sized()` of it, within [30 min, 48 h]. A cell whose sized request exceeds 48 h runs as the K shards
+  the controller chooses (`shards_needed`: the fewest whose own sized requests fit 48 h, of a benchmark of
+  `TASKS` tasks), in parallel, each 1/K of the trials plus its own cold start, sized for 1/K. A cut
   job (an estimate too low) is resumed for what is left of its share, sized again for that share.
 """
 
@@ -47,7 +48,7 @@ from typing import Literal
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from controller.core.walltime import WallEstimate, WalltimePolicy, clock, sized, wall_estimate  # noqa: E402
+from controller.core.walltime import WallEstimate, WalltimePolicy, clock, shards_needed, sized, wall_estimate  # noqa: E402
 
 Policy = Literal["fixed", "sized"]
 POLICIES: dict[Policy, str] = {"fixed": "A fixed 24 h", "sized": "B sized + shards"}
@@ -60,7 +61,7 @@ FIXED_H = 24.0
 CANCEL_MARGIN_H = 0.25  # monitor.preWalltimeMinutes
 SIZING = WalltimePolicy(auto=True, cancel_margin=timedelta(hours=CANCEL_MARGIN_H), minimum=timedelta(minutes=30),
                         maximum=timedelta(hours=48))
-UNBOUNDED = SIZING.model_copy(update={"maximum": timedelta(days=365)})  # what a cell would ask, before the 48 h cap
+TASKS = 500  # a benchmark's tasks (swebench's): at most this many shards, and the share they split
 OTHERS, OURS = 0, 1  # queue priority: other users' jobs first
 BACKGROUND_REQUEST_H, BACKGROUND_SHORTEST_H = 12.0, 3.0
 
@@ -151,10 +152,10 @@ def asked_hours(cell: Cell, share: float, policy: WalltimePolicy) -> float:
 
 
 def shards(cell: Cell, policy: Policy) -> int:
-    """How many jobs a cell's first launch is split into: K = ceil(what it would ask / maxTimeLimit)."""
+    """How many jobs a cell's first launch is split into: the controller's choice (`shards_needed`, RULES §17)."""
     if policy == "fixed":
         return 1
-    return math.ceil(asked_hours(cell, 1.0, UNBOUNDED) / (SIZING.maximum.total_seconds() / 3600))
+    return shards_needed(cell.estimate, SIZING, TASKS) or 1
 
 
 def launch(seq: int, cell: Cell, share: float, policy: Policy, now: float) -> Job:
@@ -337,7 +338,8 @@ def header(args: argparse.Namespace, cells: Sequence[Cell]) -> list[str]:
         f"cancelled {CANCEL_MARGIN_H * 60:.0f} min before their request (preWalltimeMinutes) and resumed at the back",
         f"A: every job requests {FIXED_H:g} h (maxTimeLimit 48 h unused); a longer cell is resumed in 24 h chunks",
         f"B: sized() of estimate = true × log-normal error (sigma {ERROR_SIGMA:g}; p90 = that estimate), within "
-        f"[30 min, 48 h]; over 48 h: K = ceil(sized / 48 h) parallel shards ({sharded} cells); a cut job resumed, "
+        f"[30 min, 48 h]; over 48 h: the fewest parallel shards whose sized requests fit ({sharded} cells, "
+        f"{TASKS} tasks each); a cut job resumed, "
         "sized for its share left",
     ]
 

@@ -25,6 +25,7 @@ from controller.core.gpu_hours import SizeBands, size_in_billions
 from controller.core.remedies import FailureMode
 from controller.core.trial_errors import ErrorClasses
 from controller.core.types import Serving
+from controller.core.walltime import SHARDS_MAX
 
 SHIPPED_DIR = Path(__file__).parent / "catalog"
 CATALOG_DIR_ENV = "EVALCTL_CATALOG_DIR"
@@ -69,7 +70,7 @@ class Preset(CatalogModel):
                                                           "(another reward holds the cell); unset: not checked")
     config_yaml: BareFileName | None = None
     walltime: Walltime | Literal["auto"] | None = None
-    shards: PositiveInt | None = Field(None, le=64, description="run as this many jobs over disjoint task subsets "
+    shards: PositiveInt | None = Field(None, le=SHARDS_MAX, description="run as this many jobs over disjoint task subsets "
                                                                 "whatever the EvalRun's shards (RULES §17)")
     note: str = ""
 

@@ -40,6 +40,7 @@ from controller.api.fields import (
     first_duplicate,
     visible,
 )
+from controller.core.walltime import SHARDS_MAX
 
 
 class ResumePolicy(SpecModel):
@@ -185,7 +186,6 @@ class PinggySpec(SpecModel):
 NotifyEventName = Literal["Stalled", "Failed", "Completed", "Ready"]
 DEFAULT_NOTIFY_EVENTS: tuple[NotifyEventName, ...] = ("Stalled", "Failed", "Ready")
 WEBHOOKS_MAX = 16
-SHARDS_MAX = 64  # jobs one cell may run at once: more is a typo for nConcurrent
 
 
 class Webhook(SpecModel):
@@ -408,10 +408,13 @@ class EvalRunSpec(SpecModel):
         "fixed", description="fixed: every job asks for its preset's walltime, else the cluster's timeLimit. auto: "
                              "each job asks for what attempts alike took (p90 × 1.25, a resume for its trials left), "
                              "within the cluster's minTimeLimit and maxTimeLimit (RULES §16).")
-    shards: PositiveInt = Field(
-        1, le=SHARDS_MAX, description="Run each benchmark as this many jobs over disjoint task subsets, each resumed "
-                                      "and refired on its own; one row holds their union's score (RULES §17). A "
-                                      "preset's own shards win; a benchmark needs its task count in the catalog.")
+    shards: PositiveInt | None = Field(
+        None, le=SHARDS_MAX, description="Run each benchmark as this many jobs over disjoint task subsets, each "
+                                         "resumed and refired on its own; one row holds their union's score (RULES "
+                                         "§17). A preset's own shards win; a benchmark needs its task count in the "
+                                         "catalog. Unset: one job, or with walltime auto as many as the estimate "
+                                         "needs to fit maxTimeLimit, chosen once before the first launch; 1: one "
+                                         "job, resumed after maxTimeLimit.")
     resume: ResumePolicy = Field(default_factory=ResumePolicy, description="When a run dir is resumed (RULES §4).")
     monitor: MonitorPolicy = Field(default_factory=MonitorPolicy,
                                    description="When a running job is judged stuck (RULES §5).")

@@ -339,7 +339,7 @@ def _check_shards(run: EvalRun, document: Document, cluster: AnyCluster, catalog
     sharded = [b for b in benchmarks(run, cluster, catalog) if b.shards > 1]
     if not sharded:
         return []
-    at = ("spec", "shards") if run.spec.shards > 1 else ("spec", "presets")
+    at = ("spec", "shards") if (run.spec.shards or 1) > 1 else ("spec", "presets")
     if run.spec.clusters is not None:
         return [document.error(at, "shards run on one cluster: with several clusters (spec.clusters) set shards to "
                                    "1, or name one cluster")]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,18 +42,35 @@ class Benchmark(BaseModel):
     time_limit: str | None = Field(None, description="its jobs' walltime: the preset's, at most the cluster's "
                                                      "maximum; None: the cluster's timeLimit")
     shards: int = Field(1, description="the jobs its cells run as (RULES §17): the preset's, else the EvalRun's")
+    shards_set: bool = Field(False, description="the preset or the EvalRun sets shards: no estimate chooses them")
 
     @property
     def clamped(self) -> bool:
         return self.walltime is not None and self.walltime != self.time_limit
 
 
-def resolve(run: EvalRun, cluster: AnyCluster, catalog: Catalog, models: Sequence[str] | None = None) -> tuple[Cell, ...]:
+def resolve(run: EvalRun, cluster: AnyCluster, catalog: Catalog, models: Sequence[str] | None = None, *,
+            one_cluster: bool = True) -> tuple[Cell, ...]:
     """The run's cells, models outer (`models`, default the listed ones: a selector adds more), benchmarks inner,
-    both in order; a sharded cell is followed by its shards (RULES §17)."""
+    both in order; a sharded cell is followed by its shards (RULES §17). `one_cluster`: False for a lane of several
+    clusters, whose cells no estimate shards."""
     found = benchmarks(run, cluster, catalog)
     return tuple(cell for model in (run.spec.models if models is None else models)
-                 for cell in _cells(run, cluster, catalog, model, found))
+                 for cell in _cells(run, cluster, catalog, model, found, one_cluster))
+
+
+def with_chosen_shards(cells: Sequence[Cell], chosen: Mapping[str, int]) -> tuple[Cell, ...]:
+    """`cells` with each that may shard and whose estimate chose K shards (`chosen`: cell key → K, what the store
+    remembers) run as K shards, followed by them (RULES §17)."""
+    found: list[Cell] = []
+    for cell in cells:
+        count = chosen.get(cell.key, 1) if cell.may_shard else 1
+        if count < 2:
+            found.append(cell)
+            continue
+        sharded = cell.model_copy(update={"shards": count})
+        found += (sharded, *sharded.sharded())
+    return tuple(found)
 
 
 def resolution_notes(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[str, ...]:
@@ -92,7 +109,8 @@ def benchmarks(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[Ben
     ceiling = cluster.spec.max_concurrent_trials
     if run.spec.datasets:
         return tuple(
-            Benchmark(name=dataset, dataset=dataset, n_concurrent=ceiling, shards=run.spec.shards)
+            Benchmark(name=dataset, dataset=dataset, n_concurrent=ceiling, shards=run.spec.shards or 1,
+                      shards_set=run.spec.shards is not None)
             for dataset in run.spec.datasets
         )
     found = []
@@ -110,7 +128,8 @@ def benchmarks(run: EvalRun, cluster: AnyCluster, catalog: Catalog) -> tuple[Ben
                     walltime=None if preset.walltime == "auto" else preset.walltime,
                     sized=preset.walltime == "auto",
                     time_limit=_time_limit(None if preset.walltime == "auto" else preset.walltime, cluster),
-                    shards=preset.shards or run.spec.shards,
+                    shards=preset.shards or run.spec.shards or 1,
+                    shards_set=preset.shards is not None or run.spec.shards is not None,
                 )
             )
     return tuple(found)
@@ -158,7 +177,7 @@ def benchmark_name(dataset: str) -> str:
 
 
 def _cells(run: EvalRun, cluster: AnyCluster, catalog: Catalog, model: str,
-           found: tuple[Benchmark, ...]) -> Iterator[Cell]:
+           found: tuple[Benchmark, ...], one_cluster: bool) -> Iterator[Cell]:
     """One model's cells; what depends on the model alone is resolved once for all its benchmarks."""
     spec = run.spec
     settings = _settings(catalog, model, cluster)
@@ -207,6 +226,8 @@ def _cells(run: EvalRun, cluster: AnyCluster, catalog: Catalog, model: str,
             partial_credit=benchmark.partial_credit,
             fingerprint=digest,
             shards=benchmark.shards,
+            may_shard=(one_cluster and not benchmark.shards_set and (benchmark.sized or spec.walltime == "auto")
+                       and (benchmark.tasks or 0) >= 2),
         )
         yield cell
         if cell.shards > 1:  # validate refuses shards where the catalog does not count the tasks

@@ -179,6 +179,11 @@ class SubmissionLedger(Protocol):
         """Replace what the rules remember about a cell (readings across passes). Idempotent."""
         ...
 
+    def read_memories(self, cell_keys: Sequence[str]) -> dict[str, CellMemory]:
+        """What the rules remember about the named cells (those with a memory), in one statement: read before a
+        pass resolves its cells, for the shards an estimate chose (RULES §17)."""
+        ...
+
 
 class RetryLedger(Protocol):
     """A human's requests to release a held cell once (RULES §13); `read_state` returns the named cells'."""

@@ -130,6 +130,18 @@ class Spill(BaseModel):
     at: datetime
 
 
+class ShardChoice(BaseModel):
+    """How many shards a cell's estimate asked for (RULES §17), chosen once, before its first launch, and kept with
+    the unsharded cell: its shards are cells whose identity holds the count, so it must not follow each new
+    estimate (another count is another run, whose shards would abandon these)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    count: int = Field(ge=2)
+    reason: str = Field(description="why: the estimate and the limit it exceeds, for status and explain")
+    at: datetime
+
+
 class CellMemory(BaseModel):
     """What the rules remember about a cell between passes (kept in the controller state, per cell key).
 
@@ -152,6 +164,7 @@ class CellMemory(BaseModel):
     output: OutputReading | None = Field(None, description="the running job's output, read so far")
     admitted: AdmissionRecord | None = Field(None, description="the last upload the admission gate admitted")
     spill: Spill | None = Field(None, description="its queued job cancelled to run on another cluster (RULES §15)")
+    shards: ShardChoice | None = Field(None, description="the shards its estimate chose (walltime auto, RULES §17)")
 
     def stored(self) -> dict[str, Any]:
         """The JSON the controller state keeps (the key names of every earlier version)."""

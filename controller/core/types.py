@@ -163,13 +163,15 @@ class Cell(Frozen):
     shards: int = Field(1, description="K > 1: the cell runs as K shard cells (its own jobs: none) and uploads the "
                                        "union of their run dirs (RULES §17)")
     shard: Shard | None = Field(None, description="set on a shard cell: which of its cell's task subsets it runs")
+    may_shard: bool = Field(False, description="walltime auto, no shards set, its tasks counted, one cluster: its "
+                                               "estimate may choose its shards, once (RULES §17)")
 
     def sharded(self) -> tuple[Cell, ...]:
         """A cell of `shards` > 1: its shard cells, each its own identity (key, run tags, claims), walltime sized
         by its share of the tasks."""
         assert self.tasks is not None, "resolve shards only a benchmark whose tasks the catalog counts"
         return tuple(self.model_copy(update={
-            "shards": 1, "shard": (shard := Shard(index=index, count=self.shards, parent=self.key)),
+            "shards": 1, "may_shard": False, "shard": (shard := Shard(index=index, count=self.shards, parent=self.key)),
             "tasks": shard.tasks(self.tasks), "fingerprint": f"{self.fingerprint}+shard{index}of{self.shards}"})
             for index in range(self.shards))
 

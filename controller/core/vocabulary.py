@@ -155,6 +155,9 @@ class Rule(StrEnum):
                                "uploads the union of its shards' run dirs, never a shard alone")
     SHARDS_AGAIN = ("ShardsAgain", "RULES §17: the union's row was cleared (a run again, §2) → each shard starts a "
                                    "new attempt")
+    SHARDS_CHOSEN = ("ShardsChosen", "RULES §17: walltime auto, no shards set, and a first launch's sized request "
+                                     "exceeds maxTimeLimit → it launches nothing; the fewest shards whose requests "
+                                     "fit are remembered with the cell, and it runs as them")
     SHARDS = ("Shards", "RULES §17: a sharded cell launches nothing itself → its shards run it; once each shard's "
                         "newest run dir is admitted, their union goes through the cell's gate and is uploaded")
 

@@ -28,6 +28,7 @@ QUARTER_HOUR_S = 15 * 60
 MARGIN = 1.25  # over the p90: a cut job is resumed (a cold start and a queue wait), a long request only waits longer
 MARGIN_BOUNDS = (1.1, 2.0)  # what the learnt margin may be: never the bare estimate, never four times it
 LEARN_AFTER = 5  # sized jobs ended before the margin follows what they ran
+SHARDS_MAX = 64  # jobs one cell may run as: more is a typo for nConcurrent
 COLD_START = timedelta(minutes=15)  # a model server's start before the first trial (a 32B on vLLM: 12–15 min)
 COLD_START_HOURS = COLD_START.total_seconds() / 3600
 
@@ -137,17 +138,13 @@ def sized(estimate: WallEstimate | None, remaining: float, policy: WalltimePolic
     if estimate is None:
         return Sized(time_limit=fixed, note=f"walltime auto: no finished attempt alike yet, asks the fixed {fixed}",
                      estimated_hours=None)
-    start_h = estimate.start_hours if estimate.start_hours is not None else COLD_START_HOURS
-    starting = start_h if not estimate.with_start or remaining < 1 else 0.0  # a resume starts its server again
-    fixed_costs = starting * 3600 + policy.cancel_margin.total_seconds()
-    wanted = estimate.high_hours * 3600 * remaining * policy.margin + fixed_costs
-    seconds = math.ceil(wanted / QUARTER_HOUR_S) * QUARTER_HOUR_S
+    seconds, starting = _request(estimate, remaining, policy)
     low, high = policy.minimum.total_seconds(), policy.maximum.total_seconds()
     clamped = int(min(max(seconds, low), high))
     cut_short = seconds > high  # its estimate says it cannot finish: nothing to learn from it
     share = "" if remaining >= 1 else f" × {remaining:.0%} of trials left"
     bound = " (minTimeLimit)" if seconds < low else " (maxTimeLimit: resumed after it)" if cut_short else ""
-    start = f" + {hours_text(start_h)} server start ({estimate.start_basis or 'assumed'})" if starting else ""
+    start = f" + {hours_text(starting)} server start ({estimate.start_basis or 'assumed'})" if starting else ""
     cancel = hours_text(policy.cancel_margin.total_seconds() / 3600)
     within = "" if starting else " (its server start is in the estimate)"
     return Sized(time_limit=clock(clamped), estimated_hours=None if cut_short else
@@ -155,6 +152,44 @@ def sized(estimate: WallEstimate | None, remaining: float, policy: WalltimePolic
         f"walltime auto: {clock(clamped)}{bound} = p90 {hours_text(estimate.high_hours)}{share} × "
         f"{policy.margin:.3g}{start} + {cancel} pre-walltime cancel{within}; est. "
         f"{hours_text(estimate.median_hours)} (median) from {estimate.basis}"))
+
+
+def _request(estimate: WallEstimate, remaining: float, policy: WalltimePolicy) -> tuple[int, float]:
+    """The request before it is clamped, in seconds rounded up to a quarter hour, and the server start it adds
+    (hours; 0: the estimate holds it)."""
+    start_h = estimate.start_hours if estimate.start_hours is not None else COLD_START_HOURS
+    starting = start_h if not estimate.with_start or remaining < 1 else 0.0  # a resume starts its server again
+    fixed_costs = starting * 3600 + policy.cancel_margin.total_seconds()
+    wanted = estimate.high_hours * 3600 * remaining * policy.margin + fixed_costs
+    return math.ceil(wanted / QUARTER_HOUR_S) * QUARTER_HOUR_S, starting
+
+
+def shards_needed(estimate: WallEstimate | None, policy: WalltimePolicy, tasks: int) -> int | None:
+    """How many shards a cell of `tasks` tasks runs as when even its sized request exceeds maxTimeLimit (RULES
+    §17): the fewest whose jobs' requests fit, each sized as its shard will be (the largest share of the tasks,
+    its own server start and cancel), else as many as there are tasks (at most SHARDS_MAX). None: its request
+    fits, there is nothing to go by, or no shard fits even empty (the fixed costs alone fill maxTimeLimit)."""
+    limit = policy.maximum.total_seconds()
+    if estimate is None or tasks < 2 or _request(estimate, 1.0, policy)[0] <= limit:
+        return None
+    if _request(_share(estimate, 0.0), 1.0, policy)[0] > limit:
+        return None
+    most = min(tasks, SHARDS_MAX)
+    return next((count for count in range(2, most)
+                 if _request(_share(estimate, math.ceil(tasks / count) / tasks), 1.0, policy)[0] <= limit), most)
+
+
+def _share(estimate: WallEstimate, fraction: float) -> WallEstimate:
+    """The estimate of a job running `fraction` of the trials from the start, as the estimates scale one: its
+    measured server start as it was, the rest scaled."""
+    start = (estimate.start_hours or 0.0) if estimate.with_start else 0.0
+
+    def scaled(hours: float) -> float:
+        fixed = min(start, hours)
+        return fixed + (hours - fixed) * fraction
+
+    return estimate.model_copy(update={"median_hours": scaled(estimate.median_hours),
+                                       "high_hours": scaled(estimate.high_hours)})
 
 
 def clock(seconds: int) -> str:

@@ -22,7 +22,7 @@ def lanes_for(run: LoadedRun, clusters: Sequence[LoadedCluster], catalog: Catalo
 
     A cell is one cell wherever it runs, so its key must be the same on each cluster it may run on: a cluster
     whose hardwareProfile resolves it to another configuration (another fingerprint) may not run it."""
-    resolved = [resolve(run.run, cluster.cluster, catalog, models) for cluster in clusters]
+    resolved = [resolve(run.run, cluster.cluster, catalog, models, one_cluster=False) for cluster in clusters]
     walltime = [_too_long(run, cluster, catalog) for cluster in clusters]
     why = [_reasons(run, cluster, cells, walltime[lane])
            for lane, (cluster, cells) in enumerate(zip(clusters, resolved, strict=True))]

@@ -9,7 +9,9 @@ from datetime import datetime
 
 from controller.api.catalog import Catalog, load_catalog
 from controller.api.loader import SpecSet
+from controller.api.resolve import with_chosen_shards
 from controller.core.cluster_view import ClusterPorts
+from controller.core.ports import ObservationError
 from controller.core.reconcile import PassResult, RunTarget, reconcile_pass
 from controller.core.store import Store
 from controller.core.types import ClusterRef
@@ -21,7 +23,23 @@ def pass_targets(specs: SpecSet, catalog: Catalog, store: Store, now: datetime, 
                  select_new: bool = True) -> list[RunTarget]:
     """Each EvalRun's target, in the order of `specs.evalruns`. `act`: a modelSelector records its new picks;
     `select_new`: False only reads what it took before (a deletion picks nothing)."""
-    return targets_for(specs, catalog, intakes(specs, catalog, store, now, act=act, select_new=select_new))
+    targets = targets_for(specs, catalog, intakes(specs, catalog, store, now, act=act, select_new=select_new))
+    return [with_estimated_shards(target, store) for target in targets]
+
+
+def with_estimated_shards(target: RunTarget, store: Store) -> RunTarget:
+    """The target with each cell whose estimate chose shards (RULES §17, remembered with the cell) run as them.
+    The choice is the controller state's: when it cannot be read, the EvalRun's cells are unknown, never run
+    unsharded beside shards that may be running."""
+    keys = [cell.key for cell in target.cells if cell.may_shard]
+    if not keys or target.unknown:
+        return target
+    try:
+        memories = store.state.read_memories(keys)
+    except ObservationError as error:
+        return target.model_copy(update={"unknown": f"the shards its estimates chose cannot be read: {error}"})
+    chosen = {key: memory.shards.count for key, memory in memories.items() if memory.shards is not None}
+    return target.model_copy(update={"cells": with_chosen_shards(target.cells, chosen)}) if chosen else target
 
 
 def run_pass(specs: SpecSet, store: Store, now: datetime, *, act: bool, catalog: Catalog | None = None,

@@ -1,24 +1,32 @@
 """A cell run as 2 shards on the lab SLURM with real Harbor over the tiny dataset (RULES §17): killed between its
 shards' submissions, the next pass makes one job per shard, no more; the shards run disjoint halves of the dataset,
-and the one row uploaded holds the score the same trials make unsharded."""
+and the one row uploaded holds the score the same trials make unsharded. With walltime auto and history that says
+one job cannot finish within maxTimeLimit, the estimate chooses the 2 shards, and each asks SLURM for its sized
+--time."""
 
 from __future__ import annotations
 
 import json
 import signal
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from controller.adapters.store import open_store
+from controller.core.observed import Submission
+from controller.core.types import EvalRunRef
 from tests.slurm.conftest import EVAL_HARBOR, wait_until
 from tests.slurm.test_converge import TINY_ACCURACY
+from tests.slurm.test_walltime import asked_time
 
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def write_sharded(cluster, eval_env: Path, tmp_path: Path, extra: str = "") -> None:
+def write_sharded(cluster, eval_env: Path, tmp_path: Path, extra: str = "", *, shards: str = "  shards: 2\n",
+                  extra_cluster: str = "") -> None:
     """One model × a preset `tiny` (a catalog override: the tiny dataset, its 4 tasks counted) as 2 shards."""
     catalog = tmp_path / "catalog"
     catalog.mkdir()
@@ -27,7 +35,8 @@ def write_sharded(cluster, eval_env: Path, tmp_path: Path, extra: str = "") -> N
         {"presets": {"tiny": {"dataset": dataset, "n_concurrent": 4, "tasks": 4}}}))
     cluster.env = {**cluster.env, "EVALCTL_CATALOG_DIR": str(catalog)}
     cluster.write(models=[cluster.model(1)], datasets=[dataset], env={"EVAL_ENV": str(eval_env)}, time_limit="10",
-                  extra_run="  shards: 2\n  monitor: {preWalltimeMinutes: 1, settleMinutes: 0}" + extra)
+                  extra_run=shards + "  monitor: {preWalltimeMinutes: 1, settleMinutes: 0}" + extra,
+                  extra_cluster=extra_cluster)
     cluster.spec.write_text(cluster.spec.read_text().replace(f"datasets: {json.dumps([dataset])}", "presets: [tiny]"))
 
 
@@ -96,3 +105,50 @@ def test_a_shard_whose_launch_failed_is_refired_alone_and_the_union_is_uploaded(
     [union] = [r for r in cluster.rows() if r["job_status"] == "Finished"]
     assert next(m["value"] for m in union["metrics"] if m["name"] == "accuracy") == pytest.approx(TINY_ACCURACY)
     assert union["job_name"].endswith("__a2")  # numbered by its shards' attempts: 1 + (1-1) + (2-1)
+
+
+def test_with_history_over_max_time_limit_the_estimate_chooses_2_shards_each_asking_its_sized_time(
+        cluster, eval_env, tmp_path: Path) -> None:
+    """A finished attempt of the same benchmark took 2.5 h (another EvalRun's, recorded in the store): one job would
+    ask 3 h 15 m (× 1.25 + the 1 min cancel), more than maxTimeLimit 2 h; a shard of half the tasks asks 1 h 45 m.
+    The first pass chooses 2 shards and launches nothing; the next launches them, and SLURM holds their sized
+    --time. The union's score is the one the same trials make unsharded."""
+    write_sharded(cluster, eval_env, tmp_path, shards="  walltime: auto\n",
+                  extra_cluster='  maxTimeLimit: "2:00:00"\n  minTimeLimit: "00:15:00"')
+    store = open_store(cluster.store)
+    try:
+        earlier = Submission(name="ev_earlier__a1", run_tag="ev_earlier__a1", evalrun=EvalRunRef(name="earlier"),
+                             cell_key="earlier", attempt=1, fire=1, created_at=datetime.now(UTC),
+                             model=cluster.model(2), benchmark="tinyshards", trials=4, concurrency=4)
+        store.state.record_submission(earlier)
+        store.state.record_job_end(earlier.name, gpu_hours=2.5, elapsed_hours=2.5)
+        store.state.finish_attempt(earlier.run_tag)
+    finally:
+        store.close()
+
+    [planned] = cluster.plan_cells()
+    assert planned["rule"] == "ShardsChosen" and "runs as 2 shards of at most 2 tasks" in planned["reason"], planned
+    def ours() -> list[dict]:
+        return [s for s in cluster.submissions() if s["name"] != earlier.name]
+
+    cluster.reconcile()
+    assert ours() == [], "the choice launches nothing"
+    [(memory,)] = cluster._query("SELECT memory FROM evalrun_cell_memory")
+    assert json.loads(memory)["shards"]["count"] == 2
+
+    cluster.reconcile()
+    subs = ours()
+    assert len(subs) == 2 and all(s["job_id"] for s in subs), subs
+    assert [asked_time(cluster, s["job_id"]) for s in subs] == ["01:45:00", "01:45:00"]
+
+    def converged() -> bool:
+        cluster.reconcile()
+        return cluster.status()["counts"] == {"Completed": 3}
+
+    wait_until(converged, "the cell and its 2 shards Completed", timeout_s=600, step_s=1.0)
+    assert len(ours()) == 2, "no shard ran twice, and the cell never ran unsharded"
+    [union] = [r for r in cluster.rows() if r["job_status"] == "Finished"]
+    assert next(m["value"] for m in union["metrics"] if m["name"] == "accuracy") == pytest.approx(TINY_ACCURACY)
+    tasks = [{json.loads(p.read_text())["task_name"] for p in (cluster.jobs_dir / s["run_tag"]).glob("*/result.json")}
+             for s in subs]
+    assert not tasks[0] & tasks[1] and tasks[0] | tasks[1] == {"pass", "fail", "slow", "noreward"}

@@ -265,6 +265,17 @@ class PostgresStore:
         except ValueError as error:
             raise ObservationError(f"store {self.name}: quarantines: {first_line(error)}") from None
 
+    def read_memories(self, cell_keys: Sequence[str]) -> dict[str, CellMemory]:
+        with self._db.reading() as conn:
+            if not self._db.have(conn, ("evalrun_cell_memory",)):
+                return {}
+            (cursor,) = self._db.round(conn, (sql.MEMORY_OF_CELLS, {"cell_keys": list(cell_keys)}))
+            records = dicts(cursor)
+        try:
+            return state_snapshot({"evalrun_cell_memory": records}).cell_memory
+        except ValueError as error:
+            raise ObservationError(f"store {self.name}: cell memory: {first_line(error)}") from None
+
     def read_selections(self, evalrun: EvalRunRef) -> tuple[Selection, ...]:
         with self._db.reading() as conn:
             if not self._db.have(conn, ("evalrun_model_selections",)):

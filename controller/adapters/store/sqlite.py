@@ -221,6 +221,16 @@ class SqliteStore:
         except (sqlite3.Error, ValueError) as error:
             raise ObservationError(self._db.line(error)) from error
 
+    def read_memories(self, cell_keys: Sequence[str]) -> dict[str, CellMemory]:
+        conn = self._db.connection()
+        if conn is None or "evalrun_cell_memory" not in self._db.tables(conn):
+            return {}
+        try:
+            records = self._db.run(conn, sql.MEMORY_OF_CELLS, {"cell_keys": as_json(cell_keys)}).fetchall()
+            return state_snapshot({"evalrun_cell_memory": map(dict, records)}).cell_memory
+        except (sqlite3.Error, ValueError) as error:
+            raise ObservationError(self._db.line(error)) from error
+
     def read_selections(self, evalrun: EvalRunRef) -> tuple[Selection, ...]:
         conn = self._db.connection()
         if conn is None or "evalrun_model_selections" not in self._db.tables(conn):

@@ -3,10 +3,11 @@
 1. pending: every cell is decided alone (`plan_cell`); node quarantines are capped (`within_node_cap`);
 2. slots: what launches may take is counted once, before any launch (`Pool.of`): free pinggy pairs (minus those
    leased to live jobs or locked), bad nodes, a cluster back-off, the GPU-hour budget, the submission budget;
-3. queued: a cluster whose preflight failed holds every launch (`preflight_held`, RULES §12); else each launch, in
-   cell order, passes `LAUNCH_GATES` top to bottom (pinggy pair → a usable node → the back-off → the GPU-hour
-   budget → the submission budget); the first that stops it replaces it by its hold or wait, else it takes its
-   slots and is placed (its pair, the bad nodes excluded). `suspend` then turns every mutation into a hold.
+3. queued: a cluster whose preflight failed holds every launch (`preflight_held`, RULES §12); a first launch whose
+   sized request exceeds maxTimeLimit becomes the choice of its shards (`shards_chosen`, RULES §17); else each
+   launch, in cell order, passes `LAUNCH_GATES` top to bottom (pinggy pair → a usable node → the back-off → the
+   GPU-hour budget → the submission budget); the first that stops it replaces it by its hold or wait, else it takes
+   its slots and is placed (its pair, the bad nodes excluded). `suspend` then turns every mutation into a hold.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from controller.core.planner.cell import plan_cell
 from controller.core.planner.fleet import UNTOUCHED, launch_of
 from controller.core.planner.policy import Policy
 from controller.core.preflight import Preflight
-from controller.core.remedies import Quarantined, QuarantineKind, RemedyKind
+from controller.core.remedies import Quarantined, QuarantineKind, RemedyKind, ShardChoice
 from controller.core.types import Cell, EvalRunRef
 from controller.core.vocabulary import (
     Action,
@@ -39,7 +40,7 @@ from controller.core.vocabulary import (
     Submit,
     Wait,
 )
-from controller.core.walltime import Learning, Sized, sized
+from controller.core.walltime import Learning, Sized, WallEstimate, clock, hours_text, shards_needed, sized
 
 
 @dataclass
@@ -156,6 +157,8 @@ def admit_launch(pool: Pool, cell_plan: CellPlan, launch: Launch) -> CellPlan:
     if pool.preflight is not None:
         return preflight_held(cell_plan, pool.preflight, policy.cluster)
     estimate = pool.estimates.get(cell.key, UNKNOWN)
+    if (sharding := shards_chosen(cell_plan, launch, estimate.wall, policy, pool.now)) is not None:
+        return sharding
     ticket = Ticket(cell_plan=cell_plan, launch=launch, pair=pair_for(launch, pool) if cell.needs_pinggy else None,
                     estimate=estimate, cost=launch_cost(estimate, cell_plan.run_dir, resume=isinstance(launch, Resume)))
     for gate in LAUNCH_GATES:
@@ -178,6 +181,34 @@ def admit_launch(pool: Pool, cell_plan: CellPlan, launch: Launch) -> CellPlan:
     if walltime is not None:
         cell_plan = noted(cell_plan, walltime.note)
     return placed(cell_plan, launch, ticket.pair, pool.bad_nodes, walltime)
+
+
+def shards_chosen(cell_plan: CellPlan, launch: Launch, estimate: WallEstimate | None, policy: Policy,
+                  now: datetime) -> CellPlan | None:
+    """RULES §17 `ShardsChosen`: the first launch of a cell that may shard, whose sized request would exceed
+    maxTimeLimit, becomes the choice of its shards, remembered with the cell; the next pass runs it as them. Before
+    the launch gates: a choice takes no submission or GPU-hour budget. A cell whose choice this pass did not read
+    (a plan made without the store) waits rather than run unsharded."""
+    cell, walltime = cell_plan.cell, policy.walltime
+    if not cell.may_shard or cell.shards > 1 or cell.tasks is None or cell_plan.run_dir is not None:
+        return None
+    if (chosen := cell_plan.memory.shards) is not None:
+        return without_launch(cell_plan, Wait(reason=f"its estimate chose {chosen.count} shards; a pass that reads "
+                                                      "the controller state runs them"))
+    first = type(launch) is Submit and launch.attempt == 1 and launch.intent_at is None
+    if not (first and (walltime.auto or (cell.walltime_auto and walltime.presets))):
+        return None
+    count = shards_needed(estimate, walltime, cell.tasks)
+    if count is None or estimate is None:
+        return None
+    cause = (f"a sized request of the cell (p90 {hours_text(estimate.high_hours)} × {walltime.margin:.3g}) exceeds "
+             f"maxTimeLimit {clock(int(walltime.maximum.total_seconds()))}; from {estimate.basis}")
+    reason = f"runs as {count} shards of at most {-(-cell.tasks // count)} tasks, each its own job sized for its " \
+             f"share: {cause}"
+    choice = ShardChoice(count=count, reason=cause, at=now)
+    memory = (cell_plan.remember or cell_plan.memory).model_copy(update={"shards": choice})
+    return without_launch(cell_plan, Wait(reason=f"{reason}; chosen once, kept with the cell")).model_copy(
+        update={"rule": Rule.SHARDS_CHOSEN, "reason": reason, "remember": memory})
 
 
 def preflight_block(preflight: Preflight | None) -> Action | None:
@@ -298,10 +329,12 @@ def placed(cell_plan: CellPlan, launch: Launch, pair: str | None, bad_nodes: tup
 
 
 def suspended(cell_plan: CellPlan) -> CellPlan:
-    """`spec.suspend`: the plan as it would be, every mutation a hold and no bookkeeping written."""
+    """`spec.suspend`: the plan as it would be, every mutation a hold and no bookkeeping written (nor a choice of
+    shards: the estimate when it resumes chooses)."""
     held = tuple(Hold(reason=f"suspended; would {a.render()}") if isinstance(a, Mutation) else a
                  for a in cell_plan.actions)
-    return cell_plan.model_copy(update={"actions": held, "row_updates": ()})
+    remember = None if cell_plan.rule == Rule.SHARDS_CHOSEN else cell_plan.remember
+    return cell_plan.model_copy(update={"actions": held, "row_updates": (), "remember": remember})
 
 
 def noted(cell_plan: CellPlan, note: str) -> CellPlan:

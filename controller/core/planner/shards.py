@@ -183,7 +183,9 @@ def through_shards(cell_plan: CellPlan, shard_plans: Sequence[CellPlan], pending
     done = len(shard_plans) - sum(phases.values())
     said = [f"{done} done"] * bool(done) + [f"{count} {phase.value.lower()}" for phase, count in sorted(phases.items())]
     said += [f"{pending} pending"] * bool(pending)
-    reason = f"runs as {len(shard_plans) + pending} shards ({', '.join(said)})" + (f"; {problem}" if problem else "")
+    chosen = cell_plan.memory.shards  # the unsharded key's memory is the cell's former one
+    why = f"; chosen by its estimate: {chosen.reason}" if chosen is not None and chosen.count == cell_plan.cell.shards else ""
+    reason = f"runs as {len(shard_plans) + pending} shards ({', '.join(said)}){why}" + (f"; {problem}" if problem else "")
     busiest = next((phase for phase in (Phase.STALLED, Phase.RUNNING, Phase.SUBMITTED) if phases[phase]), Phase.PENDING)
     phase = Phase.FAILED if problem else busiest  # a shard held is shown, with its lever, as the shard it is
     others = tuple(action for action in cell_plan.actions if action is not launch_of(cell_plan))

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from controller.core.observed import Submission, TunnelLease
 from controller.core.ports import ControllerState
 from controller.core.records import StateSnapshot
-from controller.core.remedies import CellMemory, QuarantineKind, StallReading
+from controller.core.remedies import CellMemory, QuarantineKind, ShardChoice, StallReading
 from controller.core.types import EvalRunRef
 
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
@@ -122,6 +122,18 @@ def test_cell_memory_is_replaced_and_read_per_cell(state_backend: ControllerStat
     memory = state_backend.read_state(RUN_A, ["c1"], HOUR).cell_memory
 
     assert memory == {"c1": CellMemory(stall_reading=reading, upload_as_is="ev_x__a1")}
+
+
+def test_the_memories_of_named_cells_are_read_before_a_pass_with_the_shards_an_estimate_chose(
+        state_backend: ControllerState) -> None:
+    """RULES §17: a chosen count is read back before cells are resolved; a cell never remembered is absent."""
+    chosen = CellMemory(shards=ShardChoice(count=3, reason="p90 40 h over maxTimeLimit 24 h", at=T0))
+    assert state_backend.read_memories(["cell-a"]) == {}, "nothing recorded yet: a store without the table"
+    state_backend.remember("cell-a", chosen)
+    state_backend.remember("cell-b", CellMemory(track_error="MLflow: down"))
+
+    assert state_backend.read_memories(["cell-a", "cell-c"]) == {"cell-a": chosen}
+    assert state_backend.read_memories([]) == {}
 
 
 def test_a_namespaced_evalrun_reads_back_as_itself_everywhere(state_backend: ControllerState) -> None:

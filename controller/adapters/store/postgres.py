@@ -18,6 +18,7 @@ from typing import Any
 from psycopg import errors
 from psycopg.types.json import Jsonb
 
+from controller.adapters.store import postgres_schema as schema
 from controller.adapters.store import postgres_sql as sql
 from controller.adapters.store.codec import (
     already_uploaded,
@@ -87,7 +88,7 @@ class PostgresStore:
             "all_benchmarks": benchmark_names is None, "benchmarks": list(benchmark_names or ()),
         }
         with self._db.reading() as conn:
-            if not self._db.have(conn, sql.OT_AGENT_TABLES):
+            if not self._db.have(conn, schema.OT_AGENT_TABLES):
                 return NO_RESULTS
             _, families, rows, _ = self._db.round(
                 conn, (BEGIN_READ, None), (sql.FAMILIES, named), (sql.ROWS_IN_FAMILIES, named), (COMMIT, None))
@@ -130,7 +131,7 @@ class PostgresStore:
             "benchmark_name": row.benchmark_name, "new_benchmark_id": str(uuid.uuid4()),
         }
         with self._db.writing() as conn:
-            self._db.round(conn, (BEGIN, None), (sql.TAKE_SCHEMA_LOCK, (sql.REGISTRY_LOCK,)), (sql.CREATE_ROW, params),
+            self._db.round(conn, (BEGIN, None), (schema.TAKE_SCHEMA_LOCK, (sql.REGISTRY_LOCK,)), (sql.CREATE_ROW, params),
                         (COMMIT, None))
 
     def update_row(self, row_id: str, *, owner: str, status: RowStatus | None = None,

@@ -21,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from controller.adapters.store import postgres_sql as sql
+from controller.adapters.store import postgres_schema as schema
 from controller.adapters.store.errors import StoreUnavailable, WriteRefused
 from controller.core.ports import ObservationError
 from controller.core.records import ResultsSnapshot
@@ -60,7 +60,7 @@ class PostgresSession:
         self._secrets = _secrets(dsn)
         self._counter_lock = threading.Lock()
         self.present: frozenset[str] = frozenset()  # tables known to exist (they are never dropped)
-        self._upgraded: set[str] = set()  # tables known to have sql.ADDED_COLUMNS (a reader may see a database without)
+        self._upgraded: set[str] = set()  # tables known to have schema.ADDED_COLUMNS (a reader may see a database without)
         try:
             self._conninfo = self._session_conninfo(dsn)
         except psycopg.ProgrammingError as error:
@@ -160,17 +160,17 @@ class PostgresSession:
         """Do these tables exist? Only asked of the database while some are missing (a read-only store)."""
         if self.present.issuperset(tables):
             return True
-        (cursor,) = self.round(conn, (sql.EXISTING_TABLES, (list(sql.OT_AGENT_TABLES + sql.OWN_TABLES),)))
+        (cursor,) = self.round(conn, (schema.EXISTING_TABLES, (list(schema.OT_AGENT_TABLES + schema.OWN_TABLES),)))
         self.present = frozenset(name for (name,) in cursor)
         return self.present.issuperset(tables)
 
     def lacking_columns(self, conn: Connection, table: str) -> frozenset[str]:
-        """The columns migrations add to `table` (sql.ADDED_COLUMNS) that have not reached this database. Asked
+        """The columns migrations add to `table` (schema.ADDED_COLUMNS) that have not reached this database. Asked
         only until they all have (columns are never dropped)."""
         if table in self._upgraded:
             return frozenset()
-        added = sql.ADDED_COLUMNS[table]
-        (cursor,) = self.round(conn, (sql.PRESENT_COLUMNS, {"table": table, "columns": list(added)}))
+        added = schema.ADDED_COLUMNS[table]
+        (cursor,) = self.round(conn, (schema.PRESENT_COLUMNS, {"table": table, "columns": list(added)}))
         lacking = frozenset(added) - {name for (name,) in cursor}
         if not lacking:
             self._upgraded.add(table)
@@ -183,21 +183,21 @@ class PostgresSession:
         Existing tables are not even named in a CREATE: the lab's user may lack CREATE on their schema.
         """
         with conn.transaction():
-            conn.execute(sql.TAKE_SCHEMA_LOCK, (sql.SCHEMA_LOCK,))
-            asked = [*sql.OT_AGENT_TABLES, sql.MIGRATIONS]
-            tables = {name for (name,) in conn.execute(sql.EXISTING_TABLES, (asked,))}
-            for table in sql.OT_AGENT_TABLES:
+            conn.execute(schema.TAKE_SCHEMA_LOCK, (schema.SCHEMA_LOCK,))
+            asked = [*schema.OT_AGENT_TABLES, schema.MIGRATIONS]
+            tables = {name for (name,) in conn.execute(schema.EXISTING_TABLES, (asked,))}
+            for table in schema.OT_AGENT_TABLES:
                 if table not in tables:
-                    conn.execute(sql.OT_AGENT_DDL[table])
-            if sql.MIGRATIONS not in tables:
-                conn.execute(sql.MIGRATIONS_TABLE)
-            applied = {version for (version,) in conn.execute(sql.APPLIED_MIGRATIONS)}
+                    conn.execute(schema.OT_AGENT_DDL[table])
+            if schema.MIGRATIONS not in tables:
+                conn.execute(schema.MIGRATIONS_TABLE)
+            applied = {version for (version,) in conn.execute(schema.APPLIED_MIGRATIONS)}
             for version, name, text in migrations():
                 if version not in applied:
                     conn.execute(text)
-                    conn.execute(sql.RECORD_MIGRATION, (version, name))
-        self.present = frozenset(sql.OT_AGENT_TABLES + sql.OWN_TABLES)
-        self._upgraded = set(sql.ADDED_COLUMNS)
+                    conn.execute(schema.RECORD_MIGRATION, (version, name))
+        self.present = frozenset(schema.OT_AGENT_TABLES + schema.OWN_TABLES)
+        self._upgraded = set(schema.ADDED_COLUMNS)
 
     def _session_conninfo(self, dsn: str) -> str:
         """The DSN plus our session settings: timeouts, UTC (timestamps read as text), read-only if asked."""

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from os import PathLike
 from typing import Any
 
+from controller.adapters.store import sqlite_schema as schema
 from controller.adapters.store import sqlite_sql as sql
 from controller.adapters.store.codec import (
     already_uploaded,
@@ -74,7 +75,7 @@ class SqliteStore:
             return NO_RESULTS
         try:
             with transaction(conn, "DEFERRED"):
-                if not self._db.tables(conn).issuperset(sql.OT_AGENT_TABLES):
+                if not self._db.tables(conn).issuperset(schema.OT_AGENT_TABLES):
                     return NO_RESULTS
                 models, benchmarks = self._families(conn, model_names, benchmark_names)
                 records = self._db.run(conn, sql.ROWS_IN_FAMILIES, {

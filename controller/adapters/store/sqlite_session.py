@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from controller.adapters.store import sqlite_sql as sql
+from controller.adapters.store import sqlite_schema as schema
 from controller.adapters.store.errors import StoreUnavailable, WriteRefused
 from controller.core.ports import ObservationError
 
@@ -63,8 +63,8 @@ class SqliteSession:
         return conn.execute(statement, params)
 
     def tables(self, conn: sqlite3.Connection) -> set[str]:
-        all_tables = as_json(sql.OT_AGENT_TABLES + sql.OWN_TABLES)
-        return {name for (name,) in self.run(conn, sql.EXISTING_TABLES, (all_tables,))}
+        all_tables = as_json(schema.OT_AGENT_TABLES + schema.OWN_TABLES)
+        return {name for (name,) in self.run(conn, schema.EXISTING_TABLES, (all_tables,))}
 
     def line(self, error: Exception) -> str:
         """One line that says what is wrong with the store file and what to check."""
@@ -100,8 +100,8 @@ def transaction(conn: sqlite3.Connection, mode: str) -> Iterator[None]:
 def missing_columns(conn: sqlite3.Connection) -> dict[str, dict[str, str]]:
     """Table → the columns of ADDED_COLUMNS (name → type) it lacks: a file made by an earlier version."""
     missing = {}
-    for table, columns in sql.ADDED_COLUMNS.items():
-        present = {name for (name,) in conn.execute(sql.TABLE_COLUMNS, (table,))}
+    for table, columns in schema.ADDED_COLUMNS.items():
+        present = {name for (name,) in conn.execute(schema.TABLE_COLUMNS, (table,))}
         if lacking := {name: kind for name, kind in columns.items() if name not in present}:
             missing[table] = lacking
     return missing
@@ -127,7 +127,7 @@ def _open_writable(path: str, busy_timeout_s: float) -> sqlite3.Connection:
     conn = _connect(path, busy_timeout_s)
     try:
         conn.execute("PRAGMA journal_mode = WAL")
-        conn.executescript(f"BEGIN IMMEDIATE;{sql.SCHEMA}COMMIT;")
+        conn.executescript(f"BEGIN IMMEDIATE;{schema.SCHEMA}COMMIT;")
         _add_columns(conn)
     except BaseException:
         conn.close()
@@ -141,5 +141,5 @@ def _add_columns(conn: sqlite3.Connection) -> None:
     with transaction(conn, "IMMEDIATE"):
         for table, columns in missing_columns(conn).items():
             for name, kind in columns.items():
-                conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")  # names from sql.ADDED_COLUMNS only
-        conn.execute(sql.GPU_HISTORY_INDEX)
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")  # names from schema.ADDED_COLUMNS only
+        conn.execute(schema.GPU_HISTORY_INDEX)

@@ -137,7 +137,7 @@ def fleet(n: int, seed: int) -> list[Cell]:
 
 def estimated(hours: float) -> WallEstimate:
     estimate = wall_estimate([hours], basis="bench: true wall time × a log-normal error", with_start=True,
-                             starts=[COLD_H], start_basis="measured")  # an attempt's hours, as history gives them
+                             starts=[COLD_H], start_basis="measured", scales=True)  # as history gives them
     if estimate is None:
         raise ValueError("an estimate of one value is never None")
     return estimate

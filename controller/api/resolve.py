@@ -61,10 +61,11 @@ def resolve(run: EvalRun, cluster: AnyCluster, catalog: Catalog, models: Sequenc
 
 def with_chosen_shards(cells: Sequence[Cell], chosen: Mapping[str, int]) -> tuple[Cell, ...]:
     """`cells` with each that may shard and whose estimate chose K shards (`chosen`: cell key → K, what the store
-    remembers) run as K shards, followed by them (RULES §17)."""
+    remembers) run as K shards, followed by them (RULES §17); never more than its tasks (a catalog whose count fell
+    since would leave shards of none, which can never run)."""
     found: list[Cell] = []
     for cell in cells:
-        count = chosen.get(cell.key, 1) if cell.may_shard else 1
+        count = min(chosen.get(cell.key, 1), cell.tasks or 1) if cell.may_shard else 1
         if count < 2:
             found.append(cell)
             continue

@@ -86,6 +86,10 @@ class _Size(NamedTuple):
     trials: int | None
     concurrency: int | None
 
+    def scales_to(self, cell: _Size) -> bool:
+        """Its hours scale with a cell's share of trials: both say how many they run."""
+        return bool(cell.trials and self.trials)
+
     def factor(self, cell: _Size) -> float:
         trials = cell.trials / self.trials if cell.trials and self.trials else 1.0
         concurrency = self.concurrency / cell.concurrency if cell.concurrency and self.concurrency else 1.0
@@ -147,15 +151,18 @@ def _estimate(group: tuple[str, str], size: _Size, history: list[AttemptCost] | 
     dir_hours = [hours * factor for (hours, _), factor in zip(dirs or (), dir_factors, strict=True)]  # no start in it
     dirs_note = _scaling_note(dir_factors, size)
     from_dirs = wall_estimate(dir_hours, f"{len(dir_hours)} run dir(s) of {name} (trials' wall time){dirs_note}",
-                              starts=starts, start_basis=measured)
+                              starts=starts, start_basis=measured,
+                              scales=all(of.scales_to(size) for _, of in dirs or ()))
     if history:
-        sizes = {cost.run_tag: _Size(trials=cost.trials, concurrency=cost.concurrency).factor(size) for cost in history}
+        of_size = {cost.run_tag: _Size(trials=cost.trials, concurrency=cost.concurrency) for cost in history}
+        sizes = {tag: of.factor(size) for tag, of in of_size.items()}
         note = _scaling_note(list(sizes.values()), size)
-        walls = [_scaled(c.wall_hours, start, sizes[c.run_tag]) for c in history if c.wall_hours] or \
-            [_scaled(c.gpu_hours / gpus_per_job, start, sizes[c.run_tag])
+        walls = [(c, _scaled(c.wall_hours, start, sizes[c.run_tag])) for c in history if c.wall_hours] or \
+            [(c, _scaled(c.gpu_hours / gpus_per_job, start, sizes[c.run_tag]))
              for c in history if c.gpu_hours > 0 and gpus_per_job > 0]
-        wall = wall_estimate(walls, f"{len(walls)} finished attempt(s) of {name}{note}", with_start=True,
-                             starts=starts, start_basis=measured) or from_dirs
+        wall = wall_estimate([hours for _, hours in walls], f"{len(walls)} finished attempt(s) of {name}{note}",
+                             with_start=True, starts=starts, start_basis=measured,
+                             scales=all(of_size[c.run_tag].scales_to(size) for c, _ in walls)) or from_dirs
         hours = [_scaled(c.gpu_hours, start * gpus_per_job, sizes[c.run_tag]) for c in history]
         return GpuEstimate(hours=statistics.median(hours), source=EstimateSource.HISTORY, group=name, wall=wall,
                            basis=f"median of {len(hours)} finished attempt(s) of {name}{note}")

@@ -172,7 +172,9 @@ class CellMemory(BaseModel):
 
     @classmethod
     def from_stored(cls, data: object) -> CellMemory:
-        """Field by field: a value that does not decode is no reading (as an unknown key is), not a failed pass."""
+        """Field by field: a value that does not decode is no reading (as an unknown key is), not a failed pass;
+        except a choice of shards, whose absence would run the cell as one job beside its shards: ValueError (the
+        read fails, and the cell is Unknown)."""
         if not isinstance(data, dict):
             return cls()
         kept = {}
@@ -180,7 +182,9 @@ class CellMemory(BaseModel):
             if name in cls.model_fields:
                 try:
                     cls.model_validate({name: value})
-                except ValidationError:
+                except ValidationError as error:
+                    if name == "shards":
+                        raise ValueError(f"a cell's chosen shards do not decode: {error.errors()[0]['msg']}") from None
                     continue
                 kept[name] = value
         return cls.model_validate(kept)

@@ -44,6 +44,9 @@ class WallEstimate(Frozen):
     start_hours: float | None = Field(None, description="a job's model-server start before its first trial, measured "
                                                         "on jobs alike (the median); None: not measured")
     start_basis: str = Field("", description="what the start is measured on")
+    scales: bool = Field(False, description="every attempt it is read from says how many trials it ran, as the cell "
+                                            "does: an estimate of a share of them is scaled the same way (else no "
+                                            "shard count can be told to fit)")
 
 
 class Learning(Frozen):
@@ -113,15 +116,15 @@ def learned_from(submissions: Iterable[Submission], evalrun: EvalRunRef) -> Lear
 
 
 def wall_estimate(hours: Sequence[float], basis: str, *, with_start: bool = False,
-                  starts: Sequence[float] = (), start_basis: str = "") -> WallEstimate | None:
+                  starts: Sequence[float] = (), start_basis: str = "", scales: bool = False) -> WallEstimate | None:
     """The median and p90 of the wall hours of finished attempts (or run dirs) alike, with the median server start
-    measured on `starts` (hours); None without any hours."""
+    measured on `starts` (hours); None without any hours. `scales`: every one of them is of a known size."""
     if not hours:
         return None
     ordered = sorted(hours)
     return WallEstimate(median_hours=statistics.median(ordered), high_hours=_p90(ordered), basis=basis,
                         with_start=with_start, start_hours=statistics.median(starts) if starts else None,
-                        start_basis=start_basis if starts else "")
+                        start_basis=start_basis if starts else "", scales=scales)
 
 
 def _p90(ordered: Sequence[float]) -> float:
@@ -168,9 +171,11 @@ def shards_needed(estimate: WallEstimate | None, policy: WalltimePolicy, tasks: 
     """How many shards a cell of `tasks` tasks runs as when even its sized request exceeds maxTimeLimit (RULES
     §17): the fewest whose jobs' requests fit, each sized as its shard will be (the largest share of the tasks,
     its own server start and cancel), else as many as there are tasks (at most SHARDS_MAX). None: its request
-    fits, there is nothing to go by, or no shard fits even empty (the fixed costs alone fill maxTimeLimit)."""
+    fits, there is nothing to go by, the evidence does not scale to a share (an attempt whose trials are not
+    recorded counts whole for a shard too), or no shard fits even empty (the fixed costs alone fill
+    maxTimeLimit)."""
     limit = policy.maximum.total_seconds()
-    if estimate is None or tasks < 2 or _request(estimate, 1.0, policy)[0] <= limit:
+    if estimate is None or not estimate.scales or tasks < 2 or _request(estimate, 1.0, policy)[0] <= limit:
         return None
     if _request(_share(estimate, 0.0), 1.0, policy)[0] > limit:
         return None

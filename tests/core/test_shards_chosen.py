@@ -29,20 +29,23 @@ def history(hours: float) -> list[AttemptCost]:
 
 
 def test_the_fewest_shards_whose_sized_requests_fit_max_time_limit_are_chosen() -> None:
-    twenty = wall_estimate([20.0], "3 attempts", with_start=True)
+    twenty = wall_estimate([20.0], "3 attempts", with_start=True, scales=True)
     # 3 shards: 34 of 100 tasks, 6.8 h × 1.25 + 15 m cancel = 8 h 45 m > 8 h; 4 shards: 25 tasks, 6 h 30 m
     assert shards_needed(twenty, EIGHT_HOURS, 100) == 4
-    assert shards_needed(wall_estimate([4.0], "3 attempts", with_start=True), EIGHT_HOURS, 100) is None, "it fits"
+    assert shards_needed(wall_estimate([4.0], "3 attempts", with_start=True, scales=True), EIGHT_HOURS, 100) is None, "it fits"
     assert shards_needed(None, EIGHT_HOURS, 100) is None, "nothing to go by: the fixed walltime, one job"
     assert shards_needed(twenty, EIGHT_HOURS, 3) == 3, "at most one shard per task"
-    assert shards_needed(wall_estimate([1000.0], "3 attempts", with_start=True), EIGHT_HOURS, 1000) == 64
+    assert shards_needed(wall_estimate([1000.0], "3 attempts", with_start=True, scales=True), EIGHT_HOURS, 1000) == 64
     cancel_fills_it = EIGHT_HOURS.model_copy(update={"cancel_margin": timedelta(hours=8, minutes=1)})
     assert shards_needed(twenty, cancel_fills_it, 100) is None, "no shard fits: sharding cannot help"
+    whole = twenty.model_copy(update={"scales": False})
+    assert shards_needed(whole, EIGHT_HOURS, 100) is None, "attempts of unknown size: a shard's share is not known"
 
 
 def test_a_measured_server_start_is_paid_by_each_shard_not_divided_among_them() -> None:
     """Each shard starts its own server: with a 2 h start in a 10 h attempt, a half is 2 h + 4 h, not 5 h."""
-    started = wall_estimate([10.0], "3 attempts", with_start=True, starts=[2.0], start_basis="measured")
+    started = wall_estimate([10.0], "3 attempts", with_start=True, starts=[2.0], start_basis="measured",
+                            scales=True)
     # 2 shards: (2 + 8 × 0.5) × 1.25 + 0.25 = 7.75 h ≤ 8 h; were the start halved too, 10 × 0.5 × 1.25 + .25 = 6.5
     assert shards_needed(started, EIGHT_HOURS, 100) == 2
     tight = EIGHT_HOURS.model_copy(update={"maximum": timedelta(hours=7)})
@@ -58,7 +61,9 @@ def test_a_first_launch_over_max_time_limit_is_the_choice_of_its_shards_remember
     assert decided.remember is not None and decided.remember.shards is not None
     assert decided.remember.shards.count == 4 and decided.remember.shards.at == NOW
     assert "runs as 4 shards of at most 25 tasks" in decided.reason and "maxTimeLimit 8:00:00" in decided.reason
-    assert suspended(decided).remember is None, "a suspended EvalRun chooses nothing"
+    held = suspended(decided)
+    assert held.remember is None, "a suspended EvalRun chooses nothing"
+    assert [a.reason for a in held.actions] == [f"suspended; would choose: {decided.reason}"]
 
 
 def test_what_may_not_shard_launches_as_one_job_cut_at_max_time_limit() -> None:

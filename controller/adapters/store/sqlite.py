@@ -224,9 +224,11 @@ class SqliteStore:
 
     def read_memories(self, cell_keys: Sequence[str]) -> dict[str, CellMemory]:
         conn = self._db.connection()
-        if conn is None or "evalrun_cell_memory" not in self._db.tables(conn):
+        if conn is None:
             return {}
         try:
+            if "evalrun_cell_memory" not in self._db.tables(conn):
+                return {}
             records = self._db.run(conn, sql.MEMORY_OF_CELLS, {"cell_keys": as_json(cell_keys)}).fetchall()
             return state_snapshot({"evalrun_cell_memory": map(dict, records)}).cell_memory
         except (sqlite3.Error, ValueError) as error:
@@ -234,9 +236,11 @@ class SqliteStore:
 
     def read_selections(self, evalrun: EvalRunRef) -> tuple[Selection, ...]:
         conn = self._db.connection()
-        if conn is None or "evalrun_model_selections" not in self._db.tables(conn):
+        if conn is None:
             return ()
         try:
+            if "evalrun_model_selections" not in self._db.tables(conn):
+                return ()
             return model_selections(dict(r) for r in self._db.run(conn, sql.MODEL_SELECTIONS, (str(evalrun),)))
         except (sqlite3.Error, ValueError) as error:
             raise ObservationError(self._db.line(error)) from error

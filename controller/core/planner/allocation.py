@@ -331,10 +331,12 @@ def placed(cell_plan: CellPlan, launch: Launch, pair: str | None, bad_nodes: tup
 def suspended(cell_plan: CellPlan) -> CellPlan:
     """`spec.suspend`: the plan as it would be, every mutation a hold and no bookkeeping written (nor a choice of
     shards: the estimate when it resumes chooses)."""
+    if cell_plan.rule == Rule.SHARDS_CHOSEN:
+        chosen = Hold(reason=f"suspended; would choose: {cell_plan.reason}")
+        return cell_plan.model_copy(update={"actions": (chosen,), "row_updates": (), "remember": None})
     held = tuple(Hold(reason=f"suspended; would {a.render()}") if isinstance(a, Mutation) else a
                  for a in cell_plan.actions)
-    remember = None if cell_plan.rule == Rule.SHARDS_CHOSEN else cell_plan.remember
-    return cell_plan.model_copy(update={"actions": held, "row_updates": (), "remember": remember})
+    return cell_plan.model_copy(update={"actions": held, "row_updates": ()})
 
 
 def noted(cell_plan: CellPlan, note: str) -> CellPlan:

@@ -425,13 +425,15 @@ def _release(store: Store, lease: str, holder: str) -> None:
 
 
 def _keys(target: RunTarget) -> list[str]:
-    """The cells it claims."""
-    return [c.key for c in target.cells]
+    """The cells it claims, and a sharded cell's unsharded key (RULES §17): another EvalRun listing the cell with
+    shards set otherwise (or walltime fixed) would take that key once it is let go, and run the benchmark whole
+    beside these shards."""
+    return [c.key for c in target.cells] + [c.former_key for c in target.cells if c.shards > 1 and c.former_key]
 
 
 def _read_keys(target: RunTarget) -> list[str]:
     """The cells whose history it reads: their keys, and the former keys of earlier versions."""
-    return [*_keys(target), *(c.former_key for c in target.cells if c.former_key)]
+    return list(dict.fromkeys([*_keys(target), *(c.former_key for c in target.cells if c.former_key)]))
 
 
 def _models(target: RunTarget) -> list[str]:

@@ -165,6 +165,8 @@ class CellMemory(BaseModel):
     admitted: AdmissionRecord | None = Field(None, description="the last upload the admission gate admitted")
     spill: Spill | None = Field(None, description="its queued job cancelled to run on another cluster (RULES §15)")
     shards: ShardChoice | None = Field(None, description="the shards its estimate chose (walltime auto, RULES §17)")
+    shards_undecodable: bool = Field(False, exclude=True, description="a choice of shards is stored that does not "
+                                                                      "decode: the cell's shards cannot be known")
 
     def stored(self) -> dict[str, Any]:
         """The JSON the controller state keeps (the key names of every earlier version)."""
@@ -172,9 +174,9 @@ class CellMemory(BaseModel):
 
     @classmethod
     def from_stored(cls, data: object) -> CellMemory:
-        """Field by field: a value that does not decode is no reading (as an unknown key is), not a failed pass;
-        except a choice of shards, whose absence would run the cell as one job beside its shards: ValueError (the
-        read fails, and the cell is Unknown)."""
+        """Field by field: a value that does not decode is no reading (as an unknown key is), not a failed pass; a
+        choice of shards that does not decode is said (`shards_undecodable`): read as none, it would run the cell as
+        one job beside its shards."""
         if not isinstance(data, dict):
             return cls()
         kept = {}
@@ -182,9 +184,9 @@ class CellMemory(BaseModel):
             if name in cls.model_fields:
                 try:
                     cls.model_validate({name: value})
-                except ValidationError as error:
+                except ValidationError:
                     if name == "shards":
-                        raise ValueError(f"a cell's chosen shards do not decode: {error.errors()[0]['msg']}") from None
+                        kept["shards_undecodable"] = True
                     continue
                 kept[name] = value
         return cls.model_validate(kept)

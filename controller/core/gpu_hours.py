@@ -21,7 +21,7 @@ from pydantic import Field
 
 from controller.core.observed import ObservedJob, RunDirFacts, Submission
 from controller.core.types import Cell, Frozen
-from controller.core.walltime import WallEstimate, wall_estimate
+from controller.core.walltime import WallEstimate, scaled_hours, wall_estimate
 
 SECONDS_PER_HOUR = 3600.0
 
@@ -96,13 +96,6 @@ class _Size(NamedTuple):
         return trials * concurrency
 
 
-def _scaled(hours: float, start: float, factor: float) -> float:
-    """An attempt's hours for a cell `factor` times its size: its server start (`start`, measured or 0) as it was,
-    its trials' time scaled."""
-    fixed = min(start, hours)
-    return fixed + (hours - fixed) * factor
-
-
 def estimates(cells: Sequence[Cell], history: Iterable[AttemptCost], run_dirs: Iterable[RunDirFacts],
               bands: SizeBands, gpus_per_job: int, jobs: Sequence[ObservedJob] = ()) -> dict[str, GpuEstimate]:
     """Cell key → estimate, for every cell (a cell already run shows its actual hours instead, in the plan). The
@@ -157,13 +150,13 @@ def _estimate(group: tuple[str, str], size: _Size, history: list[AttemptCost] | 
         of_size = {cost.run_tag: _Size(trials=cost.trials, concurrency=cost.concurrency) for cost in history}
         sizes = {tag: of.factor(size) for tag, of in of_size.items()}
         note = _scaling_note(list(sizes.values()), size)
-        walls = [(c, _scaled(c.wall_hours, start, sizes[c.run_tag])) for c in history if c.wall_hours] or \
-            [(c, _scaled(c.gpu_hours / gpus_per_job, start, sizes[c.run_tag]))
+        walls = [(c, scaled_hours(c.wall_hours, start, sizes[c.run_tag])) for c in history if c.wall_hours] or \
+            [(c, scaled_hours(c.gpu_hours / gpus_per_job, start, sizes[c.run_tag]))
              for c in history if c.gpu_hours > 0 and gpus_per_job > 0]
         wall = wall_estimate([hours for _, hours in walls], f"{len(walls)} finished attempt(s) of {name}{note}",
                              with_start=True, starts=starts, start_basis=measured,
                              scales=all(of_size[c.run_tag].scales_to(size) for c, _ in walls)) or from_dirs
-        hours = [_scaled(c.gpu_hours, start * gpus_per_job, sizes[c.run_tag]) for c in history]
+        hours = [scaled_hours(c.gpu_hours, start * gpus_per_job, sizes[c.run_tag]) for c in history]
         return GpuEstimate(hours=statistics.median(hours), source=EstimateSource.HISTORY, group=name, wall=wall,
                            basis=f"median of {len(hours)} finished attempt(s) of {name}{note}")
     if dirs:

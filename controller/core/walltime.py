@@ -188,16 +188,18 @@ def shards_needed(estimate: WallEstimate | None, policy: WalltimePolicy, tasks: 
 
 
 def _share(estimate: WallEstimate, fraction: float) -> WallEstimate:
-    """The estimate of a job running `fraction` of the trials from the start, as the estimates scale one: its
-    measured server start as it was, the rest scaled."""
+    """The estimate of a job running `fraction` of the trials from the start, as the estimates scale one
+    (`scaled_hours`)."""
     start = (estimate.start_hours or 0.0) if estimate.with_start else 0.0
+    return estimate.model_copy(update={"median_hours": scaled_hours(estimate.median_hours, start, fraction),
+                                       "high_hours": scaled_hours(estimate.high_hours, start, fraction)})
 
-    def scaled(hours: float) -> float:
-        fixed = min(start, hours)
-        return fixed + (hours - fixed) * fraction
 
-    return estimate.model_copy(update={"median_hours": scaled(estimate.median_hours),
-                                       "high_hours": scaled(estimate.high_hours)})
+def scaled_hours(hours: float, start: float, factor: float) -> float:
+    """An attempt's hours for a job `factor` times its size: its server start (`start`, measured or 0) as it was,
+    its trials' time scaled."""
+    fixed = min(start, hours)
+    return fixed + (hours - fixed) * factor
 
 
 def clock(seconds: int) -> str:

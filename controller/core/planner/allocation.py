@@ -210,8 +210,7 @@ def shards_chosen(cell_plan: CellPlan, launch: Launch, estimate: WallEstimate | 
     first = type(launch) is Submit and launch.attempt == 1 and launch.intent_at is None
     if not (first and (walltime.auto or (cell.walltime_auto and walltime.presets))):
         return None
-    count = shards_needed(estimate, walltime, cell.tasks)
-    if count is None or estimate is None:
+    if estimate is None or (count := shards_needed(estimate, walltime, cell.tasks)) is None:
         return None
     whole, _ = unclamped_request(estimate, 1.0, walltime)
     cause = (f"one job would ask {clock(whole)} (p90 {hours_text(estimate.high_hours)} × {walltime.margin:.3g}, "

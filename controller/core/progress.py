@@ -17,6 +17,7 @@ from pydantic import Field
 
 from controller.core.admission import distinct_trials, trial_pairs
 from controller.core.observed import RunDirFacts
+from controller.core.trusted import every_field, trusted
 from controller.core.types import Frozen
 
 
@@ -25,6 +26,9 @@ class Progress(Frozen):
                                      "a task's re-runs counted once")
     total: int | None = Field(description="trials expected; None when nothing says")
     eta_minutes: int | None = Field(None, description="minutes until every trial is done, rounded up; None: unknown")
+
+
+_PROGRESS_FIELDS = every_field(Progress)
 
 
 def eta_minutes(facts: RunDirFacts, now: datetime, n_attempts: int) -> int | None:
@@ -50,4 +54,5 @@ def progress_of(facts: RunDirFacts | None, now: datetime, n_attempts: int, *, ru
     if facts is None or facts.unreadable:
         return None
     completed, measured = trial_pairs(facts, n_attempts)
-    return Progress(scored=measured, total=facts.n_total, eta_minutes=_eta(facts, now, completed) if running else None)
+    return trusted(Progress, {"scored": measured, "total": facts.n_total,
+                              "eta_minutes": _eta(facts, now, completed) if running else None}, _PROGRESS_FIELDS)

@@ -17,6 +17,7 @@ from controller.core.progress import progress_of
 from controller.core.remedies import CellMemory, Quarantined
 from controller.core.resume import DirClass, classify
 from controller.core.retry import RetryRequest, pending_request, retried_from
+from controller.core.trusted import every_field, trusted
 from controller.core.types import Cell, run_tag_of, stem_of
 from controller.core.vocabulary import Action, CellPlan, HealthState, Phase, RowUpdate, Rule, Submit
 
@@ -165,56 +166,49 @@ class CellView:
             remember = None
         progress = None if facts is None else progress_of(facts, self.now, self.cell.n_attempts,
                                                           running=phase == Phase.RUNNING)
+        n_scored, provisional, partial, evidence = self.trust(admission, facts, score, n_scored)
         return built_plan({"cell": self.cell, "phase": phase, "actions": tuple(actions), "reason": reason,
                            "rule": rule,
                            "row_updates": (*self.adoptions, *updates) if self.adoptions else tuple(updates),
                            "run_dir": facts, "score": score, "progress": progress,
                            "memory": self.memory, "remember": remember, "health": state, "health_note": note,
-                           "gpu_hours": self.gpu_hours, "admission": admission,
-                           **self.trust(admission, facts, score, n_scored)})
+                           "gpu_hours": self.gpu_hours, "admission": admission, "n_scored": n_scored,
+                           "provisional": provisional, "partial": partial, "evidence": evidence,
+                           "refire_due": None, "retry": None})
 
     def trust(self, admission: Admission | None, facts: RunDirFacts | None, score: float | None,
-              n_scored: int | None) -> dict[str, Any]:
-        """How far the cell's score can be trusted (RULES §14): the gate's verdict of this pass, else what it said
-        of the upload that holds the score (the controller state), else the row's own n_valid_trials. The record
-        speaks only for the number it admitted: a row another writer changed after our upload read back shows
-        another score, which its own n_valid_trials describes."""
+              n_scored: int | None) -> tuple[int | None, bool | None, bool | None, str]:
+        """How far the cell's score can be trusted (RULES §14), as (n_scored, provisional, partial, evidence): the
+        gate's verdict of this pass, else what it said of the upload that holds the score (the controller state),
+        else the row's own n_valid_trials. The record speaks only for the number it admitted: a row another writer
+        changed after our upload read back shows another score, which its own n_valid_trials describes."""
         if admission is None:
             record = self.memory.admitted if score is not None and facts is not None else None
             if record is not None and facts is not None and record.run_tag == facts.run_tag \
                     and same_number(record.score, score):
-                return {"n_scored": record.n_scored, "provisional": record.provisional, "partial": record.partial,
-                        "evidence": record.evidence}
+                return record.n_scored, record.provisional, record.partial, record.evidence
         elif isinstance(admission, Admitted):
-            return {"n_scored": admission.n_scored, "provisional": admission.provisional,
-                    "partial": admission.partial, "evidence": admission.summary()}
+            return admission.n_scored, admission.provisional, admission.partial, admission.summary()
         else:
-            return {"n_scored": n_scored, "provisional": self.provisional(n_scored), "evidence": admission.summary()}
-        return {"n_scored": n_scored, "provisional": self.provisional(n_scored)}
+            return n_scored, self.provisional(n_scored), None, admission.summary()
+        return n_scored, self.provisional(n_scored), None, ""
 
     def provisional(self, n_scored: int | None) -> bool | None:
         return None if n_scored is None else n_scored < self.policy.admission.trust_threshold
 
 
-_PLAN_DEFAULTS = {name: field.default for name, field in CellPlan.model_fields.items() if not field.is_required()}
-_new, _set = object.__new__, object.__setattr__
+_PLAN_FIELDS = every_field(CellPlan)
 
 
 def built_plan(values: dict[str, Any]) -> CellPlan:
-    """`CellPlan(**values)` without validating again what is valid already: every value is a model the planner
-    built or observed (validated when made), an enum, a str, a bool or a number of its field's type; an int in a
-    float field is made a float as validation would. What `model_construct` does, less its per-field walk: a
-    third of validation's cost. tests/core/conftest.py holds every plan of the core's tests equal to validation."""
+    """`CellPlan(**values)`, every field given, without validating again what is valid already (`trusted`): every
+    value is a model the planner built or observed, an enum, a str, a bool or a number of its field's type; an int
+    in a float field is made a float as validation would."""
     if type(values["score"]) is int:
         values["score"] = float(values["score"])
     if type(values["gpu_hours"]) is int:
         values["gpu_hours"] = float(values["gpu_hours"])
-    plan = _new(CellPlan)
-    _set(plan, "__dict__", {**_PLAN_DEFAULTS, **values})
-    _set(plan, "__pydantic_fields_set__", set(values))
-    _set(plan, "__pydantic_extra__", None)
-    _set(plan, "__pydantic_private__", None)
-    return plan
+    return trusted(CellPlan, values, _PLAN_FIELDS)
 
 
 def spent(cell: Cell, obs: Observation) -> float | None:

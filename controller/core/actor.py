@@ -21,6 +21,7 @@ from typing import Any, assert_never
 
 from pydantic import Field
 
+from controller.core.actions import Analyze, Cancel, Launch, Mutation, Quarantine, Resume, Step, Submit, Track, Upload
 from controller.core.admission import Admitted, admission_record
 from controller.core.job_env import JobSecrets, JobSettings, job_environment
 from controller.core.metrics import RunMetrics, run_metrics, same_metrics
@@ -31,21 +32,7 @@ from controller.core.store import Store
 from controller.core.tracking import Analysis, differences, tracker_record
 from controller.core.trial_errors import ErrorClasses
 from controller.core.types import Cell, Frozen
-from controller.core.vocabulary import (
-    Analyze,
-    Cancel,
-    CellPlan,
-    Launch,
-    Mutation,
-    Outcome,
-    Plan,
-    Quarantine,
-    Resume,
-    Step,
-    Submit,
-    Track,
-    Upload,
-)
+from controller.core.vocabulary import CellPlan, Outcome, Plan
 
 log = logging.getLogger("evalctl.act")
 ROW_NAMESPACE = uuid.UUID("6f1c4b0e-9d59-4d8e-8a53-6f0d1f1f5e42")

@@ -14,8 +14,8 @@ import json
 
 from pydantic import Field
 
+from controller.core.actions import Launch, Resume
 from controller.core.types import Cell, Frozen, Serving
-from controller.core.vocabulary import Launch, Resume
 
 # The serving recipe of the cell's harness pattern (RULES §10), one variable per vLLM setting; each is set only
 # when the recipe sets it, and the job script adds a flag only for a non-empty one.

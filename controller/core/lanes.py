@@ -19,6 +19,7 @@ from operator import attrgetter, not_
 
 from pydantic import Field
 
+from controller.core.actions import Cancel, Hold, Wait
 from controller.core.gpu_hours import GpuBudget, GpuEstimate
 from controller.core.observed import JobState, Observation, ObservedJob, Submission
 from controller.core.placement import ClusterOffer, PlacementPolicy, place, queue_facts
@@ -29,7 +30,7 @@ from controller.core.preflight import Preflight
 from controller.core.records import StoreSnapshot
 from controller.core.remedies import CellMemory, QuarantineKind, Spill
 from controller.core.types import Cell, ClusterRef, EvalRunRef, Frozen
-from controller.core.vocabulary import Cancel, CellPlan, Hold, Phase, Plan, Rule, Wait
+from controller.core.vocabulary import CellPlan, Phase, Plan, Rule
 
 
 class ClusterLane(Frozen):

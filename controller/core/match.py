@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from controller.core.identity import same_multiplier
@@ -95,56 +96,75 @@ def join_cells(
     exist cannot tell "no dir yet" from "dir on an unmounted filesystem", so its run dirs are Unknown; its
     `jobs_dir_missing` says so without the guess, for the rules that know a likelier cause (a failed job).
     """
-    model_families = Families(snapshot.models) if snapshot else None
-    bench_families = Families(snapshot.benchmarks) if snapshot else None
-    rows_by_pair = _rows_by_family_pair(snapshot) if snapshot else {}
-    subs_by_cell: dict[str, list[Submission]] = defaultdict(list)  # the cell's, whichever EvalRun made them
-    for sub in snapshot.submissions if snapshot else ():
-        subs_by_cell[sub.cell_key].append(sub)
-    jobs_by_tag: dict[str, list[ObservedJob]] = defaultdict(list)
-    for job in jobs or ():
-        jobs_by_tag[run_tag_of(job.name)].append(job)
-    tags_by_stem: dict[str, set[str]] = defaultdict(set)
-    for tag in jobs_by_tag:
-        tags_by_stem[_stem(tag)].add(tag)
-    dirs_by_tag = {d.run_tag: d for d in run_dirs or ()}
-    for tag in dirs_by_tag:
-        tags_by_stem[_stem(tag)].add(tag)
-    legacy_dirs: dict[tuple[str | None, str | None], list[RunDirFacts]] = defaultdict(list)
-    for facts in run_dirs or ():
-        if not facts.run_tag.startswith(RUN_TAG_PREFIX):
-            legacy_dirs[(facts.model, facts.benchmark_name)].append(facts)
+    index = _Index.of(snapshot, jobs, run_dirs)
+    return [_observe(cell, index, snapshot, jobs, run_dirs, unknown_reason, jobs_dir_missing) for cell in cells]
 
-    retries_by_cell: dict[str, list[RetryRequest]] = defaultdict(list)
-    for request in snapshot.retries if snapshot else ():
-        retries_by_cell[request.cell_key].append(request)
 
-    observations = []
-    for cell in cells:
-        subs = _cell_subs(cell, subs_by_cell) if snapshot else None
-        rows = None
-        if snapshot is not None:
-            assert model_families is not None and bench_families is not None
-            rows = _cell_rows(cell, model_families, bench_families, rows_by_pair)
-        cell_dirs = None
-        if run_dirs is not None:
-            own_dirs = [dirs_by_tag[t] for t in tags_by_stem.get(cell.tag_stem, ()) if t in dirs_by_tag]
-            cell_dirs = _cell_dirs(cell, own_dirs, subs or (), dirs_by_tag, legacy_dirs, model_families, bench_families)
-        cell_jobs = None if jobs is None else _cell_jobs(cell, subs or (), cell_dirs or (), tags_by_stem, jobs_by_tag)
-        reason, dir_missing = unknown_reason, ""
-        if jobs_dir_missing and _expects_run_dirs(rows, subs, cell_jobs):
-            cell_dirs, dir_missing = None, jobs_dir_missing
-            reason = "; ".join(r for r in (unknown_reason, f"{jobs_dir_missing} (unmounted filesystem?)") if r)
-        memory = snapshot.cell_memory.get(cell.key) or snapshot.cell_memory.get(cell.former_key or "") \
-            if snapshot else None
-        observations.append(Observation(
-            rows=rows, submissions=subs, jobs=cell_jobs, run_dirs=cell_dirs, unknown_reason=reason,
-            jobs_dir_missing=dir_missing,
-            memory=memory or CellMemory(),
-            model_names=model_families.names(cell.model) if model_families else frozenset(),
-            benchmark_names=bench_families.names(cell.benchmark_name) if bench_families else frozenset(),
-            retries=tuple(retries_by_cell.get(cell.key, ()))))
-    return observations
+@dataclass(slots=True)
+class _Index:
+    """Every source by what joins it to a cell, built once per pass."""
+
+    model_families: Families | None
+    bench_families: Families | None
+    rows_by_pair: dict[tuple[str | None, str | None], list[SandboxJobRow]]
+    subs_by_cell: dict[str, list[Submission]]  # the cell's, whichever EvalRun made them
+    jobs_by_tag: dict[str, list[ObservedJob]]
+    tags_by_stem: dict[str, set[str]]
+    dirs_by_tag: dict[str, RunDirFacts]
+    legacy_dirs: dict[tuple[str | None, str | None], list[RunDirFacts]]
+    retries_by_cell: dict[str, list[RetryRequest]]
+
+    @classmethod
+    def of(cls, snapshot: StoreSnapshot | None, jobs: Sequence[ObservedJob] | None,
+           run_dirs: Sequence[RunDirFacts] | None) -> _Index:
+        subs_by_cell: dict[str, list[Submission]] = defaultdict(list)
+        for sub in snapshot.submissions if snapshot else ():
+            subs_by_cell[sub.cell_key].append(sub)
+        jobs_by_tag: dict[str, list[ObservedJob]] = defaultdict(list)
+        for job in jobs or ():
+            jobs_by_tag[run_tag_of(job.name)].append(job)
+        dirs_by_tag = {d.run_tag: d for d in run_dirs or ()}
+        tags_by_stem: dict[str, set[str]] = defaultdict(set)
+        for tag in [*jobs_by_tag, *dirs_by_tag]:
+            tags_by_stem[_stem(tag)].add(tag)
+        legacy_dirs: dict[tuple[str | None, str | None], list[RunDirFacts]] = defaultdict(list)
+        for facts in run_dirs or ():
+            if not facts.run_tag.startswith(RUN_TAG_PREFIX):
+                legacy_dirs[(facts.model, facts.benchmark_name)].append(facts)
+        retries_by_cell: dict[str, list[RetryRequest]] = defaultdict(list)
+        for request in snapshot.retries if snapshot else ():
+            retries_by_cell[request.cell_key].append(request)
+        return cls(Families(snapshot.models) if snapshot else None, Families(snapshot.benchmarks) if snapshot else None,
+                   _rows_by_family_pair(snapshot) if snapshot else {}, subs_by_cell, jobs_by_tag, tags_by_stem,
+                   dirs_by_tag, legacy_dirs, retries_by_cell)
+
+
+def _observe(cell: Cell, index: _Index, snapshot: StoreSnapshot | None, jobs: Sequence[ObservedJob] | None,
+             run_dirs: Sequence[RunDirFacts] | None, unknown_reason: str, jobs_dir_missing: str) -> Observation:
+    models, benchmarks = index.model_families, index.bench_families
+    subs = _cell_subs(cell, index.subs_by_cell) if snapshot else None
+    rows = None
+    if snapshot is not None:
+        assert models is not None and benchmarks is not None
+        rows = _cell_rows(cell, models, benchmarks, index.rows_by_pair)
+    cell_dirs = None
+    if run_dirs is not None:
+        own_dirs = [index.dirs_by_tag[t] for t in index.tags_by_stem.get(cell.tag_stem, ()) if t in index.dirs_by_tag]
+        cell_dirs = _cell_dirs(cell, own_dirs, subs or (), index.dirs_by_tag, index.legacy_dirs, models, benchmarks)
+    cell_jobs = None if jobs is None else _cell_jobs(cell, subs or (), cell_dirs or (), index.tags_by_stem,
+                                                     index.jobs_by_tag)
+    reason, dir_missing = unknown_reason, ""
+    if jobs_dir_missing and _expects_run_dirs(rows, subs, cell_jobs):
+        cell_dirs, dir_missing = None, jobs_dir_missing
+        reason = "; ".join(r for r in (unknown_reason, f"{jobs_dir_missing} (unmounted filesystem?)") if r)
+    memory = snapshot.cell_memory.get(cell.key) or snapshot.cell_memory.get(cell.former_key or "") \
+        if snapshot else None
+    return Observation(
+        rows=rows, submissions=subs, jobs=cell_jobs, run_dirs=cell_dirs, unknown_reason=reason,
+        jobs_dir_missing=dir_missing, memory=memory or CellMemory(),
+        model_names=models.names(cell.model) if models else frozenset(),
+        benchmark_names=benchmarks.names(cell.benchmark_name) if benchmarks else frozenset(),
+        retries=tuple(index.retries_by_cell.get(cell.key, ())))
 
 
 def _cell_jobs(cell: Cell, subs: Sequence[Submission], dirs: Sequence[RunDirFacts], tags_by_stem: dict[str, set[str]],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
+from enum import StrEnum
 from functools import cached_property
 from typing import Any, Self, final
 
@@ -18,6 +19,18 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_valid
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NotedStrEnum(StrEnum):
+    """A str enum whose members carry a note beside their value: `Member = "value", "note"`."""
+
+    note: str
+
+    def __new__(cls, value: str, note: str) -> Self:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.note = note
+        return member
 
 
 # --------------------------------------------------------------------------- identities

@@ -12,10 +12,11 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
+from controller.core.actions import Step
 from controller.core.remedies import Quarantined
 from controller.core.status import ATTENTION_LIMIT, Condition, RunStatus
 from controller.core.types import Frozen
-from controller.core.vocabulary import Outcome, Step
+from controller.core.vocabulary import Outcome
 
 EVENT_SAMPLES = 5  # cells named in one aggregated Event; the rest are counted
 EVENT_MESSAGE_MAX = 1000  # the API server refuses messages over 1 KiB in events.k8s.io

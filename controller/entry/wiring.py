@@ -28,6 +28,7 @@ from controller.api.evalrun import CANCEL_ON_DELETE, PlacementSpec
 from controller.api.fields import SecretRef
 from controller.api.loader import LoadedCluster, LoadedRun, SpecSet
 from controller.api.resolve import resolution_notes, resolve, walltime_warnings
+from controller.core.actions import Launch
 from controller.core.actor import Actor, JobLauncher
 from controller.core.admission import GatePolicy
 from controller.core.cluster_view import ClusterPorts
@@ -43,7 +44,6 @@ from controller.core.reconcile import RunTarget
 from controller.core.store import Store
 from controller.core.tracking import Analysis
 from controller.core.types import ClusterRef, EvalRunRef, walltime_seconds
-from controller.core.vocabulary import Launch
 from controller.core.walltime import WalltimePolicy
 from controller.entry.lane_resolution import lanes_for
 from controller.entry.preflight import remembered_preflight

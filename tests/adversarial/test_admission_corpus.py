@@ -21,13 +21,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
+from controller.core.actions import Resume, Submit, Upload
 from controller.core.admission import Admitted, Refusal, Refused, admit
 from controller.core.health import count_instant_failures
 from controller.core.observed import JobState, RunDirFacts
 from controller.core.planner import plan_cell
 from controller.core.remedies import CellMemory, OutputReading
 from controller.core.types import Cell
-from controller.core.vocabulary import Phase, Resume, Submit, Upload
+from controller.core.vocabulary import Phase
 from tests.core.builders import NOW, POLICY, ago, cell, job, obs, row, sub
 from tests.fixtures.harbor_dirs import (
     REFERENCE_ERRORS,

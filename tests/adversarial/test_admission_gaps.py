@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 
 from controller.adapters.rundirs.harbor import HarborRunDirs
+from controller.core.actions import Upload
 from controller.core.observed import JobState
 from controller.core.planner import plan_cell
 from controller.core.types import Cell
-from controller.core.vocabulary import CellPlan, Upload
+from controller.core.vocabulary import CellPlan
 from tests.core.builders import NOW, POLICY, ago, cell, job, obs, row, sub
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_config, write_job_result, write_meta_env, write_trial
 

@@ -8,11 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from controller.core.actions import ActionKind
 from controller.core.match import join_cells
 from controller.core.observed import JobState
 from controller.core.planner import plan
 from controller.core.records import StoreSnapshot
-from controller.core.vocabulary import ActionKind, Phase
+from controller.core.vocabulary import Phase
 from tests.core.builders import NOW, POLICY, RUN, cell, job, obs
 
 # Pairs of cells whose old run tags (slug of model and benchmark name + fingerprint) were equal.

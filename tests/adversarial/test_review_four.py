@@ -13,13 +13,13 @@ import pytest
 
 from controller.adapters.rundirs.post_eval import step_stats
 from controller.adapters.store.codec import already_uploaded
+from controller.core.actions import Track
 from controller.core.admission import Admitted, admit
 from controller.core.audit import audit_cells
 from controller.core.metrics import admitted_metrics, run_metrics
 from controller.core.observed import JobState, Metric
 from controller.core.planner import plan_cell
 from controller.core.records import AuditVerdict
-from controller.core.vocabulary import Track
 from tests.adversarial.test_admission_gaps import PLAIN, decided, genuine, job_files, trial
 from tests.core.builders import NOW, POLICY, ago, cell, facts, job, obs, row, sub
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_trial

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from controller.core.actions import Resume, Submit, Upload
 from controller.core.audit import audit_cells
 from controller.core.levers import retried
 from controller.core.observed import JobState, Metric, Observation, Recorded, RunDirFacts
@@ -15,7 +16,7 @@ from controller.core.planner import Policy, launch_of, plan
 from controller.core.remedies import CellMemory, OutputReading
 from controller.core.retry import RetryRequest
 from controller.core.types import Cell, EvalRunRef
-from controller.core.vocabulary import CellPlan, Phase, Resume, Submit, Upload
+from controller.core.vocabulary import CellPlan, Phase
 from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, job, obs, row, sub
 from tests.core.test_shards import CELL, SHARDS, ended, shard_dir, with_infra
 

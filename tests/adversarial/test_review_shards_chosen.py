@@ -19,12 +19,13 @@ from controller.adapters.store.sqlite import SqliteStore
 from controller.api.catalog import load_catalog
 from controller.api.loader import load_specs
 from controller.api.resolve import with_chosen_shards
+from controller.core.actions import Submit
 from controller.core.gpu_hours import AttemptCost, GpuEstimate, SizeBands, estimates
 from controller.core.observed import JobState, ObservedJob, RunDirFacts
 from controller.core.planner import Policy, launch_of, plan
 from controller.core.store import Store
 from controller.core.types import Cell
-from controller.core.vocabulary import Rule, Submit
+from controller.core.vocabulary import Rule
 from controller.core.walltime import Learning, WalltimePolicy
 from controller.entry.passes import pass_targets
 from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, obs
@@ -144,7 +145,7 @@ def test_a_store_that_cannot_be_read_makes_the_evalrun_unknown_rather_than_faili
     of `pass_targets`. It is the first read of the store for an EvalRun without a modelSelector: with `walltime:
     fixed` the same store makes `run_pass` report the cell Unknown ("file is not a database ... point --store at
     the right file"); with `walltime: auto` `plan`, `status` and `explain` stop with an internal error, and a
-    reconcile loop is not retried (controller/entry/cli.py:225 catches OSError and RuntimeError only). RULES §17:
+    reconcile loop is not retried (controller/entry/reconciling.py catches OSError and RuntimeError only). RULES §17:
     "when that read fails the EvalRun's cells are Unknown". A correct implementation raises ObservationError for
     any database error of the read, and the EvalRun is Unknown with the reason."""
     specs = load_specs([spec(tmp_path, "  walltime: auto\n")])

@@ -24,13 +24,14 @@ from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.store.sqlite import SqliteStore
 from controller.api.catalog import load_catalog
 from controller.api.loader import SpecSet, load_specs
+from controller.core.actions import ActionKind
 from controller.core.gpu_hours import EstimateSource, GpuEstimate
 from controller.core.observed import ObservedJob, Submission
 from controller.core.planner import plan
 from controller.core.reconcile import PassResult
 from controller.core.store import Store
 from controller.core.types import EvalRunRef
-from controller.core.vocabulary import ActionKind, Rule
+from controller.core.vocabulary import Rule
 from controller.core.walltime import WalltimePolicy, wall_estimate
 from controller.entry.getting import read_cells
 from controller.entry.passes import pass_targets, run_pass

@@ -7,11 +7,12 @@ shard's run dir the one the job script and Harbor leave for its subset.
 
 from __future__ import annotations
 
+from controller.core.actions import Upload
 from controller.core.observed import JobState, Metric, Observation, ObservedRow
 from controller.core.planner import launch_of, plan
 from controller.core.remedies import CellMemory
 from controller.core.types import Cell, EvalRunRef
-from controller.core.vocabulary import CellPlan, Phase, Upload
+from controller.core.vocabulary import CellPlan, Phase
 from tests.core.builders import NOW, POLICY, ago, cell, facts, job, obs, row, sub
 from tests.core.test_shards import CELL, SHARDS, shard_dir
 

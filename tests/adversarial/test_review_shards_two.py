@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from controller.core.actions import Track, Upload
 from controller.core.audit import audit_cells
 from controller.core.observed import JobState, Metric, Observation, QuietFailure, RunDirFacts
 from controller.core.planner import Policy, launch_of, plan
@@ -16,7 +17,7 @@ from controller.core.planner.rules_upload import overlong_note
 from controller.core.planner.view import cell_view
 from controller.core.remedies import CellMemory
 from controller.core.types import Cell, EvalRunRef
-from controller.core.vocabulary import CellPlan, Phase, Rule, Track, Upload
+from controller.core.vocabulary import CellPlan, Phase, Rule
 from tests.adversarial.test_review_shards import share_dir
 from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, job, obs, row, sub
 from tests.core.test_shards import CELL, REWARDS, SHARDS, ended, shard_dir

@@ -10,13 +10,14 @@ from datetime import timedelta
 from pathlib import Path
 
 from controller.adapters.store.sqlite import SqliteStore
+from controller.core.actions import Track, Upload
 from controller.core.admission import Admitted, admit
 from controller.core.audit import audit_cells
 from controller.core.metrics import admitted_metrics
 from controller.core.observed import JobState, Metric, RunDirFacts
 from controller.core.planner import plan_cell
 from controller.core.remedies import CellMemory
-from controller.core.vocabulary import Phase, Track, Upload
+from controller.core.vocabulary import Phase
 from tests.adversarial.test_upload_path import NOT_AS_WRITTEN, actor, finished_run, one_pass
 from tests.core.builders import NOW, POLICY, ago, cell, facts, job, obs, row, sub
 
@@ -184,8 +185,8 @@ def test_a_store_that_always_rounds_is_not_rewritten_every_pass(tmp_path: Path) 
 def test_an_upload_that_never_reads_back_is_held_for_a_human_and_a_retry_releases_it() -> None:
     """After a second upload that did not read back the cell holds: Failed, so `status` lists it with its release
     command, and `evalctl retry` starts a new attempt (a row of its own) instead of answering "nothing to retry"."""
+    from controller.core.actions import Hold, Submit
     from controller.core.retry import RetryRequest
-    from controller.core.vocabulary import Hold, Submit
 
     dir_ = facts(TAG, total=10, completed=10)
     landed = (Metric(name="accuracy", value=0.9), Metric(name="accuracy_stderr", value=0.01),

@@ -17,6 +17,7 @@ import pytest
 from controller.adapters.rundirs.harbor import HarborRunDirs
 from controller.adapters.store.sqlite import SqliteStore
 from controller.api.catalog import load_catalog
+from controller.core.actions import Submit
 from controller.core.actor import Actor, JobLauncher, row_id_for
 from controller.core.job_env import JobSecrets, JobSettings
 from controller.core.observed import Metric, Observation, ObservedJob, RowStatus, RunDirFacts
@@ -26,7 +27,7 @@ from controller.core.records import NewRow, ResultUpload
 from controller.core.store import Store
 from controller.core.tracking import Analysis
 from controller.core.types import Cell
-from controller.core.vocabulary import CellPlan, Phase, Plan, Rule, Submit
+from controller.core.vocabulary import CellPlan, Phase, Plan, Rule
 from tests.core.builders import ME, NOW, POLICY, RUN, ago, cell, obs
 from tests.fixtures.harbor_dirs import REFERENCE_ERRORS, write_config, write_job_result, write_meta_env, write_trial
 

@@ -10,12 +10,13 @@ import pytest
 from controller.adapters.scheduler.local import LocalScheduler
 from controller.adapters.store.sqlite import SqliteStore
 from controller.api.catalog import load_catalog
+from controller.core.actions import Submit
 from controller.core.actor import Actor, JobLauncher
 from controller.core.job_env import JobSecrets, JobSettings
 from controller.core.observed import RunDirFacts
 from controller.core.store import Store
 from controller.core.types import Cell
-from controller.core.vocabulary import CellPlan, Phase, Plan, Rule, Submit
+from controller.core.vocabulary import CellPlan, Phase, Plan, Rule
 from tests.core.builders import ME, NOW, RUN, cell
 from tests.fixtures.evalctl import cancel_live_jobs
 

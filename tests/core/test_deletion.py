@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from controller.core.actions import Cancel
 from controller.core.observed import JobState
 from controller.core.planner import plan_deletion
 from controller.core.types import EvalRunRef
-from controller.core.vocabulary import Cancel, Phase, Rule
+from controller.core.vocabulary import Phase, Rule
 from tests.core.builders import RUN, ago, cell, job, obs, sub
 
 RUNNING, QUEUED, DONE, OTHERS = (cell(model=f"org/{name}-8B") for name in ("running", "queued", "done", "others"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from controller.core.actions import Hold, Submit, Upload
 from controller.core.gpu_hours import (
     AttemptCost,
     EstimateSource,
@@ -13,7 +14,6 @@ from controller.core.gpu_hours import (
 from controller.core.observed import JobState
 from controller.core.planner import plan
 from controller.core.types import EvalRunRef
-from controller.core.vocabulary import Hold, Submit, Upload
 from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, job, obs, sub
 
 BANDS = SizeBands(bands=((0, 14), (28, 42)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from controller.core.actions import Resume, Submit
 from controller.core.job_env import (
     CONTRACT_NAMES,
     SERVING_NAMES,
@@ -13,7 +14,6 @@ from controller.core.job_env import (
     job_environment,
 )
 from controller.core.types import Cell, Serving
-from controller.core.vocabulary import Resume, Submit
 from tests.core.builders import cell
 
 C = cell(conda_env="otagent2", max_model_len=32768)

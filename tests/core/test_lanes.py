@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from controller.core.actions import Cancel, Hold, Resume, Submit, Wait
 from controller.core.gpu_hours import EstimateSource, GpuEstimate
 from controller.core.lanes import ClusterLane, LaneSeen, LaneSlots, Planned, merged, plan_lanes
 from controller.core.observed import JobState, Observation
@@ -15,7 +16,7 @@ from controller.core.planner import launch_of
 from controller.core.remedies import CellMemory, Spill
 from controller.core.status import gpu_summary
 from controller.core.types import Cell, ClusterRef
-from controller.core.vocabulary import Cancel, Hold, Phase, Resume, Rule, Submit, Wait
+from controller.core.vocabulary import Phase, Rule
 from controller.core.walltime import WallEstimate, WalltimePolicy
 from tests.core.builders import NOW, RUN, SCORED, ago, cell, job, obs, row, spec_policy, sub
 

@@ -8,11 +8,12 @@ from datetime import timedelta
 import pytest
 
 from controller.api.catalog import load_catalog
+from controller.core.actions import Cancel, Hold, Quarantine, Submit, Upload, Wait
 from controller.core.health import count_instant_failures
 from controller.core.observed import ErrorKind, JobOutput, JobState, QuietFailure, RunDirFacts, TunnelLease
 from controller.core.planner import plan, plan_cell
 from controller.core.remedies import CellMemory, Quarantined, QuarantineKind, Remedy, RemedyCause, RemedyKind
-from controller.core.vocabulary import Cancel, HealthState, Hold, Phase, Quarantine, Rule, Submit, Upload, Wait
+from controller.core.vocabulary import HealthState, Phase, Rule
 from tests.core.builders import NOW, RUN, ago, cell, facts, job, obs, row, spec_policy, sub
 
 CATALOG = load_catalog()

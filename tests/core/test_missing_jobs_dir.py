@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from controller.core.actions import ActionKind
 from controller.core.match import join_cells
 from controller.core.observed import JobState, Metric
 from controller.core.planner import plan_cell
 from controller.core.records import NamedRow, SandboxJobRow, StoreSnapshot
-from controller.core.vocabulary import ActionKind, Phase
+from controller.core.vocabulary import Phase
 from tests.core.builders import NOW, POLICY, ago, cell, job, sub
 
 C = cell()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from controller.core.actions import Resume, Submit
 from controller.core.dedup import DEDUP_TABLE
 from controller.core.planner import plan_cell
 from controller.core.types import EvalRunRef
-from controller.core.vocabulary import Phase, Resume, Rule, Submit
+from controller.core.vocabulary import Phase, Rule
 from tests.core.builders import NOW, POLICY, SCORED, ago, cell, facts, obs, row
 
 C = cell()

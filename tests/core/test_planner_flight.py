@@ -7,10 +7,11 @@ from datetime import timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.core.actions import ActionKind
 from controller.core.observed import JobState, Observation, RowStatus
 from controller.core.planner import plan, plan_cell
 from controller.core.types import EvalRunRef
-from controller.core.vocabulary import ActionKind, Phase
+from controller.core.vocabulary import Phase
 from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, job, obs, row, sub
 
 C = cell()

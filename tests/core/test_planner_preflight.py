@@ -11,6 +11,7 @@ import pytest
 
 from controller.adapters.store.sqlite import SqliteStore
 from controller.core import lanes
+from controller.core.actions import ActionKind
 from controller.core.cluster_view import ClusterPorts
 from controller.core.observed import JobState
 from controller.core.planner import plan
@@ -20,7 +21,7 @@ from controller.core.reconcile import RunTarget, reconcile_pass
 from controller.core.status import summarize
 from controller.core.store import Store
 from controller.core.types import ClusterRef, submission_name
-from controller.core.vocabulary import ActionKind, Rule
+from controller.core.vocabulary import Rule
 from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, job, obs, row, sub
 
 FRESH = cell(model="org/fresh-8B")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from controller.core.actions import Action, ActionKind
 from controller.core.observed import JobState, TunnelLease
 from controller.core.planner import plan
 from controller.core.types import submission_name
-from controller.core.vocabulary import Action, ActionKind, CellPlan
+from controller.core.vocabulary import CellPlan
 from tests.core.builders import NOW, RUN, SCORED, ago, cell, job, obs, row, spec_policy, sub
 
 POOL = spec_policy(tunnel_pairs=("pair-a", "pair-b"))

@@ -7,11 +7,12 @@ from typing import Any
 
 from controller.adapters.store.sqlite import SqliteStore
 from controller.api.catalog import load_catalog
+from controller.core.actions import Quarantine, Wait
 from controller.core.actor import Actor, JobLauncher
 from controller.core.job_env import JobSettings
 from controller.core.remedies import QuarantineKind
 from controller.core.store import Store
-from controller.core.vocabulary import CellPlan, Phase, Plan, Quarantine, Rule, Wait
+from controller.core.vocabulary import CellPlan, Phase, Plan, Rule
 from tests.core.builders import NOW, RUN, cell
 
 NCCL = Quarantine(subject=QuarantineKind.NODE, scope="lab/gpu", name="gpu03", reason="nccl-timeout", ttl_s=3600,

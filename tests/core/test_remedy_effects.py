@@ -9,13 +9,14 @@ from datetime import timedelta
 import pytest
 
 from controller.api.catalog import load_catalog
+from controller.core.actions import Cancel, Hold, Quarantine, Submit, Wait
 from controller.core.health import blamed_node
 from controller.core.hostlist import HostlistError, expand
 from controller.core.observed import JobOutput, JobState, RunDirFacts
 from controller.core.planner import plan, plan_cell
 from controller.core.remedies import CellMemory, FailureMode, FailureStage, Quarantined, QuarantineKind, RemedyKind, StallReading
 from controller.core.types import EvalRunRef
-from controller.core.vocabulary import Cancel, CellPlan, Hold, Quarantine, Rule, Submit, Wait
+from controller.core.vocabulary import CellPlan, Rule
 from tests.core.builders import NOW, RUN, ago, cell, facts, job, obs, row, spec_policy, sub
 
 MODES = load_catalog().failures.modes_for([])

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from controller.core.actions import Hold, Submit
 from controller.core.observed import JobState, Observation, RunDirFacts
 from controller.core.planner import plan, plan_cell
 from controller.core.remedies import CellMemory, Remedy, RemedyCause, RemedyKind
 from controller.core.retry import RetryRequest
-from controller.core.vocabulary import Hold, Phase, Rule, Submit
+from controller.core.vocabulary import Phase, Rule
 from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, job, obs, row, spec_policy, sub
 
 C = cell()

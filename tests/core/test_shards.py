@@ -3,6 +3,7 @@ nothing; the cell launches nothing and uploads the union of its shards' admitted
 
 from __future__ import annotations
 
+from controller.core.actions import Hold, Submit, Upload
 from controller.core.admission import Admitted
 from controller.core.identity import identity_differences
 from controller.core.job_env import JobSecrets, JobSettings, job_environment
@@ -11,7 +12,7 @@ from controller.core.planner import launch_of, plan
 from controller.core.planner.rules_upload import admit_dir
 from controller.core.planner.view import cell_view
 from controller.core.types import Cell
-from controller.core.vocabulary import CellPlan, Hold, Phase, Rule, Submit, Upload
+from controller.core.vocabulary import CellPlan, Phase, Rule
 from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, job, obs, row, sub
 
 CELL = cell(tasks=5, shards=2)

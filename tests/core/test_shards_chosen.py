@@ -8,11 +8,12 @@ from datetime import timedelta
 import pytest
 
 from controller.api.resolve import with_chosen_shards
+from controller.core.actions import Submit, Wait
 from controller.core.gpu_hours import AttemptCost, SizeBands, estimates
 from controller.core.planner import launch_of, plan
 from controller.core.planner.allocation import suspended
 from controller.core.remedies import CellMemory, ShardChoice
-from controller.core.vocabulary import Rule, Submit, Wait
+from controller.core.vocabulary import Rule
 from controller.core.walltime import WalltimePolicy, shards_needed, wall_estimate
 from tests.core.builders import NOW, POLICY, RUN, cell, facts, obs
 

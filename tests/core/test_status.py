@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from controller.core.actions import Hold, Step
 from controller.core.status import ATTENTION_LIMIT, summarize
-from controller.core.vocabulary import CellPlan, Hold, Outcome, Phase, Plan, Rule, Step
+from controller.core.vocabulary import CellPlan, Outcome, Phase, Plan, Rule
 from tests.core.builders import cell
 
 

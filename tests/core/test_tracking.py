@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from controller.core.actions import ActionKind
 from controller.core.observed import Metric
 from controller.core.planner import plan_cell
 from controller.core.ports import TrackedRun
 from controller.core.remedies import CellMemory
 from controller.core.tracking import Analysis, differences, tracker_record
 from controller.core.trial_errors import ErrorClasses
-from controller.core.vocabulary import ActionKind, Phase
+from controller.core.vocabulary import Phase
 from tests.core.builders import NOW, POLICY, SCORED, cell, facts, metrics_of, obs, row, sub
 
 TRACKING = POLICY.model_copy(update={"track": True})

@@ -9,12 +9,13 @@ from datetime import timedelta
 import pytest
 
 from controller.api.catalog import load_catalog
+from controller.core.actions import Analyze, Track, Upload
 from controller.core.admission import Refused
 from controller.core.levers import force_upload_lever
 from controller.core.observed import JobState
 from controller.core.planner import Policy, plan_cell
 from controller.core.remedies import CellMemory
-from controller.core.vocabulary import Analyze, CellPlan, Phase, Rule, Track, Upload
+from controller.core.vocabulary import CellPlan, Phase, Rule
 from tests.core.builders import ME, NOW, POLICY, SCORED, ago, cell, facts, job, metrics_of, obs, row, sub
 
 C = cell()

@@ -7,11 +7,11 @@ from datetime import timedelta
 
 import pytest
 
+from controller.core.actions import Resume, Submit
 from controller.core.gpu_hours import AttemptCost, SizeBands, estimates
 from controller.core.observed import JobState, Submission
 from controller.core.planner import plan
 from controller.core.types import Cell, EvalRunRef
-from controller.core.vocabulary import Resume, Submit
 from controller.core.walltime import WalltimePolicy, clock, learned, learned_from, sized, wall_estimate
 from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, job, obs, row, sub
 

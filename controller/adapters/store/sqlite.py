@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from os import PathLike
@@ -30,10 +29,10 @@ from controller.adapters.store.codec import (
     model_selections,
     notifications,
     registered_models,
-    reused_id,
     sandbox_job_row,
     state_snapshot,
 )
+from controller.adapters.store.sqlite_rows import insert_row
 from controller.adapters.store.sqlite_session import SqliteSession, as_json, missing_columns, transaction
 from controller.core.intake import RegisteredModel, Selection
 from controller.core.notify import Fact, Notification, NotifyEvent, transitions
@@ -110,7 +109,7 @@ class SqliteStore:
 
     def create_row(self, row: NewRow) -> None:
         with self._db.writing() as conn:
-            self._insert_row(conn, row, self._now())
+            insert_row(self._db, conn, row, self._now())
 
     def update_row(self, row_id: str, *, owner: str, status: RowStatus | None = None,
                    started_at: datetime | None = None, slurm_job_id: str | None = None) -> None:
@@ -414,33 +413,6 @@ class SqliteStore:
             "benchmarks": None if benchmark_names is None else as_json(benchmark_names),
         }).fetchall()
         return decode_families(records)
-
-    def _insert_row(self, conn: sqlite3.Connection, row: NewRow, at: datetime) -> None:
-        self._db.run(conn, sql.INSERT_ROW, {
-            "id": row.id, "created_at": format_timestamp(at), "job_name": row.job_name, "username": row.username,
-            "submitted_at": format_timestamp(row.submitted_at), "started_at": format_timestamp(row.started_at),
-            "n_trials": row.n_trials, "n_rep_eval": row.n_rep_eval, "config": json.dumps(row.config),
-            "model_id": self._model_id(conn, row.model_name, row.username, at),
-            "benchmark_id": self._benchmark_id(conn, row.benchmark_name),
-            "job_status": row.job_status.value, "slurm_job_id": row.slurm_job_id,
-        })
-
-    def _model_id(self, conn: sqlite3.Connection, name: str, created_by: str, at: datetime) -> str:
-        """Reuse the model row of that name (ResultsDB.create_row says which); register the model if it is new."""
-        found = reused_id(dict(record) for record in self._db.run(conn, sql.MODELS_NAMED, (name,)))
-        if found is not None:
-            return found
-        model_id = str(uuid.uuid4())
-        self._db.run(conn, sql.INSERT_MODEL, (model_id, name, created_by, format_timestamp(at)))
-        return model_id
-
-    def _benchmark_id(self, conn: sqlite3.Connection, name: str) -> str:
-        found = reused_id(dict(record) for record in self._db.run(conn, sql.BENCHMARKS_NAMED, (name,)))
-        if found is not None:
-            return found
-        benchmark_id = str(uuid.uuid4())
-        self._db.run(conn, sql.INSERT_BENCHMARK, (benchmark_id, name))
-        return benchmark_id
 
     def _owned_row(self, conn: sqlite3.Connection, row_id: str, owner: str) -> tuple[object, object, object]:
         """The row's job_status, stored metrics and is_overlong, after checking it exists and is `owner`'s."""

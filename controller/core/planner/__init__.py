@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
+from controller.core.actions import Hold
 from controller.core.gpu_hours import GpuEstimate
 from controller.core.observed import Observation, TunnelLease
 from controller.core.planner.allocation import (
@@ -57,7 +58,7 @@ from controller.core.planner.words import ADMISSION_RULES, DIAGNOSED_BY
 from controller.core.preflight import Preflight
 from controller.core.remedies import Quarantined
 from controller.core.types import Cell, EvalRunRef
-from controller.core.vocabulary import CellPlan, Hold, Plan, Rule
+from controller.core.vocabulary import CellPlan, Plan, Rule
 
 __all__ = [
     "ADMISSION_RULES", "DIAGNOSED_BY", "EFFECT_KINDS", "OVER_BUDGET", "PAIR_LOCK", "RUNNING_RULES", "UNTOUCHED",

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from controller.core.actions import Action, Cancel, Hold, Launch, Mutation, Quarantine, Resume, Submit, Wait
 from controller.core.gpu_hours import UNKNOWN, GpuBudget, GpuEstimate, launch_cost, remaining_share
 from controller.core.observed import Observation, TunnelLease
 from controller.core.planner.budget import gpu_budget, gpu_hold, prior_hours
@@ -25,21 +26,7 @@ from controller.core.planner.policy import Policy
 from controller.core.preflight import Preflight
 from controller.core.remedies import Quarantined, QuarantineKind, RemedyKind, ShardChoice
 from controller.core.types import Cell, EvalRunRef
-from controller.core.vocabulary import (
-    Action,
-    Cancel,
-    CellPlan,
-    Effect,
-    EffectKind,
-    Hold,
-    Launch,
-    Mutation,
-    Quarantine,
-    Resume,
-    Rule,
-    Submit,
-    Wait,
-)
+from controller.core.vocabulary import CellPlan, Effect, EffectKind, Rule
 from controller.core.walltime import (
     Learning,
     Sized,

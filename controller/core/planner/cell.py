@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from controller.core.actions import Hold
 from controller.core.health import count_instant_failures
 from controller.core.observed import Observation
 from controller.core.planner.policy import Policy
@@ -20,7 +21,7 @@ from controller.core.planner.words import failed_job, failure, last_job_note
 from controller.core.remedies import Quarantined
 from controller.core.retry import pending_request
 from controller.core.types import Cell, run_tag_of
-from controller.core.vocabulary import CellPlan, Hold, Phase, Rule
+from controller.core.vocabulary import CellPlan, Phase, Rule
 
 
 @dataclass(slots=True)

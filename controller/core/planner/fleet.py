@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from controller.core.actions import Cancel, Launch, Resume, Skip, Submit
 from controller.core.observed import JobState, Observation, TunnelLease
 from controller.core.types import Cell, EvalRunRef
-from controller.core.vocabulary import Cancel, CellPlan, Launch, Phase, Plan, Resume, Rule, Skip, Submit
+from controller.core.vocabulary import CellPlan, Phase, Plan, Rule
 
 UNTOUCHED = Observation(rows=(), submissions=(), jobs=(), run_dirs=())
 

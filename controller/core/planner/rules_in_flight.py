@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
+from controller.core.actions import Action, Cancel, Wait
 from controller.core.admission import expected_trials
 from controller.core.health import read_output, verdict
 from controller.core.observed import JobState, ObservedJob, RowStatus, RunDirFacts
@@ -25,7 +26,7 @@ from controller.core.remedies import (
     RemedyCause,
     RemedyKind,
 )
-from controller.core.vocabulary import Action, Cancel, CellPlan, Phase, RowUpdate, Rule, Wait
+from controller.core.vocabulary import CellPlan, Phase, RowUpdate, Rule
 from controller.core.walltime import clock
 
 

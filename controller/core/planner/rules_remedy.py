@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from controller.core.actions import Action, Hold, Quarantine, Submit, Wait
 from controller.core.health import blamed_node, diagnose, is_dead_launch
 from controller.core.observed import JobState, ObservedJob, RunDirFacts
 from controller.core.planner.view import CellView
 from controller.core.planner.words import DIAGNOSED_BY, dead_launch
 from controller.core.remedies import CellMemory, FailureStage, QuarantineKind, Remedy, RemedyCause, RemedyKind
 from controller.core.resume import DirClass
-from controller.core.vocabulary import Action, CellPlan, Hold, Phase, Quarantine, Rule, Submit, Wait
+from controller.core.vocabulary import CellPlan, Phase, Rule
 
 
 def with_remedy(learnt: CellMemory, remedy: Remedy) -> CellMemory:

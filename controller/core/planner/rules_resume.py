@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from controller.core.actions import Hold, Launch, Resume, Submit, Wait
 from controller.core.observed import JobState, ObservedJob, ObservedRow, RunDirFacts, Submission
 from controller.core.planner.rules_remedy import remediate, remedy_for
 from controller.core.planner.rules_upload import upload
@@ -15,7 +16,7 @@ from controller.core.planner.view import CellView
 from controller.core.planner.words import progress
 from controller.core.remedies import Remedy
 from controller.core.resume import RESUME_TABLE, DirClass, Next, Verdict
-from controller.core.vocabulary import CellPlan, Hold, Launch, Phase, Resume, Rule, Submit, Wait
+from controller.core.vocabulary import CellPlan, Phase, Rule
 
 
 @dataclass(slots=True)

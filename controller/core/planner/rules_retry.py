@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from controller.core.actions import Hold, Submit
 from controller.core.retry import RetryRequest
-from controller.core.vocabulary import CellPlan, Hold, Phase, Rule, Submit
+from controller.core.vocabulary import CellPlan, Phase, Rule
 
 
 def released(decided: CellPlan, request: RetryRequest | None, next_attempt: Callable[[], int]) -> CellPlan:

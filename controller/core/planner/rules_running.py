@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
+from controller.core.actions import Action, Cancel, Quarantine, Wait
 from controller.core.admission import distinct_trials, trial_pairs
 from controller.core.health import bad_request_share, blamed_node, is_dead_launch, unwired_api_base
 from controller.core.observed import ObservedJob, RunDirFacts
@@ -28,7 +29,7 @@ from controller.core.remedies import (
     RemedyKind,
     StallReading,
 )
-from controller.core.vocabulary import Action, Cancel, CellPlan, HealthState, Phase, Quarantine, RowUpdate, Rule, Wait
+from controller.core.vocabulary import CellPlan, HealthState, Phase, RowUpdate, Rule
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from controller.core.actions import Hold, Skip
 from controller.core.dedup import DEDUP_TABLE, Dedup, RowCase, newest, row_case
 from controller.core.observed import ObservedRow, RowStatus
 from controller.core.planner.rules_resume import finish_interrupted, from_dir, own_row_without_live_job
@@ -14,7 +15,7 @@ from controller.core.planner.rules_upload import finished, upload
 from controller.core.planner.view import CellView
 from controller.core.planner.words import when
 from controller.core.resume import DirClass
-from controller.core.vocabulary import CellPlan, Hold, Phase, Rule, Skip
+from controller.core.vocabulary import CellPlan, Phase, Rule
 
 
 @dataclass(slots=True)

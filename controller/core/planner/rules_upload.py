@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
+from controller.core.actions import Analyze, Hold, Resume, Skip, Track, Upload, Wait
 from controller.core.admission import Admission, Admitted, Refused, admit, distinct_trials, expected_trials
 from controller.core.metrics import holds_the_gates_numbers
 from controller.core.observed import ObservedRow, RunDirFacts
@@ -20,7 +21,7 @@ from controller.core.planner.words import ADMISSION_RULES, flagged, metric, prog
 from controller.core.remedies import Remedy, RemedyCause, RemedyKind
 from controller.core.resume import RESUME_TABLE, DirClass
 from controller.core.types import walltime_seconds
-from controller.core.vocabulary import Analyze, CellPlan, Hold, Phase, Resume, Rule, Skip, Track, Upload, Wait
+from controller.core.vocabulary import CellPlan, Phase, Rule
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from controller.core.actions import Hold, Skip, Submit, Track, Upload, Wait
 from controller.core.admission import Admitted
 from controller.core.gpu_hours import cell_hours
 from controller.core.observed import Observation, RowStatus, RunDirFacts
@@ -23,7 +24,7 @@ from controller.core.planner.view import cell_view, next_attempt
 from controller.core.remedies import Quarantined
 from controller.core.shards import newest_dir, union_of
 from controller.core.types import Cell, stem_of
-from controller.core.vocabulary import CellPlan, Hold, Phase, Rule, Skip, Submit, Track, Upload, Wait
+from controller.core.vocabulary import CellPlan, Phase, Rule
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from controller.core.actions import Action, Submit
 from controller.core.admission import Admission, Admitted, distinct_trials, expected_trials
 from controller.core.gpu_hours import cell_hours, job_of
 from controller.core.metrics import same_number
@@ -19,7 +20,7 @@ from controller.core.resume import DirClass, classify
 from controller.core.retry import RetryRequest, pending_request, retried_from
 from controller.core.trusted import every_field, trusted
 from controller.core.types import Cell, run_tag_of, stem_of
-from controller.core.vocabulary import Action, CellPlan, HealthState, Phase, RowUpdate, Rule, Submit
+from controller.core.vocabulary import CellPlan, HealthState, Phase, RowUpdate, Rule
 
 _NO_OUTPUTS: Mapping[str, JobOutput] = {}
 

@@ -32,8 +32,9 @@ from controller.api.loader import SpecSet, load_specs  # noqa: E402
 from controller.core.actor import row_config, row_id_for  # noqa: E402
 from controller.core.observed import Metric, RowStatus, Submission  # noqa: E402
 from controller.core.ports import SqlBackend  # noqa: E402
-from controller.core.reconcile import RunTarget, reconcile_pass  # noqa: E402
+from controller.core.reconcile import reconcile_pass  # noqa: E402
 from controller.core.records import NewRow, ResultUpload  # noqa: E402
+from controller.core.run_target import RunTarget  # noqa: E402
 from controller.core.store import Store  # noqa: E402
 from controller.entry.wiring import cluster_ports, targets_for  # noqa: E402
 

@@ -7,7 +7,7 @@ import functools
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import Field
 
@@ -16,11 +16,9 @@ from controller.core.observed import ObservedJob
 from controller.core.planner import OVER_BUDGET, Policy, launch_of
 from controller.core.ports import JobsDirMissing, ObservationError, RunDirs, Scheduler
 from controller.core.preflight import Preflight
+from controller.core.run_target import RunTarget
 from controller.core.types import RUN_TAG_PREFIX, ClusterRef, Frozen, stem_of
 from controller.core.vocabulary import Plan
-
-if TYPE_CHECKING:
-    from controller.core.reconcile import RunTarget
 
 log = logging.getLogger("evalctl.reconcile")
 T = TypeVar("T")

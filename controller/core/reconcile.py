@@ -22,13 +22,11 @@ from pydantic import Field
 from controller.core.actor import kill_point
 from controller.core.cluster_view import FIXES, ClusterPorts, ClusterView, Source, Unobserved, read_source
 from controller.core.gpu_hours import estimates
-from controller.core.intake import Selection
 from controller.core.lanes import ClusterLane, LaneSeen, LaneSlots, Planned, bind, merged, plan_lane, plan_lanes
 from controller.core.match import join_cells
-from controller.core.notify import DeliveryState, NotifyEvent, facts, undelivered_note
+from controller.core.notify import DeliveryState, facts, undelivered_note
 from controller.core.observed import JobState, Observation, ObservedJob
-from controller.core.placement import PlacementPolicy
-from controller.core.planner import Policy, plan_deletion
+from controller.core.planner import plan_deletion
 from controller.core.ports import (
     JobsDirMissing,
     ObservationError,
@@ -38,34 +36,16 @@ from controller.core.ports import (
     WriteRefused,
 )
 from controller.core.records import StoreSnapshot
+from controller.core.run_target import RunTarget
 from controller.core.status import RunStatus, summarize
 from controller.core.store import CELL_OWNER_TTL, Store
-from controller.core.types import RUN_TAG_PREFIX, Cell, ClusterRef, EvalRunRef, Frozen
+from controller.core.types import RUN_TAG_PREFIX, ClusterRef, EvalRunRef, Frozen
 from controller.core.vocabulary import Outcome, PassNotes, Plan, Rule
 from controller.core.walltime import Learning, learned_from
 
 log = logging.getLogger("evalctl.reconcile")
 T = TypeVar("T")
 LEASE_TTL = timedelta(minutes=10)
-
-
-class RunTarget(Frozen):
-    """An EvalRun ready to reconcile: its resolved cells, its policy, and the cluster it runs on. An EvalRun with
-    several clusters also has `lanes` (one per cluster, spec order); `cluster`, `cells` and `policy` are then its
-    first lane's, each cell as the first lane that lists it resolves it."""
-
-    evalrun: EvalRunRef
-    cluster: ClusterRef
-    cells: tuple[Cell, ...]
-    policy: Policy
-    generation: int | None = Field(None, description="the object's metadata.generation (operator), for status")
-    selections: tuple[Selection, ...] = Field((), description="the models its modelSelector took (cells included)")
-    intake: str = Field("", description="what its modelSelector did this pass, in words")
-    unknown: str = Field("", description="why this pass cannot know its cells (its selections could not be read)")
-    notify: dict[NotifyEvent, tuple[str, ...]] = Field(default_factory=dict, description="event → the webhooks told "
-                                                                                         "of it (spec.notify)")
-    lanes: tuple[ClusterLane, ...] = Field((), description="spec.clusters: one lane per cluster; empty for one cluster")
-    placement: PlacementPolicy | None = Field(None, description="spec.placement, with spec.clusters")
 
 
 def evalrun_lease_name(evalrun: EvalRunRef) -> str:

@@ -12,7 +12,8 @@ from controller.api.loader import SpecSet
 from controller.api.resolve import with_chosen_shards
 from controller.core.cluster_view import ClusterPorts
 from controller.core.ports import ObservationError
-from controller.core.reconcile import PassResult, RunTarget, reconcile_pass
+from controller.core.reconcile import PassResult, reconcile_pass
+from controller.core.run_target import RunTarget
 from controller.core.store import Store
 from controller.core.types import ClusterRef
 from controller.entry.selection import intakes

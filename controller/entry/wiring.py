@@ -40,7 +40,7 @@ from controller.core.observed import RunDirFacts
 from controller.core.placement import PlacementPolicy
 from controller.core.planner import Policy
 from controller.core.ports import ObservationError, Scheduler, StoreUnavailable, TrackedRun, Tracker, TrackerRecord
-from controller.core.reconcile import RunTarget
+from controller.core.run_target import RunTarget
 from controller.core.store import Store
 from controller.core.tracking import Analysis
 from controller.core.types import ClusterRef, EvalRunRef, walltime_seconds

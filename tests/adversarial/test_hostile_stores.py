@@ -14,7 +14,8 @@ from controller.adapters.store import open_store
 from controller.adapters.store.sqlite import SqliteStore
 from controller.core.cluster_view import ClusterPorts
 from controller.core.ports import ObservationError, StoreUnavailable
-from controller.core.reconcile import RunTarget, reconcile_pass
+from controller.core.reconcile import reconcile_pass
+from controller.core.run_target import RunTarget
 from controller.core.store import Store
 from controller.core.types import ClusterRef
 from controller.core.vocabulary import Phase

@@ -17,7 +17,8 @@ from controller.core.observed import JobState
 from controller.core.planner import plan
 from controller.core.ports import ObservationError
 from controller.core.preflight import Preflight, PreflightFailure
-from controller.core.reconcile import RunTarget, reconcile_pass
+from controller.core.reconcile import reconcile_pass
+from controller.core.run_target import RunTarget
 from controller.core.status import summarize
 from controller.core.store import Store
 from controller.core.types import ClusterRef, submission_name

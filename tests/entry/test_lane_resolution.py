@@ -11,7 +11,7 @@ import pytest
 from controller.api.catalog import CATALOG_DIR_ENV, load_catalog
 from controller.api.loader import SpecSet, load_specs
 from controller.core.placement import PlacementPolicy
-from controller.core.reconcile import RunTarget
+from controller.core.run_target import RunTarget
 from controller.core.types import ClusterRef
 from controller.entry.explaining import specs_holding
 from controller.entry.wiring import targets_for

@@ -204,7 +204,8 @@ _PLAN_FIELDS = every_field(CellPlan)
 def built_plan(values: dict[str, Any]) -> CellPlan:
     """`CellPlan(**values)`, every field given, without validating again what is valid already (`trusted`): every
     value is a model the planner built or observed, an enum, a str, a bool or a number of its field's type; an int
-    in a float field is made a float as validation would."""
+    in a float field is made a float as validation would. A field left out would be missing from the plan, not
+    defaulted: tests/core/conftest.py fails any plan that lacks one."""
     if type(values["score"]) is int:
         values["score"] = float(values["score"])
     if type(values["gpu_hours"]) is int:

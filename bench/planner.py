@@ -9,6 +9,7 @@ cell remedied at once: the worst case). Prints figures; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import platform
 import statistics
 import sys
 import time
@@ -43,6 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cells", type=int, default=10_000)
     args = parser.parse_args()
+    print(f"Python {platform.python_version()}")  # the figures depend on it: docs/PERFORMANCE.md
     for name, (cells, observations) in fleets(args.cells).items():
         times = []
         for _ in range(5):

@@ -11,7 +11,7 @@ from controller.core.actions import ActionKind
 from controller.core.observed import JobState, Observation, RowStatus
 from controller.core.planner import plan, plan_cell
 from controller.core.types import EvalRunRef
-from controller.core.vocabulary import Phase
+from controller.core.vocabulary import Phase, Rule
 from tests.core.builders import NOW, POLICY, RUN, ago, cell, facts, job, obs, row, sub
 
 C = cell()
@@ -182,6 +182,18 @@ def test_each_unreadable_source_makes_the_cell_unknown():
         values[missing] = None
         decided = plan_cell(C, Observation(**values, unknown_reason="queue unreachable"), POLICY, NOW)
         assert decided.phase == Phase.UNKNOWN and decided.actions == (), missing
+
+
+def test_a_run_dir_that_cannot_be_read_with_no_live_job_makes_the_cell_unknown():
+    """Every source read, one run dir not: what it holds decides nothing (resume, upload or a fresh start)."""
+    whole = facts(TAG, completed=10, total=10)
+    broken = whole.model_copy(update={"unreadable": f"/jobs/{TAG}/t__1/result.json: not JSON"})
+    seen = obs(rows=(row("Started", job_name=TAG),), subs=(sub(C),), jobs=(job(TAG, JobState.COMPLETED),))
+    decided = plan_cell(C, seen.model_copy(update={"run_dirs": (broken,)}), POLICY, NOW)
+    assert (decided.phase, decided.rule, decided.actions) == (Phase.UNKNOWN, Rule.RUN_DIR_UNREADABLE, ())
+    assert "not JSON" in decided.reason
+    readable = plan_cell(C, seen.model_copy(update={"run_dirs": (whole,)}), POLICY, NOW)
+    assert readable.phase != Phase.UNKNOWN and readable.actions != (), "the same dir read whole is acted on"
 
 
 # ---------------------------------------------------------------------- properties

@@ -68,7 +68,7 @@ def not_observed(s: Seen) -> CellPlan | None:
     if obs.rows is not None and obs.submissions is not None and obs.jobs is not None and obs.run_dirs is not None:
         return None
     found = () if obs.rows is None or obs.submissions is None or obs.jobs is None else adoptions(
-        in_order(obs.submissions), obs.jobs)
+        in_order(obs.submissions), obs.jobs, [job for job in obs.jobs if job.state.active])
     return CellPlan(
         cell=s.cell, phase=Phase.UNKNOWN, actions=(),
         reason=f"not observed: {obs.unknown_reason or 'a source could not be read'}{last_job_note(obs.jobs)}",
@@ -111,16 +111,26 @@ def plan_cell(cell: Cell, obs: Observation, policy: Policy, now: datetime,
         counted = tuple(count_instant_failures(d, policy.health.instant_fail) for d in obs.run_dirs)
         if any(new is not old for new, old in zip(counted, obs.run_dirs, strict=True)):
             obs = obs.model_copy(update={"run_dirs": counted})
-    seen = Seen(cell, obs, policy)
-    for rule in OBSERVATION_RULES:
-        decided = rule(seen)
-        if decided is not None:
-            return released(decided, pending_request(obs.retries), lambda: unseen_dirs_attempt(cell, obs)) \
-                if obs.retries else decided
+    if not_all_seen(obs):  # else none of OBSERVATION_RULES applies
+        seen = Seen(cell, obs, policy)
+        for rule in OBSERVATION_RULES:
+            decided = rule(seen)
+            if decided is not None:
+                return released(decided, pending_request(obs.retries), lambda: unseen_dirs_attempt(cell, obs)) \
+                    if obs.retries else decided
     view = cell_view(cell, obs, policy, now, leased, quarantined)
-    live = [job for job in view.jobs if job.state.active]
-    decided = in_flight(view, live) if live else settled(view)
+    decided = in_flight(view, view.live) if view.live else settled(view)
     return released(decided, view.retry, view.next_attempt) if view.retry is not None else decided
+
+
+def not_all_seen(obs: Observation) -> bool:
+    """A source could not be read, or a run dir: what every one of `OBSERVATION_RULES` asks first, asked once."""
+    if obs.rows is None or obs.submissions is None or obs.jobs is None or obs.run_dirs is None:
+        return True
+    for facts in obs.run_dirs:
+        if facts.unreadable:
+            return True
+    return False
 
 
 def unseen_dirs_attempt(cell: Cell, obs: Observation) -> int:

@@ -50,7 +50,7 @@ def ready_dir(shard: Cell, obs: Observation, shard_plan: CellPlan | Cell, policy
     view = cell_view(shard, obs, policy, now)
     if shard_plan.rule == Rule.SHARD_DONE and shard_plan.run_dir is not None:
         found = view.dirs.get(shard_plan.run_dir.run_tag)
-    elif shard_plan.phase == Phase.COMPLETED and not any(job.state.active for job in view.jobs):
+    elif shard_plan.phase == Phase.COMPLETED and not view.live:
         newest = newest_dir(shard, tuple(view.dirs.values()))
         admitted = newest is not None and not newest.unreadable and isinstance(
             admit_dir(view, newest, can_resume=False), Admitted)

@@ -170,7 +170,11 @@ if ! alive slurmdbd; then
   port_free $((PORT_BASE + 2)) slurmdbd
   start slurmdbd /usr/sbin/slurmdbd -D
 fi
-poll 120 slurmdbd sacctmgr -n list cluster || die "slurmdbd did not answer within 120 s" "$LOGS/slurmdbd.log" "$LOGS/slurmdbd.stdout"
+# It answers within a second or two, but once on this 2-core machine, started beside a suite's three workers, it
+# answered only ~5 min after it logged "started" (nothing else in its log): wait that long, then say what sacctmgr says.
+poll 360 slurmdbd sacctmgr -n list cluster \
+  || die "slurmdbd did not answer within 360 s; sacctmgr says: $(timeout 30 sacctmgr -n list cluster 2>&1 | tail -n 3)" \
+    "$LOGS/slurmdbd.log" "$LOGS/slurmdbd.stdout"
 sacctmgr -n -P list cluster format=Cluster | grep -qx "$CLUSTER" || sacctmgr -i add cluster "$CLUSTER" >/dev/null
 
 # --- slurmctld + slurmd

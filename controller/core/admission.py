@@ -203,7 +203,7 @@ def distinct_trials(facts: RunDirFacts, n_attempts: int) -> int:
 def trial_pairs(facts: RunDirFacts, n_attempts: int) -> tuple[int, int]:
     """(`distinct_trials`, the pairs the model was measured on): a task's scored trials beyond nAttempts are
     re-runs, counted once, so the second is the n the gate admits a score over. One pass: progress reads both for
-    every running cell."""
+    every cell shown with a run dir."""
     seen_pairs = measured = 0
     for seen, scored, _ in facts.tasks.values():
         seen_pairs += seen if seen < n_attempts else n_attempts

@@ -48,11 +48,12 @@ def _eta(facts: RunDirFacts, now: datetime, completed: int) -> int | None:
     return max(1, math.ceil(remaining * elapsed_s / completed / 60))
 
 
-def progress_of(facts: RunDirFacts | None, now: datetime, n_attempts: int, *, running: bool) -> Progress | None:
-    """Measured of expected trials, a task's re-runs counted once; an ETA only while a job works on them
-    (`running`)."""
+def progress_of(facts: RunDirFacts | None, n_attempts: int, eta_at: datetime | None) -> Progress | None:
+    """Measured of expected trials, a task's re-runs counted once; an ETA reckoned at `eta_at`, given only while a
+    job works on them."""
     if facts is None or facts.unreadable:
         return None
     completed, measured = trial_pairs(facts, n_attempts)
     return trusted(Progress, {"scored": measured, "total": facts.n_total,
-                              "eta_minutes": _eta(facts, now, completed) if running else None}, _PROGRESS_FIELDS)
+                              "eta_minutes": _eta(facts, eta_at, completed) if eta_at is not None else None},
+                   _PROGRESS_FIELDS)

@@ -1,6 +1,6 @@
 """A frozen model built from parts that are valid already, without validating them again: what `model_construct`
 does, less its per-field walk: a plan costs a quarter of its validation, a progress two thirds. The planner builds
-two per running cell (its plan and its progress), ten thousand cells a pass.
+a plan per cell, ten thousand cells a pass; `-o json` a progress per cell with a run dir.
 
 Every value must be of its field's type exactly as validation would leave it (a model the core built or observed,
 an enum, a str, a bool, a float for a float field). tests/core/conftest.py builds every trusted model of the core's

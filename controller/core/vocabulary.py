@@ -18,7 +18,7 @@ from controller.core.admission import Admitted, Refused
 from controller.core.gpu_hours import GpuBudget, GpuEstimate
 from controller.core.intake import Selection
 from controller.core.observed import RowStatus, RunDirFacts, TunnelLease
-from controller.core.progress import Progress
+from controller.core.progress import Progress, progress_of
 from controller.core.remedies import CellMemory, Quarantined
 from controller.core.retry import RetryRequest
 from controller.core.types import Cell, EvalRunRef, Frozen, NotedStrEnum
@@ -194,7 +194,8 @@ class CellPlan(Frozen):
     row_updates: tuple[RowUpdate, ...] = ()
     run_dir: RunDirFacts | None = None
     score: float | None = Field(None, description="the uploaded row's accuracy; None until a result is uploaded")
-    progress: Progress | None = Field(None, description="scored of expected trials and an ETA, from its run dir")
+    eta_at: datetime | None = Field(None, description="when a job was found working on its trials: the time its ETA "
+                                                     "is reckoned at (None: no ETA)")
     memory: CellMemory = Field(CellMemory(), description="the cell's memory as observed this pass")
     remember: CellMemory | None = Field(None, description="the cell's memory after this pass, written before its "
                                                           "actions (None: unchanged)")
@@ -212,6 +213,12 @@ class CellPlan(Frozen):
     evidence: str = Field("", description="the admission gate's evidence in words, where it was asked")
     refire_due: datetime | None = Field(None, description="a refire waiting out its back-off: when it goes")
     retry: RetryRequest | None = Field(None, description="a human's retry request not consumed yet (RULES §13)")
+
+    @property
+    def progress(self) -> Progress | None:
+        """Scored of expected trials and an ETA, from its run dir: derived where it is shown (the table, `-o json`,
+        `watch`), since a pass over 10,000 cells reads none (docs/DECISIONS.md, "Progress derived where shown")."""
+        return progress_of(self.run_dir, self.cell.n_attempts, self.eta_at)
 
     @property
     def held(self) -> bool:

@@ -70,7 +70,7 @@ def _cell_json(cell: CellPlan, plan: Plan, spec_args: Sequence[str] = (), store_
         "evidence": cell.evidence or None,
         "gpu_hours": cell.gpu_hours,
         "est_gpu_hours": None if estimate is None else estimate.model_dump(mode="json"),
-        "progress": None if cell.progress is None else cell.progress.model_dump(mode="json"),
+        "progress": None if (progress := cell.progress) is None else progress.model_dump(mode="json"),
         **retry,
         **release,
         **levers,
@@ -353,7 +353,7 @@ def explain(cell: CellPlan, console: Console, now: datetime, in_force: Sequence[
     console.print(f"  cell key {c.key}", highlight=False)
     if where:
         console.print(f"  cluster: {where}", highlight=False)
-    trials = f" {progress_text(cell.progress)}" if cell.progress is not None else ""
+    trials = f" {progress_text(progress)}" if (progress := cell.progress) is not None else ""
     console.print(f"  phase:  {_phase(cell.phase)}{trials}")
     console.print(f"  score:  {value_text(cell.score, now)}" + (_trust_flags(cell) if cell.score is not None
                                                                  else " (none uploaded)"), highlight=False)
@@ -409,7 +409,7 @@ def _score_or_progress(cell: CellPlan) -> str:
     """` 0.417` once a score is uploaded, else ` 5/18 · ETA 14 min` from its run dir (never a score before)."""
     if cell.score is not None:
         return f" {cell.score:.3f}{_trust_flags(cell)}"
-    return f" {progress_text(cell.progress)}" if cell.progress is not None else ""
+    return f" {progress_text(progress)}" if (progress := cell.progress) is not None else ""
 
 
 def _trust_flags(cell: CellPlan) -> str:

@@ -58,7 +58,7 @@ def _result(cell: CellPlan) -> RenderableType:
 def _progress(cell: CellPlan) -> str:
     if cell.score is not None:
         return ", ".join(flag for flag, on in (("provisional", cell.provisional), ("partial", cell.partial)) if on)
-    return progress_text(cell.progress) if cell.progress is not None else ""
+    return progress_text(progress) if (progress := cell.progress) is not None else ""
 
 
 class Watch:

@@ -46,10 +46,10 @@ def test_the_last_minute_is_one_minute_not_zero() -> None:
 
 def test_an_eta_only_while_a_job_works_on_it() -> None:
     dir_ = started(12, completed=6, scored=5)
-    assert progress_of(dir_, NOW, 1, running=True) == Progress(scored=5, total=18, eta_minutes=24)
-    assert progress_of(dir_, NOW, 1, running=False) == Progress(scored=5, total=18, eta_minutes=None)
-    assert progress_of(None, NOW, 1, running=True) is None
-    assert progress_of(dir_.model_copy(update={"unreadable": "permission denied"}), NOW, 1, running=True) is None
+    assert progress_of(dir_, 1, NOW) == Progress(scored=5, total=18, eta_minutes=24)
+    assert progress_of(dir_, 1, None) == Progress(scored=5, total=18, eta_minutes=None)
+    assert progress_of(None, 1, NOW) is None
+    assert progress_of(dir_.model_copy(update={"unreadable": "permission denied"}), 1, NOW) is None
 
 
 def test_a_running_cell_has_progress_and_no_score() -> None:
@@ -63,6 +63,22 @@ def test_a_running_cell_has_progress_and_no_score() -> None:
     assert decided.phase == Phase.RUNNING, decided.reason
     assert decided.score is None
     assert decided.progress == Progress(scored=5, total=18, eta_minutes=24)
+
+
+def test_the_eta_is_what_the_pass_decided_whatever_phase_the_plan_shows_later() -> None:
+    """Progress is derived where it is shown, from what the pass decided: a sharded cell, whose phase is set from its
+    shards after its own decision, neither gains an ETA nor loses one by it."""
+    dir_ = started(12, completed=6, scored=5)
+    running = plan_cell(C, obs(subs=(sub(C),), rows=(row("Started", job_name=TAG),),
+                               jobs=(job(TAG, JobState.RUNNING, started=NOW - timedelta(minutes=12)),), dirs=(dir_,)),
+                        POLICY, NOW)
+    ended = plan_cell(C, obs(subs=(sub(C),), rows=(row("Started", job_name=TAG),), dirs=(dir_,)), POLICY, NOW)
+    assert running.phase == Phase.RUNNING and ended.phase != Phase.RUNNING, ended.reason
+
+    assert running.model_copy(update={"phase": Phase.PENDING}).progress == Progress(scored=5, total=18,
+                                                                                     eta_minutes=24)
+    assert ended.model_copy(update={"phase": Phase.RUNNING}).progress == Progress(scored=5, total=18,
+                                                                                   eta_minutes=None)
 
 
 def test_a_finished_cell_shows_the_uploaded_score_not_the_run_dirs() -> None:
@@ -81,5 +97,5 @@ def test_a_task_s_re_runs_count_once_in_progress_and_the_eta() -> None:
     the tasks of 3 attempts, the same results are 12 trials done, 6 to go at 1.5 min each."""
     tasks = {f"task-{i:03d}": (3, 3, 1.5) if i < 3 else (1, 1, 0.5) for i in range(6)}
     dir_ = started(18, completed=12).model_copy(update={"tasks": tasks, "n_scored": 12})
-    assert progress_of(dir_, NOW, 1, running=True) == Progress(scored=6, total=18, eta_minutes=36)
-    assert progress_of(dir_, NOW, 3, running=True) == Progress(scored=12, total=18, eta_minutes=9)
+    assert progress_of(dir_, 1, NOW) == Progress(scored=6, total=18, eta_minutes=36)
+    assert progress_of(dir_, 3, NOW) == Progress(scored=12, total=18, eta_minutes=9)

@@ -14,7 +14,6 @@ from controller.core.metrics import same_number
 from controller.core.observed import JobOutput, Observation, ObservedJob, ObservedRow, RunDirFacts, Submission
 from controller.core.planner.policy import Policy
 from controller.core.planner.words import newest_job
-from controller.core.progress import progress_of
 from controller.core.remedies import CellMemory, Quarantined
 from controller.core.resume import DirClass, classify
 from controller.core.retry import RetryRequest, pending_request, retried_from
@@ -167,13 +166,12 @@ class CellView:
         state, note = health if health is not None else (None, "")
         if remember is not None and (remember is self.memory or remember == self.memory):
             remember = None
-        progress = None if facts is None else progress_of(facts, self.now, self.cell.n_attempts,
-                                                          running=phase == Phase.RUNNING)
         n_scored, provisional, partial, evidence = self.trust(admission, facts, score, n_scored)
         return built_plan({"cell": self.cell, "phase": phase, "actions": tuple(actions), "reason": reason,
                            "rule": rule,
                            "row_updates": (*self.adoptions, *updates) if self.adoptions else tuple(updates),
-                           "run_dir": facts, "score": score, "progress": progress,
+                           "run_dir": facts, "score": score,
+                           "eta_at": self.now if phase == Phase.RUNNING and facts is not None else None,
                            "memory": self.memory, "remember": remember, "health": state, "health_note": note,
                            "gpu_hours": self.gpu_hours, "admission": admission, "n_scored": n_scored,
                            "provisional": provisional, "partial": partial, "evidence": evidence,
